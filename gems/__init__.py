@@ -1,0 +1,18 @@
+"""Gems: PyTorch ATen operators written in Triton.
+
+    import gems
+    gems.enable()                 # every registered ATen overload now runs a Triton kernel
+    with gems.use_gems(exclude=["mm"]):
+        ...                       # scoped, nestable, thread-local
+    gems.stats()                  # served / fell back (and why), per overload
+
+Importing gems changes nothing in ATen; `enable()` / `use_gems()` do.
+"""
+from . import registry
+from .dispatch import disable, enable, is_enabled, registered_ops, reset_stats, stats, use_gems
+from .registry import Unsupported
+from .runtime.backend import backend
+
+__version__ = "0.1.0"
+__all__ = ["enable", "disable", "use_gems", "is_enabled", "registered_ops", "stats", "reset_stats",
+           "backend", "registry", "Unsupported"]

@@ -1,0 +1,266 @@
+"""Dispatch: put registry implementations behind ATen's dispatcher, switch them on and off cheaply.
+
+How a call flows: the dispatcher reaches the backend key (CUDA, or CPU under the interpreter) where
+Gems registered one small Python kernel per overload. That kernel
+
+1. goes straight to ATen's original kernel when Gems is off for this thread/op, or when it is entered
+   from inside a Gems implementation (the interpreter copies CPU storages with ops Gems may override;
+   this guard is what keeps it from recursing into itself);
+2. checks the declared support (first tensor's dtype, strided layout, device) and the op's own check;
+   anything unsupported runs ATen's original kernel and is counted in `stats()` with its reason;
+3. calls the implementation. If the implementation raises, ATen runs the same call: when ATen raises
+   too, ATen's exception propagates (same type and message users would get without Gems); when ATen
+   succeeds, Gems had a bug, the ATen result is returned, and the error is counted and warned about
+   once (`GEMS_STRICT=1` re-raises instead, which the test suite uses).
+
+Registration happens once (first `enable()` or `use_gems()`), so entering a scope only swaps a
+thread-local pointer. `disable()` with no scope active anywhere removes the registrations, which
+restores ATen exactly, with no overhead left behind.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from typing import Iterable, Optional
+
+import torch
+
+from . import registry
+from .registry import Unsupported
+from .runtime.backend import backend
+
+_Tensor = torch.Tensor
+_strided = torch.strided
+_STRICT = os.environ.get("GEMS_STRICT", "0") not in ("", "0")
+
+
+class _ThreadState(threading.local):
+    depth = 0          # > 0 while a Gems implementation runs on this thread
+    scoped = False     # this thread is inside use_gems()
+    cfg = None         # its active op set (frozenset) while scoped
+
+
+_TLS = _ThreadState()
+_LOCK = threading.RLock()
+_lib = None                      # torch.library.Library holding our registrations, or None
+_global_cfg = None               # op set of enable(), or None
+_scopes: list = []               # active use_gems scopes in all threads, innermost last
+_cfg_cache: dict = {}
+_warned: set = set()
+
+
+def _graph_task_active() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+def _config_for_unscoped_thread():
+    cfg = _global_cfg
+    if cfg is None and _scopes and _graph_task_active():
+        # Autograd runs CUDA backward work on its own device threads, which never entered the scope
+        # of the thread that called backward(); they follow the innermost active scope.
+        cfg = _scopes[-1].cfg
+    return cfg
+
+
+def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
+    name = impl.name
+    counts, reasons = impl.counts, impl.reasons
+    dtypes = frozenset(impl.dtypes)
+    check = impl.check
+    call_orig = orig.call_boxed
+    on_cuda = be.device_type == "cuda"
+    tls = _TLS
+    get_device = torch._C._cuda_getDevice if on_cuda else None
+
+    def fallback(reason, args, kwargs):
+        counts[1] += 1
+        reasons[reason] = reasons.get(reason, 0) + 1
+        return call_orig(keyset, *args, **kwargs)
+
+    def kernel(*args, **kwargs):
+        if tls.depth:
+            return call_orig(keyset, *args, **kwargs)
+        cfg = tls.cfg if tls.scoped else _config_for_unscoped_thread()
+        if cfg is None or name not in cfg:
+            return call_orig(keyset, *args, **kwargs)
+        # declared support: the first tensor's dtype; every tensor strided, real, on this device
+        first = True
+        for a in args:
+            if isinstance(a, _Tensor):
+                if a.layout is not _strided:
+                    return fallback(f"layout {a.layout}", args, kwargs)
+                if first:
+                    first = False
+                    if a.dtype not in dtypes:
+                        return fallback(f"dtype {a.dtype}", args, kwargs)
+                    if on_cuda and a.is_cuda and a.get_device() != get_device():
+                        return fallback("tensor on a non-current device", args, kwargs)
+                elif a.is_complex():
+                    return fallback("complex", args, kwargs)
+                if on_cuda and not a.is_cuda and a.dim() != 0:
+                    return fallback("cpu tensor argument", args, kwargs)
+        if check is not None:
+            reason = check(*args, **kwargs)
+            if reason is not None:
+                return fallback(reason, args, kwargs)
+        tls.depth += 1
+        try:
+            out = impl.fn(*args, **kwargs)
+        except Unsupported as e:
+            tls.depth -= 1
+            return fallback(str(e) or "unsupported arguments", args, kwargs)
+        except Exception as e:  # noqa: BLE001 - see module docstring, step 3
+            tls.depth -= 1
+            return _after_error(impl, e, call_orig, keyset, args, kwargs)
+        tls.depth -= 1
+        counts[0] += 1
+        return out
+
+    kernel.__name__ = f"gems_{name.replace('.', '_')}"
+    return kernel
+
+
+def _after_error(impl, exc, call_orig, keyset, args, kwargs):
+    try:
+        out = call_orig(keyset, *args, **kwargs)
+    except Exception as aten_exc:  # noqa: BLE001
+        raise aten_exc from None
+    if _STRICT:
+        raise exc
+    reason = f"gems error: {type(exc).__name__}"
+    impl.counts[1] += 1
+    impl.reasons[reason] = impl.reasons.get(reason, 0) + 1
+    if impl.name not in _warned:
+        _warned.add(impl.name)
+        warnings.warn(f"gems: aten::{impl.name} raised {type(exc).__name__}: {exc}; ATen served the call "
+                      f"(counted in gems.stats()). Please report this.", RuntimeWarning, stacklevel=3)
+    return out
+
+
+def _ensure_registered():
+    global _lib
+    if _lib is not None:
+        return
+    with _LOCK:
+        if _lib is not None:
+            return
+        be = backend()
+        keyset = torch._C.DispatchKeySet(be.dispatch_key)
+        lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            # torch warns on every override of an existing kernel: that is the point here
+            warnings.simplefilter("ignore")
+            for impl in registry.all_impls(be.name):
+                # the dispatcher spells the default overload without a suffix
+                schema_name = impl.name[:-8] if impl.name.endswith(".default") else impl.name
+                orig = torch.library.get_kernel(f"aten::{schema_name}", be.dispatch_key)
+                lib.impl(schema_name, _make_kernel(impl, orig, keyset, be), be.dispatch_key)
+        _lib = lib
+
+
+def _unregister_if_idle():
+    global _lib
+    with _LOCK:
+        if _lib is not None and _global_cfg is None and not _scopes:
+            _lib._destroy()
+            _lib = None
+
+
+def _config(include, exclude) -> frozenset:
+    key = (_names_key(include), _names_key(exclude))
+    cfg = _cfg_cache.get(key)
+    if cfg is None:
+        be = backend().name
+        ops = registry.resolve(include, be) if include is not None else {i.name for i in registry.all_impls(be)}
+        cfg = frozenset(ops - registry.resolve(exclude, be))
+        _cfg_cache[key] = cfg
+    return cfg
+
+
+def _names_key(names):
+    if names is None:
+        return None
+    return (names,) if isinstance(names, str) else tuple(names)
+
+
+def enable(include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None):
+    """Serve every registered ATen overload (or the `include`d ones, minus `exclude`) with Gems.
+
+    Process-wide; a thread inside `use_gems()` follows its scope instead.
+    """
+    global _global_cfg
+    cfg = _config(include, exclude)
+    _ensure_registered()
+    _global_cfg = cfg
+
+
+def disable():
+    """Stop serving ops outside `use_gems` scopes; with no scope active, restore ATen exactly."""
+    global _global_cfg
+    _global_cfg = None
+    _unregister_if_idle()
+
+
+def is_enabled(name: Optional[str] = None) -> bool:
+    """Whether Gems serves `name` (or anything at all) on the calling thread right now."""
+    cfg = _TLS.cfg if _TLS.scoped else _config_for_unscoped_thread()
+    if cfg is None:
+        return False
+    return bool(cfg) if name is None else registry.canonical(name) in cfg
+
+
+class use_gems:
+    """Context manager: Gems on (for `include`, minus `exclude`) in this thread for the block.
+
+    Nests (the inner scope's selection wins), restores the previous state on exit, and is
+    thread-local like `torch.no_grad()`: other threads keep their own state. The first entry in a
+    process registers the kernels; later entries only swap a thread-local pointer.
+    """
+
+    __slots__ = ("cfg", "_prev")
+
+    def __init__(self, include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None):
+        self.cfg = _config(include, exclude)
+        self._prev = []
+
+    def __enter__(self):
+        _ensure_registered()
+        tls = _TLS
+        self._prev.append((tls.scoped, tls.cfg))
+        tls.scoped, tls.cfg = True, self.cfg
+        with _LOCK:
+            _scopes.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        tls = _TLS
+        tls.scoped, tls.cfg = self._prev.pop()
+        with _LOCK:
+            # remove this scope's most recent entry (scopes of other threads may sit after it)
+            for i in range(len(_scopes) - 1, -1, -1):
+                if _scopes[i] is self:
+                    del _scopes[i]
+                    break
+        return False
+
+
+def stats() -> dict:
+    """Per overload with any traffic: {'served': n, 'fallback': n, 'reasons': {reason: n}}."""
+    out = {}
+    for impl in registry.all_impls():
+        s, f = impl.counts
+        if s or f:
+            out[impl.name] = {"served": s, "fallback": f, "reasons": dict(impl.reasons)}
+    return out
+
+
+def reset_stats():
+    for impl in registry.all_impls():
+        impl.counts[0] = impl.counts[1] = 0
+        impl.reasons.clear()
+
+
+def registered_ops() -> list[str]:
+    """Sorted ATen overload names Gems implements on the active backend."""
+    return [i.name for i in registry.all_impls(backend().name)]

@@ -1,0 +1,2 @@
+"""One module per op family; importing them fills the registry."""
+from . import softmax  # noqa: F401

@@ -1,0 +1,183 @@
+"""softmax / log_softmax forward and backward over any dim.
+
+A tensor is viewed as (M, N, K): N is the softmax dim, K the elements after it. One program owns
+one (m, block of k) and all N: when N fits one tile (SINGLE) the row stays in registers and each
+byte is read once and written once (2 passes over memory in total, the minimum); otherwise an
+online max/sum pass is followed by a write pass (3 passes). Arithmetic is in fp32 for every dtype.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..registry import FLOATS, register
+from ..runtime import backend, kernel
+from .utils import cdiv, next_pow2, num_warps_for, prepare_out, wrap_dim
+
+
+@kernel
+@triton.jit
+def softmax_fwd(X, Y, N, K, LOG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                SINGLE: tl.constexpr):
+    """Y[m, :, k] = exp(X - max) / sum(exp(X - max))   (LOG: X - max - log(sum(exp(X - max))))."""
+    m = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)[:, None]
+    n = tl.arange(0, BLOCK_N)[None, :]
+    base = m * N * K + k
+    kmask = k < K
+    if SINGLE:
+        mask = kmask & (n < N)
+        offs = base + n * K
+        x = tl.load(X + offs, mask=mask, other=-float("inf")).to(tl.float32)
+        mx = tl.max(x, 1)[:, None]
+        # all -inf (or masked) rows: 0 keeps exp() finite; such a row still ends as 0/0 = NaN like ATen
+        mx = tl.where(mx == -float("inf"), 0.0, mx)
+        e = tl.exp(x - mx)
+        s = tl.sum(e, 1)[:, None]
+        if LOG:
+            y = x - mx - tl.log(s)
+        else:
+            y = e / s
+        tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        mx = tl.full([BLOCK_K, 1], -float("inf"), tl.float32)
+        s = tl.zeros([BLOCK_K, 1], tl.float32)
+        for start in range(0, N, BLOCK_N):
+            mask = kmask & (n + start < N)
+            x = tl.load(X + base + (n + start) * K, mask=mask, other=-float("inf")).to(tl.float32)
+            new = tl.maximum(mx, tl.max(x, 1)[:, None])
+            # a prefix of -inf must not turn the running sum into NaN (-inf - -inf)
+            safe = tl.where(new == -float("inf"), 0.0, new)
+            s = s * tl.exp(mx - safe) + tl.sum(tl.exp(x - safe), 1)[:, None]
+            mx = new
+        for start in range(0, N, BLOCK_N):
+            mask = kmask & (n + start < N)
+            offs = base + (n + start) * K
+            x = tl.load(X + offs, mask=mask, other=-float("inf")).to(tl.float32)
+            if LOG:
+                y = x - mx - tl.log(s)
+            else:
+                y = tl.exp(x - mx) / s
+            tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@kernel
+@triton.jit
+def softmax_bwd(G, Y, DX, N, K, LOG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                SINGLE: tl.constexpr):
+    """softmax:     dX = Y * (G - sum(G * Y))
+    log_softmax: dX = G - exp(Y) * sum(G)          (Y is the forward output)"""
+    m = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)[:, None]
+    n = tl.arange(0, BLOCK_N)[None, :]
+    base = m * N * K + k
+    kmask = k < K
+    if SINGLE:
+        mask = kmask & (n < N)
+        offs = base + n * K
+        g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
+        if LOG:
+            dx = g - tl.exp(y) * tl.sum(g, 1)[:, None]
+        else:
+            dx = y * (g - tl.sum(g * y, 1)[:, None])
+        tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros([BLOCK_K, 1], tl.float32)
+        for start in range(0, N, BLOCK_N):
+            mask = kmask & (n + start < N)
+            offs = base + (n + start) * K
+            g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+            if LOG:
+                acc += tl.sum(g, 1)[:, None]
+            else:
+                y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
+                acc += tl.sum(g * y, 1)[:, None]
+        for start in range(0, N, BLOCK_N):
+            mask = kmask & (n + start < N)
+            offs = base + (n + start) * K
+            g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+            y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
+            if LOG:
+                dx = g - tl.exp(y) * acc
+            else:
+                dx = y * (g - acc)
+            tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+def _geometry(shape, dim):
+    """(M, N, K) of a contiguous tensor reduced along `dim`, and the tile for it."""
+    n_dim = len(shape)
+    dim = wrap_dim(dim, n_dim)
+    N = shape[dim] if n_dim else 1
+    K = 1
+    for s in shape[dim + 1:]:
+        K *= s
+    M = 1
+    for s in shape[:dim]:
+        M *= s
+    max_block = backend().config("row")["max_block"]
+    if K == 1:
+        block_k = 1
+        block_n = min(next_pow2(N), max_block)
+    else:
+        block_k = min(next_pow2(K), 64)
+        block_n = min(next_pow2(N), max(max_block // block_k, 1))
+    return M, N, K, block_k, block_n
+
+
+def _launch_fwd(x, dim, out_dtype, log, out=None):
+    y = prepare_out(out, x.shape, out_dtype, x.device)
+    if x.numel() == 0:
+        return y
+    x = x.contiguous()
+    M, N, K, bk, bn = _geometry(x.shape, dim)
+    softmax_fwd[(M, cdiv(K, bk))](x, y, N, K, log, bk, bn, N <= bn, num_warps=num_warps_for(bk * bn))
+    return y
+
+
+def _launch_bwd(grad, y, dim, in_dtype, log, out=None):
+    dx = prepare_out(out, y.shape, in_dtype, y.device)
+    if y.numel() == 0:
+        return dx
+    if grad.shape != y.shape:
+        raise RuntimeError(f"grad_output shape {list(grad.shape)} does not match output shape {list(y.shape)}")
+    grad, y = grad.contiguous(), y.contiguous()
+    M, N, K, bk, bn = _geometry(y.shape, dim)
+    softmax_bwd[(M, cdiv(K, bk))](grad, y, dx, N, K, log, bk, bn, N <= bn, num_warps=num_warps_for(bk * bn))
+    return dx
+
+
+def _no_half_to_float_on_cpu(x, dim, half_to_float, **_):
+    # ATen supports half_to_float on CUDA only; on CPU it raises, and so must we (by letting it run)
+    if half_to_float and x.device.type == "cpu":
+        return "half_to_float on cpu"
+    return None
+
+
+def _fwd_dtype(x, half_to_float):
+    return torch.float32 if half_to_float and x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+@register("_softmax", "_softmax.out", category="norm", dtypes=FLOATS, check=_no_half_to_float_on_cpu)
+def softmax(x, dim, half_to_float, *, out=None):
+    """softmax along one dim (fp32 math; half_to_float on CUDA)."""
+    return _launch_fwd(x, dim, _fwd_dtype(x, half_to_float), False, out)
+
+
+@register("_log_softmax", "_log_softmax.out", category="norm", dtypes=FLOATS, check=_no_half_to_float_on_cpu)
+def log_softmax(x, dim, half_to_float, *, out=None):
+    """log_softmax along one dim (fp32 math)."""
+    return _launch_fwd(x, dim, _fwd_dtype(x, half_to_float), True, out)
+
+
+@register("_softmax_backward_data", "_softmax_backward_data.out", category="norm", dtypes=FLOATS, backward=True)
+def softmax_backward(grad, y, dim, input_dtype, *, grad_input=None):
+    """dX = Y * (dY - sum(dY * Y))."""
+    return _launch_bwd(grad, y, dim, input_dtype, False, grad_input)
+
+
+@register("_log_softmax_backward_data", "_log_softmax_backward_data.out", category="norm", dtypes=FLOATS,
+          backward=True)
+def log_softmax_backward(grad, y, dim, input_dtype, *, out=None):
+    """dX = dY - exp(Y) * sum(dY)."""
+    return _launch_bwd(grad, y, dim, input_dtype, True, out)

@@ -1,0 +1,78 @@
+"""Helpers every op wrapper shares: dim wrapping, `out=` handling, launch arithmetic.
+
+`out=` is handled here once: ATen resizes a wrongly shaped `out` (warning when it held data), and
+rejects a dtype it cannot hold; an `out` Gems cannot write directly (non-contiguous) goes to ATen.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+import triton
+
+from ..registry import Unsupported
+
+# Test aid: fresh outputs start as NaN (or -1 for integers) so an element a kernel forgets to write
+# can never pass as a right answer.
+_POISON = os.environ.get("GEMS_POISON", "0") not in ("", "0")
+
+cdiv = triton.cdiv
+next_pow2 = triton.next_power_of_2
+
+
+def wrap_dim(dim: int, ndim: int) -> int:
+    """ATen's dim wrapping: 0-dim tensors accept dim 0 and -1; out of range is an IndexError."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
+def wrap_dims(dims, ndim: int) -> list[int]:
+    """Reduction dims: None or [] mean all dims; duplicates are an error like in ATen."""
+    if dims is None or len(dims) == 0:
+        return list(range(ndim))
+    out = [wrap_dim(d, ndim) for d in dims]
+    if len(set(out)) != len(out):
+        raise RuntimeError(f"dim {dims} appears multiple times in the list of dims")
+    return out
+
+
+def empty(shape, dtype, device, like_strides=None):
+    """torch.empty (poisoned under GEMS_POISON=1); `like_strides` gives an empty_strided result."""
+    if like_strides is None:
+        t = torch.empty(shape, dtype=dtype, device=device)
+    else:
+        t = torch.empty_strided(shape, like_strides, dtype=dtype, device=device)
+    if _POISON:
+        t.fill_(float("nan") if t.is_floating_point() or t.is_complex() else (True if dtype == torch.bool else -1))
+    return t
+
+
+def prepare_out(out, shape, dtype, device):
+    """A tensor of `shape`/`dtype` to write into: a new one, or the caller's `out` (resized like ATen)."""
+    if out is None:
+        return empty(shape, dtype, device)
+    if out.dtype != dtype:
+        raise Unsupported("out dtype differs from the result dtype")
+    if out.device != device:
+        raise Unsupported("out on another device")
+    shape = tuple(shape)
+    if tuple(out.shape) != shape:
+        if out.numel() != 0:
+            warnings.warn(f"An output with one or more elements was resized since it had shape "
+                          f"{list(out.shape)}, which does not match the required output shape {list(shape)}. "
+                          "This behavior is deprecated, and in a future PyTorch release outputs will not be "
+                          "resized unless they have zero elements. You can explicitly reuse an out tensor t by "
+                          "resizing it, inplace, to zero elements with t.resize_(0).", UserWarning, stacklevel=4)
+        out.resize_(shape)
+    if not out.is_contiguous():
+        raise Unsupported("non-contiguous out")
+    return out
+
+
+def num_warps_for(block: int, lo: int = 1, hi: int = 16) -> int:
+    """Warps for a program working on `block` elements: ~8 elements per thread, 16-byte vectors."""
+    w = block // 256
+    return max(lo, min(hi, next_pow2(w) if w > 0 else 1))

@@ -1,0 +1,158 @@
+"""The registry: the single source of truth mapping ATen overloads to Gems implementations.
+
+Every implementation is declared once, next to its code, with `@register(...)`. `enable`, `use_gems`,
+the docs' op table and the coverage tool all read this table; nothing else lists ops.
+
+    @register("add.Tensor", "add.out", category="pointwise", dtypes=FLOATS)
+    def add(self, other, *, alpha=1, out=None): ...
+
+An implementation may raise `Unsupported("why")` for an input it does not handle (an argument
+combination, say) before touching any output: the dispatcher then runs ATen's own kernel and counts
+the fallback under that reason in `gems.stats()`.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+import torch
+
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+ALL = FLOATS + INTS + (torch.bool, torch.float64)
+
+CATEGORIES = ("pointwise", "reduction", "norm", "blas", "index", "copy", "other")
+
+
+class Unsupported(Exception):
+    """Raised by an implementation, before it writes anything, for inputs it leaves to ATen."""
+
+
+@dataclass
+class OpImpl:
+    """One ATen overload served by Gems.
+
+    `dtypes` are the dtypes accepted for the tensor arguments named in `dtype_args` (default: the first
+    tensor argument). `check(*args, **kwargs)` may return a reason string to send a call to ATen.
+    """
+
+    name: str                      # "add.Tensor", "mm.default"
+    fn: Callable
+    category: str
+    dtypes: tuple
+    backward: bool = False
+    check: Optional[Callable] = None
+    backends: tuple = ("cuda", "interpreter")
+    doc: str = ""
+    # [served, fell back]; a plain list keeps the hot-path increment cheap.
+    counts: list = field(default_factory=lambda: [0, 0])
+    reasons: dict = field(default_factory=dict)
+
+    @property
+    def base(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def overload(self) -> str:
+        return self.name.split(".", 1)[1]
+
+
+_IMPLS: dict[str, OpImpl] = {}
+_LOCK = threading.Lock()
+
+
+def canonical(name: str) -> str:
+    """'mm' -> 'mm.default' only when the op has no other overload; names with a dot are kept."""
+    return name if "." in name else name + ".default"
+
+
+def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bool = False,
+             check: Optional[Callable] = None, backends: Iterable[str] = ("cuda", "interpreter")):
+    """Declare that the decorated function implements the ATen overloads `names`.
+
+    Names are ATen overload names as `torch.ops.aten.<base>.<overload>` spells them; a name without
+    a dot means the `.default` overload. The function receives exactly ATen's arguments.
+    """
+    if category not in CATEGORIES:
+        raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")
+
+    def deco(fn):
+        for raw in names:
+            name = canonical(raw)
+            _aten_overload(name)  # fails early on a typo
+            with _LOCK:
+                if name in _IMPLS:
+                    raise ValueError(f"{name} is registered twice ({_IMPLS[name].fn.__module__} and {fn.__module__})")
+                _IMPLS[name] = OpImpl(name, fn, category, tuple(dtypes), backward, check, tuple(backends),
+                                      (fn.__doc__ or "").strip().split("\n")[0])
+        return fn
+
+    return deco
+
+
+def _aten_overload(name: str):
+    base, overload = name.split(".", 1)
+    try:
+        return getattr(getattr(torch.ops.aten, base), overload)
+    except AttributeError:
+        raise ValueError(f"aten::{name} is not an ATen overload in torch {torch.__version__}") from None
+
+
+def _load_ops():
+    # Importing the op modules fills the table; done lazily so `import gems` stays light.
+    from . import ops  # noqa: F401
+
+
+def all_impls(backend: Optional[str] = None) -> list[OpImpl]:
+    """Every registered implementation (for one backend name, when given), sorted by name."""
+    _load_ops()
+    return [i for _, i in sorted(_IMPLS.items()) if backend is None or backend in i.backends]
+
+
+def get(name: str) -> OpImpl:
+    _load_ops()
+    try:
+        return _IMPLS[canonical(name)]
+    except KeyError:
+        raise KeyError(f"Gems does not implement aten::{canonical(name)}") from None
+
+
+def resolve(names: Optional[Iterable[str]], backend: Optional[str] = None) -> set[str]:
+    """Expand user-facing names ('add.Tensor' or a base name 'add') to registered overload names.
+
+    A name that is an ATen op Gems does not implement resolves to nothing (excluding it is harmless);
+    a name that is not an ATen op at all is an error, so a typo never silently selects nothing.
+    """
+    if names is None:
+        return set()
+    if isinstance(names, str):
+        names = [names]
+    impls = all_impls(backend)
+    out = set()
+    for n in names:
+        if "." in n:
+            _aten_overload(n)
+            out.update(i.name for i in impls if i.name == n)
+        else:
+            if not hasattr(torch.ops.aten, n):
+                raise ValueError(f"aten::{n} is not an ATen op in torch {torch.__version__}")
+            out.update(i.name for i in impls if i.base == n)
+    return out
+
+
+@contextlib.contextmanager
+def override_impl(name: str, fn: Callable):
+    """Temporarily replace Gems' implementation of one overload (a test double for tools and tests).
+
+    The dispatcher looks the function up through the OpImpl on every call, so the swap takes effect
+    even while Gems is enabled.
+    """
+    impl = get(name)
+    old = impl.fn
+    impl.fn = fn
+    try:
+        yield impl
+    finally:
+        impl.fn = old

@@ -1,0 +1,106 @@
+"""Low-overhead kernel launch: a cache of compiled kernels keyed only by what changes the binary.
+
+Triton's `JITFunction.run` binds arguments, specializes every one of them, hashes options, checks
+globals and builds launch metadata on every call: 10-20 us of host time. For an eager op library that
+is the whole budget. `LaunchCache` keeps, per kernel, a dict from a *binary key* to the compiled
+kernel, and on a hit calls the compiled launcher directly.
+
+The binary key holds exactly what Triton specializes on: tensor dtype and 16-byte alignment, for ints
+whether they equal 1, are divisible by 16 and need 64 bits; float/bool/None types; constexpr values;
+and the launch options (num_warps, num_stages). Sizes do not appear, so one binary serves all shapes
+of a class. A miss goes through Triton's own `run` (which compiles, or finds the binary on disk) and
+records the kernel it returns. The cache is bounded (LRU-ish: oldest entry dropped).
+
+Under the interpreter (TRITON_INTERPRET=1) there is no binary: calls go straight to the interpreter.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+_Tensor = torch.Tensor
+_MAX_ENTRIES = 256  # binaries per kernel; a kernel with more variants than this is a design bug
+
+
+def _int_key(v: int):
+    # mirrors Triton's integer specialization: ==1 becomes a constant, %16 enables vectorization,
+    # the range picks i32/i64/u64
+    if v == 1:
+        return 1
+    return (v & 15 == 0, -0x80000000 <= v <= 0x7FFFFFFF, v < 0x8000000000000000)
+
+
+def binary_key(args) -> tuple:
+    key = []
+    app = key.append
+    for a in args:
+        if isinstance(a, _Tensor):
+            app(a.dtype)
+            app(a.data_ptr() & 15 == 0)
+        elif a.__class__ is int:
+            app(_int_key(a))
+        elif a.__class__ is bool or a is None or a.__class__ is float:
+            app(a.__class__)
+        else:  # dtypes, strings, ... are constexprs and key by value
+            app(a)
+    return tuple(key)
+
+
+class LaunchCache:
+    """Wraps a `@triton.jit` function. `k[grid](*args, num_warps=..)` launches it.
+
+    Pass every argument positionally in the kernel's parameter order (constexprs included): the hot
+    path then needs no binding.
+    """
+
+    __slots__ = ("fn", "name", "interpreted", "_cache", "_constexpr_pos", "hits", "misses")
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = getattr(fn, "__name__", None) or fn.fn.__name__
+        self.interpreted = not hasattr(fn, "device_caches")
+        self._cache: dict = {}
+        self._constexpr_pos = [p.num for p in getattr(fn, "params", []) if p.is_constexpr]
+        self.hits = self.misses = 0
+
+    def __getitem__(self, grid):
+        return lambda *args, num_warps=4, num_stages=3: self.run(grid, args, num_warps, num_stages)
+
+    def run(self, grid, args, num_warps=4, num_stages=3):
+        if self.interpreted:
+            return self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
+        dev = torch.cuda.current_device()
+        key = (dev, num_warps, num_stages) + binary_key(args)
+        kernel = self._cache.get(key)
+        if kernel is None:
+            self.misses += 1
+            kernel = self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            if len(self._cache) >= _MAX_ENTRIES:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = kernel
+            return kernel
+        self.hits += 1
+        g = grid if grid.__class__ is tuple else tuple(grid)
+        n = len(g)
+        hooks = _hooks()
+        kernel.run(g[0], g[1] if n > 1 else 1, g[2] if n > 2 else 1, _stream(dev), kernel.function,
+                   kernel.packed_metadata, kernel.launch_metadata(g, _stream(dev), *args) if hooks[0] else None,
+                   hooks[0], hooks[1], *args)
+        return kernel
+
+    def cache_info(self) -> dict:
+        return {"entries": len(self._cache), "hits": self.hits, "misses": self.misses}
+
+
+def _hooks():
+    rt = triton.knobs.runtime
+    return rt.launch_enter_hook, rt.launch_exit_hook
+
+
+def _stream(dev: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(dev)
+
+
+def kernel(fn) -> LaunchCache:
+    """Decorator: `@kernel` over `@triton.jit` gives a kernel with the cached launch path."""
+    return LaunchCache(fn)

@@ -1,0 +1,167 @@
+"""The shared op-test harness: ATen in float64 as the reference, one tolerance table, input variants.
+
+    from harness import DEVICE, DTYPES, make, layouts, check_op
+    check_op(torch.softmax, (make((7, 33), dtype), 1), dtype=dtype, served="_softmax")
+
+`check_op` runs `fn` with Gems on, the same call through ATen in float64 on CPU (the reference) and
+through ATen at the test dtype (its own low-precision error), and requires Gems' error against the
+reference to be within the dtype's tolerance or within 2x ATen's own error (the flash-attention rule
+for low precision), whichever is looser. It also asserts Gems actually served the op (stats), so a
+silent fallback can never pass as coverage.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+import torch
+
+import gems
+
+DEVICE = os.environ.get("GEMS_TEST_DEVICE", "cpu")
+ON_GPU = DEVICE == "cuda"
+# bf16 arithmetic is broken in the Triton interpreter (facts.md): bf16 is tested in the GPU run only
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
+FLOAT_IDS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+# (rtol, atol) against the float64 reference
+TOL = {
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+}
+
+
+def dtype_params(dtypes=None):
+    return pytest.mark.parametrize("dtype", dtypes or DTYPES, ids=lambda d: FLOAT_IDS.get(d, str(d)))
+
+
+def make(shape, dtype=torch.float32, device=DEVICE, low=-3.0, high=3.0, nonzero=True, requires_grad=False):
+    """Random values in [low, high], never exactly zero (zeros hide unwritten outputs)."""
+    if dtype.is_floating_point:
+        t = torch.empty(shape, dtype=torch.float64).uniform_(low, high)
+        if nonzero:
+            t = torch.where(t.abs() < 1e-3, torch.full_like(t, 0.5), t)
+        t = t.to(dtype)
+    elif dtype == torch.bool:
+        t = torch.rand(shape) > 0.5
+    else:
+        t = torch.randint(int(low) if low < 0 else 1, int(high) + 1, shape, dtype=dtype)
+        if nonzero:
+            t = torch.where(t == 0, torch.ones_like(t), t)
+    return t.to(device).requires_grad_(requires_grad)
+
+
+def layouts(shape, dtype=torch.float32, **kw):
+    """(name, tensor) pairs with the same logical shape: contiguous and several non-contiguous views."""
+    out = [("contiguous", make(shape, dtype, **kw))]
+    if len(shape) >= 2:
+        t = make(shape[:-2] + (shape[-1], shape[-2]), dtype, **kw)
+        out.append(("transposed", t.transpose(-1, -2)))
+    if len(shape) >= 1 and shape[-1] > 0:
+        big = make(shape[:-1] + (shape[-1] * 2,), dtype, **kw)
+        out.append(("step-sliced", big[..., ::2]))
+    if len(shape) >= 2:
+        row = make((1,) + tuple(shape[1:]), dtype, **kw)
+        out.append(("expanded", row.expand(shape)))
+    return out
+
+
+def to_ref(x):
+    """Move a call argument to the float64 CPU reference world."""
+    if isinstance(x, torch.Tensor):
+        y = x.detach().cpu()
+        return y.double() if y.is_floating_point() else y
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_ref(v) for v in x)
+    return x
+
+
+def _flat(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _flat(v)]
+    return []
+
+
+def assert_close(out, ref, dtype, aten=None, rtol=None, atol=None, msg=""):
+    """out (any device/dtype) vs ref (float64); aten = ATen's own result at `dtype`, for the 2x rule."""
+    outs, refs = _flat(out), _flat(ref)
+    atens = _flat(aten) if aten is not None else [None] * len(outs)
+    assert len(outs) == len(refs), f"{msg}: {len(outs)} outputs vs {len(refs)} in the reference"
+    r0, a0 = TOL.get(dtype, TOL[torch.float32])
+    rtol = r0 if rtol is None else rtol
+    atol = a0 if atol is None else atol
+    for i, (o, r, a) in enumerate(zip(outs, refs, atens)):
+        assert tuple(o.shape) == tuple(r.shape), f"{msg}[{i}]: shape {tuple(o.shape)} vs {tuple(r.shape)}"
+        o = o.detach().cpu()
+        if not r.is_floating_point():
+            assert o.dtype == r.dtype, f"{msg}[{i}]: dtype {o.dtype} vs {r.dtype}"
+            assert torch.equal(o, r), f"{msg}[{i}]: integer results differ"
+            continue
+        o64 = o.double()
+        nan_o, nan_r = torch.isnan(o64), torch.isnan(r)
+        assert torch.equal(nan_o, nan_r), f"{msg}[{i}]: NaN pattern differs ({int(nan_o.sum())} vs {int(nan_r.sum())})"
+        o64, r = o64.masked_fill(nan_o, 0), r.masked_fill(nan_r, 0)
+        err = (o64 - r).abs()
+        inf = torch.isinf(r)
+        assert torch.equal(o64[inf], r[inf]), f"{msg}[{i}]: infinities differ"
+        err = err.masked_fill(inf, 0)
+        bound = atol + rtol * r.abs()
+        if a is not None:
+            a64 = a.detach().cpu().double().masked_fill(nan_r, 0)
+            bound = torch.maximum(bound, 2 * (a64 - r).abs().masked_fill(inf, 0) + atol)
+        bad = err > bound
+        if bad.any():
+            j = int(bad.flatten().nonzero()[0])
+            raise AssertionError(f"{msg}[{i}]: {int(bad.sum())}/{err.numel()} elements off; worst err "
+                                 f"{err.max().item():.3e}; first at flat index {j}: got {o64.flatten()[j].item()}, "
+                                 f"expected {r.flatten()[j].item()}")
+
+
+@contextlib.contextmanager
+def served(*names, at_least=1):
+    """Assert Gems served each overload at least `at_least` times inside the block."""
+    names = [gems.registry.canonical(n) for n in names]
+    before = {n: gems.registry.get(n).counts[0] for n in names}
+    yield
+    for n in names:
+        got = gems.registry.get(n).counts[0] - before[n]
+        assert got >= at_least, f"Gems served aten::{n} {got} times (expected >= {at_least}); stats: {gems.stats().get(n)}"
+
+
+def check_op(fn, args, kwargs=None, *, dtype, served_ops=(), rtol=None, atol=None, aten_rule=True):
+    """Run fn(*args) with Gems on and compare to ATen in float64; returns Gems' result."""
+    kwargs = kwargs or {}
+    with served(*served_ops), gems.use_gems():
+        out = fn(*args, **kwargs)
+    ref = fn(*to_ref(args), **to_ref(kwargs))
+    aten = fn(*args, **kwargs) if aten_rule and dtype != torch.float32 else None
+    assert_close(out, ref, dtype, aten, rtol, atol, msg=getattr(fn, "__name__", "op"))
+    return out
+
+
+def check_grad(fn, inputs, *, dtype, served_ops=(), rtol=None, atol=None, grad_out=None):
+    """Compare gradients of sum(fn(*inputs) * grad_out) w.r.t. every floating input, Gems vs float64."""
+    def grads(xs, on):
+        xs = [x.detach().clone().requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x
+              for x in xs]
+        ctx = gems.use_gems() if on else contextlib.nullcontext()
+        with ctx:
+            y = fn(*xs)
+            g = grad_out.to(device=y.device, dtype=y.dtype)
+            leaves = [x for x in xs if isinstance(x, torch.Tensor) and x.requires_grad]
+            return torch.autograd.grad(y, leaves, g)
+    if grad_out is None:
+        with torch.no_grad():
+            shape = tuple(fn(*[i.detach() if isinstance(i, torch.Tensor) else i for i in inputs]).shape)
+        grad_out = make(shape, dtype)
+    with served(*served_ops):
+        got = grads(inputs, True)
+    ref = grads([to_ref(x) for x in inputs], False)
+    aten = grads(inputs, False) if dtype != torch.float32 else None
+    assert_close(got, ref, dtype, aten, rtol, atol, msg="grad")
+    return got
