@@ -1,0 +1,392 @@
+"""sum / mean / amax over any list of dims, for any strides, without permuting or copying.
+
+A reduction is planned on the input's *strides*: size-1 dims are dropped, the kept dims are merged
+(in logical order, where strides allow) into at most two groups M (outer) and K (inner), and the
+reduced dims (in any order: a reduction does not care) into one group R. The input is then read as
+X[m * sM + r * sR + k * sK] and the output, contiguous, as Y[m * K + k]. Two kernels cover that:
+
+* `reduce_inner` (K == 1): tiles [BLOCK_M, BLOCK_R], reduced along the tile's fast axis. Reducing
+  the last dim of a row-major tensor (sR == 1) reads whole rows, coalesced.
+* `reduce_outer` (K > 1): tiles [BLOCK_R, BLOCK_K] with K, the kept inner dim, as the fast axis, so a
+  reduction over a non-innermost dim (mean over dim 0 of a matrix) still reads contiguous rows; no
+  transpose, no copy.
+
+When the grid would be too small to fill the GPU (few outputs, long R: a full reduction, mean over
+dim 0 of a tall matrix) R is split across programs: each writes a partial result to an fp32 (or
+int64) workspace [SPLIT, M*K] and the same kernels reduce that over SPLIT in a second, small launch.
+Fixed splits and no atomics keep the result deterministic.
+
+Inputs whose dims do not fit that plan (reduced dims that cannot merge in a strided input, more than
+two kept groups) are made contiguous once; reduced dims that are still apart (sum over dims 0 and 2
+of a 3-d tensor) are reduced one run at a time through an fp32 intermediate.
+
+Accumulation is fp32 for fp16/bf16/fp32 (fp64 when the output is fp64, int64 for integer sums), and
+the result is cast once at the end, as ATen does. amax propagates NaN.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ..registry import FLOATS, INTS, register
+from ..runtime import backend
+from ..runtime.launch import LaunchCache
+from .utils import cdiv, empty, next_pow2, prepare_out, wrap_dims
+
+_SUM, _MAX = 0, 1
+
+# Launch parameters per backend. tile: elements per program and loop step; max_r / max_k: widest
+# reduced (inner kernel) / kept (outer kernel) extent of a tile; programs_per_sm: grid size below
+# which R is split; min_iters: loop steps each split program gets at least.
+_CONFIGS = {
+    "cuda": dict(tile=4096, max_r=4096, max_k=256, programs_per_sm=4, min_iters=4, max_split=1024),
+    # the interpreter runs each program in Python: few programs, but small tiles so that small test
+    # shapes still go through the loops and the split path
+    "interpreter": dict(tile=1024, max_r=128, max_k=32, programs=4, min_iters=1, max_split=64),
+}
+
+
+def _cfg():
+    return _CONFIGS[backend().name]
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(dev: int) -> int:
+    return torch.cuda.get_device_properties(dev).multi_processor_count
+
+
+def _target_programs(device) -> int:
+    cfg = _cfg()
+    if "programs" in cfg:
+        return cfg["programs"]
+    return cfg["programs_per_sm"] * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+# One launch cache per (kernel, constexpr values): the shared LaunchCache keys binaries by argument
+# *classes* for ints/bools, which would let two different BLOCK sizes share a binary on the GPU.
+_LAUNCHERS: dict = {}
+
+
+def _launcher(fn, consts):
+    key = (fn, consts)
+    k = _LAUNCHERS.get(key)
+    if k is None:
+        k = _LAUNCHERS[key] = LaunchCache(fn)
+    return k
+
+
+@triton.jit
+def _combine_max(acc, x):
+    # NaN wins: once acc is NaN it stays NaN (x > NaN is false), and a NaN x replaces acc
+    return tl.where((x > acc) | (x != x), x, acc)
+
+
+@triton.jit
+def reduce_inner(X, Y, M, R, sM, sR, r_per_split, scale,
+                 OP: tl.constexpr, ACC: tl.constexpr, IS_FLOAT: tl.constexpr, HAS_SCALE: tl.constexpr,
+                 BIG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Y[split * M + m] = scale * OP_{r in split's range} X[m * sM + r * sR]   (OP: sum or max)."""
+    split = tl.program_id(1)
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rr = tl.arange(0, BLOCK_R)[None, :]
+    mmask = (m < M)[:, None]
+    if BIG:
+        base = m.to(tl.int64)[:, None] * sM
+    else:
+        base = m[:, None] * sM
+    r0 = split * r_per_split
+    r_end = tl.minimum(R, r0 + r_per_split)
+    if OP == 0:
+        acc = tl.zeros([BLOCK_M, BLOCK_R], ACC)
+    else:
+        if IS_FLOAT:
+            acc = tl.full([BLOCK_M, BLOCK_R], -float("inf"), ACC)
+        else:
+            acc = tl.full([BLOCK_M, BLOCK_R], -9223372036854775808, ACC)
+    # elementwise accumulation in the loop; one cross-lane reduction at the end
+    for start in range(r0, r_end, BLOCK_R):
+        r = start + rr
+        mask = mmask & (r < r_end)
+        if BIG:
+            offs = base + r.to(tl.int64) * sR
+        else:
+            offs = base + r * sR
+        x = tl.load(X + offs, mask=mask, other=0).to(ACC)
+        if OP == 0:
+            acc += x
+        else:
+            acc = _combine_max(acc, tl.where(mask, x, acc))
+    if OP == 0:
+        res = tl.sum(acc, 1)
+    else:
+        res = tl.max(acc, 1)
+        if IS_FLOAT:
+            has_nan = tl.max((acc != acc).to(tl.int32), 1) > 0
+            res = tl.where(has_nan, float("nan"), res)
+    if HAS_SCALE:
+        res = res * scale
+    tl.store(Y + split * M + m, res.to(Y.dtype.element_ty), mask=m < M)
+
+
+@triton.jit
+def reduce_outer(X, Y, M, R, K, sM, sR, sK, r_per_split, scale,
+                 OP: tl.constexpr, ACC: tl.constexpr, IS_FLOAT: tl.constexpr, HAS_SCALE: tl.constexpr,
+                 BIG: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Y[(split * M + m) * K + k] = scale * OP_{r in split's range} X[m * sM + r * sR + k * sK]."""
+    nkb = tl.cdiv(K, BLOCK_K)
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    m = pid // nkb
+    k = (pid % nkb) * BLOCK_K + tl.arange(0, BLOCK_K)
+    kmask = (k < K)[None, :]
+    rr = tl.arange(0, BLOCK_R)[:, None]
+    if BIG:
+        base = m.to(tl.int64) * sM + k.to(tl.int64)[None, :] * sK
+    else:
+        base = m * sM + k[None, :] * sK
+    r0 = split * r_per_split
+    r_end = tl.minimum(R, r0 + r_per_split)
+    if OP == 0:
+        acc = tl.zeros([BLOCK_R, BLOCK_K], ACC)
+    else:
+        if IS_FLOAT:
+            acc = tl.full([BLOCK_R, BLOCK_K], -float("inf"), ACC)
+        else:
+            acc = tl.full([BLOCK_R, BLOCK_K], -9223372036854775808, ACC)
+    for start in range(r0, r_end, BLOCK_R):
+        r = start + rr
+        mask = kmask & (r < r_end)
+        if BIG:
+            offs = base + r.to(tl.int64) * sR
+        else:
+            offs = base + r * sR
+        x = tl.load(X + offs, mask=mask, other=0).to(ACC)
+        if OP == 0:
+            acc += x
+        else:
+            acc = _combine_max(acc, tl.where(mask, x, acc))
+    if OP == 0:
+        res = tl.sum(acc, 0)
+    else:
+        res = tl.max(acc, 0)
+        if IS_FLOAT:
+            has_nan = tl.max((acc != acc).to(tl.int32), 0) > 0
+            res = tl.where(has_nan, float("nan"), res)
+    if HAS_SCALE:
+        res = res * scale
+    if BIG:
+        out = (split * M + m).to(tl.int64) * K + k
+    else:
+        out = (split * M + m) * K + k
+    tl.store(Y + out, res.to(Y.dtype.element_ty), mask=k < K)
+
+
+# ---------------------------------------------------------------------------------------------
+# planning
+
+
+def _merge(dims):
+    """Merge (size, stride) pairs, outermost first, where dim i spans exactly dim i+1 repeated."""
+    out = []
+    for size, stride in dims:
+        if out and out[-1][1] == stride * size:
+            out[-1] = (out[-1][0] * size, stride)
+        else:
+            out.append((size, stride))
+    return out
+
+
+def _plan(shape, strides, rset):
+    """(M, sM, R, sR, K, sK) reading the tensor as X[m*sM + r*sR + k*sK], or None if it does not fit."""
+    kept = [(s, st) for d, (s, st) in enumerate(zip(shape, strides)) if d not in rset and s != 1]
+    red = [(s, st) for d, (s, st) in enumerate(zip(shape, strides)) if d in rset and s != 1]
+    kg = _merge(kept)
+    rg = _merge(sorted(red, key=lambda p: -p[1]))
+    if len(rg) > 1 or len(kg) > 2:
+        return None
+    R, sR = rg[0] if rg else (1, 0)
+    if not kg:
+        return 1, 0, R, sR, 1, 0
+    if len(kg) == 1:
+        (n, st), = kg
+        # a kept dim below the reduced one is the tile's fast axis (coalesced); above it is M
+        return (1, 0, R, sR, n, st) if st < sR else (n, st, R, sR, 1, 0)
+    (m, sm), (k, sk) = kg
+    return m, sm, R, sR, k, sk
+
+
+_TL = {torch.float32: tl.float32, torch.float64: tl.float64, torch.int64: tl.int64}
+
+
+def _launch(x, y, plan, op, acc_dtype, scale):
+    """Reduce x (read through `plan`) into the contiguous y (M*K elements), splitting R if needed."""
+    M, sM, R, sR, K, sK = plan
+    cfg = _cfg()
+    acc = _TL[acc_dtype]
+    is_float = int(acc_dtype.is_floating_point)
+    has_scale = int(scale != 1.0)
+    span = 1 + (M - 1) * sM + (R - 1) * sR + (K - 1) * sK
+    tile = cfg["tile"]
+    if K == 1:
+        block_r = min(next_pow2(R), cfg["max_r"])
+        block_m = min(next_pow2(M), max(tile // block_r, 1))
+        grid0, step = cdiv(M, block_m), block_r
+    else:
+        block_k = min(next_pow2(K), cfg["max_k"])
+        block_r = min(next_pow2(R), max(tile // block_k, 1))
+        grid0, step = M * cdiv(K, block_k), block_r
+    target = _target_programs(x.device)
+    split, r_per = 1, R
+    if grid0 < target and R > step * cfg["min_iters"]:
+        split = min(cdiv(target, grid0), cdiv(R, step * cfg["min_iters"]), cfg["max_split"])
+        if split > 1:
+            r_per = cdiv(cdiv(R, split), step) * step
+            split = cdiv(R, r_per)
+    # int64 offsets only when some offset can pass 2**31 (input span, or the workspace)
+    big = int(max(span, split * M * K) >= 2 ** 31 - 1)
+    dst = y if split == 1 else torch.empty((split, M * K), dtype=acc_dtype, device=x.device)
+    s = scale if split == 1 else 1.0
+    hs = has_scale if split == 1 else 0
+    if K == 1:
+        nw = max(1, min(8, block_m * block_r // 512))
+        consts = (op, acc, is_float, hs, big, block_m, block_r)
+        _launcher(reduce_inner, consts)[(grid0, split)](x, dst, M, R, sM, sR, r_per, s, *consts, num_warps=nw)
+    else:
+        nw = max(1, min(8, block_r * block_k // 512))
+        consts = (op, acc, is_float, hs, big, block_r, block_k)
+        _launcher(reduce_outer, consts)[(grid0, split)](x, dst, M, R, K, sM, sR, sK, r_per, s, *consts,
+                                                        num_warps=nw)
+    if split > 1:
+        # second stage: [split, M*K] reduced over split, K = M*K contiguous
+        n = M * K
+        _launch(dst, y, (1, 0, split, n, 1, 0) if n == 1 else (1, 0, split, n, n, 1), op, acc_dtype, scale)
+
+
+def _runs(dims):
+    """Maximal runs of consecutive dims: [0, 2, 3] -> [[0], [2, 3]]."""
+    runs = []
+    for d in sorted(dims):
+        if runs and runs[-1][-1] == d - 1:
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    return runs
+
+
+def _reduce_into(x, dims, y, op, acc_dtype, scale):
+    """Reduce x over `dims` into the contiguous y (kept dims in logical order)."""
+    rset = set(dims)
+    plan = _plan(x.shape, x.stride(), rset)
+    if plan is None and not x.is_contiguous():
+        x = x.contiguous()  # a layout the plan cannot read in one pass: one copy, then as contiguous
+        plan = _plan(x.shape, x.stride(), rset)
+    if plan is not None:
+        _launch(x, y, plan, op, acc_dtype, scale)
+        return
+    # contiguous, but the reduced dims are apart: reduce the innermost run first (into acc dtype)
+    last = _runs(dims)[-1]
+    mid = torch.empty([1 if d in last else s for d, s in enumerate(x.shape)], dtype=acc_dtype, device=x.device)
+    _reduce_into(x, last, mid, op, acc_dtype, 1.0)
+    _reduce_into(mid, [d for d in dims if d not in last], y, op, acc_dtype, scale)
+
+
+def _out_shape(shape, rset, keepdim):
+    if keepdim:
+        return [1 if d in rset else s for d, s in enumerate(shape)]
+    return [s for d, s in enumerate(shape) if d not in rset]
+
+
+def _acc_dtype(out_dtype):
+    if out_dtype == torch.float64:
+        return torch.float64
+    return torch.float32 if out_dtype.is_floating_point else torch.int64
+
+
+def _reduce(x, dims, keepdim, out_dtype, op, out=None, mean=False):
+    nd = x.dim()
+    if isinstance(dims, int):
+        dims = [dims]
+    dl = wrap_dims(dims, nd)
+    rset = set(dl) if nd else set()
+    shape = _out_shape(x.shape, rset, keepdim) if nd else []
+    y = prepare_out(out, shape, out_dtype, x.device)
+    if y.numel() == 0:
+        return y
+    count = 1
+    for d in rset:
+        count *= x.shape[d]
+    if x.numel() == 0:
+        # every output reduces an empty set: 0 for sum, 0/0 for mean (amax raised before this)
+        y.fill_(float("nan") if mean else 0)
+        return y
+    acc = _acc_dtype(out_dtype)
+    _reduce_into(x, sorted(rset), y, op, acc, 1.0 / count if mean else 1.0)
+    return y
+
+
+def _sum_dtype(x, dtype):
+    if dtype is None:
+        return torch.int64 if (x.dtype == torch.bool or not x.dtype.is_floating_point) else x.dtype
+    if dtype.is_complex or dtype == torch.bool:
+        from ..registry import Unsupported
+        raise Unsupported(f"sum to {dtype}")
+    if x.dtype.is_floating_point and not dtype.is_floating_point:
+        from ..registry import Unsupported
+        raise Unsupported("float input summed as integers")
+    return dtype
+
+
+SUM_DTYPES = FLOATS + INTS + (torch.bool,)
+
+
+@register("sum.default", "sum.out", category="reduction", dtypes=SUM_DTYPES)
+def sum_all(x, *, dtype=None, out=None):
+    """Sum of all elements (fp32/int64 accumulation, two-stage split for large inputs)."""
+    return _reduce(x, None, False, _sum_dtype(x, dtype), _SUM, out)
+
+
+@register("sum.dim_IntList", "sum.IntList_out", category="reduction", dtypes=SUM_DTYPES)
+def sum_dim(x, dim, keepdim=False, *, dtype=None, out=None):
+    """Sum over a list of dims, any strides, no copies for mergeable layouts."""
+    return _reduce(x, dim, keepdim, _sum_dtype(x, dtype), _SUM, out)
+
+
+def _mean_dtype(x, dtype):
+    d = x.dtype if dtype is None else dtype
+    if not d.is_floating_point:
+        which = "Input" if dtype is None else "Optional"
+        raise RuntimeError(f"mean(): could not infer output dtype. {which} dtype must be either a floating "
+                           f"point or complex dtype. Got: {d}")
+    return d
+
+
+@register("mean.default", "mean.dtype_out", category="reduction", dtypes=FLOATS)
+def mean_all(x, *, dtype=None, out=None):
+    """Mean of all elements (sum * 1/N in the accumulation dtype)."""
+    return _reduce(x, None, False, _mean_dtype(x, dtype), _SUM, out, mean=True)
+
+
+@register("mean.dim", "mean.out", category="reduction", dtypes=FLOATS)
+def mean_dim(x, dim, keepdim=False, *, dtype=None, out=None):
+    """Mean over a list of dims (coalesced tiles over non-innermost dims, split when the grid is small)."""
+    return _reduce(x, dim, keepdim, _mean_dtype(x, dtype), _SUM, out, mean=True)
+
+
+@register("amax.default", "amax.out", category="reduction", dtypes=FLOATS + INTS)
+def amax(x, dim=(), keepdim=False, *, out=None):
+    """Maximum over a list of dims; NaN propagates."""
+    nd = x.dim()
+    if isinstance(dim, int):
+        dim = [dim]
+    dl = wrap_dims(dim, nd)
+    if x.numel() == 0:
+        if dim is None or len(dim) == 0:
+            raise RuntimeError("amax(): Expected reduction dim to be specified for input.numel() == 0. "
+                               "Specify the reduction dim with the 'dim' argument.")
+        for d in dl:
+            if x.shape[d] == 0:
+                raise IndexError(f"amax(): Expected reduction dim {d} to have non-zero size.")
+    return _reduce(x, dl if nd else None, keepdim, x.dtype, _MAX, out)
