@@ -1,0 +1,308 @@
+"""mm / addmm / bmm: one tiled matmul kernel with a batch axis and a fused bias epilogue.
+
+C[b] = alpha * (A[b] @ B[b]) + beta * bias        (bias broadcast to (M, N) by its strides)
+
+Every operand is addressed through its own strides, so transposed inputs (`linear` = t + addmm, and
+its backward `grad.t() @ x`) are read in place, never copied; a stride equal to 1 is specialized by
+Triton, so the inner dimension of either layout is loaded with 16-byte vectors. Products accumulate
+in fp32 for every dtype. fp32 inputs honor `torch.get_float32_matmul_precision()` like ATen:
+'highest' (the default) multiplies in full fp32 ("ieee"), anything else allows TF32 tensor cores.
+
+Program order is grouped ("swizzled"): GROUP_M row-tiles are swept for each column-tile, so the A
+row-panels and B column-panels a wave of programs reads stay in L2. Launch configs are autotuned per
+bucket (M, N, K rounded up to powers of two, dtype, precision, the layouts of A and B, batch, bias) and
+cached on disk; the interpreter takes the first (small) config.
+
+ATen semantics kept here: beta == 0 ignores bias entirely (NaN/inf in it do not propagate), alpha == 0
+ignores A @ B (CPU BLAS convention), K == 0 gives beta * bias (or zeros), empty M/N gives an empty
+result, shape and dtype mismatches raise RuntimeError (ATen's own kernel raises them: we hand such
+calls to it).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..registry import FLOATS, Unsupported, register
+from ..runtime import backend, kernel
+from ..runtime.autotune import Autotuner, bench_ms
+from .utils import cdiv, next_pow2, prepare_out
+
+_I32_MAX = 2**31 - 1
+
+
+@kernel
+@triton.jit
+def matmul_kernel(A, B, C, Bias, M, N, K, alpha, beta,
+                  s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn, s_xb, s_xm, s_xn,
+                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr, I64: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """C[b, m, n] = alpha * sum_k A[b, m, k] * B[b, k, n] + beta * Bias[b, m, n]   (fp32 accumulation).
+
+    Program id -> (batch, tile); tiles of one batch are ordered in groups of GROUP_M tile-rows so that
+    consecutive programs share B column-panels and A row-panels in L2.
+    """
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    tiles = grid_m * grid_n
+    batch = pid // tiles
+    t = pid % tiles
+    per_group = GROUP_M * grid_n
+    first_m = (t // per_group) * GROUP_M
+    group_m = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (t % per_group) % group_m
+    pid_n = (t % per_group) // group_m
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    if I64:  # some operand spans >= 2**31 elements: element offsets need 64 bits
+        rm = rm.to(tl.int64)
+        rn = rn.to(tl.int64)
+        rk = rk.to(tl.int64)
+    b64 = batch.to(tl.int64)
+    mask_m = rm < M
+    mask_n = rn < N
+    a_ptrs = A + b64 * s_ab + (rm[:, None] * s_am + rk[None, :] * s_ak)
+    b_ptrs = B + b64 * s_bb + (rk[:, None] * s_bk + rn[None, :] * s_bn)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & (rk[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+
+    acc = acc * alpha
+    mask = mask_m[:, None] & mask_n[None, :]
+    if HAS_BIAS:
+        x = tl.load(Bias + b64 * s_xb + (rm[:, None] * s_xm + rn[None, :] * s_xn), mask=mask, other=0.0)
+        acc += beta * x.to(tl.float32)
+    c_ptrs = C + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn)
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
+
+
+def _cfg(bm, bn, bk, warps, stages, group=8):
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_warps": warps, "num_stages": stages}
+
+
+# Search spaces per backend (kept here rather than in backend.py: the autotuner owns them).
+# 16-bit inputs on Hopper: 128x256x64 / 8 warps is the classic wgmma-friendly tile (2 warpgroups, each
+# 64x256); 3-4 stages of (128 + 256) x 64 x 2 B = 48 KiB fit in 228 KiB of shared memory. Smaller tiles
+# win for skinny or small problems (more programs than SMs).
+_CONFIGS_16 = [
+    _cfg(128, 256, 64, 8, 3),
+    _cfg(128, 256, 64, 8, 4),
+    _cfg(256, 128, 64, 8, 3),
+    _cfg(128, 128, 64, 8, 4),
+    _cfg(128, 128, 64, 4, 4),
+    _cfg(64, 256, 64, 4, 4),
+    _cfg(128, 64, 64, 4, 4),
+    _cfg(64, 128, 64, 4, 4),
+    _cfg(64, 64, 64, 4, 4),
+]
+# fp32: twice the bytes per element, so BLOCK_K 32 keeps the same shared-memory footprint
+_CONFIGS_32 = [
+    _cfg(128, 256, 32, 8, 3),
+    _cfg(128, 128, 32, 8, 4),
+    _cfg(256, 128, 32, 8, 3),
+    _cfg(128, 128, 32, 4, 4),
+    _cfg(64, 128, 32, 4, 4),
+    _cfg(128, 64, 32, 4, 4),
+    _cfg(64, 64, 32, 4, 4),
+]
+# the interpreter runs each program in Python: small tiles keep the per-program numpy work small and the
+# test shapes (tens of elements) need only a handful of programs
+_INTERP_CONFIG = _cfg(32, 32, 32, 4, 1, group=4)
+
+_TUNERS = {}
+
+
+def _tuner(itemsize):
+    name = "mm16" if itemsize <= 2 else "mm32"
+    t = _TUNERS.get(name)
+    if t is None:
+        if backend().name == "interpreter":
+            configs = [_INTERP_CONFIG]
+        else:
+            configs = _CONFIGS_16 if itemsize <= 2 else _CONFIGS_32
+        t = _TUNERS[name] = Autotuner(name, configs)
+    return t
+
+
+def _precision(dtype):
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    # 16-bit inputs multiply exactly on tensor cores; fp32 under 'highest' must not be rounded to tf32
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _span(t):
+    """Largest element offset a tensor view reaches (+1): what the kernel's offsets must hold."""
+    return 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0)
+
+
+def _layout(s_row, s_col):
+    return "r" if s_col == 1 else ("c" if s_row == 1 else "s")
+
+
+def _launch(a, b, c, bias, alpha, beta):
+    """c[b] = alpha * a[b] @ b[b] + beta * bias[b]; all 3-D views (batch, rows, cols); bias may be None."""
+    nb, M, K = a.shape
+    N = b.shape[2]
+    if nb == 0 or M == 0 or N == 0:
+        return c
+    if alpha == 0:
+        K = 0  # ATen (CPU BLAS convention): alpha == 0 ignores A @ B, NaNs included
+    has_bias = bias is not None and beta != 0
+    if not has_bias:
+        bias = c  # never read; any valid pointer keeps the argument list fixed
+    i64 = max(_span(a), _span(b), _span(c), _span(bias)) > _I32_MAX
+    prec = _precision(a.dtype)
+    sx = bias.stride() if has_bias else (0, 0, 0)
+    fixed = (M, N, K, float(alpha), float(beta),
+             a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
+             c.stride(0), c.stride(1), c.stride(2), sx[0], sx[1], sx[2], has_bias, prec)
+
+    def run(cfg, out):
+        bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+        grid = (nb * cdiv(M, bm) * cdiv(N, bn),)
+        matmul_kernel[grid](a, b, out, bias, *fixed, K % bk == 0, i64, bm, bn, bk, cfg["GROUP_M"],
+                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+    tuner = _tuner(a.element_size())
+    bucket = (next_pow2(M), next_pow2(N), next_pow2(max(K, 1)), str(a.dtype).split(".")[-1], prec,
+              _layout(a.stride(1), a.stride(2)), _layout(b.stride(1), b.stride(2)), nb > 1, has_bias)
+
+    def bench(cfg):
+        # time into scratch: `c` may alias the bias (addmm_), which repeated runs would accumulate into
+        scratch = torch.empty_like(c)
+        return bench_ms(lambda: run(cfg, scratch))
+
+    run(tuner.pick(bucket, bench), c)
+    return c
+
+
+def _check_mats(a, b, batched):
+    want = 3 if batched else 2
+    if a.dim() != want or b.dim() != want:
+        what = "batch1" if batched else "self"
+        bad = a if a.dim() != want else b
+        raise RuntimeError(f"{what} must be a {want}D tensor" if batched else
+                           f"{'self' if bad is a else 'mat2'} must be a matrix")
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {a.dtype} != {b.dtype}")
+    if batched and a.shape[0] != b.shape[0]:
+        raise RuntimeError(f"batch1 and batch2 must have same number of batches, got {a.shape[0]} and {b.shape[0]}")
+    if a.shape[-1] != b.shape[-2]:
+        if batched:
+            raise RuntimeError(f"Expected size for first two dimensions of batch2 tensor to be: "
+                               f"[{b.shape[0]}, {a.shape[-1]}] but got: [{b.shape[0]}, {b.shape[1]}].")
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
+                           f"{b.shape[0]}x{b.shape[1]})")
+    if b.device != a.device:
+        raise Unsupported("operands on different devices")
+
+
+def _result_dtype(a, out_dtype):
+    if out_dtype is None or out_dtype == a.dtype:
+        return a.dtype
+    if out_dtype == torch.float32 and a.dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    raise Unsupported(f"out_dtype {out_dtype} for {a.dtype} inputs")
+
+
+def _mm(a, b, out=None, out_dtype=None):
+    _check_mats(a, b, False)
+    c = prepare_out(out, (a.shape[0], b.shape[1]), _result_dtype(a, out_dtype), a.device)
+    _launch(a.unsqueeze(0), b.unsqueeze(0), c.unsqueeze(0), None, 1.0, 0.0)
+    return c
+
+
+def _bmm(a, b, out=None, out_dtype=None):
+    _check_mats(a, b, True)
+    c = prepare_out(out, (a.shape[0], a.shape[1], b.shape[2]), _result_dtype(a, out_dtype), a.device)
+    _launch(a, b, c, None, 1.0, 0.0)
+    return c
+
+
+def _scalar(v, name):
+    if isinstance(v, complex):
+        raise Unsupported(f"complex {name}")
+    return float(v)
+
+
+def _addmm(bias, a, b, beta, alpha, out=None, out_dtype=None, inplace=False):
+    _check_mats(a, b, False)
+    beta, alpha = _scalar(beta, "beta"), _scalar(alpha, "alpha")
+    M, N = a.shape[0], b.shape[1]
+    dtype = _result_dtype(a, out_dtype)
+    if bias.dtype != dtype:
+        raise Unsupported(f"bias dtype {bias.dtype} differs from the result dtype {dtype}")
+    if bias.device != a.device:
+        raise Unsupported("bias on another device")
+    if inplace:
+        if tuple(bias.shape) != (M, N):
+            raise RuntimeError(f"The input tensor must have the shape of the result: expected {[M, N]}, "
+                               f"got {list(bias.shape)}")
+        if torch._debug_has_internal_overlap(bias) == 1:
+            raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers "
+                               "to a single memory location. Please clone() the tensor before performing the "
+                               "operation.")
+        c = bias
+    else:
+        if bias.dim() > 2:
+            raise RuntimeError(f"addmm: self must be at most 2-D (broadcastable to [{M}, {N}]), got "
+                               f"{list(bias.shape)}")
+        bias = bias.expand(M, N)  # raises RuntimeError when not broadcastable, like ATen; no copy
+        c = prepare_out(out, (M, N), dtype, a.device)
+    _launch(a.unsqueeze(0), b.unsqueeze(0), c.unsqueeze(0), bias.unsqueeze(0), alpha, beta)
+    return c
+
+
+@register("mm", "mm.out", category="blas", dtypes=FLOATS)
+def mm(self, mat2, *, out=None):
+    """Matrix product (tiled Triton GEMM, fp32 accumulation, strided operands)."""
+    return _mm(self, mat2, out)
+
+
+@register("mm.dtype", "mm.dtype_out", category="blas", dtypes=FLOATS, backends=("cuda",))
+def mm_dtype(self, mat2, out_dtype, *, out=None):
+    """Matrix product with an fp32 result for 16-bit inputs (CUDA only, like ATen)."""
+    return _mm(self, mat2, out, out_dtype)
+
+
+@register("addmm", "addmm.out", category="blas", dtypes=FLOATS)
+def addmm(self, mat1, mat2, *, beta=1, alpha=1, out=None):
+    """beta * self + alpha * (mat1 @ mat2), bias broadcast and scaling fused in the epilogue."""
+    return _addmm(self, mat1, mat2, beta, alpha, out)
+
+
+@register("addmm_", category="blas", dtypes=FLOATS)
+def addmm_(self, mat1, mat2, *, beta=1, alpha=1):
+    """In-place addmm: self = beta * self + alpha * (mat1 @ mat2)."""
+    return _addmm(self, mat1, mat2, beta, alpha, inplace=True)
+
+
+@register("addmm.dtype", "addmm.dtype_out", category="blas", dtypes=FLOATS, backends=("cuda",))
+def addmm_dtype(self, mat1, mat2, out_dtype, *, beta=1, alpha=1, out=None):
+    """addmm with an fp32 result for 16-bit inputs (CUDA only, like ATen)."""
+    return _addmm(self, mat1, mat2, beta, alpha, out, out_dtype)
+
+
+@register("bmm", "bmm.out", category="blas", dtypes=FLOATS)
+def bmm(self, mat2, *, out=None):
+    """Batched matrix product (the GEMM kernel with a batch axis and batch strides)."""
+    return _bmm(self, mat2, out)
+
+
+@register("bmm.dtype", "bmm.dtype_out", category="blas", dtypes=FLOATS, backends=("cuda",))
+def bmm_dtype(self, mat2, out_dtype, *, out=None):
+    """Batched matrix product with an fp32 result for 16-bit inputs (CUDA only, like ATen)."""
+    return _bmm(self, mat2, out, out_dtype)

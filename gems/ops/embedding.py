@@ -1,0 +1,194 @@
+"""embedding (row gather) and embedding_dense_backward (deterministic segmented row sums).
+
+Forward: out[i, :] = weight[idx[i], :]. One program per (index, column block): the index is read once,
+the row is copied with 16-byte vectors (the weight's column stride is specialized to 1 when it is),
+offsets are int64 (row * stride passes 2**31 for large tables). Bytes moved: n * D * 2 * itemsize.
+
+Backward: grad_weight[r, :] = sum_{i : idx[i] == r} grad[i, :]  (/ count(r) with scale_grad_by_freq;
+zero for r == padding_idx). Atomics would make fp32 sums depend on scheduling, so like ATen's CUDA
+kernel we sort: `torch.sort` (stable) groups equal indices into runs, `searchsorted` gives each row its
+run [lo, hi). Then two kernels, with a fixed summation order, hence bitwise deterministic:
+
+  A. the sorted positions are cut into chunks of CHUNK; one program per (chunk, column block) walks
+     its chunk in order and sums each run. A run wholly inside the chunk is final and written to its
+     output row; a run crossing the chunk's start or end leaves a partial sum in Partial[chunk, 0]
+     (the chunk's first run) or Partial[chunk, 1] (its last run).
+  B. one program per (output row, column block): rows with no run (or the padding row) get zeros,
+     runs spanning several chunks sum their chunks' partials in chunk order, single-chunk runs were
+     written by A and are left alone.
+
+So every output row is written exactly once (no zero-fill pass), the gradient is read exactly once,
+and a very frequent index (BERT's token_type_ids, all zeros) is summed by many programs in parallel
+instead of one. Accumulation is fp32; the result has the gradient's dtype.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..registry import FLOATS, register
+from ..runtime import backend, kernel
+from .utils import cdiv, next_pow2, prepare_out
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+@kernel
+@triton.jit
+def embedding_fwd(W, Idx, Out, V, D, s_w0, s_w1, BLOCK_D: tl.constexpr):
+    """Out[i, d] = W[Idx[i], d]."""
+    i = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    row = tl.load(Idx + i).to(tl.int64)
+    ok = (row >= 0) & (row < V)
+    # ATen's CUDA kernel asserts on the device too (active under TRITON_DEBUG=1); the mask keeps an
+    # out-of-range index from reading outside the table when asserts are compiled out
+    tl.device_assert(ok, "embedding: index out of range in self")
+    mask = cols < D
+    x = tl.load(W + row * s_w0 + cols * s_w1, mask=mask & ok, other=float("nan"))
+    tl.store(Out + i * D + cols, x, mask=mask)
+
+
+@kernel
+@triton.jit
+def embedding_bwd_chunks(G, S, P, Out, Partial, n, V, D, s_g0, s_g1, padding_idx,
+                         SCALE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Runs of equal sorted indices S[start:end] (grad rows G[P[i]]): final sums -> Out, cut runs -> Partial."""
+    c = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    start = c * CHUNK
+    end = tl.minimum(start + CHUNK, n)
+    first = tl.load(S + start)
+    last = tl.load(S + end - 1)
+    cut_before = (start > 0) & (tl.load(S + tl.maximum(start - 1, 0)) == first)
+    cut_after = (end < n) & (tl.load(S + tl.minimum(end, n - 1)) == last)
+    part = Partial + c.to(tl.int64) * 2 * D + cols
+
+    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    cur = first
+    run_start = start
+    for i in range(start, end):
+        r = tl.load(S + i)
+        if r != cur:  # the run [run_start, i) of index `cur` ended inside this chunk
+            if (run_start == start) & cut_before:
+                tl.store(part, acc, mask=cmask)
+            elif (cur != padding_idx) & (cur >= 0) & (cur < V):
+                y = acc
+                if SCALE:
+                    y = acc / (i - run_start).to(tl.float32)
+                tl.store(Out + cur.to(tl.int64) * D + cols, y.to(Out.dtype.element_ty), mask=cmask)
+            acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+            cur = r
+            run_start = i
+        j = tl.load(P + i)
+        acc += tl.load(G + j * s_g0 + cols * s_g1, mask=cmask, other=0.0).to(tl.float32)
+    # the chunk's last run: cut if it started before the chunk or goes on after it; embedding_bwd_rows
+    # looks for it in slot 0 when it starts the chunk, else in slot 1
+    if ((run_start == start) & cut_before) | cut_after:
+        tl.store(part + tl.where(run_start == start, 0, D), acc, mask=cmask)
+    elif (cur != padding_idx) & (cur >= 0) & (cur < V):
+        y = acc
+        if SCALE:
+            y = acc / (end - run_start).to(tl.float32)
+        tl.store(Out + cur.to(tl.int64) * D + cols, y.to(Out.dtype.element_ty), mask=cmask)
+
+
+@kernel
+@triton.jit
+def embedding_bwd_rows(Lo, Out, Partial, D, padding_idx,
+                       SCALE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Out[r] = 0 for rows without a run (or the padding row); sum of chunk partials for multi-chunk runs."""
+    r = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    lo = tl.load(Lo + r)
+    hi = tl.load(Lo + r + 1)
+    out = Out + r.to(tl.int64) * D + cols
+    if (hi == lo) | (r == padding_idx):
+        tl.store(out, tl.zeros((BLOCK_D,), dtype=Out.dtype.element_ty), mask=cmask)
+    else:
+        cf = lo // CHUNK
+        cl = (hi - 1) // CHUNK
+        if cf != cl:
+            # in chunk cf the run is the first run (slot 0) iff it starts the chunk, else its last (slot 1)
+            slot = tl.where(lo == cf * CHUNK, 0, 1)
+            acc = tl.load(Partial + (cf * 2 + slot) * D + cols, mask=cmask, other=0.0)
+            for c in range(cf + 1, cl + 1):
+                acc += tl.load(Partial + c * 2 * D + cols, mask=cmask, other=0.0)
+            if SCALE:
+                acc = acc / (hi - lo).to(tl.float32)
+            tl.store(out, acc.to(Out.dtype.element_ty), mask=cmask)
+
+
+def _block_d(D, itemsize):
+    if backend().name == "interpreter":
+        return min(next_pow2(D), 1024), 1
+    # 4 KiB of a row per program: 4 warps x 32 threads x 2 vectors of 16 bytes
+    block = min(next_pow2(D), 4096 // itemsize)
+    return block, max(1, min(8, block * itemsize // 1024))
+
+
+def _check_indices(indices):
+    if indices.dtype not in _INDEX_DTYPES:
+        raise RuntimeError(f"Expected tensor for argument #1 'indices' to have one of the following scalar types: "
+                           f"Long, Int; but got {indices.dtype} instead (while checking arguments for embedding)")
+
+
+@register("embedding", "embedding.out", category="index", dtypes=FLOATS)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False, *, out=None):
+    """Row gather weight[indices] (int32/int64 indices of any shape; padding_idx matters in backward only)."""
+    if weight.dim() != 2:
+        raise RuntimeError("'weight' must be 2-D")
+    _check_indices(indices)
+    V, D = weight.shape
+    y = prepare_out(out, tuple(indices.shape) + (D,), weight.dtype, weight.device)
+    idx = indices.reshape(-1)
+    n = idx.numel()
+    if n and weight.device.type == "cpu":
+        # the interpreter can check cheaply (no device sync) and raise like ATen's CPU kernel
+        if bool((idx < 0).any()) or bool((idx >= V).any()):
+            raise IndexError("index out of range in self")
+    if n == 0 or D == 0:
+        return y
+    if V == 0:
+        raise IndexError("index out of range in self")
+    block, warps = _block_d(D, weight.element_size())
+    embedding_fwd[(n, cdiv(D, block))](weight, idx, y, V, D, weight.stride(0), weight.stride(1), block,
+                                       num_warps=warps)
+    return y
+
+
+# sorted positions per chunk of the backward's first kernel; small in the interpreter so that the
+# tests' short index lists still cut runs across chunks
+_CHUNK = {"cuda": 16, "interpreter": 4}
+
+
+@register("embedding_dense_backward", "embedding_dense_backward.out", category="index", dtypes=FLOATS,
+          backward=True)
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq, *, out=None):
+    """grad_weight[r] = sum of grad rows whose index is r (sort-based, deterministic, fp32 sums)."""
+    _check_indices(indices)
+    V = int(num_weights)
+    n = indices.numel()
+    D = grad_output.shape[-1] if grad_output.dim() else 1
+    if grad_output.numel() != n * D:  # ATen views grad as (n, D) and needs no more than that
+        raise RuntimeError(f"embedding_dense_backward: grad_output shape {list(grad_output.shape)} does not match "
+                           f"indices shape {list(indices.shape)}")
+    y = prepare_out(out, (V, D), grad_output.dtype, grad_output.device)
+    if V == 0 or D == 0:
+        return y
+    g = grad_output.reshape(n, D)   # a view whenever the layout allows; strides go to the kernel
+    idx = indices.reshape(-1)
+    s, p = torch.sort(idx, stable=True)
+    lo = torch.searchsorted(s, torch.arange(V + 1, dtype=s.dtype, device=s.device))
+    chunk = _CHUNK[backend().name]
+    block, warps = _block_d(D, grad_output.element_size())
+    nchunks = cdiv(n, chunk)
+    partial = torch.empty((max(nchunks, 1), 2, D), dtype=torch.float32, device=g.device)
+    pad = int(padding_idx)
+    scale = bool(scale_grad_by_freq)
+    if n:
+        embedding_bwd_chunks[(nchunks, cdiv(D, block))](g, s, p, y, partial, n, V, D, g.stride(0), g.stride(1), pad,
+                                                        scale, chunk, block, num_warps=warps)
+    embedding_bwd_rows[(V, cdiv(D, block))](lo, y, partial, D, pad, scale, chunk, block, num_warps=warps)
+    return y
