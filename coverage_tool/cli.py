@@ -1,0 +1,365 @@
+"""``gems-coverage``: trace, report, roadmap, parity, ops.
+
+Results go to stdout (or ``--output FILE``), progress to stderr. Exit codes: 0 ok, 1 a gate failed
+(``--fail-under``, parity mismatch), 2 bad input (unknown model, malformed config, bad option; one line on
+stderr), 3 an unexpected error while running the model (one line; ``GEMS_COVERAGE_DEBUG=1`` shows the
+traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+PROG = "gems-coverage"
+
+
+class UsageError(Exception):
+    pass
+
+
+class GateFailed(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        raise UsageError(message)
+
+
+def _positive_int(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{s}'") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{s}'")
+    return v
+
+
+def _pct(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, got '{s}'") from None
+    if not 0 <= v <= 100:
+        raise argparse.ArgumentTypeError(f"expected a percentage between 0 and 100, got '{s}'")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import report as R
+    p = _Parser(prog=PROG, description="Which ATen ops a model calls, which Gems covers, what is missing, "
+                                       "and whether the model gives the same answers with Gems on.")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def run_opts(sp, default_modes=None):
+        sp.add_argument("--device", default="meta", help="meta (default; full size, no data), cpu (tiny by "
+                                                       "default), cuda")
+        sp.add_argument("--size", choices=("full", "tiny"), default=None,
+                        help="full-size architecture or its tiny variant (default: tiny on cpu, else full)")
+        sp.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bfloat16 on meta "
+                                                      "and cuda, float32 on cpu)")
+        sp.add_argument("--batch", type=_positive_int, default=1)
+        sp.add_argument("--seq-len", type=_positive_int, default=None,
+                        help="text tokens (default 128 full size, 8 tiny)")
+        sp.add_argument("--new-tokens", type=_positive_int, default=4, help="tokens for --mode generate")
+
+    def out_opts(sp, formats=R.FORMATS):
+        sp.add_argument("--format", choices=formats, default="table")
+        sp.add_argument("--output", "-o", default=None, help="write the result to FILE instead of stdout")
+
+    t = sub.add_parser("trace", help="trace one model: every ATen op, covered or not, gaps by cost")
+    t.add_argument("model", help="built-in name or alias (llama2, bert, llava, aquila), a config.json, a "
+                                 "model folder, or module:function")
+    t.add_argument("--mode", choices=("inference", "generate", "training"), default="inference")
+    run_opts(t)
+    g = t.add_mutually_exclusive_group()
+    g.add_argument("--gems", dest="gems", action="store_true", default=None,
+                   help="run with Gems enabled and record served/fallback per op (default on cpu/cuda when "
+                        "Gems has a backend there)")
+    g.add_argument("--no-gems", dest="gems", action="store_false")
+    t.add_argument("--no-profile", action="store_true", help="skip the torch.profiler timing run")
+    t.add_argument("--fail-under", type=_pct, default=None, metavar="PCT",
+                   help="exit 1 when compute-op coverage is below PCT")
+    out_opts(t)
+
+    r = sub.add_parser("report", help="op x model matrix for several models and modes")
+    r.add_argument("models", nargs="*", help="models (default: the four built-ins)")
+    r.add_argument("--modes", default="inference,training", help="comma-separated (default inference,training)")
+    run_opts(r)
+    r.add_argument("--all-ops", action="store_true", help="include view/creation/other ops in the matrix")
+    r.add_argument("--fail-under", type=_pct, default=None, metavar="PCT")
+    out_opts(r)
+
+    m = sub.add_parser("roadmap", help="record a coverage snapshot and render docs/roadmap.md + PNG")
+    m.add_argument("--root", default=None, help="repository root (default: the checkout this tool lives in)")
+    m.add_argument("--history", default=None, help="history file (default docs/roadmap/history.jsonl)")
+    m.add_argument("--markdown", default=None, help="page to render (default docs/roadmap.md)")
+    m.add_argument("--png", default=None, help="plot to render (default docs/roadmap/coverage.png)")
+    m.add_argument("--no-record", action="store_true", help="only render from the existing history")
+    m.add_argument("--date", default=None, help="snapshot date (default: today, UTC)")
+    m.add_argument("--commit", default=None, help="snapshot commit (default: git HEAD)")
+    m.add_argument("--models", default=None, help="comma-separated models (default: the four built-ins)")
+
+    pa = sub.add_parser("parity", help="run with and without Gems, compare, name the first divergent op")
+    pa.add_argument("model")
+    pa.add_argument("--mode", choices=("inference", "training", "all"), default="all")
+    pa.add_argument("--device", default="cpu", help="cpu (tiny, Triton interpreter; default) or cuda")
+    pa.add_argument("--size", choices=("full", "tiny"), default=None)
+    pa.add_argument("--dtype", default=None)
+    pa.add_argument("--batch", type=_positive_int, default=1)
+    pa.add_argument("--seq-len", type=_positive_int, default=None)
+    pa.add_argument("--new-tokens", type=_positive_int, default=4)
+    pa.add_argument("--no-shadow", action="store_true", help="skip the op-by-op shadow comparison")
+    pa.add_argument("--include", default=None, help="comma-separated ATen names Gems serves (default all)")
+    pa.add_argument("--exclude", default=None, help="comma-separated ATen names left to ATen")
+    out_opts(pa, ("table", "json", "markdown"))
+
+    o = sub.add_parser("ops", help="the Gems registry: overload, category, dtypes, backward")
+    o.add_argument("--category", default=None, help="only this Gems category")
+    out_opts(o)
+    return p
+
+
+# ------------------------------------------------------------------------------------------ helpers
+class _Ctx:
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+
+    def say(self, msg: str):
+        if not self.quiet:
+            print(f"[{PROG}] {msg}", file=sys.stderr, flush=True)
+
+
+def _emit(text: str, output: Optional[str], ctx: _Ctx):
+    if output:
+        path = Path(output)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        except OSError as e:
+            raise UsageError(f"cannot write {output}: {e.strerror or e}") from None
+        ctx.say(f"wrote {output}")
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _split(s: Optional[str]):
+    if s is None:
+        return None
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+# ----------------------------------------------------------------------------------------- commands
+def cmd_trace(a, ctx):
+    from . import report as R
+    from . import tracer
+    res = tracer.trace(a.model, mode=a.mode, device=a.device, dtype=a.dtype, batch=a.batch, seq_len=a.seq_len,
+                       size=a.size, new_tokens=a.new_tokens, use_gems=a.gems,
+                       profile=False if a.no_profile else None, progress=ctx.say)
+    d = R.trace_to_dict(res)
+    _emit(R.format_trace(d, a.format), a.output, ctx)
+    if a.fail_under is not None and d["summary"]["coverage_pct"] < a.fail_under:
+        raise GateFailed(f"coverage {d['summary']['coverage_pct']:.1f}% is below --fail-under {a.fail_under:g}%")
+
+
+def collect(models_, modes, a, ctx, info=None):
+    """Trace every (model, mode) pair; returns the JSON documents."""
+    from . import gemsinfo
+    from . import report as R
+    from . import tracer
+    info = info or gemsinfo.load()
+    docs = []
+    for m in models_:
+        for mode in modes:
+            if mode == "generate":
+                import models as M
+                if M.resolve(m).kind not in ("causal_lm", "llava"):
+                    continue
+            ctx.say(f"{m}: {mode}")
+            res = tracer.trace(m, mode=mode, device=a.device, dtype=a.dtype, batch=a.batch, seq_len=a.seq_len,
+                               size=a.size, new_tokens=a.new_tokens, use_gems=False, profile=False,
+                               gems_info=info)
+            docs.append(R.trace_to_dict(res))
+    return docs, info
+
+
+def _modes(s):
+    modes = _split(s) or []
+    for m in modes:
+        if m not in ("inference", "generate", "training"):
+            raise UsageError(f"unknown mode '{m}' in --modes (inference, generate, training)")
+    if not modes:
+        raise UsageError("--modes is empty")
+    return modes
+
+
+def cmd_report(a, ctx):
+    import models as M
+    from . import report as R
+    names = a.models or M.builtin_names()
+    for n in names:
+        M.resolve(n)   # fail fast on a bad name, before tracing anything
+    docs, info = collect(names, _modes(a.modes), a, ctx)
+    mtx = R.matrix(docs, info, all_ops=a.all_ops)
+    header = None
+    if a.format == "markdown":
+        header = _report_header(a, mtx)
+    _emit(R.format_matrix(mtx, a.format, header), a.output, ctx)
+    if a.fail_under is not None and mtx["overall"]["coverage_pct"] < a.fail_under:
+        raise GateFailed(f"overall coverage {mtx['overall']['coverage_pct']:.1f}% is below --fail-under "
+                         f"{a.fail_under:g}%")
+
+
+def _report_header(a, mtx):
+    import datetime
+    from . import roadmap
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    commit = roadmap.git_commit(roadmap.repo_root()) or "unknown"
+    return [
+        "# Gems coverage of the supported models",
+        "",
+        f"Generated by `gems-coverage report --format markdown --output docs/coverage.md` on {date} at "
+        f"commit `{commit}` (device `{a.device}`, full-size architectures with random weights). Do not "
+        "edit by hand: run the command again.",
+        "",
+        "A compute op is *covered* when Gems registers that exact ATen overload. View/metadata "
+        "(view, t, transpose, expand, slice, ...), creation/random (zeros, ones, arange, ...) and other ops "
+        "(host syncs) are listed by `gems-coverage trace` but do not count. The meta device takes the math "
+        "path for attention (`bmm` + `_safe_softmax`); on CPU and CUDA, `scaled_dot_product_attention` "
+        "picks fused kernels instead, so trace on the device you care about "
+        "(`gems-coverage trace MODEL --device cuda`). Training = forward, backward and one AdamW step "
+        "(`foreach=False`). Aquila-7B is built as `LlamaForCausalLM` with Aquila's config values.",
+        "",
+    ]
+
+
+def cmd_roadmap(a, ctx):
+    import models as M
+    from . import report as R
+    from . import roadmap
+    root = Path(a.root) if a.root else roadmap.repo_root()
+    hist = Path(a.history) if a.history else root / "docs" / "roadmap" / "history.jsonl"
+    md = Path(a.markdown) if a.markdown else root / "docs" / "roadmap.md"
+    png = Path(a.png) if a.png else root / "docs" / "roadmap" / "coverage.png"
+    if not a.no_record:
+        names = _split(a.models) or M.builtin_names()
+        for n in names:
+            M.resolve(n)
+        a.device, a.dtype, a.batch, a.seq_len, a.size, a.new_tokens = "meta", None, 1, None, None, 4
+        docs, info = collect(names, ["inference", "training"], a, ctx)
+        mtx = R.matrix(docs, info)
+        snap = roadmap.snapshot(docs, mtx, info, date=a.date, commit=a.commit or roadmap.git_commit(root))
+        roadmap.record(hist, snap)
+        ctx.say(f"recorded snapshot {snap['date']} {snap['commit']} in {hist}")
+    history = roadmap.load_history(hist)
+    if not history:
+        raise UsageError(f"{hist}: no snapshots yet (run without --no-record)")
+    roadmap.write_png(png, history)
+    try:
+        png_rel = os.path.relpath(png, md.parent)
+    except ValueError:
+        png_rel = str(png)
+    text = roadmap.render_markdown(history, png_rel)
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(text)
+    ctx.say(f"wrote {md} and {png}")
+    print(roadmap.latest_line(history))
+
+
+def cmd_parity(a, ctx):
+    from . import parity as P
+    modes = ("inference", "training") if a.mode == "all" else (a.mode,)
+    r = P.parity(a.model, modes=modes, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
+                 seq_len=a.seq_len, new_tokens=a.new_tokens, shadow=not a.no_shadow,
+                 include=_split(a.include), exclude=_split(a.exclude), progress=ctx.say)
+    _emit(P.format_result(r, a.format), a.output, ctx)
+    if not r.ok:
+        if r.divergences:
+            d = r.divergences[0]
+            raise GateFailed(f"parity FAILED: first divergent op aten::{d.op} ({d.inputs})")
+        raise GateFailed("parity FAILED: " + "; ".join(f"{c.phase} {c.name}" for c in r.checks if not c.ok))
+
+
+def cmd_ops(a, ctx):
+    from . import gemsinfo
+    info = gemsinfo.load()
+    if not info.available:
+        raise UsageError(info.error)
+    rows = []
+    for im in info.impls.values():
+        if a.category and im.category != a.category:
+            continue
+        rows.append({"name": im.name, "category": im.category,
+                     "dtypes": [str(d).replace("torch.", "") for d in im.dtypes], "backward": im.backward})
+    if a.format == "json":
+        import json
+        text = json.dumps({"registered_ops": len(rows), "backend": info.backend, "ops": rows}, indent=2) + "\n"
+    elif a.format == "csv":
+        text = "name,category,dtypes,backward\n" + "".join(
+            f"{r['name']},{r['category']},{';'.join(r['dtypes'])},{int(r['backward'])}\n" for r in rows)
+    else:
+        from tabulate import tabulate
+        from .tracer import short_dtype
+        table = [[r["name"], r["category"], ",".join(short_dtype(d) for d in r["dtypes"]),
+                  "yes" if r["backward"] else ""] for r in rows]
+        tf = "github" if a.format == "markdown" else "simple"
+        text = tabulate(table, headers=["overload", "category", "dtypes", "backward"], tablefmt=tf) + "\n"
+        text += f"\n{len(rows)} overloads" + (f", backend '{info.backend}'" if info.backend else
+                                             f" ({info.error})" if info.error else "") + "\n"
+    _emit(text, a.output, ctx)
+
+
+COMMANDS = {"trace": cmd_trace, "report": cmd_report, "roadmap": cmd_roadmap, "parity": cmd_parity,
+            "ops": cmd_ops}
+
+
+def main(argv: Optional[list] = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = os.environ.get("GEMS_COVERAGE_DEBUG", "") not in ("", "0")
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:   # --help
+        return int(e.code or 0)
+    ctx = _Ctx(args.quiet)
+    try:
+        from . import gemsinfo
+        gemsinfo.prepare_interpreter_env()
+        import models
+        try:
+            COMMANDS[args.command](args, ctx)
+        except models.ModelError as e:
+            raise UsageError(str(e)) from None
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except GateFailed as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - one line, never a traceback, unless asked for
+        if debug:
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"{PROG}: error while running: {type(e).__name__}: {msg} (GEMS_COVERAGE_DEBUG=1 shows the "
+              f"traceback)", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,401 @@
+"""Parity: run a model with and without Gems and compare; name the first ATen op whose output diverges.
+
+Two checks:
+
+* **End to end.** The same weights (deep copies of one random model) run once on plain ATen and once with
+  Gems enabled: inference logits, greedy generated tokens (causal LMs and Llava), and one training step
+  (loss, every gradient, every parameter after an AdamW step). Floating tensors are compared by relative
+  error ``||gems - aten|| / ||aten||`` against a per-dtype tolerance.
+* **Shadow, op by op.** During the Gems run a dispatch mode sees every ATen call; for each compute op that
+  Gems registers, it also runs ATen's kernel on copies of the same inputs (Gems switched off for that call)
+  and compares the two outputs element-wise. Because both see identical inputs, errors do not accumulate:
+  the first op over tolerance, in call order, is the broken kernel, reported with its shapes and dtypes.
+
+Dropout is set to 0 for parity runs (the two runs cannot share dropout masks otherwise).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import classify as C
+from . import gemsinfo
+from .tracer import describe_tensors, op_name, short_dtype
+
+# Per-op (shadow) tolerances, element-wise: |g - a| <= atol * max(1, max|a|) + rtol * |a|
+OP_TOL = {torch.float64: (1e-7, 1e-9), torch.float32: (1e-4, 1e-5), torch.float16: (1e-2, 1e-3),
+          torch.bfloat16: (2e-2, 1e-2)}
+# End-to-end tolerances on the relative Frobenius error ||g - a|| / ||a||
+E2E_TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+# Ops whose two runs legitimately differ (random draws)
+NONDETERMINISTIC = frozenset({"native_dropout", "dropout", "bernoulli", "bernoulli_", "rand", "rand_like",
+                              "randn", "randn_like", "randint", "randperm", "normal", "normal_",
+                              "uniform_", "multinomial", "random_", "exponential_"})
+
+
+@dataclass
+class Check:
+    phase: str
+    name: str
+    ok: bool
+    detail: str
+    rel_err: float = 0.0
+    max_abs: float = 0.0
+    tol: float = 0.0
+
+
+@dataclass
+class Divergence:
+    index: int                # call number in the Gems run (0-based, all ATen calls counted)
+    phase: str
+    op: str
+    inputs: str
+    output: str
+    max_abs: float
+    allowed: float
+    detail: str = ""
+
+
+@dataclass
+class ParityResult:
+    model: str
+    size: str
+    device: str
+    dtype: str
+    backend: str
+    registered_ops: int
+    checks: list = field(default_factory=list)
+    divergences: list = field(default_factory=list)
+    shadow_calls: int = 0
+    shadow_ops: set = field(default_factory=set)
+    served: dict = field(default_factory=dict)      # op -> {served, fallback, reasons}
+    compute_ops: set = field(default_factory=set)   # compute ops the Gems run called
+    seconds: float = 0.0
+    notes: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks) and not self.divergences
+
+    @property
+    def served_compute_ops(self) -> list:
+        return sorted(n for n, s in self.served.items() if s.get("served") and C.classify(n) == C.COMPUTE)
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "size": self.size, "device": self.device, "dtype": self.dtype,
+            "backend": self.backend, "registered_ops": self.registered_ops, "ok": self.ok,
+            "verdict": "PASS" if self.ok else "FAIL",
+            "checks": [vars(c) for c in self.checks],
+            "first_divergence": vars(self.divergences[0]) if self.divergences else None,
+            "divergences": [vars(d) for d in self.divergences],
+            "shadow_calls": self.shadow_calls, "shadow_ops": sorted(self.shadow_ops),
+            "compute_ops_called": len(self.compute_ops),
+            "served_compute_ops": self.served_compute_ops,
+            "served": self.served, "seconds": round(self.seconds, 2), "notes": self.notes,
+        }
+
+
+# ------------------------------------------------------------------------------------------ compare
+def _allclose_elementwise(g: torch.Tensor, a: torch.Tensor):
+    """(ok, max_abs_err, allowed_at_worst) for one op output."""
+    if g.shape != a.shape:
+        return False, float("inf"), 0.0
+    if not a.is_floating_point() and not a.is_complex():
+        neq = (g != a)
+        n = int(neq.sum())
+        return n == 0, float(n), 0.0
+    rtol, atol = OP_TOL.get(a.dtype, OP_TOL[torch.float32])
+    g64, a64 = g.detach().to(torch.float64), a.detach().to(torch.float64)
+    if a64.numel() == 0:
+        return True, 0.0, 0.0
+    same_nonfinite = (~torch.isfinite(a64)) & (g64 == a64)
+    nan_both = torch.isnan(a64) & torch.isnan(g64)
+    finite = torch.isfinite(a64)
+    scale = max(1.0, float(a64[finite].abs().max())) if bool(finite.any()) else 1.0
+    err = (g64 - a64).abs()
+    allowed = atol * scale + rtol * a64.abs()
+    bad = ~((err <= allowed) | same_nonfinite | nan_both)
+    if not bool(bad.any()):
+        return True, float(err[finite].max()) if bool(finite.any()) else 0.0, 0.0
+    idx = torch.argmax(torch.where(bad, err.nan_to_num(float("inf")), torch.zeros_like(err)))
+    return False, float(err.flatten()[idx]), float(allowed.flatten()[idx])
+
+
+def compare_e2e(g: torch.Tensor, a: torch.Tensor):
+    """(ok, rel_err, max_abs, tol) between a Gems and an ATen tensor of the whole model."""
+    if g is None and a is None:
+        return True, 0.0, 0.0, 0.0
+    if g is None or a is None or g.shape != a.shape:
+        return False, float("inf"), float("inf"), 0.0
+    if not a.is_floating_point():
+        ok = bool(torch.equal(g, a))
+        return ok, 0.0 if ok else 1.0, 0.0 if ok else float((g != a).sum()), 0.0
+    tol = E2E_TOL.get(a.dtype, E2E_TOL[torch.float32])
+    g64, a64 = g.detach().to(torch.float64), a.detach().to(torch.float64)
+    if not bool(torch.isfinite(g64).all()) and bool(torch.isfinite(a64).all()):
+        return False, float("inf"), float("inf"), tol
+    diff = torch.nan_to_num(g64 - a64)
+    max_abs = float(diff.abs().max()) if diff.numel() else 0.0
+    na = float(torch.linalg.vector_norm(torch.nan_to_num(a64)))
+    nd = float(torch.linalg.vector_norm(diff))
+    rel = nd / na if na > 0 else nd
+    return rel <= tol, rel, max_abs, tol
+
+
+# ------------------------------------------------------------------------------------------- shadow
+class ShadowMode(TorchDispatchMode):
+    """Runs every Gems-registered compute op twice (Gems, then ATen on copies of the inputs) and compares."""
+
+    def __init__(self, names: set, result: ParityResult, phase: str, max_divergences: int = 5):
+        super().__init__()
+        self.names = names
+        self.result = result
+        self.phase = phase
+        self.max_div = max_divergences
+        self.calls = 0
+        self.compute_ops: set = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import gems
+        kwargs = kwargs or {}
+        name = op_name(func)
+        idx = self.calls
+        self.calls += 1
+        cat = C.classify(name)
+        if cat == C.COMPUTE:
+            self.compute_ops.add(name)
+        if name not in self.names or cat != C.COMPUTE or C.packet_of(name) in NONDETERMINISTIC:
+            return func(*args, **kwargs)
+        ref_args, ref_kwargs = tree_map(_clone, (args, kwargs))
+        inputs = describe_tensors(args, kwargs)
+        out = func(*args, **kwargs)
+        with gems.use_gems(include=[]):
+            ref = func(*ref_args, **ref_kwargs)
+        self.result.shadow_calls += 1
+        self.result.shadow_ops.add(name)
+        if len(self.result.divergences) < self.max_div:
+            g_leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            a_leaves = [t for t in tree_leaves(ref) if isinstance(t, torch.Tensor)]
+            if len(g_leaves) != len(a_leaves):
+                self._diverged(idx, name, inputs, out, float("inf"), 0.0, "different number of outputs")
+            else:
+                for i, (g, a) in enumerate(zip(g_leaves, a_leaves)):
+                    ok, err, allowed = _allclose_elementwise(g, a)
+                    if not ok:
+                        self._diverged(idx, name, inputs, out, err, allowed,
+                                       f"output {i}" if len(g_leaves) > 1 else "")
+                        break
+        return out
+
+    def _diverged(self, idx, name, inputs, out, err, allowed, detail):
+        outs = ", ".join(f"{short_dtype(t.dtype)}[{','.join(map(str, t.shape))}]"
+                         for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+        self.result.divergences.append(Divergence(index=idx, phase=self.phase, op=name, inputs=inputs,
+                                                  output=outs, max_abs=err, allowed=allowed, detail=detail))
+
+
+def _clone(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    return x
+
+
+# ---------------------------------------------------------------------------------------------- run
+def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", size: Optional[str] = None,
+           dtype=None, batch: int = 1, seq_len: Optional[int] = None, new_tokens: int = 4,
+           shadow: bool = True, include=None, exclude=None, seed: int = 0,
+           progress: Optional[Callable[[str], None]] = None) -> ParityResult:
+    import gems
+    import models
+    from . import runner
+
+    say = progress or (lambda s: None)
+    t0 = time.perf_counter()
+    info = gemsinfo.load()
+    dev_type = torch.device(device).type
+    if dev_type == "meta":
+        raise models.ModelError("parity needs data: use --device cpu (tiny, Triton interpreter) or cuda")
+    if dev_type == "cuda" and not torch.cuda.is_available():
+        raise models.ModelError("--device cuda: no CUDA device on this machine")
+    if not info.available:
+        raise models.ModelError(f"parity needs Gems: {info.error}")
+    if info.backend is None or info.backend_device != dev_type:
+        why = info.error or f"the active Gems backend '{info.backend}' serves {info.backend_device} tensors"
+        raise models.ModelError(f"Gems cannot run on device {device}: {why}")
+    for m in modes:
+        if m not in ("inference", "training"):
+            raise models.ModelError(f"unknown parity mode '{m}' (inference, training)")
+    size = size or ("tiny" if dev_type == "cpu" else "full")
+    if dtype is None:
+        dtype = "float32" if dev_type == "cpu" else "bfloat16"
+    dt = models.parse_dtype(dtype)
+    if seq_len is None:
+        seq_len = 8 if size == "tiny" else 128
+    try:
+        scope = gems.use_gems(include=include, exclude=exclude)
+    except ValueError as e:
+        raise models.ModelError(str(e)) from None
+
+    say(f"building {model} ({size}, {device}, {short_dtype(dt)}, dropout 0) ...")
+    base = models.build(model, size=size, device=device, dtype=dt, batch=batch, seq_len=seq_len,
+                        seed=seed, dropout=0.0)
+    res = ParityResult(model=base.recipe.name, size=size, device=device, dtype=str(dt).replace("torch.", ""),
+                       backend=info.backend, registered_ops=info.registered_ops)
+    names = set(scope.cfg) if shadow else set()
+    before = gemsinfo.stats()
+
+    def gems_run(phase, fn):
+        sh = ShadowMode(names, res, phase)
+        with scope:
+            if shadow:
+                with sh:
+                    out = fn()
+            else:
+                out = fn()
+        if dev_type == "cuda":
+            torch.cuda.synchronize()
+        res.compute_ops |= sh.compute_ops
+        return out
+
+    def aten_run(fn):
+        with gems.use_gems(include=[]):
+            return fn()
+
+    if "inference" in modes:
+        say("inference: ATen ...")
+        ref_b, gem_b = copy.deepcopy(base), copy.deepcopy(base)
+        ref_logits = aten_run(lambda: runner.run_inference(ref_b)).logits
+        say("inference: Gems ...")
+        gem_logits = gems_run("inference", lambda: runner.run_inference(gem_b)).logits
+        res.checks.append(_check("inference", "logits", gem_logits, ref_logits))
+        if base.kind in ("causal_lm", "llava"):
+            say(f"generate ({new_tokens} greedy tokens): ATen, Gems ...")
+            ref_steps, gem_steps = [], []
+            ref_tok = aten_run(lambda: _generate(ref_b, new_tokens, ref_steps))
+            gem_tok = gems_run("generate", lambda: _generate(gem_b, new_tokens, gem_steps))
+            res.checks.append(_token_check(gem_tok, ref_tok, ref_steps))
+    if "training" in modes:
+        say("training step: ATen ...")
+        ref_b, gem_b = copy.deepcopy(base), copy.deepcopy(base)
+        ref_grads, gem_grads = {}, {}
+        ref_loss = aten_run(lambda: runner.run_training(ref_b, after_backward=_grab(ref_grads)))
+        say("training step: Gems ...")
+        gem_loss = gems_run("training", lambda: runner.run_training(gem_b, after_backward=_grab(gem_grads)))
+        res.checks.append(_check("training", "loss", gem_loss, ref_loss))
+        res.checks.append(_many("training", "gradients", gem_grads, ref_grads))
+        res.checks.append(_many("training", "params after AdamW step",
+                                dict(gem_b.model.named_parameters()), dict(ref_b.model.named_parameters())))
+    res.served = gemsinfo.stats_delta(before, gemsinfo.stats())
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _grab(store: dict):
+    def f(model):
+        for n, p in model.named_parameters():
+            store[n] = None if p.grad is None else p.grad.detach().clone()
+    return f
+
+
+def _generate(bundle, n, steps: list):
+    from . import runner
+    orig = bundle.model.forward
+
+    def fwd(*a, **k):
+        out = orig(*a, **k)
+        steps.append(out.logits[:, -1, :].detach().clone())
+        return out
+    bundle.model.forward = fwd
+    try:
+        return runner.run_generate(bundle, n)
+    finally:
+        del bundle.model.forward
+
+
+def _check(phase, name, g, a) -> Check:
+    ok, rel, mx, tol = compare_e2e(g, a)
+    return Check(phase, name, ok, f"rel err {rel:.2e}, max abs {mx:.2e} (tol {tol:.0e})", rel, mx, tol)
+
+
+def _many(phase, name, g: dict, a: dict) -> Check:
+    worst, worst_name, bad, mx_all, tol = 0.0, "", [], 0.0, 0.0
+    for k in a:
+        ok, rel, mx, t = compare_e2e(g.get(k), a[k])
+        tol = max(tol, t)
+        mx_all = max(mx_all, mx)
+        if not ok:
+            bad.append(k)
+        if rel >= worst:
+            worst, worst_name = rel, k
+    n = len(a)
+    detail = f"{n} tensors, worst {worst_name}: rel err {worst:.2e} (tol {tol:.0e})"
+    if bad:
+        detail = f"{len(bad)}/{n} over tolerance (first: {bad[0]}); " + detail
+    return Check(phase, f"{name} ({n})", not bad, detail, worst, mx_all, tol)
+
+
+def _token_check(g: torch.Tensor, a: torch.Tensor, ref_steps: list) -> Check:
+    n = a.numel()
+    if torch.equal(g, a):
+        return Check("inference", "greedy tokens", True, f"{n}/{n} equal")
+    # a flip is accepted only where ATen's own top-2 logits are within tolerance (a tie).
+    diff = (g != a).nonzero()
+    b, s = int(diff[0, 0]), int(diff[0, 1])
+    logits = ref_steps[s][b].to(torch.float64)
+    margin = float(logits[int(a[b, s])] - logits[int(g[b, s])])
+    tol = E2E_TOL.get(ref_steps[s].dtype, 1e-4) * max(1.0, float(logits.abs().max()))
+    same = int((g == a).sum())
+    if margin <= tol:
+        return Check("inference", "greedy tokens", True,
+                     f"{same}/{n} equal; step {s} differs on a near tie (margin {margin:.1e})")
+    return Check("inference", "greedy tokens", False,
+                 f"{same}/{n} equal; first difference at step {s} (batch {b}): {int(g[b, s])} vs {int(a[b, s])},"
+                 f" ATen margin {margin:.2e}")
+
+
+# ------------------------------------------------------------------------------------------- format
+def format_result(r: ParityResult, fmt: str = "table") -> str:
+    import json
+    if fmt == "json":
+        return json.dumps(r.to_dict(), indent=2) + "\n"
+    md = fmt == "markdown"
+    lines = [f"parity  {r.model} ({r.size}, {r.device}, {r.dtype}); Gems backend '{r.backend}', "
+             f"{r.registered_ops} registered overloads"]
+    phase = None
+    for c in r.checks:
+        if c.phase != phase:
+            phase = c.phase
+            lines.append(f"{phase}")
+        lines.append(f"  {'ok  ' if c.ok else 'FAIL'}  {c.name:<34} {c.detail}")
+    lines.append(f"shadow  {r.shadow_calls} calls of {len(r.shadow_ops)} Gems ops compared with ATen op by op")
+    if r.divergences:
+        d = r.divergences[0]
+        lines.append(f"FIRST DIVERGENT OP  aten::{d.op}  (call #{d.index} of the {d.phase} run"
+                     f"{', ' + d.detail if d.detail else ''})")
+        lines.append(f"  inputs  {d.inputs}")
+        lines.append(f"  output  {d.output}: max abs err {d.max_abs:.3e} > allowed {d.allowed:.3e}")
+        for e in r.divergences[1:]:
+            lines.append(f"  then    aten::{e.op} (call #{e.index}, {e.phase})")
+    else:
+        lines.append("        no divergence")
+    served = r.served_compute_ops
+    fell = sorted(n for n, s in r.served.items() if s.get("fallback") and not s.get("served"))
+    lines.append(f"served  Gems served {len(served)} of the {len(r.compute_ops)} compute ops called"
+                 + (f": {', '.join(served)}" if served else ""))
+    if fell:
+        reasons = []
+        for n in fell:
+            rs = r.served[n].get("reasons") or {}
+            reasons.append(f"{n} ({', '.join(rs) or 'fallback'})")
+        lines.append(f"        fell back to ATen: {'; '.join(reasons)}")
+    lines.append(f"verdict {'PASS' if r.ok else 'FAIL'}  ({r.seconds:.1f} s)")
+    if md:
+        return "```\n" + "\n".join(lines) + "\n```\n"
+    return "\n".join(lines) + "\n"
