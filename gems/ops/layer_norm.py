@@ -1,0 +1,358 @@
+"""native_layer_norm forward and backward.
+
+The input is read as M rows of N = prod(normalized_shape) elements (row stride taken from the
+tensor when its rows are unit-stride, so sliced batches need no copy).
+
+Forward: each program holds BLOCK_M whole rows in registers (N <= max_n; one row of 4096 bf16 on
+the GPU), so x is read once and y written once: 2 passes over memory, the minimum. Mean and
+variance are computed in fp32 from the registers (two-pass variance, no E[x^2] - E[x]^2
+cancellation). Wider rows loop over the row three times (mean, variance, write).
+
+Backward: with xhat = (x - mean) * rstd and wg = dy * w,
+    dx = rstd * (wg - mean(wg * xhat) * xhat - mean(wg))          per row, one pass
+    dw = sum_rows dy * xhat,  db = sum_rows dy                      over rows
+Each program owns a contiguous range of rows, keeps its dw/db partial sums in fp32 registers, and
+writes them once to a workspace [programs, N]; a column-sum (the reduction module's kernel, reading
+[programs, N] coalesced along N) gives dw and db. No atomics: deterministic. The workspace is
+programs * N * 4 bytes (a few % of the traffic of dy + x + dx for LLM shapes).
+
+Mean and rstd follow ATen's dtypes: the input dtype on CPU, fp32 for fp16/bf16 inputs on CUDA;
+shape input.shape[:axis] + (1,) * len(normalized_shape).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ..registry import FLOATS, Unsupported, register
+from ..runtime import backend
+from ..runtime.launch import LaunchCache
+from .reduction import _launch as _reduce_launch
+from .utils import cdiv, empty, next_pow2, prepare_out
+
+# max_n: widest row kept in registers; tile: elements per program for short rows;
+# elems_per_warp: sets num_warps; bwd_programs_per_sm: programs of the backward when dw/db are needed
+_CONFIGS = {
+    "cuda": dict(max_n=16384, tile=4096, elems_per_warp=512, max_warps=16, bwd_programs_per_sm=4),
+    # the interpreter: few programs; a small max_n so that tests reach the looping path
+    "interpreter": dict(max_n=1024, tile=1024, elems_per_warp=512, max_warps=1, programs=4),
+}
+
+# one launch cache per (kernel, constexprs): see the note in reduction.py
+_LAUNCHERS: dict = {}
+
+
+def _launcher(fn, consts):
+    k = _LAUNCHERS.get((fn, consts))
+    if k is None:
+        k = _LAUNCHERS[(fn, consts)] = LaunchCache(fn)
+    return k
+
+
+def _cfg():
+    return _CONFIGS[backend().name]
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(dev: int) -> int:
+    return torch.cuda.get_device_properties(dev).multi_processor_count
+
+
+def _warps(elems):
+    cfg = _cfg()
+    return max(1, min(cfg["max_warps"], next_pow2(max(elems // cfg["elems_per_warp"], 1))))
+
+
+@triton.jit
+def layer_norm_fwd(X, W, B, Y, MEAN, RSTD, M, N, sX, eps,
+                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, SINGLE: tl.constexpr, BIG: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Y = (X - mean) * rstd * W + B per row; mean = sum(X)/N, rstd = 1/sqrt(sum((X-mean)^2)/N + eps)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = (rows < M)[:, None]
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    if BIG:
+        rows_l = rows.to(tl.int64)[:, None]
+    else:
+        rows_l = rows[:, None]
+    xrow = X + rows_l * sX
+    yrow = Y + rows_l * N
+    if SINGLE:
+        mask = rmask & (cols < N)
+        x = tl.load(xrow + cols, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, 1) / N
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        var = tl.sum(xc * xc, 1) / N
+        rstd = 1.0 / tl.sqrt(var + eps)
+        y = xc * rstd[:, None]
+        if HAS_W:
+            y = y * tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+        if HAS_B:
+            y = y + tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)
+        tl.store(yrow + cols, y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for start in range(0, N, BLOCK_N):
+            mask = rmask & (cols + start < N)
+            acc += tl.load(xrow + start + cols, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(acc, 1) / N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for start in range(0, N, BLOCK_N):
+            mask = rmask & (cols + start < N)
+            x = tl.load(xrow + start + cols, mask=mask, other=0.0).to(tl.float32)
+            xc = tl.where(mask, x - mean[:, None], 0.0)
+            acc += xc * xc
+        var = tl.sum(acc, 1) / N
+        rstd = 1.0 / tl.sqrt(var + eps)
+        for start in range(0, N, BLOCK_N):
+            c = cols + start
+            mask = rmask & (c < N)
+            x = tl.load(xrow + c, mask=mask, other=0.0).to(tl.float32)
+            y = (x - mean[:, None]) * rstd[:, None]
+            if HAS_W:
+                y = y * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
+            if HAS_B:
+                y = y + tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)
+            tl.store(yrow + c, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(MEAN + rows, mean.to(MEAN.dtype.element_ty), mask=rows < M)
+    tl.store(RSTD + rows, rstd.to(RSTD.dtype.element_ty), mask=rows < M)
+
+
+@triton.jit
+def layer_norm_bwd(G, X, W, MEAN, RSTD, DX, WS_W, WS_B, M, N, sG, sX, rows_per_prog,
+                   HAS_W: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr, DO_DB: tl.constexpr,
+                   SINGLE: tl.constexpr, BIG: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dx = rstd * (wg - mean(wg * xhat) * xhat - mean(wg)); WS_W[p] = sum_{rows of p} dy * xhat,
+    WS_B[p] = sum_{rows of p} dy (workspace rows: fp32 partial sums, zeroed by the caller when not SINGLE)."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    row0 = pid * rows_per_prog
+    row_end = tl.minimum(M, row0 + rows_per_prog)
+    if BIG:
+        ws_off = pid.to(tl.int64) * N
+    else:
+        ws_off = pid * N
+    if SINGLE:
+        cmask = cols < N
+        if HAS_W:
+            w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+        dw = tl.zeros([BLOCK_N], tl.float32)
+        db = tl.zeros([BLOCK_N], tl.float32)
+        for row in range(row0, row_end):
+            if BIG:
+                r = row.to(tl.int64)
+            else:
+                r = row
+            g = tl.load(G + r * sG + cols, mask=cmask, other=0.0).to(tl.float32)
+            x = tl.load(X + r * sX + cols, mask=cmask, other=0.0).to(tl.float32)
+            mean = tl.load(MEAN + row).to(tl.float32)
+            rstd = tl.load(RSTD + row).to(tl.float32)
+            xhat = tl.where(cmask, (x - mean) * rstd, 0.0)
+            if DO_DX:
+                if HAS_W:
+                    wg = g * w
+                else:
+                    wg = g
+                c1 = tl.sum(wg * xhat, 0) / N
+                c2 = tl.sum(wg, 0) / N
+                dx = rstd * (wg - c1 * xhat - c2)
+                tl.store(DX + r * N + cols, dx.to(DX.dtype.element_ty), mask=cmask)
+            if DO_DW:
+                dw += g * xhat
+            if DO_DB:
+                db += g
+        if DO_DW:
+            tl.store(WS_W + ws_off + cols, dw, mask=cmask)
+        if DO_DB:
+            tl.store(WS_B + ws_off + cols, db, mask=cmask)
+    else:
+        for row in range(row0, row_end):
+            if BIG:
+                r = row.to(tl.int64)
+            else:
+                r = row
+            mean = tl.load(MEAN + row).to(tl.float32)
+            rstd = tl.load(RSTD + row).to(tl.float32)
+            if DO_DX:
+                a1 = tl.zeros([BLOCK_N], tl.float32)
+                a2 = tl.zeros([BLOCK_N], tl.float32)
+                for start in range(0, N, BLOCK_N):
+                    c = start + cols
+                    cmask = c < N
+                    g = tl.load(G + r * sG + c, mask=cmask, other=0.0).to(tl.float32)
+                    x = tl.load(X + r * sX + c, mask=cmask, other=0.0).to(tl.float32)
+                    xhat = tl.where(cmask, (x - mean) * rstd, 0.0)
+                    if HAS_W:
+                        g = g * tl.load(W + c, mask=cmask, other=0.0).to(tl.float32)
+                    a1 += g * xhat
+                    a2 += g
+                c1 = tl.sum(a1, 0) / N
+                c2 = tl.sum(a2, 0) / N
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                cmask = c < N
+                g = tl.load(G + r * sG + c, mask=cmask, other=0.0).to(tl.float32)
+                x = tl.load(X + r * sX + c, mask=cmask, other=0.0).to(tl.float32)
+                xhat = tl.where(cmask, (x - mean) * rstd, 0.0)
+                if DO_DX:
+                    if HAS_W:
+                        wg = g * tl.load(W + c, mask=cmask, other=0.0).to(tl.float32)
+                    else:
+                        wg = g
+                    dx = rstd * (wg - c1 * xhat - c2)
+                    tl.store(DX + r * N + c, dx.to(DX.dtype.element_ty), mask=cmask)
+                # this program's private workspace row: read-modify-write, no races
+                if DO_DW:
+                    p = WS_W + ws_off + c
+                    tl.store(p, tl.load(p, mask=cmask, other=0.0) + g * xhat, mask=cmask)
+                if DO_DB:
+                    p = WS_B + ws_off + c
+                    tl.store(p, tl.load(p, mask=cmask, other=0.0) + g, mask=cmask)
+
+
+def _split(x, normalized_shape):
+    """(M, N) of a layer norm over the trailing `normalized_shape`; mismatches are ATen's to report."""
+    ns = [int(s) for s in normalized_shape]
+    k = len(ns)
+    if k == 0 or x.dim() < k or list(x.shape[x.dim() - k:]) != ns:
+        raise Unsupported("normalized_shape does not match the input")
+    N = 1
+    for s in ns:
+        N *= s
+    return x.numel() // N if N else 0, N, x.dim() - k
+
+
+def _rows(t, M, N):
+    """t as an (M, N) matrix with unit column stride, without a copy when its layout allows."""
+    try:
+        v = t.view(M, N)
+    except RuntimeError:
+        v = None
+    if v is None or (N > 1 and v.stride(1) != 1):
+        v = t.contiguous().view(M, N)
+    return v, (v.stride(0) if M > 1 else N)
+
+
+def _stat_dtype(x):
+    if x.device.type == "cuda" and x.dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    return x.dtype
+
+
+def _check_param(p, ns, x, what):
+    if p is None:
+        return
+    if list(p.shape) != [int(s) for s in ns]:
+        raise Unsupported(f"{what} shape differs from normalized_shape")
+    if p.dtype != x.dtype:
+        raise Unsupported(f"{what} dtype differs from the input")  # ATen's mixed-dtype paths
+    if p.device != x.device:
+        raise Unsupported(f"{what} on another device")
+
+
+def _forward(x, normalized_shape, weight, bias, eps, outs=(None, None, None)):
+    M, N, axis = _split(x, normalized_shape)
+    if N == 0:
+        raise Unsupported("empty normalized_shape")
+    _check_param(weight, normalized_shape, x, "weight")
+    _check_param(bias, normalized_shape, x, "bias")
+    stat_shape = list(x.shape[:axis]) + [1] * (x.dim() - axis)
+    sd = _stat_dtype(x)
+    y = prepare_out(outs[0], x.shape, x.dtype, x.device)
+    mean = prepare_out(outs[1], stat_shape, sd, x.device)
+    rstd = prepare_out(outs[2], stat_shape, sd, x.device)
+    if M == 0:
+        return y, mean, rstd
+    xv, sx = _rows(x, M, N)
+    weight = weight.contiguous() if weight is not None else None
+    bias = bias.contiguous() if bias is not None else None
+    cfg = _cfg()
+    block_n = next_pow2(N)
+    single = int(block_n <= cfg["max_n"])
+    if single:
+        block_m = min(next_pow2(M), max(1, cfg["tile"] // block_n))
+    else:
+        block_n, block_m = cfg["max_n"], 1
+    big = int(max(M * max(sx, N), x.numel()) >= 2 ** 31 - 1)
+    consts = (int(weight is not None), int(bias is not None), single, big, block_m, block_n)
+    _launcher(layer_norm_fwd, consts)[(cdiv(M, block_m),)](
+        xv, weight, bias, y, mean, rstd, M, N, sx, float(eps), *consts, num_warps=_warps(block_m * block_n))
+    return y, mean, rstd
+
+
+@register("native_layer_norm", "native_layer_norm.out", category="norm", dtypes=FLOATS)
+def native_layer_norm(x, normalized_shape, weight, bias, eps, *, out0=None, out1=None, out2=None):
+    """Layer norm with the row in registers: fp32 statistics, one read of x and one write of y."""
+    return _forward(x, normalized_shape, weight, bias, eps, (out0, out1, out2))
+
+
+def _bwd_programs(M, need_ws, device):
+    cfg = _cfg()
+    if "programs" in cfg:
+        target = cfg["programs"]
+    elif need_ws:
+        dev = device.index if device.index is not None else torch.cuda.current_device()
+        target = cfg["bwd_programs_per_sm"] * _sm_count(dev)
+    else:
+        target = M  # dx only: one row per program
+    rows = cdiv(M, max(1, min(target, M)))
+    return cdiv(M, rows), rows
+
+
+@register("native_layer_norm_backward", "native_layer_norm_backward.out", category="norm", dtypes=FLOATS,
+          backward=True)
+def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask, *,
+                               out0=None, out1=None, out2=None):
+    """dx per row in one pass; dw/db from per-program fp32 partial sums and a column-sum (no atomics)."""
+    do_dx, do_dw, do_db = (bool(v) for v in output_mask)
+    M, N, axis = _split(x, normalized_shape)
+    if N == 0:
+        raise Unsupported("empty normalized_shape")
+    if tuple(grad_out.shape) != tuple(x.shape):
+        raise Unsupported("grad_out shape differs from the input")
+    if grad_out.dtype != x.dtype:
+        raise Unsupported("grad_out dtype differs from the input")
+    _check_param(weight, normalized_shape, x, "weight")
+    _check_param(bias, normalized_shape, x, "bias")
+    if (do_dw and weight is None) or (do_db and bias is None):
+        raise Unsupported("gradient of an absent weight/bias")  # ATen decides (it raises)
+    if mean.numel() != M or rstd.numel() != M:
+        raise Unsupported("mean/rstd numel differs from the number of rows")
+    dx = prepare_out(out0, x.shape, x.dtype, x.device) if do_dx else out0
+    dw = prepare_out(out1, weight.shape, weight.dtype, x.device) if do_dw else out1
+    db = prepare_out(out2, bias.shape, bias.dtype, x.device) if do_db else out2
+    if M == 0:
+        if do_dw:
+            dw.zero_()
+        if do_db:
+            db.zero_()
+        return dx, dw, db
+    if not (do_dx or do_dw or do_db):
+        return dx, dw, db
+    gv, sg = _rows(grad_out, M, N)
+    xv, sx = _rows(x, M, N)
+    mean_f, rstd_f = mean.reshape(-1), rstd.reshape(-1)
+    w = weight.contiguous() if weight is not None else None
+    cfg = _cfg()
+    block_n = next_pow2(N)
+    single = int(block_n <= cfg["max_n"])
+    if not single:
+        block_n = cfg["max_n"]
+    P, rows = _bwd_programs(M, do_dw or do_db, x.device)
+    alloc = torch.empty if single else torch.zeros
+    ws_w = alloc((P, N), dtype=torch.float32, device=x.device) if do_dw else None
+    ws_b = alloc((P, N), dtype=torch.float32, device=x.device) if do_db else None
+    big = int(max(M * max(sg, sx, N), P * N) >= 2 ** 31 - 1)
+    consts = (int(w is not None), int(do_dx), int(do_dw), int(do_db), single, big, block_n)
+    _launcher(layer_norm_bwd, consts)[(P,)](
+        gv, xv, w, mean_f, rstd_f, dx, ws_w, ws_b, M, N, sg, sx, rows, *consts, num_warps=_warps(block_n))
+    # column sums of the [P, N] workspaces, straight into dw / db in their dtypes
+    plan = (1, 0, P, N, N, 1) if N > 1 else (1, 0, P, 1, 1, 0)
+    if do_dw:
+        _reduce_launch(ws_w, dw, plan, 0, torch.float32, 1.0)
+    if do_db:
+        _reduce_launch(ws_b, db, plan, 0, torch.float32, 1.0)
+    return dx, dw, db
