@@ -1,0 +1,56 @@
+"""The pointwise generator: one scalar `@triton.jit` body -> every ATen overload variant of an op.
+
+API (stable; op-declaration modules in gems/ops/ build on it)
+-------------------------------------------------------------
+    from gems.codegen import pointwise
+
+    @triton.jit
+    def _add(a, b, alpha):
+        return a + alpha * b
+
+    add = pointwise("add.Tensor", "add.Scalar", "add.out", "add.Scalar_out", "add_.Tensor", "add_.Scalar",
+                    body=_add, promotion="default", operands=("self", "other"), scalars=("alpha",),
+                    dtypes=FLOATS + INTS)
+
+`pointwise(*names, body, promotion="default", operands=("self", "other"), scalars=(), constexprs=(),
+           promote=None, dtypes=FLOATS, operand_dtypes=None, outputs=1, defaults=None,
+           result_dtype=None, category="pointwise", backward=False, check=None, doc=None) -> PointwiseOp`
+
+names        ATen overloads served, all variants of one op: functional (`.Tensor`, `.Scalar`,
+             `.default`), `.out`-style (the schema's mutable kwarg-only args are the outputs) and in-place
+             (`op_.X`: `self` is the output). Each overload's schema is read to map its arguments.
+body         `@triton.jit def body(*operands, *scalars, *constexprs)`: receives the operand values
+             already converted to the compute dtype (fp32 for fp16/bf16/fp32 — "opmath" —, the
+             promoted integer type for integer ops, bool for bool ops), the `scalars` converted to the
+             compute dtype too, and the constexprs; returns the result (a tuple when outputs > 1),
+             which is cast to each output's dtype on store.
+promotion    torch's ELEMENTWISE_TYPE_PROMOTION_KIND by name: "default", "int_to_float" (true div,
+             exp on ints), "always_bool" (comparisons: compute in the promoted dtype, return bool),
+             "no_opmath", "bool_to_long". Computed with `torch._prims_common.elementwise_dtypes` over
+             the `promote` operands (default: all operands), cached per signature.
+operands     schema argument names that are body operands, in body order. Each may arrive as a tensor
+             or as a Python number (`x * 2.0` reaches `mul.Tensor` with a float; `.Scalar` overloads
+             declare a Scalar): numbers are kernel scalar arguments, never tensors. 0-dim CPU tensors
+             beside CUDA tensors are read on the host (`.item()`) and passed as scalars too.
+scalars      schema Scalar arguments passed to the body as runtime scalars (alpha, threshold, value).
+constexprs   schema arguments that select code (approximate="tanh", rounding_mode): tl.constexpr
+             values of the body; None becomes "none".
+defaults     values for scalars/constexprs an overload's schema lacks (div.Tensor has no rounding_mode).
+promote      operands taking part in promotion (where: ("self", "other"), not condition); the others
+             keep their dtype (`operand_dtypes={"condition": (torch.bool,)}` declares theirs).
+dtypes       accepted dtypes of tensor operands; anything else goes to ATen (counted in gems.stats()).
+result_dtype optional `f(compute, result) -> result` override.
+
+Per call: a generated per-overload wrapper looks up a prebuilt closure keyed by (operand dtypes or
+number types, scalar types, constexpr values, out dtypes) when every tensor operand is contiguous with
+one shape (the flat 1-D kernel); anything else takes `general()` in pointwise.py: promotion,
+broadcasting, output strides by TensorIterator's rule (layout.output_perm), `out=` resize (with
+ATen's warning) / in-place checks (broadcast growing self, overlap), then a launch of the flat kernel
+or the strided nd kernel over the collapsed, stride-ordered dims (layout.plan). Kernels are generated
+as source (source.py), written under `<gems cache dir>/codegen/`, and cached per (flat|nd, rank
+after collapsing, operand tensor/scalar pattern, dtypes) — never per shape. Calling the PointwiseOp
+object directly (`op(x, y, scalars=(1,), out=..., inplace=...)`) runs the general path.
+"""
+from .pointwise import PROMOTIONS, PointwiseOp, general, pointwise
+
+__all__ = ["pointwise", "PointwiseOp", "PROMOTIONS", "general"]

@@ -1,0 +1,89 @@
+"""Arithmetic pointwise ops (add, sub, mul, div, neg, rsub), declared through gems.codegen.
+
+Each declaration serves every ATen variant of the op (functional .Tensor/.Scalar, .out, in-place).
+Bodies receive operands in the compute dtype (fp32 for fp16/bf16/fp32; the integer type for
+integer ops), so fp16/bf16 inputs are computed in fp32 like ATen's opmath.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ..codegen import pointwise
+from ..codegen.tlmath import trunc
+from ..registry import FLOATS, INTS
+
+NUMERIC = FLOATS + INTS
+
+
+@triton.jit
+def _add(a, b, alpha):
+    """self + alpha * other"""
+    return a + alpha * b
+
+
+@triton.jit
+def _sub(a, b, alpha):
+    """self - alpha * other"""
+    return a - alpha * b
+
+
+@triton.jit
+def _rsub(a, b, alpha):
+    """other - alpha * self"""
+    return b - alpha * a
+
+
+@triton.jit
+def _mul(a, b):
+    """self * other"""
+    return a * b
+
+
+@triton.jit
+def _neg(a):
+    """-self"""
+    return -a
+
+
+@triton.jit
+def _div(a, b, MODE: tl.constexpr):
+    """self / other; rounding_mode trunc/floor like ATen (integers: C division fixed up by the
+    remainder's sign, independent of how the backend rounds; floats: ATen's fmod-based floor)."""
+    if MODE == "none":
+        return tl.math.div_rn(a, b)
+    elif a.dtype.is_floating():
+        if MODE == "trunc":
+            return trunc(tl.math.div_rn(a, b))
+        else:
+            mod = a % b                      # fmod (sign of a) on the GPU and in the interpreter
+            d = (a - mod) / b
+            d = tl.where((mod != 0) & ((b < 0) != (mod < 0)), d - 1.0, d)
+            fl = tl.floor(d)
+            fl = tl.where(d - fl > 0.5, fl + 1.0, fl)
+            fl = tl.where(d == 0, 0.0 * (a / b), fl)
+            return tl.where(b == 0, a / b, fl)
+    else:
+        q = a // b
+        r = a - q * b
+        if MODE == "trunc":
+            return tl.where((r != 0) & ((r < 0) != (a < 0)), q + 1, q)
+        else:
+            return tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
+
+
+add = pointwise("add.Tensor", "add.Scalar", "add.out", "add.Scalar_out", "add_.Tensor", "add_.Scalar",
+                body=_add, promotion="default", scalars=("alpha",), dtypes=NUMERIC)
+sub = pointwise("sub.Tensor", "sub.Scalar", "sub.out", "sub.Scalar_out", "sub_.Tensor", "sub_.Scalar",
+                body=_sub, promotion="default", scalars=("alpha",), dtypes=NUMERIC)
+rsub = pointwise("rsub.Tensor", "rsub.Scalar", "rsub.Tensor_out", "rsub.Scalar_out",
+                 body=_rsub, promotion="default", scalars=("alpha",), dtypes=NUMERIC)
+mul = pointwise("mul.Tensor", "mul.Scalar", "mul.out", "mul.Scalar_out", "mul_.Tensor", "mul_.Scalar",
+                body=_mul, promotion="default", dtypes=NUMERIC)
+div = pointwise("div.Tensor", "div.Scalar", "div.out", "div.Scalar_out", "div_.Tensor", "div_.Scalar",
+                body=_div, promotion="int_to_float", constexprs=("rounding_mode",),
+                defaults={"rounding_mode": None}, dtypes=NUMERIC)
+div_mode = pointwise("div.Tensor_mode", "div.Scalar_mode", "div.out_mode", "div.Scalar_mode_out",
+                     "div_.Tensor_mode", "div_.Scalar_mode",
+                     body=_div, promotion=lambda mode: "int_to_float" if mode is None else "default",
+                     constexprs={"rounding_mode": (None, "trunc", "floor")}, dtypes=NUMERIC)
+neg = pointwise("neg", "neg.out", "neg_", body=_neg, operands=("self",), dtypes=NUMERIC)
