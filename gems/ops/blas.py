@@ -120,6 +120,10 @@ _CONFIGS_32 = [
 # the interpreter runs each program in Python: small tiles keep the per-program numpy work small and the
 # test shapes (tens of elements) need only a handful of programs
 _INTERP_CONFIG = _cfg(32, 32, 32, 4, 1, group=4)
+# problems below this many multiply-adds take a fixed mid-size tile without tuning: their time is
+# launch-bound, and a tuning run (compiling and timing every config) would cost more than it saves
+_SMALL = {16: _cfg(64, 64, 64, 4, 3), 32: _cfg(64, 64, 32, 4, 3)}
+_TUNE_MIN_MACS = 2**27
 
 _TUNERS = {}
 
@@ -152,8 +156,10 @@ def _layout(s_row, s_col):
     return "r" if s_col == 1 else ("c" if s_row == 1 else "s")
 
 
-def _launch(a, b, c, bias, alpha, beta):
-    """c[b] = alpha * a[b] @ b[b] + beta * bias[b]; all 3-D views (batch, rows, cols); bias may be None."""
+def _launch(a, b, c, bias, alpha, beta, config=None):
+    """c[b] = alpha * a[b] @ b[b] + beta * bias[b]; all 3-D views (batch, rows, cols); bias may be None.
+
+    `config` forces one launch config (tests check every config of the search space with it)."""
     nb, M, K = a.shape
     N = b.shape[2]
     if nb == 0 or M == 0 or N == 0:
@@ -176,7 +182,13 @@ def _launch(a, b, c, bias, alpha, beta):
         matmul_kernel[grid](a, b, out, bias, *fixed, K % bk == 0, i64, bm, bn, bk, cfg["GROUP_M"],
                             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
+    if config is not None:
+        run(config, c)
+        return c
     tuner = _tuner(a.element_size())
+    if backend().name != "interpreter" and nb * M * N * K < _TUNE_MIN_MACS:
+        run(_SMALL[16 if a.element_size() <= 2 else 32], c)
+        return c
     bucket = (next_pow2(M), next_pow2(N), next_pow2(max(K, 1)), str(a.dtype).split(".")[-1], prec,
               _layout(a.stride(1), a.stride(2)), _layout(b.stride(1), b.stride(2)), nb > 1, has_bias)
 

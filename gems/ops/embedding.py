@@ -34,11 +34,11 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 
 @kernel
 @triton.jit
-def embedding_fwd(W, Idx, Out, V, D, s_w0, s_w1, BLOCK_D: tl.constexpr):
+def embedding_fwd(W, Idx, Out, V, D, s_idx, s_w0, s_w1, BLOCK_D: tl.constexpr):
     """Out[i, d] = W[Idx[i], d]."""
     i = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    row = tl.load(Idx + i).to(tl.int64)
+    row = tl.load(Idx + i * s_idx).to(tl.int64)
     ok = (row >= 0) & (row < V)
     # ATen's CUDA kernel asserts on the device too (active under TRITON_DEBUG=1); the mask keeps an
     # out-of-range index from reading outside the table when asserts are compiled out
@@ -142,7 +142,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     _check_indices(indices)
     V, D = weight.shape
     y = prepare_out(out, tuple(indices.shape) + (D,), weight.dtype, weight.device)
-    idx = indices.reshape(-1)
+    idx = indices.reshape(-1)   # a view (with a stride) when the layout allows
     n = idx.numel()
     if n and weight.device.type == "cpu":
         # the interpreter can check cheaply (no device sync) and raise like ATen's CPU kernel
@@ -153,7 +153,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     if V == 0:
         raise IndexError("index out of range in self")
     block, warps = _block_d(D, weight.element_size())
-    embedding_fwd[(n, cdiv(D, block))](weight, idx, y, V, D, weight.stride(0), weight.stride(1), block,
+    embedding_fwd[(n, cdiv(D, block))](weight, idx, y, V, D, idx.stride(0), weight.stride(0), weight.stride(1), block,
                                        num_warps=warps)
     return y
 

@@ -1,0 +1,232 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gems
+from gems.ops import blas
+from harness import DEVICE, ON_GPU, assert_close, check_grad, check_op, dtype_params, layouts, make, served
+
+# (M, K, N): odd sizes, K both a multiple of the interpreter's BLOCK_K (32) and not, a matrix-vector
+# shape, and one (M = 6 tile rows > GROUP_M) that exercises the grouped program order
+SHAPES = [(33, 29, 47), (5, 64, 3), (1, 7, 1), (170, 16, 40)]
+
+
+@dtype_params()
+@pytest.mark.parametrize("mkn", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_mm(mkn, dtype):
+    M, K, N = mkn
+    check_op(torch.mm, (make((M, K), dtype), make((K, N), dtype)), dtype=dtype, served_ops=["mm"])
+
+
+@dtype_params()
+def test_mm_layouts(dtype):
+    # every combination of operand layouts is read in place through strides (no copies)
+    for na, a in layouts((19, 37), dtype):
+        for nb, b in layouts((37, 22), dtype):
+            check_op(torch.mm, (a, b), dtype=dtype, served_ops=["mm"])
+
+
+@dtype_params()
+@pytest.mark.parametrize("bias_shape", [(40,), (33, 40), (1, 40), (33, 1), ()], ids=str)
+def test_addmm_bias_broadcast(bias_shape, dtype):
+    a, b = make((33, 29), dtype), make((29, 40), dtype)
+    bias = make(bias_shape, dtype)
+    check_op(torch.addmm, (bias, a, b), dtype=dtype, served_ops=["addmm"])
+    check_op(torch.addmm, (bias, a, b), {"beta": 0.5, "alpha": -2}, dtype=dtype, served_ops=["addmm"])
+    check_op(torch.addmm, (bias, a.t().contiguous().t(), b), {"beta": 2}, dtype=dtype, served_ops=["addmm"])
+
+
+def test_addmm_beta_zero_ignores_nan_and_alpha_zero():
+    a, b = make((9, 13)), make((13, 6))
+    bias = torch.full((9, 6), float("nan"), device=DEVICE)
+    with served("addmm"), gems.use_gems():
+        out = torch.addmm(bias, a, b, beta=0)
+    assert not out.isnan().any()
+    assert_close(out, (a.double() @ b.double()).cpu(), torch.float32)
+    # alpha == 0: the result is beta * bias, whatever A @ B holds; compare with ATen on this device
+    bias = make((9, 6))
+    a[0, 0] = float("nan")
+    with served("addmm"), gems.use_gems():
+        out = torch.addmm(bias, a, b, beta=3, alpha=0)
+    ref = torch.addmm(bias, a, b, beta=3, alpha=0)
+    torch.testing.assert_close(out, ref, equal_nan=True)
+    # integer-valued Scalars arrive as Python ints
+    check_op(torch.addmm, (make((6,)), make((9, 13)), b), {"beta": 2, "alpha": 3}, dtype=torch.float32,
+             served_ops=["addmm"])
+
+
+@dtype_params()
+def test_linear_forward_backward(dtype):
+    # linear = t + addmm (with bias) / mm (without): W is read transposed in place; backward runs mm twice
+    x, w, bias = make((11, 24), dtype), make((17, 24), dtype), make((17,), dtype)
+    check_op(F.linear, (x, w, bias), dtype=dtype, served_ops=["addmm"])
+    check_op(F.linear, (make((2, 5, 24), dtype), w), dtype=dtype, served_ops=["mm"])
+    check_grad(F.linear, [x, w, bias], dtype=dtype, served_ops=["addmm", "mm"])
+    check_grad(lambda x, y: torch.mm(x, y), [make((12, 9), dtype), make((9, 14), dtype)], dtype=dtype,
+               served_ops=["mm"])
+
+
+@dtype_params()
+def test_bmm(dtype):
+    check_op(torch.bmm, (make((3, 33, 29), dtype), make((3, 29, 47), dtype)), dtype=dtype, served_ops=["bmm"])
+    # transposed / step-sliced / batch-broadcast (stride 0) operands, read through their strides
+    for na, a in layouts((4, 9, 21), dtype):
+        for nb, b in layouts((4, 21, 6), dtype):
+            check_op(torch.bmm, (a, b), dtype=dtype, served_ops=["bmm"])
+    check_op(torch.bmm, (make((2, 21, 4), dtype).permute(2, 0, 1).transpose(0, 1), make((2, 21, 6), dtype)),
+             dtype=dtype, served_ops=["bmm"])
+    check_grad(torch.bmm, [make((2, 7, 5), dtype), make((2, 5, 8), dtype)], dtype=dtype, served_ops=["bmm"])
+    # matmul on batched operands lands on bmm
+    check_op(torch.matmul, (make((2, 3, 5, 6), dtype), make((2, 3, 6, 4), dtype)), dtype=dtype, served_ops=["bmm"])
+
+
+def test_out_variants():
+    a, b, bias = make((7, 10)), make((10, 5)), make((5,))
+    ref = (a.double() @ b.double()).cpu()
+    with gems.use_gems():
+        out = torch.full((7, 5), float("nan"), device=DEVICE)
+        with served("mm.out"):
+            r = torch.mm(a, b, out=out)
+        assert r is out
+        assert_close(out, ref, torch.float32)
+        wrong = torch.full((3,), float("nan"), device=DEVICE)
+        with served("mm.out"), pytest.warns(UserWarning, match="resized"):
+            torch.mm(a, b, out=wrong)
+        assert_close(wrong, ref, torch.float32)
+        out = torch.full((7, 5), float("nan"), device=DEVICE)
+        with served("addmm.out"):
+            torch.addmm(bias, a, b, beta=2, alpha=0.5, out=out)
+        assert_close(out, (2 * bias.double() + 0.5 * (a.double() @ b.double())).cpu(), torch.float32)
+        ba, bb = make((3, 4, 6)), make((3, 6, 2))
+        out = torch.full((3, 4, 2), float("nan"), device=DEVICE)
+        with served("bmm.out"):
+            torch.bmm(ba, bb, out=out)
+        assert_close(out, torch.bmm(ba.double(), bb.double()).cpu(), torch.float32)
+
+
+def test_addmm_inplace():
+    a, b = make((8, 12)), make((12, 6))
+    for name, c in layouts((8, 6))[:3]:  # contiguous, transposed, step-sliced (expanded is rejected below)
+        c0 = c.detach().clone()
+        with served("addmm_"), gems.use_gems():
+            r = c.addmm_(a, b, beta=0.5, alpha=2)
+        assert r.data_ptr() == c.data_ptr()
+        assert_close(c, (0.5 * c0.double() + 2 * (a.double() @ b.double())).cpu(), torch.float32, msg=name)
+    with gems.use_gems():
+        with pytest.raises(RuntimeError):
+            make((1, 6)).expand(8, 6).addmm_(a, b)     # overlapping output
+        with pytest.raises(RuntimeError):
+            make((6,)).addmm_(a, b)                     # in-place result cannot broadcast
+
+
+def test_empty_and_k_zero():
+    with gems.use_gems():
+        assert torch.mm(make((0, 5)), make((5, 3))).shape == (0, 3)
+        assert torch.mm(make((4, 5)), make((5, 0))).shape == (4, 0)
+        assert torch.bmm(make((0, 2, 3)), make((0, 3, 4))).shape == (0, 2, 4)
+        with served("mm"):
+            z = torch.mm(make((4, 0)), make((0, 3)))
+        assert torch.equal(z.cpu(), torch.zeros(4, 3))
+        bias = make((3,))
+        with served("addmm"):
+            z = torch.addmm(bias, make((4, 0)), make((0, 3)), beta=2)
+        assert_close(z, (2 * bias.double()).expand(4, 3).cpu(), torch.float32)
+        with served("bmm"):
+            z = torch.bmm(make((2, 3, 0)), make((2, 0, 5)))
+        assert torch.equal(z.cpu(), torch.zeros(2, 3, 5))
+
+
+def test_errors():
+    x = make((3, 4))
+    with gems.use_gems():
+        with pytest.raises(RuntimeError):
+            torch.mm(x, make((5, 6)))
+        with pytest.raises(RuntimeError):
+            torch.mm(x, make((4, 6), torch.float16))
+        with pytest.raises(RuntimeError):
+            torch.mm(x, make((4,)))
+        with pytest.raises(RuntimeError):
+            torch.addmm(make((5,)), x, make((4, 6)))    # bias does not broadcast to (3, 6)
+        with pytest.raises(RuntimeError):
+            torch.bmm(make((2, 3, 4)), make((3, 4, 5)))  # batch mismatch
+        with pytest.raises(RuntimeError):
+            torch.bmm(make((2, 3, 4)), make((2, 5, 5)))
+        with pytest.raises(RuntimeError):
+            torch.bmm(x, x.t())
+
+
+def test_fallbacks_are_counted_and_right():
+    gems.reset_stats()
+    a, b = make((5, 6), torch.float64), make((6, 4), torch.float64)
+    with gems.use_gems():
+        out = torch.mm(a, b)
+    torch.testing.assert_close(out, a @ b)
+    st = gems.stats()["mm.default"]
+    assert st["fallback"] == 1 and st["served"] == 0 and "dtype torch.float64" in st["reasons"]
+    # an addmm bias of another dtype is left to ATen (which decides whether it is legal)
+    bias32, a16, b16 = make((4,)), make((5, 6), torch.float16), make((6, 4), torch.float16)
+    with gems.use_gems():
+        try:
+            r = torch.addmm(bias32, a16, b16)
+        except RuntimeError:
+            r = None
+    assert gems.stats()["addmm.default"]["fallback"] == 1
+    if r is not None:
+        assert r.dtype == torch.addmm(bias32, a16, b16).dtype
+
+
+def test_fp32_precision_setting():
+    a, b = make((20, 40)), make((40, 12))
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")   # TF32 allowed: ~1e-3 relative
+        check_op(torch.mm, (a, b), dtype=torch.float32, served_ops=["mm"], rtol=2e-3, atol=2e-2)
+        torch.set_float32_matmul_precision("highest")
+        check_op(torch.mm, (a, b), dtype=torch.float32, served_ops=["mm"])
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert blas._precision(torch.float32) == ("ieee" if old == "highest" else "tf32")
+
+
+def test_int64_offsets_path(monkeypatch):
+    # the >= 2**31-element path cannot be allocated in CI; force it to check the 64-bit offset code
+    monkeypatch.setattr(blas, "_I32_MAX", 8)
+    check_op(torch.addmm, (make((9,)), make((13, 7)).t(), make((13, 9))), dtype=torch.float32,
+             served_ops=["addmm"])
+    check_op(torch.bmm, (make((2, 5, 7)), make((2, 7, 3))), dtype=torch.float32, served_ops=["bmm"])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="ATen implements the out_dtype overloads on CUDA only")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_out_dtype_fp32(dtype):
+    a, b = make((33, 29), dtype), make((29, 47), dtype)
+    with served("mm.dtype"), gems.use_gems():
+        out = torch.ops.aten.mm.dtype(a, b, torch.float32)
+    assert out.dtype == torch.float32
+    assert_close(out, (a.double() @ b.double()).cpu(), torch.float32, rtol=1e-5, atol=1e-4)
+    ba, bb = make((2, 9, 8), dtype), make((2, 8, 5), dtype)
+    with served("bmm.dtype"), gems.use_gems():
+        out = torch.ops.aten.bmm.dtype(ba, bb, torch.float32)
+    assert_close(out, torch.bmm(ba.double(), bb.double()).cpu(), torch.float32, rtol=1e-5, atol=1e-4)
+    bias = make((47,), torch.float32)
+    with served("addmm.dtype"), gems.use_gems():
+        out = torch.ops.aten.addmm.dtype(bias, a, b, torch.float32)
+    assert_close(out, (bias.double() + a.double() @ b.double()).cpu(), torch.float32, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the tuned search space runs on the GPU only")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_every_tuned_config(dtype):
+    # the autotuner may pick any config of the search space: each must be right, not only one winner;
+    # odd M/N/K exercise the masks, the transposed B the strided path of linear layers
+    a, b, bias = make((300, 200), dtype), make((777, 200), dtype).t(), make((777,), dtype)
+    ref = (bias.double() + a.double() @ b.double()).cpu()
+    aten = torch.addmm(bias, a, b) if dtype != torch.float32 else None
+    configs = blas._CONFIGS_16 if dtype != torch.float32 else blas._CONFIGS_32
+    for cfg in configs + list(blas._SMALL.values()):
+        out = torch.full((300, 777), float("nan"), dtype=dtype, device=DEVICE)
+        blas._launch(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), bias.expand(300, 777).unsqueeze(0),
+                     1.0, 1.0, config=cfg)
+        assert_close(out, ref, dtype, aten, msg=str(cfg))
+    # and the tuned path end to end (above the tuning threshold)
+    check_op(torch.mm, (make((512, 520), dtype), make((520, 640), dtype)), dtype=dtype, served_ops=["mm"])
