@@ -30,18 +30,21 @@ def _int_key(v: int):
     return (v & 15 == 0, -0x80000000 <= v <= 0x7FFFFFFF, v < 0x8000000000000000)
 
 
-def binary_key(args) -> tuple:
+def binary_key(args, constexpr_pos=()) -> tuple:
+    """The part of a launch that selects a binary. Constexpr positions key by value."""
     key = []
     app = key.append
-    for a in args:
-        if isinstance(a, _Tensor):
+    for i, a in enumerate(args):
+        if i in constexpr_pos:
+            app(a)
+        elif isinstance(a, _Tensor):
             app(a.dtype)
             app(a.data_ptr() & 15 == 0)
         elif a.__class__ is int:
             app(_int_key(a))
         elif a.__class__ is bool or a is None or a.__class__ is float:
             app(a.__class__)
-        else:  # dtypes, strings, ... are constexprs and key by value
+        else:  # dtypes, strings, ... can only be constexprs; key by value
             app(a)
     return tuple(key)
 
@@ -60,7 +63,7 @@ class LaunchCache:
         self.name = getattr(fn, "__name__", None) or fn.fn.__name__
         self.interpreted = not hasattr(fn, "device_caches")
         self._cache: dict = {}
-        self._constexpr_pos = [p.num for p in getattr(fn, "params", []) if p.is_constexpr]
+        self._constexpr_pos = frozenset(p.num for p in getattr(fn, "params", []) if p.is_constexpr)
         self.hits = self.misses = 0
 
     def __getitem__(self, grid):
@@ -69,8 +72,8 @@ class LaunchCache:
     def run(self, grid, args, num_warps=4, num_stages=3):
         if self.interpreted:
             return self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
-        dev = torch.cuda.current_device()
-        key = (dev, num_warps, num_stages) + binary_key(args)
+        dev = _get_device()
+        key = (dev, num_warps, num_stages) + binary_key(args, self._constexpr_pos)
         kernel = self._cache.get(key)
         if kernel is None:
             self.misses += 1
@@ -80,25 +83,26 @@ class LaunchCache:
             self._cache[key] = kernel
             return kernel
         self.hits += 1
-        g = grid if grid.__class__ is tuple else tuple(grid)
-        n = len(g)
-        hooks = _hooks()
-        kernel.run(g[0], g[1] if n > 1 else 1, g[2] if n > 2 else 1, _stream(dev), kernel.function,
-                   kernel.packed_metadata, kernel.launch_metadata(g, _stream(dev), *args) if hooks[0] else None,
-                   hooks[0], hooks[1], *args)
+        n = len(grid)
+        g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+        stream = _get_stream(dev)
+        rt = _knobs_runtime
+        enter = rt.launch_enter_hook
+        if enter is None:
+            kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None,
+                       rt.launch_exit_hook, *args)
+        else:  # a profiler is listening: give it what Triton would
+            kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata,
+                       kernel.launch_metadata(grid, stream, *args), enter, rt.launch_exit_hook, *args)
         return kernel
 
     def cache_info(self) -> dict:
         return {"entries": len(self._cache), "hits": self.hits, "misses": self.misses}
 
 
-def _hooks():
-    rt = triton.knobs.runtime
-    return rt.launch_enter_hook, rt.launch_exit_hook
-
-
-def _stream(dev: int) -> int:
-    return torch._C._cuda_getCurrentRawStream(dev)
+_knobs_runtime = triton.knobs.runtime
+_get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
 def kernel(fn) -> LaunchCache:
