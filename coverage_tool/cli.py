@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--batch", type=_positive_int, default=1)
     pa.add_argument("--seq-len", type=_positive_int, default=None)
     pa.add_argument("--new-tokens", type=_positive_int, default=4)
+    pa.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                    help="optimizer of the training step (default sgd: its update is linear in the gradient)")
     pa.add_argument("--no-shadow", action="store_true", help="skip the op-by-op shadow comparison")
     pa.add_argument("--include", default=None, help="comma-separated ATen names Gems serves (default all)")
     pa.add_argument("--exclude", default=None, help="comma-separated ATen names left to ATen")
@@ -278,7 +280,8 @@ def cmd_parity(a, ctx):
     modes = ("inference", "training") if a.mode == "all" else (a.mode,)
     r = P.parity(a.model, modes=modes, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
                  seq_len=a.seq_len, new_tokens=a.new_tokens, shadow=not a.no_shadow,
-                 include=_split(a.include), exclude=_split(a.exclude), progress=ctx.say)
+                 include=_split(a.include), exclude=_split(a.exclude), optimizer=a.optimizer,
+                 progress=ctx.say)
     _emit(P.format_result(r, a.format), a.output, ctx)
     if not r.ok:
         if r.divergences:
