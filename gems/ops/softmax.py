@@ -5,6 +5,8 @@ one (m, block of k) and all N: when N fits one tile (SINGLE) the row stays in re
 byte is read once and written once (2 passes over memory in total, the minimum); otherwise an
 online max/sum pass is followed by a write pass (3 passes). Arithmetic is in fp32 for every dtype.
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -104,8 +106,10 @@ def softmax_bwd(G, Y, DX, N, K, LOG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_
             tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
 
 
+@functools.lru_cache(maxsize=4096)
 def _geometry(shape, dim):
-    """(M, N, K) of a contiguous tensor reduced along `dim`, and the tile for it."""
+    """(M, N, K) of a contiguous tensor reduced along `dim`, and the tile for it (memoized: the
+    host path of a small softmax is what an eager model pays per call)."""
     n_dim = len(shape)
     dim = wrap_dim(dim, n_dim)
     N = shape[dim] if n_dim else 1
@@ -131,7 +135,7 @@ def _launch_fwd(x, dim, out_dtype, log, out=None):
         return y
     x = x.contiguous()
     M, N, K, bk, bn = _geometry(x.shape, dim)
-    softmax_fwd[(M, cdiv(K, bk))](x, y, N, K, log, bk, bn, N <= bn, num_warps=num_warps_for(bk * bn))
+    softmax_fwd.run((M, cdiv(K, bk)), (x, y, N, K, log, bk, bn, N <= bn), num_warps_for(bk * bn))
     return y
 
 
@@ -143,7 +147,7 @@ def _launch_bwd(grad, y, dim, in_dtype, log, out=None):
         raise RuntimeError(f"grad_output shape {list(grad.shape)} does not match output shape {list(y.shape)}")
     grad, y = grad.contiguous(), y.contiguous()
     M, N, K, bk, bn = _geometry(y.shape, dim)
-    softmax_bwd[(M, cdiv(K, bk))](grad, y, dx, N, K, log, bk, bn, N <= bn, num_warps=num_warps_for(bk * bn))
+    softmax_bwd.run((M, cdiv(K, bk)), (grad, y, dx, N, K, log, bk, bn, N <= bn), num_warps_for(bk * bn))
     return dx
 
 
