@@ -48,49 +48,53 @@ def embedding_fwd(W, Idx, Out, V, D, s_idx, s_w0, s_w1, BLOCK_D: tl.constexpr):
     tl.store(Out + i * D + cols, x, mask=mask)
 
 
+@triton.jit
+def _segment_sum(f1, v1, f2, v2):
+    # segmented scan operator: a run start (flag 1) resets the running sum
+    return f1 | f2, tl.where(f2 != 0, v2, v1 + v2)
+
+
 @kernel
 @triton.jit
-def embedding_bwd_chunks(G, S, P, Out, Partial, n, V, D, s_g0, s_g1, padding_idx,
+def embedding_bwd_chunks(G, S, P, Lo, Out, Partial, n, V, D, s_g0, s_g1, padding_idx,
                          SCALE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Runs of equal sorted indices S[start:end] (grad rows G[P[i]]): final sums -> Out, cut runs -> Partial."""
+    """Runs of equal sorted indices S[start:end] (grad rows G[P[i]]): final sums -> Out, cut runs -> Partial.
+
+    The chunk's CHUNK gradient rows are loaded as one tile (all loads in flight at once) and summed per
+    run by a segmented inclusive scan down the rows; the row where a run ends holds the run's sum.
+    A run [Lo[r], Lo[r+1]) is final here when it lies inside [start, end), else it is cut and its sum
+    goes to Partial[chunk, 0] (the run holding position `start`) or Partial[chunk, 1].
+    """
     c = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     start = c * CHUNK
     end = tl.minimum(start + CHUNK, n)
-    first = tl.load(S + start)
-    last = tl.load(S + end - 1)
-    cut_before = (start > 0) & (tl.load(S + tl.maximum(start - 1, 0)) == first)
-    cut_after = (end < n) & (tl.load(S + tl.minimum(end, n - 1)) == last)
-    part = Partial + c.to(tl.int64) * 2 * D + cols
+    pos = start + tl.arange(0, CHUNK)
+    valid = pos < end
+    r = tl.load(S + pos, mask=valid, other=-1)
+    r_prev = tl.load(S + pos - 1, mask=valid & (pos > start), other=-1)
+    r_next = tl.load(S + pos + 1, mask=valid & (pos + 1 < end), other=-1)
+    first = ((pos == start) | (r != r_prev)).to(tl.int32)
+    last = valid & ((pos + 1 == end) | (r != r_next))
+    j = tl.load(P + pos, mask=valid, other=0)
+    x = tl.load(G + j[:, None] * s_g0 + cols[None, :] * s_g1, mask=valid[:, None] & cmask[None, :], other=0.0)
+    flags = tl.broadcast_to(first[:, None], (CHUNK, BLOCK_D))
+    _, sums = tl.associative_scan((flags, x.to(tl.float32)), 0, _segment_sum)
 
-    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    cur = first
-    run_start = start
-    for i in range(start, end):
-        r = tl.load(S + i)
-        if r != cur:  # the run [run_start, i) of index `cur` ended inside this chunk
-            if (run_start == start) & cut_before:
-                tl.store(part, acc, mask=cmask)
-            elif (cur != padding_idx) & (cur >= 0) & (cur < V):
-                y = acc
-                if SCALE:
-                    y = acc / (i - run_start).to(tl.float32)
-                tl.store(Out + cur.to(tl.int64) * D + cols, y.to(Out.dtype.element_ty), mask=cmask)
-            acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-            cur = r
-            run_start = i
-        j = tl.load(P + i)
-        acc += tl.load(G + j * s_g0 + cols * s_g1, mask=cmask, other=0.0).to(tl.float32)
-    # the chunk's last run: cut if it started before the chunk or goes on after it; embedding_bwd_rows
-    # looks for it in slot 0 when it starts the chunk, else in slot 1
-    if ((run_start == start) & cut_before) | cut_after:
-        tl.store(part + tl.where(run_start == start, 0, D), acc, mask=cmask)
-    elif (cur != padding_idx) & (cur >= 0) & (cur < V):
-        y = acc
-        if SCALE:
-            y = acc / (end - run_start).to(tl.float32)
-        tl.store(Out + cur.to(tl.int64) * D + cols, y.to(Out.dtype.element_ty), mask=cmask)
+    in_range = (r >= 0) & (r < V)
+    lo = tl.load(Lo + r, mask=last & in_range, other=0)
+    hi = tl.load(Lo + r + 1, mask=last & in_range, other=0)
+    cut = (lo < start) | (hi > end)
+    final = last & in_range & ~cut & (r != padding_idx)
+    y = sums
+    if SCALE:
+        y = sums / tl.maximum(hi - lo, 1).to(tl.float32)[:, None]
+    tl.store(Out + r.to(tl.int64)[:, None] * D + cols[None, :], y.to(Out.dtype.element_ty),
+             mask=final[:, None] & cmask[None, :])
+    slot = tl.where(lo <= start, 0, 1)
+    tl.store(Partial + (c.to(tl.int64) * 2 + slot)[:, None] * D + cols[None, :], sums,
+             mask=(last & in_range & cut)[:, None] & cmask[None, :])
 
 
 @kernel
@@ -161,6 +165,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 # sorted positions per chunk of the backward's first kernel; small in the interpreter so that the
 # tests' short index lists still cut runs across chunks
 _CHUNK = {"cuda": 16, "interpreter": 4}
+_BWD_TILE = 8192  # elements of the chunk kernel's tile: 64 fp32 registers per thread at 4 warps
 
 
 @register("embedding_dense_backward", "embedding_dense_backward.out", category="index", dtypes=FLOATS,
@@ -188,7 +193,8 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
     pad = int(padding_idx)
     scale = bool(scale_grad_by_freq)
     if n:
-        embedding_bwd_chunks[(nchunks, cdiv(D, block))](g, s, p, y, partial, n, V, D, g.stride(0), g.stride(1), pad,
-                                                        scale, chunk, block, num_warps=warps)
+        bblock = min(block, _BWD_TILE // chunk)  # a CHUNK x bblock fp32 tile stays in registers
+        embedding_bwd_chunks[(nchunks, cdiv(D, bblock))](g, s, p, lo, y, partial, n, V, D, g.stride(0), g.stride(1),
+                                                         pad, scale, chunk, bblock, num_warps=4)
     embedding_bwd_rows[(V, cdiv(D, block))](lo, y, partial, D, pad, scale, chunk, block, num_warps=warps)
     return y
