@@ -69,6 +69,9 @@ def _target_programs(device) -> int:
 # *classes* for ints/bools, which would let two different BLOCK sizes share a binary on the GPU.
 _LAUNCHERS: dict = {}
 
+# offsets reach int64 from this many elements on (a module variable so tests can lower it)
+_INT64_FROM = 2 ** 31 - 1
+
 
 def _launcher(fn, consts):
     key = (fn, consts)
@@ -246,7 +249,7 @@ def _launch(x, y, plan, op, acc_dtype, scale):
             r_per = cdiv(cdiv(R, split), step) * step
             split = cdiv(R, r_per)
     # int64 offsets only when some offset can pass 2**31 (input span, or the workspace)
-    big = int(max(span, split * M * K) >= 2 ** 31 - 1)
+    big = int(max(span, split * M * K) >= _INT64_FROM)
     dst = y if split == 1 else torch.empty((split, M * K), dtype=acc_dtype, device=x.device)
     s = scale if split == 1 else 1.0
     hs = has_scale if split == 1 else 0
