@@ -156,12 +156,20 @@ def _layout(s_row, s_col):
     return "r" if s_col == 1 else ("c" if s_row == 1 else "s")
 
 
-def _launch(a, b, c, bias, alpha, beta, config=None):
-    """c[b] = alpha * a[b] @ b[b] + beta * bias[b]; all 3-D views (batch, rows, cols); bias may be None.
+def _s3(t):
+    """(batch, row, col) strides of a 2-D or 3-D operand; a matrix repeats over the batch (stride 0)."""
+    st = t.stride()
+    return st if len(st) == 3 else (0,) + st
 
-    `config` forces one launch config (tests check every config of the search space with it)."""
-    nb, M, K = a.shape
-    N = b.shape[2]
+
+def _launch(a, b, c, bias, alpha, beta, config=None):
+    """c[i] = alpha * a[i] @ b[i] + beta * bias[i]; 2-D (mm) or 3-D (bmm) operands, bias None or c's shape.
+
+    Only strides go to the kernel: no views are made per call. `config` forces one launch config
+    (tests check every config of the search space with it)."""
+    nb = a.shape[0] if a.dim() == 3 else 1
+    M, K = a.shape[-2], a.shape[-1]
+    N = b.shape[-1]
     if nb == 0 or M == 0 or N == 0:
         return c
     if alpha == 0:
@@ -171,10 +179,10 @@ def _launch(a, b, c, bias, alpha, beta, config=None):
         bias = c  # never read; any valid pointer keeps the argument list fixed
     i64 = max(_span(a), _span(b), _span(c), _span(bias)) > _I32_MAX
     prec = _precision(a.dtype)
-    sx = bias.stride() if has_bias else (0, 0, 0)
-    fixed = (M, N, K, float(alpha), float(beta),
-             a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
-             c.stride(0), c.stride(1), c.stride(2), sx[0], sx[1], sx[2], has_bias, prec)
+    sa, sb, sc = _s3(a), _s3(b), _s3(c)
+    sx = _s3(bias) if has_bias else (0, 0, 0)
+    fixed = (M, N, K, float(alpha), float(beta), sa[0], sa[1], sa[2], sb[0], sb[1], sb[2],
+             sc[0], sc[1], sc[2], sx[0], sx[1], sx[2], has_bias, prec)
 
     def run(cfg, out):
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
@@ -190,7 +198,7 @@ def _launch(a, b, c, bias, alpha, beta, config=None):
         run(_SMALL[16 if a.element_size() <= 2 else 32], c)
         return c
     bucket = (next_pow2(M), next_pow2(N), next_pow2(max(K, 1)), str(a.dtype).split(".")[-1], prec,
-              _layout(a.stride(1), a.stride(2)), _layout(b.stride(1), b.stride(2)), nb > 1, has_bias)
+              _layout(sa[1], sa[2]), _layout(sb[1], sb[2]), nb > 1, has_bias)
 
     def bench(cfg):
         # time into scratch: `c` may alias the bias (addmm_), which repeated runs would accumulate into
@@ -233,7 +241,7 @@ def _result_dtype(a, out_dtype):
 def _mm(a, b, out=None, out_dtype=None):
     _check_mats(a, b, False)
     c = prepare_out(out, (a.shape[0], b.shape[1]), _result_dtype(a, out_dtype), a.device)
-    _launch(a.unsqueeze(0), b.unsqueeze(0), c.unsqueeze(0), None, 1.0, 0.0)
+    _launch(a, b, c, None, 1.0, 0.0)
     return c
 
 
@@ -274,7 +282,7 @@ def _addmm(bias, a, b, beta, alpha, out=None, out_dtype=None, inplace=False):
                                f"{list(bias.shape)}")
         bias = bias.expand(M, N)  # raises RuntimeError when not broadcastable, like ATen; no copy
         c = prepare_out(out, (M, N), dtype, a.device)
-    _launch(a.unsqueeze(0), b.unsqueeze(0), c.unsqueeze(0), bias.unsqueeze(0), alpha, beta)
+    _launch(a, b, c, bias, alpha, beta)
     return c
 
 

@@ -235,8 +235,7 @@ def test_every_tuned_config(dtype):
     configs = blas._CONFIGS_16 if dtype != torch.float32 else blas._CONFIGS_32
     for cfg in configs + list(blas._SMALL.values()):
         out = torch.full((300, 777), float("nan"), dtype=dtype, device=DEVICE)
-        blas._launch(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), bias.expand(300, 777).unsqueeze(0),
-                     1.0, 1.0, config=cfg)
+        blas._launch(a, b, out, bias.expand(300, 777), 1.0, 1.0, config=cfg)
         assert_close(out, ref, dtype, aten, msg=str(cfg))
     # and the tuned path end to end (above the tuning threshold)
     check_op(torch.mm, (make((512, 520), dtype), make((520, 640), dtype)), dtype=dtype, served_ops=["mm"])
