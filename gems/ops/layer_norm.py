@@ -44,6 +44,9 @@ _CONFIGS = {
 # one launch cache per (kernel, constexprs): see the note in reduction.py
 _LAUNCHERS: dict = {}
 
+# offsets reach int64 from this many elements on (a module variable so tests can lower it)
+_INT64_FROM = 2 ** 31 - 1
+
 
 def _launcher(fn, consts):
     k = _LAUNCHERS.get((fn, consts))
@@ -133,6 +136,7 @@ def layer_norm_bwd(G, X, W, MEAN, RSTD, DX, WS_W, WS_B, M, N, sG, sX, rows_per_p
     row_end = tl.minimum(M, row0 + rows_per_prog)
     if BIG:
         ws_off = pid.to(tl.int64) * N
+        row0_l = row0.to(tl.int64)  # loop indices: int64 through this base (a loop var may be a plain int)
     else:
         ws_off = pid * N
     if SINGLE:
@@ -143,7 +147,7 @@ def layer_norm_bwd(G, X, W, MEAN, RSTD, DX, WS_W, WS_B, M, N, sG, sX, rows_per_p
         db = tl.zeros([BLOCK_N], tl.float32)
         for row in range(row0, row_end):
             if BIG:
-                r = row.to(tl.int64)
+                r = row0_l + (row - row0)
             else:
                 r = row
             g = tl.load(G + r * sG + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -171,7 +175,7 @@ def layer_norm_bwd(G, X, W, MEAN, RSTD, DX, WS_W, WS_B, M, N, sG, sX, rows_per_p
     else:
         for row in range(row0, row_end):
             if BIG:
-                r = row.to(tl.int64)
+                r = row0_l + (row - row0)
             else:
                 r = row
             mean = tl.load(MEAN + row).to(tl.float32)
@@ -276,7 +280,7 @@ def _forward(x, normalized_shape, weight, bias, eps, outs=(None, None, None)):
         block_m = min(next_pow2(M), max(1, cfg["tile"] // block_n))
     else:
         block_n, block_m = cfg["max_n"], 1
-    big = int(max(M * max(sx, N), x.numel()) >= 2 ** 31 - 1)
+    big = int(max(M * max(sx, N), x.numel()) >= _INT64_FROM)
     consts = (int(weight is not None), int(bias is not None), single, big, block_m, block_n)
     _launcher(layer_norm_fwd, consts)[(cdiv(M, block_m),)](
         xv, weight, bias, y, mean, rstd, M, N, sx, float(eps), *consts, num_warps=_warps(block_m * block_n))
@@ -308,6 +312,8 @@ def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight
                                out0=None, out1=None, out2=None):
     """dx per row in one pass; dw/db from per-program fp32 partial sums and a column-sum (no atomics)."""
     do_dx, do_dw, do_db = (bool(v) for v in output_mask)
+    if any(o is not None and not m for o, m in zip((out0, out1, out2), (do_dx, do_dw, do_db))):
+        raise Unsupported("out tensor for a masked-out gradient")  # ATen rejects it
     M, N, axis = _split(x, normalized_shape)
     if N == 0:
         raise Unsupported("empty normalized_shape")
@@ -345,7 +351,7 @@ def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight
     alloc = torch.empty if single else torch.zeros
     ws_w = alloc((P, N), dtype=torch.float32, device=x.device) if do_dw else None
     ws_b = alloc((P, N), dtype=torch.float32, device=x.device) if do_db else None
-    big = int(max(M * max(sg, sx, N), P * N) >= 2 ** 31 - 1)
+    big = int(max(M * max(sg, sx, N), P * N) >= _INT64_FROM)
     consts = (int(w is not None), int(do_dx), int(do_dw), int(do_db), single, big, block_n)
     _launcher(layer_norm_bwd, consts)[(P,)](
         gv, xv, w, mean_f, rstd_f, dx, ws_w, ws_b, M, N, sg, sx, rows, *consts, num_warps=_warps(block_n))

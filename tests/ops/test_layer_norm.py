@@ -1,0 +1,169 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gems
+from gems.ops import layer_norm as ln_mod
+from harness import DEVICE, assert_close, check_grad, check_op, dtype_params, layouts, make, served
+
+LN = torch.ops.aten.native_layer_norm.default
+LN_BWD = torch.ops.aten.native_layer_norm_backward.default
+# (input shape, normalized_shape): short rows (several per program), a 2-d normalized shape, rows
+# wider than the interpreter's register tile (1024: the looping path), odd sizes
+CASES = [((7, 33), (33,)), ((3, 4, 50), (4, 50)), ((2, 3, 16), (16,)), ((5, 1100), (1100,)), ((1, 1), (1,))]
+
+
+def _params(ns, dtype, affine):
+    w = make(ns, dtype) if affine in ("wb", "w") else None
+    b = make(ns, dtype) if affine == "wb" else None
+    return w, b
+
+
+def _stats_like_aten(got, x, ns, w, b):
+    want = LN(x, list(ns), w, b, 1e-5)
+    for g, a in zip(got, want):
+        assert g.dtype == a.dtype and g.shape == a.shape
+
+
+@dtype_params()
+@pytest.mark.parametrize("shape,ns", CASES, ids=str)
+@pytest.mark.parametrize("affine", ["wb", "w", "none"])
+def test_forward(shape, ns, dtype, affine):
+    x = make(shape, dtype)
+    w, b = _params(ns, dtype, affine)
+    got = check_op(LN, (x, list(ns), w, b, 1e-5), dtype=dtype, served_ops=["native_layer_norm"])
+    _stats_like_aten(got, x, ns, w, b)
+
+
+@dtype_params()
+def test_layouts_and_offsets(dtype):
+    w, b = make((19,), dtype), make((19,), dtype)
+    for name, x in layouts((6, 19), dtype):
+        check_op(LN, (x, [19], w, b, 1e-5), dtype=dtype, served_ops=["native_layer_norm"])
+    big = make((12, 40), dtype)
+    check_op(LN, (big[::2, 3:22], [19], w, b, 1e-5), dtype=dtype, served_ops=["native_layer_norm"])  # row stride 80
+    # large mean, small spread: E[x^2] - E[x]^2 would lose ~1e-3 here in fp32; the two-pass
+    # variance stays within the fp32 rounding of the mean (~5e-5)
+    x = make((4, 64), dtype, low=-1, high=1) + 100
+    check_op(LN, (x, [64], None, None, 1e-5), dtype=dtype, served_ops=["native_layer_norm"], atol=2e-4)
+
+
+def test_int64_offsets_path(monkeypatch):
+    monkeypatch.setattr(ln_mod, "_INT64_FROM", 0)
+    for shape, ns in [((7, 33), (33,)), ((3, 1100), (1100,))]:
+        x = make(shape)
+        w, b = make(ns), make(ns)
+        check_op(LN, (x, list(ns), w, b, 1e-5), dtype=torch.float32, served_ops=["native_layer_norm"])
+        check_grad(lambda t, w, b: F.layer_norm(t, ns, w, b), [x, w, b], dtype=torch.float32,
+                   served_ops=["native_layer_norm_backward"])
+
+
+@dtype_params()
+@pytest.mark.parametrize("shape,ns", CASES[:4], ids=str)
+@pytest.mark.parametrize("affine", ["wb", "w", "none"])
+def test_backward(shape, ns, dtype, affine):
+    x = make(shape, dtype)
+    w, b = _params(ns, dtype, affine)
+    ins = [x] + [p for p in (w, b) if p is not None]
+
+    def fn(t, *p):
+        return F.layer_norm(t, ns, p[0] if p else None, p[1] if len(p) > 1 else None, 1e-5)
+    check_grad(fn, ins, dtype=dtype, served_ops=["native_layer_norm", "native_layer_norm_backward"],
+               atol=_GRAD_ATOL.get(dtype))
+
+
+# dw and db sum g * xhat over rows: terms of magnitude ~10 cancel, so fp16 rounding of mean/rstd (ATen
+# CPU keeps them in fp16) and of the result shows as absolute, not relative, error; the per-element
+# "2x ATen's error" rule is then a coin toss (ATen's max error over the tensor is the same as ours)
+_GRAD_ATOL = {torch.float16: 1e-2}
+
+
+@dtype_params()
+def test_backward_output_mask(dtype):
+    shape, ns = (9, 40), [40]
+    x, g, w, b = make(shape, dtype), make(shape, dtype), make(ns, dtype), make(ns, dtype)
+    _, mean, rstd = LN(x, ns, w, b, 1e-5)
+    ref = LN_BWD(g.double().cpu(), x.double().cpu(), ns, mean.double().cpu(), rstd.double().cpu(),
+                 w.double().cpu(), b.double().cpu(), [True, True, True])
+    aten = LN_BWD(g, x, ns, mean, rstd, w, b, [True, True, True])
+    for mask in ([True, False, False], [False, True, True], [False, True, False], [True, False, True]):
+        with served("native_layer_norm_backward"), gems.use_gems():
+            got = LN_BWD(g, x, ns, mean, rstd, w, b, mask)
+        for m, o, r, a in zip(mask, got, ref, aten):
+            if m:
+                assert o.dtype == a.dtype
+                assert_close(o, r, dtype, a, atol=_GRAD_ATOL.get(dtype))
+            else:
+                assert o is None
+    # strided grad_out and input (rows sliced: no copy) and a transposed grad_out (copied)
+    gt = make((40, 9), dtype).t()
+    xs = make((18, 40), dtype)[::2]
+    _, mean, rstd = LN(xs, ns, w, b, 1e-5)
+    with served("native_layer_norm_backward"), gems.use_gems():
+        got = LN_BWD(gt, xs, ns, mean, rstd, w, b, [True, True, True])
+    want = LN_BWD(gt.double(), xs.double(), ns, mean.double(), rstd.double(), w.double(), b.double(),
+                  [True, True, True])
+    aten = LN_BWD(gt, xs, ns, mean, rstd, w, b, [True, True, True])
+    assert_close(got, [t.cpu() for t in want], dtype, aten, atol=_GRAD_ATOL.get(dtype))
+
+
+def test_out_variants():
+    x, w, b = make((5, 24)), make((24,)), make((24,))
+    want = LN(x.double(), [24], w.double(), b.double(), 1e-5)
+    outs = [torch.full((5, 24), float("nan"), device=DEVICE), torch.full((5, 1), float("nan"), device=DEVICE),
+            torch.full((5, 1), float("nan"), device=DEVICE)]
+    with served("native_layer_norm.out"), gems.use_gems():
+        r = torch.ops.aten.native_layer_norm.out(x, [24], w, b, 1e-5, out0=outs[0], out1=outs[1], out2=outs[2])
+    assert all(a is o for a, o in zip(r, outs))
+    assert_close(outs, [t.cpu() for t in want], torch.float32)
+    wrong = [torch.full((2,), float("nan"), device=DEVICE) for _ in range(3)]
+    with served("native_layer_norm.out"), gems.use_gems(), pytest.warns(UserWarning, match="resized"):
+        torch.ops.aten.native_layer_norm.out(x, [24], w, b, 1e-5, out0=wrong[0], out1=wrong[1], out2=wrong[2])
+    assert_close(wrong, [t.cpu() for t in want], torch.float32)
+
+    g = make((5, 24))
+    _, mean, rstd = LN(x, [24], w, b, 1e-5)
+    want = LN_BWD(g.double(), x.double(), [24], mean.double(), rstd.double(), w.double(), b.double(),
+                  [True, True, True])
+    outs = [torch.full((5, 24), float("nan"), device=DEVICE), torch.full((24,), float("nan"), device=DEVICE),
+            torch.full((24,), float("nan"), device=DEVICE)]
+    with served("native_layer_norm_backward.out"), gems.use_gems():
+        r = torch.ops.aten.native_layer_norm_backward.out(g, x, [24], mean, rstd, w, b, [True, True, True],
+                                                          out0=outs[0], out1=outs[1], out2=outs[2])
+    assert all(a is o for a, o in zip(r, outs))
+    assert_close(outs, [t.cpu() for t in want], torch.float32)
+
+
+def test_empty_and_edge_cases():
+    w, b = make((6,)), make((6,))
+    with served("native_layer_norm"), gems.use_gems():
+        y, mean, rstd = LN(make((0, 6)), [6], w, b, 1e-5)
+    assert y.shape == (0, 6) and mean.shape == (0, 1) and rstd.shape == (0, 1)
+    with served("native_layer_norm_backward"), gems.use_gems():
+        dx, dw, db = LN_BWD(make((0, 6)), make((0, 6)), [6], make((0, 1)), make((0, 1)), w, b, [True, True, True])
+    assert dx.shape == (0, 6) and torch.equal(dw, torch.zeros(6, device=DEVICE)) and torch.equal(db, dw)
+    # normalizing over every dim (one row), and a constant row (variance 0: rstd = 1/sqrt(eps))
+    check_op(LN, (make((3, 5)), [3, 5], w.new_ones(3, 5), None, 1e-5), dtype=torch.float32,
+             served_ops=["native_layer_norm"])
+    const = torch.full((2, 6), 1.5, device=DEVICE)
+    check_op(LN, (const, [6], w, b, 1e-5), dtype=torch.float32, served_ops=["native_layer_norm"])
+
+
+def test_errors_and_fallbacks():
+    x = make((4, 6))
+    with gems.use_gems():
+        with pytest.raises(RuntimeError):
+            LN(x, [5], None, None, 1e-5)
+        with pytest.raises(RuntimeError):
+            LN(x, [6], make((5,)), None, 1e-5)
+    gems.reset_stats()
+    with gems.use_gems():
+        y64 = LN(x.double(), [6], None, None, 1e-5)[0]                 # float64: ATen's
+        ye = LN(make((3, 0)), [0], None, None, 1e-5)                    # empty rows: ATen's
+        if DEVICE == "cpu":                                             # ATen CPU's mixed-dtype path
+            ym = LN(x.half(), [6], make((6,)), make((6,)), 1e-5)
+            assert ym[0].dtype == torch.float16 and ym[1].dtype == torch.float32
+    torch.testing.assert_close(y64, F.layer_norm(x.double(), [6]))
+    assert ye[0].shape == (3, 0)
+    st = gems.stats()["native_layer_norm.default"]
+    assert st["fallback"] == (3 if DEVICE == "cpu" else 2) and st["served"] == 0
