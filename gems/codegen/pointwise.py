@@ -89,12 +89,12 @@ class PointwiseOp:
         self.scalars = tuple(scalars)
         self.constexprs = dict(constexprs) if isinstance(constexprs, dict) else {c: None for c in constexprs}
         self.promote = tuple(self.operands.index(p) for p in (promote if promote is not None else operands))
-        self.dtypes = frozenset(dtypes)
-        self.operand_dtypes = {self.operands.index(k): frozenset(v) for k, v in (operand_dtypes or {}).items()}
+        self.dtypes = tuple(dict.fromkeys(dtypes))      # declared order: the op table stays stable
+        self.operand_dtypes = {self.operands.index(k): tuple(v) for k, v in (operand_dtypes or {}).items()}
         self.n_out = n_out
         self.defaults = dict(defaults or {})
         self.result_dtype = result_dtype
-        self.doc = doc or (getattr(body, "__doc__", None) or "").strip().split("\n")[0]
+        self.doc = doc or (getattr(getattr(body, "fn", body), "__doc__", None) or "").strip().split("\n")[0]
         self.ident = f"{getattr(body, '__module__', '?')}.{getattr(getattr(body, 'fn', body), '__qualname__', '?')}"
         self._promo: dict = {}
         self._kernels: dict = {}
@@ -107,7 +107,7 @@ class PointwiseOp:
             fn = _make_wrapper(self, ovl)
             fn.__doc__ = self.doc
             ovl.fn = fn
-            if not numbers_safe(ovl.schema):
+            if not backward and not numbers_safe(ovl.schema):
                 # ATen hands Python numbers to these overloads; until the dispatcher's fallback can pass
                 # them back to ATen (gems.codegen.numbers), serving them would break every later
                 # `x * 2.0` with Gems registered. They are callable through `op.overloads[n].fn`.
@@ -244,7 +244,7 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
                 ref = a
             vals.append(a)
         elif a.__class__ in _NUMBERS:
-            vals.append(a)
+            vals.append(int(a) if a.__class__ is bool else a)   # the interpreter has no i1 scalars
         elif isinstance(a, _NUMBERS):   # subclasses of Python numbers (numpy scalars): plain values
             vals.append(bool(a) if isinstance(a, bool) else int(a) if isinstance(a, int) else float(a))
         else:
@@ -252,6 +252,7 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
     for s in scalars:
         if s is not None and not isinstance(s, _NUMBERS):
             raise Unsupported(f"scalar of type {type(s).__name__}")
+    kscal = tuple(int(s) if s.__class__ is bool else s for s in scalars)
     for (name, allowed), c in zip(op.constexprs.items(), consts):
         if allowed is not None and c not in allowed:
             raise Unsupported(f"{name}={c!r}")
@@ -333,7 +334,7 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
         block = cfg["BLOCK"]
         k = op.kernel("flat", 1, is_tensor, casts, ctl)
         i64 = layout.needs_int64(numel, block, [])
-        k.run((_utils.cdiv(numel, block),), (*vals, *scalars, *out_list, numel, *cvals, block, i64),
+        k.run((_utils.cdiv(numel, block),), (*vals, *kscal, *out_list, numel, *cvals, block, i64),
               cfg["num_warps"], 3)
         if ovl is not None:
             _install_fast(op, ovl, operands, vals, scalars, consts, out_list, mode, shape, result, compute, k)
@@ -351,7 +352,7 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
     t_strides = sts[1:1 + len(tens)] + [sts[0]] + sts[1 + len(tens):]
     flat_st = [x for s in t_strides for x in s]
     k = op.kernel("nd", r, is_tensor, casts, ctl)
-    k.run((grid,), (*vals, *scalars, *out_list, *sizes, *flat_st, nt_m, nt_n, *cvals, bm, bn, i64),
+    k.run((grid,), (*vals, *kscal, *out_list, *sizes, *flat_st, nt_m, nt_n, *cvals, bm, bn, i64),
           ndc["num_warps"], 3)
     return _ret(op, out_list, mode)
 
@@ -378,7 +379,7 @@ def _install_fast(op, ovl, operands, vals, scalars, consts, out_list, mode, shap
     key = _fast_key(operands, scalars, consts, out_list if mode else None)
     if key in ovl.fast:
         return
-    ovl.fast[key] = _build_fast(op, ovl, operands, mode, result, k, consts)
+    ovl.fast[key] = _build_fast(op, ovl, operands, scalars, mode, result, k, consts)
 
 
 def _fast_key(operands, scalars, consts, outs):
@@ -389,13 +390,16 @@ def _fast_key(operands, scalars, consts, outs):
     return key
 
 
-def _build_fast(op, ovl, operands, mode, result, k, consts):
+def _build_fast(op, ovl, operands, scalars, mode, result, k, consts):
     from ..ops import utils as _utils
     cfg = backend().config("pointwise")
     block, warps = cfg["BLOCK"], cfg["num_warps"]
     n_ops = len(operands)
     ops = [f"x{i}" for i in range(n_ops)]
     scal = [f"s{i}" for i in range(len(op.scalars))]
+    # bool numbers go to the kernel as ints (the interpreter has no i1 scalars); key has the class
+    pass_ops = [f"int({o})" if operands[i].__class__ is bool else o for i, o in enumerate(ops)]
+    pass_scal = [f"int({x})" if scalars[i].__class__ is bool else x for i, x in enumerate(scal)]
     outs = [f"y{j}" for j in range(op.n_out)]
     tens = [f"x{i}" for i in range(n_ops) if isinstance(operands[i], _T)]
     ref = "y0" if mode else tens[0]
@@ -406,7 +410,7 @@ def _build_fast(op, ovl, operands, mode, result, k, consts):
         for y in outs:
             lines.append(f"    {y} = _empty({tens[0]}.shape, _RDT, {tens[0]}.device)")
     lines += ["    if n:",
-              f"        _K.run(((n + {block - 1}) // {block},), ({', '.join(ops + scal + outs)}, n, "
+              f"        _K.run(((n + {block - 1}) // {block},), ({', '.join(pass_ops + pass_scal + outs)}, n, "
               f"{cvals + ', ' if cvals else ''}{block}, n > {_LIM - block}), {warps}, 3)",
               f"    return {outs[0] if op.n_out == 1 else '(' + ', '.join(outs) + ')'}"]
     ns = {"_empty": _utils.empty, "_RDT": result, "_K": k}

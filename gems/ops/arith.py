@@ -71,12 +71,20 @@ def _div(a, b, MODE: tl.constexpr):
             return tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
 
 
+def _no_bool_sub(self, other, *args, **kwargs):
+    # ATen rejects `-` with a bool operand (tensor or Python bool) with a RuntimeError: let it raise
+    for a in (self, other):
+        if a.__class__ is bool or (isinstance(a, torch.Tensor) and a.dtype == torch.bool):
+            return "bool operand of sub"
+    return None
+
+
 add = pointwise("add.Tensor", "add.Scalar", "add.out", "add.Scalar_out", "add_.Tensor", "add_.Scalar",
                 body=_add, promotion="default", scalars=("alpha",), dtypes=NUMERIC)
 sub = pointwise("sub.Tensor", "sub.Scalar", "sub.out", "sub.Scalar_out", "sub_.Tensor", "sub_.Scalar",
-                body=_sub, promotion="default", scalars=("alpha",), dtypes=NUMERIC)
+                body=_sub, promotion="default", scalars=("alpha",), dtypes=NUMERIC, check=_no_bool_sub)
 rsub = pointwise("rsub.Tensor", "rsub.Scalar", "rsub.Tensor_out", "rsub.Scalar_out",
-                 body=_rsub, promotion="default", scalars=("alpha",), dtypes=NUMERIC)
+                 body=_rsub, promotion="default", scalars=("alpha",), dtypes=NUMERIC, check=_no_bool_sub)
 mul = pointwise("mul.Tensor", "mul.Scalar", "mul.out", "mul.Scalar_out", "mul_.Tensor", "mul_.Scalar",
                 body=_mul, promotion="default", dtypes=NUMERIC)
 div = pointwise("div.Tensor", "div.Scalar", "div.out", "div.Scalar_out", "div_.Tensor", "div_.Scalar",

@@ -1,0 +1,133 @@
+"""The pointwise generator itself: index math (pure Python), kernel caching, direct calls."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import gems
+from gems.codegen import layout, pointwise
+from gems.ops import activation
+from harness import DEVICE, assert_close, make
+
+
+def test_collapse_merges_contiguous_dims_and_drops_ones():
+    # contiguous (2, 3, 4): one dim
+    assert layout.collapse((2, 3, 4), [(12, 4, 1)], [0, 1, 2]) == ([24], [[24 // 24]])
+    # a row broadcast over a matrix: the row's zero stride blocks the merge
+    sizes, sts = layout.collapse((5, 7), [(7, 1), (0, 1)], [0, 1])
+    assert sizes == [5, 7] and sts == [[7, 1], [0, 1]]
+    # size-1 dims vanish whatever their stride
+    sizes, sts = layout.collapse((3, 1, 4), [(4, 99, 1)], [0, 1, 2])
+    assert sizes == [12] and sts == [[1]]
+    # a uniformly step-sliced tensor is still one dim (stride 2)
+    sizes, sts = layout.collapse((2, 3, 4), [(12, 4, 1), (24, 8, 2)], [0, 1, 2])
+    assert sizes == [24] and sts == [[1], [2]]
+    # x[:, :3] of a (2, 4, 4) tensor: the inner pair merges, the outer dim cannot
+    sizes, sts = layout.collapse((2, 3, 4), [(12, 4, 1), (16, 4, 1)], [0, 1, 2])
+    assert sizes == [2, 12] and sts == [[12, 1], [16, 1]]
+
+
+def test_plan_orders_by_output_strides_and_picks_transposed_tile_dim():
+    # out = a.t() + a.t() (both transposed like the fresh output): collapses to one dense dim
+    sizes, sts, tr = layout.plan((8, 6), (1, 8), [(1, 8), (1, 8)])
+    assert sizes == [1, 48] and all(s[-1] == 1 for s in sts) and not tr
+    # a + a.T: out row-major, second input column-major -> M is the input's fast dim (a square tile)
+    sizes, sts, tr = layout.plan((8, 6), (6, 1), [(6, 1), (1, 8)])
+    assert tr and sizes == [8, 6] and sts[2] == [1, 8]
+    # batch dims stay in front; the tile dims are the last two
+    sizes, sts, tr = layout.plan((4, 8, 6), (48, 6, 1), [(48, 6, 1), (48, 1, 8)])
+    assert sizes == [4, 8, 6] and tr
+
+
+def test_output_perm_matches_aten_strides():
+    base = torch.empty(4, 5, 6)
+    cases = [
+        [base.permute(2, 0, 1)],
+        [base.permute(1, 2, 0), base.permute(1, 2, 0)],
+        [base.permute(2, 0, 1), base.permute(2, 0, 1).contiguous()],
+        [base[:, :1, :].permute(2, 1, 0).expand(6, 5, 4), base.permute(2, 1, 0)],
+        [base.transpose(0, 1), torch.empty(6)],
+        [torch.empty(5, 1, 6).transpose(0, 2), torch.empty(6, 4, 5)],
+    ]
+    for ts in cases:
+        shape = tuple(torch.broadcast_shapes(*[t.shape for t in ts]))
+        sts = [layout.broadcast_strides(shape, tuple(t.shape), tuple(t.stride())) for t in ts]
+        got = layout.strides_for_perm(shape, layout.output_perm(shape, sts))
+        want = sum(ts[1:], ts[0]).stride() if len(ts) > 1 else (ts[0] + 1).stride()
+        assert got == tuple(want), (shape, sts, got, want)
+
+
+def test_int64_offsets_only_when_needed():
+    blk = 1024
+    assert not layout.needs_int64(2 ** 20, blk, [((1024, 1024), (1024, 1))])
+    assert layout.needs_int64(2 ** 31, blk, [])                       # numel itself
+    assert layout.needs_int64(2 ** 31 - blk // 2, blk, [])            # the last tile's lanes pass 2**31
+    # few elements, huge strides (a strided view of a >2**31 storage)
+    assert layout.needs_int64(4, blk, [((2, 2), (2 ** 31, 1))])
+    assert not layout.needs_int64(4, blk, [((2, 2), (2 ** 30, 1))])
+    # 2**31 + elements in a broadcast view of a small tensor: offsets stay small, numel decides
+    assert layout.needs_int64(2 ** 31 + 5, blk, [((2 ** 31 + 5,), (0,))])
+    assert not layout.needs_int64(2 ** 30, blk, [((2 ** 30,), (0,))])
+
+
+def test_tile_shapes():
+    assert layout.tile([64, 4096], False, 4096, 64) == (1, 4096)
+    assert layout.tile([4096, 3], False, 4096, 64) == (1024, 4)
+    assert layout.tile([8192, 8192], True, 4096, 64) == (64, 64)
+    assert layout.tile([3, 2], True, 4096, 64) == (4, 2)
+
+
+def _n_kernels(op):
+    return len(op._kernels)
+
+
+def test_kernel_cache_is_per_layout_class_not_shape():
+    g1, x1 = make((4, 5)), make((4, 5))
+    g2, x2 = make((7, 9)), make((7, 9))
+    op = activation.silu_backward
+    bwd = torch.ops.aten.silu_backward
+    with gems.use_gems():
+        bwd(g1, x1)
+        n = _n_kernels(op)
+        bwd(g2, x2)
+        bwd(make((3, 2, 11)), make((3, 2, 11)))
+        assert _n_kernels(op) == n                          # contiguous: one flat kernel for all shapes
+        bwd(g1, x1.t().contiguous().t()[:, :5])
+        m = _n_kernels(op)
+        assert m == n + 1
+        bwd(g2, make((9, 7)).t())                           # another shape, same class (rank 2 nd)
+        bwd(make((3, 6, 2)), make((3, 2, 6)).transpose(1, 2))   # rank 3
+        assert _n_kernels(op) == m + 1
+        # and a prebuilt hot-path closure serves the contiguous case
+        assert op.overloads["silu_backward"].fast
+
+
+@triton.jit
+def _sum_diff(a, b):
+    return a + b, a - b
+
+
+_two = pointwise(body=_sum_diff, outputs=2)   # no ATen names: called directly
+
+
+def test_two_outputs_direct_call_and_strided():
+    a, b = make((5, 7)), make((7, 5)).t()
+    s, d = _two(a, b)
+    assert_close([s, d], [a.double() + b.double(), a.double() - b.double()], torch.float32)
+    o1, o2 = torch.empty(5, 7), torch.empty(5, 7)
+    r = _two(a, b, out=[o1, o2])
+    assert r[0] is o1 and r[1] is o2
+    assert_close([o1, o2], [a.double() + b.double(), a.double() - b.double()], torch.float32)
+
+
+def test_generated_source_lands_in_cache_dir():
+    from gems.runtime.autotune import cache_dir
+    with gems.use_gems():
+        torch.mul(make((3, 4)), 3.0)
+    files = list((cache_dir() / "codegen").glob("pw_*.py"))
+    assert files and all("def kernel(" in f.read_text() for f in files)
+
+
+def test_wrapper_hot_path_source_has_no_analysis():
+    fn = gems.registry.get("silu_backward").fn
+    assert "_FAST.get" in fn.__gems_source__ and "broadcast" not in fn.__gems_source__
