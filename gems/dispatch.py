@@ -33,6 +33,9 @@ from .runtime.backend import backend
 _Tensor = torch.Tensor
 _strided = torch.strided
 _STRICT = os.environ.get("GEMS_STRICT", "0") not in ("", "0")
+# ATen hands a Python kernel wrapped-number tensors (`x * 2.0`) as Python numbers; every path back to
+# ATen's original kernel turns them into equivalent 0-dim tensors first (see gems.codegen.numbers).
+WRAPS_NUMBERS = True
 
 
 class _ThreadState(threading.local):
@@ -68,7 +71,7 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     counts, reasons = impl.counts, impl.reasons
     dtypes = frozenset(impl.dtypes)
     check = impl.check
-    call_orig = orig.call_boxed
+    call_orig = _boxed_with_numbers(impl.name, orig.call_boxed)
     on_cuda = be.device_type == "cuda"
     tls = _TLS
     get_device = torch._C._cuda_getDevice if on_cuda else None
@@ -119,6 +122,17 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
 
     kernel.__name__ = f"gems_{name.replace('.', '_')}"
     return kernel
+
+
+def _boxed_with_numbers(name, call_boxed):
+    from .codegen.numbers import numbers_to_tensors, tensor_positions
+    positions = tensor_positions(registry._aten_overload(name)._schema)
+    if len(positions) <= 1:  # a lone Tensor argument is always `self`: never a number
+        return call_boxed
+
+    def call(keyset, *args, **kwargs):
+        return call_boxed(keyset, *numbers_to_tensors(args, positions), **kwargs)
+    return call
 
 
 def _after_error(impl, exc, call_orig, keyset, args, kwargs):

@@ -197,3 +197,17 @@ def test_stats_cover_backward_ops_in_autograd():
         torch.softmax(x, 1).sum().backward()
     s = gems.stats()
     assert s[SOFTMAX]["served"] == 1 and s["_softmax_backward_data.default"]["served"] == 1
+
+
+def test_python_numbers_reach_aten_as_tensors():
+    """ATen hands Python kernels wrapped numbers (`x * 2.0`) as Python numbers; the way back to ATen's
+    kernel (fallback, or Gems off for this op) must turn them back into tensors with the same result."""
+    from gems.dispatch import _boxed_with_numbers
+    orig = torch.library.get_kernel("aten::mul.Tensor", gems.backend().dispatch_key)
+    call = _boxed_with_numbers("mul.Tensor", orig.call_boxed)
+    ks = torch._C.DispatchKeySet(gems.backend().dispatch_key)
+    for x in [make((5,), torch.float16), make((5,), torch.int32), make((), torch.float16)]:
+        for v in (2.5, 3, True):
+            got = call(ks, x, v)
+            want = x * v
+            assert got.dtype == want.dtype and torch.equal(got, want), (x.dtype, v)
