@@ -260,7 +260,10 @@ def cmd_roadmap(a, ctx):
         snap = roadmap.snapshot(docs, mtx, info, date=a.date, commit=a.commit or roadmap.git_commit(root))
         roadmap.record(hist, snap)
         ctx.say(f"recorded snapshot {snap['date']} {snap['commit']} in {hist}")
-    history = roadmap.load_history(hist)
+    try:
+        history = roadmap.load_history(hist)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if not history:
         raise UsageError(f"{hist}: no snapshots yet (run without --no-record)")
     roadmap.write_png(png, history)

@@ -1,0 +1,122 @@
+"""The gems-coverage CLI, in process (plus one subprocess for the no-traceback promise)."""
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from coverage_tool.cli import main
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_trace_table_is_the_readme_command(capsys):
+    rc, out, err = run(capsys, "trace", "meta-llama/Llama-2-7b")
+    assert rc == 0
+    assert "meta-llama/Llama-2-7b (full, 6.74B params)" in out
+    assert "inference on meta, bfloat16" in out
+    assert "coverage " in out and "compute ops" in out and "mm.default" in out and "gaps" in out
+    assert "[gems-coverage]" in err and "[gems-coverage]" not in out   # progress on stderr only
+
+
+def test_trace_json_markdown_csv_and_output_file(capsys, tmp_path):
+    rc, out, _ = run(capsys, "trace", "bert", "--format", "json", "--seq-len", "16")
+    d = json.loads(out)
+    assert rc == 0 and d["model"] == "bert-base-uncased" and d["mode"] == "inference"
+    assert {"distinct_ops", "compute_ops", "covered_compute_ops", "coverage_pct"} <= set(d["summary"])
+    rc, out, _ = run(capsys, "trace", "bert", "--format", "markdown", "--seq-len", "16")
+    assert rc == 0 and out.startswith("## bert-base-uncased") and "| op " in out
+    rc, out, _ = run(capsys, "trace", "bert", "--format", "csv", "--seq-len", "16", "--mode", "training")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert rc == 0 and rows and {"name", "calls", "covered", "category"} <= set(rows[0])
+    assert all(r["mode"] == "training" for r in rows)
+    f = tmp_path / "sub" / "t.json"
+    rc, out, err = run(capsys, "trace", "aquila", "--format", "json", "--output", str(f), "--seq-len", "8")
+    assert rc == 0 and out == "" and json.loads(f.read_text())["model"] == "BAAI/Aquila-7B"
+
+
+def test_fail_under_gate(capsys):
+    rc, out, err = run(capsys, "-q", "trace", "llama2", "--seq-len", "8", "--fail-under", "0")
+    assert rc == 0
+    rc, out, err = run(capsys, "-q", "trace", "llama2", "--seq-len", "8", "--format", "json")
+    pct = json.loads(out)["summary"]["coverage_pct"]
+    if pct < 100:
+        rc, out, err = run(capsys, "-q", "trace", "llama2", "--seq-len", "8", "--fail-under", "100")
+        assert rc == 1 and "below --fail-under 100%" in err and out
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["trace", "no-such-model"], "unknown model 'no-such-model'"),
+    (["trace", "llama2", "--mode", "serve"], "invalid choice"),
+    (["trace", "llama2", "--batch", "0"], "positive integer"),
+    (["trace", "llama2", "--dtype", "float13"], "unknown dtype"),
+    (["trace", "llama2", "--device", "tpu"], "unknown device"),
+    (["trace", "llama2", "--fail-under", "150"], "between 0 and 100"),
+    (["trace", "bert", "--mode", "generate"], "needs a causal LM"),
+    (["report", "llama2", "--modes", "inference,serve"], "unknown mode 'serve'"),
+    (["report", "nope"], "unknown model"),
+    (["frobnicate"], "invalid choice"),
+    ([], "required"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, argv, msg):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2
+    lines = [ln for ln in err.splitlines() if not ln.startswith("[gems-coverage]")]
+    assert len(lines) == 1 and lines[0].startswith("gems-coverage: error:") and msg in lines[0]
+    assert "Traceback" not in err
+
+
+def test_malformed_config_exits_2(capsys, tmp_path):
+    f = tmp_path / "config.json"
+    f.write_text('{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 5')
+    rc, out, err = run(capsys, "trace", str(f))
+    assert rc == 2 and "malformed config JSON" in err and len(err.strip().splitlines()) == 1
+
+
+def test_local_config_folder(capsys, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+        "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 500}))
+    rc, out, err = run(capsys, "-q", "trace", str(tmp_path), "--format", "json", "--mode", "training")
+    d = json.loads(out)
+    assert rc == 0 and d["model_source"] == "config" and d["summary"]["compute_ops"] > 10
+
+
+def test_report_matrix(capsys):
+    rc, out, err = run(capsys, "-q", "report", "bert", "aquila", "--seq-len", "8", "--format", "json")
+    m = json.loads(out)
+    assert rc == 0 and len(m["per_model"]) == 4   # 2 models x inference, training
+    assert m["columns"][0] == "bert-base-uncased|inference"
+    ops = {e["name"]: e for e in m["ops"]}
+    assert "silu.default" in ops and "bert-base-uncased|inference" not in ops["silu.default"]["calls"]
+    assert ops["mm.default"]["calls"]["BAAI/Aquila-7B|training"] > 0
+    rc, out, err = run(capsys, "-q", "report", "bert", "--seq-len", "8", "--format", "markdown")
+    assert rc == 0 and "# Gems coverage of the supported models" in out and "| op " in out
+    rc, out, err = run(capsys, "-q", "report", "bert", "--seq-len", "8")
+    assert rc == 0 and "overall:" in out
+
+
+def test_ops_command(capsys):
+    import gems
+    rc, out, err = run(capsys, "ops", "--format", "json")
+    d = json.loads(out)
+    assert rc == 0 and d["registered_ops"] == len(gems.registry.all_impls())
+    assert all({"name", "category", "dtypes", "backward"} <= set(o) for o in d["ops"])
+    rc, out, err = run(capsys, "ops")
+    assert rc == 0 and "overload" in out and "category" in out
+
+
+def test_subprocess_unknown_model_no_traceback():
+    env = dict(os.environ)
+    p = subprocess.run([sys.executable, "-m", "coverage_tool.cli", "trace", "llama3-405b"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.strip().startswith("gems-coverage: error: unknown model 'llama3-405b'")
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr and p.stdout == ""

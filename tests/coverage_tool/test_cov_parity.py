@@ -1,0 +1,87 @@
+"""parity on the tiny variants of the four models, inference and training, Gems on through the interpreter;
+and a deliberately broken kernel (a test double) must be named as the first divergent op."""
+import pytest
+import torch
+
+import gems
+from coverage_tool import classify as C
+from coverage_tool import parity as P
+from coverage_tool.cli import main
+
+BUILTINS = ["llama2", "bert", "llava", "aquila"]
+
+
+@pytest.mark.parametrize("model", BUILTINS)
+def test_parity_tiny(model, record_property):
+    r = P.parity(model, modes=("inference", "training"), new_tokens=2)
+    report = P.format_result(r)
+    print(report)
+    assert r.ok, report
+    names = [c.name for c in r.checks]
+    assert "logits" in names and "loss" in names
+    assert any(n.startswith("gradients") for n in names) and any(n.startswith("params after") for n in names)
+    if model != "bert":
+        assert "greedy tokens" in names
+    served = r.served_compute_ops
+    record_property("served_compute_ops", len(served))
+    registered = {i.name for i in gems.registry.all_impls()}
+    called_and_registered = r.compute_ops & registered
+    # Gems actually served compute ops, only ones it registers, and the shadow compared them op by op
+    assert called_and_registered, "the model calls no op Gems registers"
+    assert served and set(served) <= registered
+    assert r.shadow_calls > 0 and r.shadow_ops <= registered
+    print(f"{model}: Gems served {len(served)} of {len(r.compute_ops)} compute ops "
+          f"({len(called_and_registered)} registered)")
+
+
+def _victim():
+    """A compute op Gems registers that the tiny BERT training step is sure to call."""
+    for name in ("mm.default", "addmm.default", "native_layer_norm.default", "gelu.default", "add.Tensor",
+                 "_log_softmax.default"):
+        if name in {i.name for i in gems.registry.all_impls()}:
+            return name
+    pytest.fail("Gems registers none of the ops BERT needs")
+
+
+def test_broken_kernel_is_named(capsys):
+    name = _victim()
+    op = getattr(getattr(torch.ops.aten, name.split(".")[0]), name.split(".")[1])
+
+    def broken(*args, **kwargs):
+        out = op(*args, **kwargs)          # inside a Gems implementation, ATen serves nested calls
+        return out * 1.001 + 1e-3          # small, silent numeric bug
+
+    with gems.registry.override_impl(name, broken):
+        r = P.parity("bert", modes=("training",))
+        rc = main(["-q", "parity", "bert", "--mode", "training"])
+    out, err = capsys.readouterr()
+    assert not r.ok
+    first = r.divergences[0]
+    assert first.op == name and first.phase == "training"
+    assert first.inputs and first.output and first.max_abs > first.allowed
+    assert rc == 1
+    assert f"FIRST DIVERGENT OP  aten::{name}" in out and "verdict FAIL" in out
+    assert f"first divergent op aten::{name}" in err
+
+
+def test_tolerances_are_dtype_aware():
+    a = torch.randn(64, 64)
+    ok, err, _ = P._allclose_elementwise(a * (1 + 1e-6), a)
+    assert ok
+    ok, err, allowed = P._allclose_elementwise(a * (1 + 1e-3), a)
+    assert not ok and err > allowed
+    b = a.to(torch.bfloat16)
+    ok, _, _ = P._allclose_elementwise((a * (1 + 4e-3)).to(torch.bfloat16), b)   # within 1 bf16 ulp
+    assert ok
+    ok, rel, _, tol = P.compare_e2e(a + 1e-7, a)
+    assert ok and rel < tol
+    ok, rel, _, _ = P.compare_e2e(a * 1.01, a)
+    assert not ok
+    ids = torch.tensor([1, 2, 3])
+    assert P.compare_e2e(ids, ids)[0] and not P.compare_e2e(ids, ids + 1)[0]
+
+
+def test_parity_bad_input(capsys):
+    assert main(["parity", "llama2", "--device", "meta"]) == 2
+    assert "parity needs data" in capsys.readouterr().err
+    assert main(["parity", "llama2", "--exclude", "not_an_aten_op_xyz"]) == 2
