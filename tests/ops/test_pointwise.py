@@ -160,7 +160,12 @@ def _pairs(dtype):
 def test_binary_layouts_broadcast(op, dtype):
     fn, name = BINARY[op]
     for lname, x, y in _pairs(dtype):
-        out = check_op(fn, (x, y), dtype=dtype, served_ops=[name] if x.numel() else [])
+        if x.numel() == 0:   # harness.assert_close's 2x-ATen rule cannot reduce over empty tensors
+            with gems.use_gems():
+                out = fn(x, y)
+            assert out.shape == fn(x, y).shape and out.dtype == dtype
+            continue
+        out = check_op(fn, (x, y), dtype=dtype, served_ops=[name])
         _check_strides(out, fn, (x, y))
 
 
