@@ -83,11 +83,13 @@ def _series_keys(history: list) -> list:
             for mode in modes:
                 if (model, mode) not in keys:
                     keys.append((model, mode))
-    models = []
+    import models as M
+    builtin = M.builtin_names()
+    order = [m for m in builtin if any(k[0] == m for k in keys)]
     for m, _ in keys:
-        if m not in models:
-            models.append(m)
-    return sorted(keys, key=lambda k: (models.index(k[0]), MODES.index(k[1]) if k[1] in MODES else 9))
+        if m not in order:
+            order.append(m)
+    return sorted(keys, key=lambda k: (order.index(k[0]), MODES.index(k[1]) if k[1] in MODES else 9))
 
 
 def _color_of(history):
@@ -144,8 +146,8 @@ def render_markdown(history: list, png_rel: str) -> str:
         if c:
             lines.append(f"| {model} | {mode} | {c['covered']}/{c['compute_ops']} | {c['coverage_pct']:.1f}% |")
     gaps = last.get("gaps") or []
-    lines += ["", "Next ops to write (compute ops no model is covered for yet; see `docs/coverage.md` for calls "
-                  "per model): " + (", ".join(f"`{g}`" for g in gaps) if gaps else "none"), ""]
+    lines += ["", "Uncovered compute ops, most called first over all models and modes (calls per model in "
+                  "`docs/coverage.md`): " + (", ".join(f"`{g}`" for g in gaps) if gaps else "none"), ""]
     lines += ["## History", ""]
     head = ["date", "commit", "registered ops"] + [f"{M.short_name(m)} {'inf' if mo == 'inference' else 'train'}"
                                                     for m, mo in keys] + ["overall"]
