@@ -42,7 +42,8 @@ _SUM, _MAX = 0, 1
 # reduced (inner kernel) / kept (outer kernel) extent of a tile; programs_per_sm: grid size below
 # which R is split; min_iters: loop steps each split program gets at least.
 _CONFIGS = {
-    "cuda": dict(tile=4096, max_r=4096, max_k=256, programs_per_sm=4, min_iters=4, max_split=1024),
+    "cuda": dict(tile=4096, tile_outer=8192, max_r=4096, max_k=256, programs_per_sm=8, min_iters=4,
+                 max_split=1024),
     # the interpreter runs each program in Python: few programs, but small tiles so that small test
     # shapes still go through the loops and the split path
     "interpreter": dict(tile=1024, max_r=128, max_k=32, programs=4, min_iters=1, max_split=64),
@@ -108,11 +109,13 @@ def reduce_inner(X, Y, M, R, sM, sR, r_per_split, scale,
         if IS_FLOAT:
             acc = tl.full([BLOCK_M, BLOCK_R], -float("inf"), ACC)
         else:
-            acc = tl.full([BLOCK_M, BLOCK_R], -9223372036854775808, ACC)
+            acc = tl.full([BLOCK_M, BLOCK_R], -9223372036854775807 - 1, ACC)
     # elementwise accumulation in the loop; one cross-lane reduction at the end
     for start in range(r0, r_end, BLOCK_R):
         r = start + rr
-        mask = mmask & (r < r_end)
+        # bound by R (a specialized kernel argument), not r_end: a mask whose bound has known
+        # divisibility keeps 16-byte vector loads; tiles never cross into the next split anyway
+        mask = mmask & (r < R)
         if BIG:
             offs = base + r.to(tl.int64) * sR
         else:
@@ -158,10 +161,10 @@ def reduce_outer(X, Y, M, R, K, sM, sR, sK, r_per_split, scale,
         if IS_FLOAT:
             acc = tl.full([BLOCK_R, BLOCK_K], -float("inf"), ACC)
         else:
-            acc = tl.full([BLOCK_R, BLOCK_K], -9223372036854775808, ACC)
+            acc = tl.full([BLOCK_R, BLOCK_K], -9223372036854775807 - 1, ACC)
     for start in range(r0, r_end, BLOCK_R):
         r = start + rr
-        mask = kmask & (r < r_end)
+        mask = kmask & (r < R)
         if BIG:
             offs = base + r.to(tl.int64) * sR
         else:
@@ -238,8 +241,10 @@ def _launch(x, y, plan, op, acc_dtype, scale):
         block_m = min(next_pow2(M), max(tile // block_r, 1))
         grid0, step = cdiv(M, block_m), block_r
     else:
-        block_k = min(next_pow2(K), cfg["max_k"])
-        block_r = min(next_pow2(R), max(tile // block_k, 1))
+        tile_o = cfg.get("tile_outer", tile)
+        # a short R leaves room for a wider K slice: programs keep ~tile_o elements either way
+        block_k = min(next_pow2(K), max(cfg["max_k"], tile_o // next_pow2(R)))
+        block_r = min(next_pow2(R), max(tile_o // block_k, 1))
         grid0, step = M * cdiv(K, block_k), block_r
     target = _target_programs(x.device)
     split, r_per = 1, R
