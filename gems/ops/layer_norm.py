@@ -36,9 +36,13 @@ from .utils import cdiv, empty, next_pow2, prepare_out
 # max_n: widest row kept in registers; tile: elements per program for short rows;
 # elems_per_warp: sets num_warps; bwd_programs_per_sm: programs of the backward when dw/db are needed
 _CONFIGS = {
-    "cuda": dict(max_n=16384, tile=4096, elems_per_warp=512, max_warps=16, bwd_programs_per_sm=4),
+    # bwd: N=4096 bf16 at 16 warps is 64 registers/thread (8 warps: 114), two programs fit an SM
+    # either way, so two per SM and no second wave; more warps keep more row loads in flight
+    "cuda": dict(max_n=16384, tile=4096, elems_per_warp=512, bwd_elems_per_warp=256, max_warps=16,
+                 bwd_programs_per_sm=2),
     # the interpreter: few programs; a small max_n so that tests reach the looping path
-    "interpreter": dict(max_n=1024, tile=1024, elems_per_warp=512, max_warps=1, programs=4),
+    "interpreter": dict(max_n=1024, tile=1024, elems_per_warp=512, bwd_elems_per_warp=512, max_warps=1,
+                        programs=4),
 }
 
 # one launch cache per (kernel, constexprs): see the note in reduction.py
@@ -64,9 +68,9 @@ def _sm_count(dev: int) -> int:
     return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
-def _warps(elems):
+def _warps(elems, key="elems_per_warp"):
     cfg = _cfg()
-    return max(1, min(cfg["max_warps"], next_pow2(max(elems // cfg["elems_per_warp"], 1))))
+    return max(1, min(cfg["max_warps"], next_pow2(max(elems // cfg[key], 1))))
 
 
 @triton.jit
@@ -354,7 +358,8 @@ def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight
     big = int(max(M * max(sg, sx, N), P * N) >= _INT64_FROM)
     consts = (int(w is not None), int(do_dx), int(do_dw), int(do_db), single, big, block_n)
     _launcher(layer_norm_bwd, consts)[(P,)](
-        gv, xv, w, mean_f, rstd_f, dx, ws_w, ws_b, M, N, sg, sx, rows, *consts, num_warps=_warps(block_n))
+        gv, xv, w, mean_f, rstd_f, dx, ws_w, ws_b, M, N, sg, sx, rows, *consts,
+        num_warps=_warps(block_n, "bwd_elems_per_warp"))
     # column sums of the [P, N] workspaces, straight into dw / db in their dtypes
     plan = (1, 0, P, N, N, 1) if N > 1 else (1, 0, P, 1, 1, 0)
     if do_dw:
