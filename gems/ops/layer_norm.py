@@ -28,10 +28,9 @@ import triton
 import triton.language as tl
 
 from ..registry import FLOATS, Unsupported, register
-from ..runtime import backend
-from ..runtime.launch import LaunchCache
+from ..runtime import backend, kernel
 from .reduction import _launch as _reduce_launch
-from .utils import cdiv, empty, next_pow2, prepare_out
+from .utils import cdiv, next_pow2, prepare_out
 
 # max_n: widest row kept in registers; tile: elements per program for short rows;
 # elems_per_warp: sets num_warps; bwd_programs_per_sm: programs of the backward when dw/db are needed
@@ -45,18 +44,9 @@ _CONFIGS = {
                         programs=4),
 }
 
-# one launch cache per (kernel, constexprs): see the note in reduction.py
-_LAUNCHERS: dict = {}
 
-# offsets reach int64 from this many elements on (a module variable so tests can lower it)
+# offsets switch to int64 from this many elements on (a module variable so tests can lower it)
 _INT64_FROM = 2 ** 31 - 1
-
-
-def _launcher(fn, consts):
-    k = _LAUNCHERS.get((fn, consts))
-    if k is None:
-        k = _LAUNCHERS[(fn, consts)] = LaunchCache(fn)
-    return k
 
 
 def _cfg():
@@ -73,6 +63,7 @@ def _warps(elems, key="elems_per_warp"):
     return max(1, min(cfg["max_warps"], next_pow2(max(elems // cfg[key], 1))))
 
 
+@kernel
 @triton.jit
 def layer_norm_fwd(X, W, B, Y, MEAN, RSTD, M, N, sX, eps,
                    HAS_W: tl.constexpr, HAS_B: tl.constexpr, SINGLE: tl.constexpr, BIG: tl.constexpr,
@@ -128,6 +119,7 @@ def layer_norm_fwd(X, W, B, Y, MEAN, RSTD, M, N, sX, eps,
     tl.store(RSTD + rows, rstd.to(RSTD.dtype.element_ty), mask=rows < M)
 
 
+@kernel
 @triton.jit
 def layer_norm_bwd(G, X, W, MEAN, RSTD, DX, WS_W, WS_B, M, N, sG, sX, rows_per_prog,
                    HAS_W: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr, DO_DB: tl.constexpr,
@@ -286,7 +278,7 @@ def _forward(x, normalized_shape, weight, bias, eps, outs=(None, None, None)):
         block_n, block_m = cfg["max_n"], 1
     big = int(max(M * max(sx, N), x.numel()) >= _INT64_FROM)
     consts = (int(weight is not None), int(bias is not None), single, big, block_m, block_n)
-    _launcher(layer_norm_fwd, consts)[(cdiv(M, block_m),)](
+    layer_norm_fwd[(cdiv(M, block_m),)](
         xv, weight, bias, y, mean, rstd, M, N, sx, float(eps), *consts, num_warps=_warps(block_m * block_n))
     return y, mean, rstd
 
@@ -357,7 +349,7 @@ def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight
     ws_b = alloc((P, N), dtype=torch.float32, device=x.device) if do_db else None
     big = int(max(M * max(sg, sx, N), P * N) >= _INT64_FROM)
     consts = (int(w is not None), int(do_dx), int(do_dw), int(do_db), single, big, block_n)
-    _launcher(layer_norm_bwd, consts)[(P,)](
+    layer_norm_bwd[(P,)](
         gv, xv, w, mean_f, rstd_f, dx, ws_w, ws_b, M, N, sg, sx, rows, *consts,
         num_warps=_warps(block_n, "bwd_elems_per_warp"))
     # column sums of the [P, N] workspaces, straight into dw / db in their dtypes

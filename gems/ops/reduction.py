@@ -26,15 +26,15 @@ the result is cast once at the end, as ATen does. amax propagates NaN.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
 import triton.language as tl
 
-from ..registry import FLOATS, INTS, register
-from ..runtime import backend
-from ..runtime.launch import LaunchCache
-from .utils import cdiv, empty, next_pow2, prepare_out, wrap_dims
+from ..registry import FLOATS, INTS, Unsupported, register
+from ..runtime import backend, kernel
+from .utils import cdiv, next_pow2, prepare_out, wrap_dims
 
 _SUM, _MAX = 0, 1
 
@@ -66,20 +66,8 @@ def _target_programs(device) -> int:
     return cfg["programs_per_sm"] * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-# One launch cache per (kernel, constexpr values): the shared LaunchCache keys binaries by argument
-# *classes* for ints/bools, which would let two different BLOCK sizes share a binary on the GPU.
-_LAUNCHERS: dict = {}
-
-# offsets reach int64 from this many elements on (a module variable so tests can lower it)
+# offsets switch to int64 from this many elements on (a module variable so tests can lower it)
 _INT64_FROM = 2 ** 31 - 1
-
-
-def _launcher(fn, consts):
-    key = (fn, consts)
-    k = _LAUNCHERS.get(key)
-    if k is None:
-        k = _LAUNCHERS[key] = LaunchCache(fn)
-    return k
 
 
 @triton.jit
@@ -88,6 +76,7 @@ def _combine_max(acc, x):
     return tl.where((x > acc) | (x != x), x, acc)
 
 
+@kernel
 @triton.jit
 def reduce_inner(X, Y, M, R, sM, sR, r_per_split, scale,
                  OP: tl.constexpr, ACC: tl.constexpr, IS_FLOAT: tl.constexpr, HAS_SCALE: tl.constexpr,
@@ -137,6 +126,7 @@ def reduce_inner(X, Y, M, R, sM, sR, r_per_split, scale,
     tl.store(Y + split * M + m, res.to(Y.dtype.element_ty), mask=m < M)
 
 
+@kernel
 @triton.jit
 def reduce_outer(X, Y, M, R, K, sM, sR, sK, r_per_split, scale,
                  OP: tl.constexpr, ACC: tl.constexpr, IS_FLOAT: tl.constexpr, HAS_SCALE: tl.constexpr,
@@ -227,13 +217,17 @@ def _plan(shape, strides, rset):
 _TL = {torch.float32: tl.float32, torch.float64: tl.float64, torch.int64: tl.int64}
 
 
-def _launch(x, y, plan, op, acc_dtype, scale):
-    """Reduce x (read through `plan`) into the contiguous y (M*K elements), splitting R if needed."""
+@functools.lru_cache(maxsize=1024)
+def _schedule(plan, op, acc_dtype, scale, target):
+    """The launches that reduce a tensor read through `plan` (pure ints: cached, no per-call math).
+
+    Returns (steps, workspace shape or None); a step is (kernel, grid, src, dst, args, num_warps)
+    with src/dst 0 = input, 1 = output, 2 = workspace.
+    """
     M, sM, R, sR, K, sK = plan
     cfg = _cfg()
     acc = _TL[acc_dtype]
     is_float = int(acc_dtype.is_floating_point)
-    has_scale = int(scale != 1.0)
     span = 1 + (M - 1) * sM + (R - 1) * sR + (K - 1) * sK
     tile = cfg["tile"]
     if K == 1:
@@ -246,7 +240,6 @@ def _launch(x, y, plan, op, acc_dtype, scale):
         block_k = min(next_pow2(K), max(cfg["max_k"], tile_o // next_pow2(R)))
         block_r = min(next_pow2(R), max(tile_o // block_k, 1))
         grid0, step = M * cdiv(K, block_k), block_r
-    target = _target_programs(x.device)
     split, r_per = 1, R
     if grid0 < target and R > step * cfg["min_iters"]:
         split = min(cdiv(target, grid0), cdiv(R, step * cfg["min_iters"]), cfg["max_split"])
@@ -255,22 +248,38 @@ def _launch(x, y, plan, op, acc_dtype, scale):
             split = cdiv(R, r_per)
     # int64 offsets only when some offset can pass 2**31 (input span, or the workspace)
     big = int(max(span, split * M * K) >= _INT64_FROM)
-    dst = y if split == 1 else torch.empty((split, M * K), dtype=acc_dtype, device=x.device)
-    s = scale if split == 1 else 1.0
-    hs = has_scale if split == 1 else 0
+    last = split == 1
+    s = scale if last else 1.0
+    hs = int(scale != 1.0) if last else 0
     if K == 1:
         nw = max(1, min(8, block_m * block_r // 512))
-        consts = (op, acc, is_float, hs, big, block_m, block_r)
-        _launcher(reduce_inner, consts)[(grid0, split)](x, dst, M, R, sM, sR, r_per, s, *consts, num_warps=nw)
+        args = (M, R, sM, sR, r_per, s, op, acc, is_float, hs, big, block_m, block_r)
+        steps = [(reduce_inner, (grid0, split), 0, 1 if last else 2, args, nw)]
     else:
         nw = max(1, min(8, block_r * block_k // 512))
-        consts = (op, acc, is_float, hs, big, block_r, block_k)
-        _launcher(reduce_outer, consts)[(grid0, split)](x, dst, M, R, K, sM, sR, sK, r_per, s, *consts,
-                                                        num_warps=nw)
-    if split > 1:
-        # second stage: [split, M*K] reduced over split, K = M*K contiguous
-        n = M * K
-        _launch(dst, y, (1, 0, split, n, 1, 0) if n == 1 else (1, 0, split, n, n, 1), op, acc_dtype, scale)
+        args = (M, R, K, sM, sR, sK, r_per, s, op, acc, is_float, hs, big, block_r, block_k)
+        steps = [(reduce_outer, (grid0, split), 0, 1 if last else 2, args, nw)]
+    if last:
+        return steps, None
+    # second stage: the [split, M*K] workspace reduced over split (K = M*K, contiguous)
+    n = M * K
+    plan2 = (1, 0, split, n, 1, 0) if n == 1 else (1, 0, split, n, n, 1)
+    steps2, ws2 = _schedule(plan2, op, acc_dtype, scale, target)
+    if ws2 is not None:  # cannot happen with max_split <= the second stage's tile; keep it honest
+        raise Unsupported("three-stage reduction")
+    return steps + [(k, g, 2, d, a, w) for k, g, _, d, a, w in steps2], (split, n)
+
+
+def _run(steps, ws_shape, x, y, acc_dtype):
+    bufs = (x, y, None if ws_shape is None else torch.empty(ws_shape, dtype=acc_dtype, device=x.device))
+    for k, grid, src, dst, args, nw in steps:
+        k[grid](bufs[src], bufs[dst], *args, num_warps=nw)
+
+
+def _launch(x, y, plan, op, acc_dtype, scale):
+    """Reduce x (read through `plan`) into the contiguous y (M*K elements), splitting R if needed."""
+    steps, ws = _schedule(plan, op, acc_dtype, scale, _target_programs(x.device))
+    _run(steps, ws, x, y, acc_dtype)
 
 
 def _runs(dims):
@@ -313,25 +322,53 @@ def _acc_dtype(out_dtype):
     return torch.float32 if out_dtype.is_floating_point else torch.int64
 
 
-def _reduce(x, dims, keepdim, out_dtype, op, out=None, mean=False):
+# per-call recipes for the common case (the plan reads the input as it is): one dict lookup replaces
+# dim wrapping, planning and scheduling on the host path
+_RECIPES: dict = {}
+_MAX_RECIPES = 4096
+
+
+def _recipe(x, dims, keepdim, out_dtype, op, mean):
     nd = x.dim()
     if isinstance(dims, int):
         dims = [dims]
     dl = wrap_dims(dims, nd)
     rset = set(dl) if nd else set()
     shape = _out_shape(x.shape, rset, keepdim) if nd else []
-    y = prepare_out(out, shape, out_dtype, x.device)
-    if y.numel() == 0:
-        return y
     count = 1
     for d in rset:
         count *= x.shape[d]
+    acc = _acc_dtype(out_dtype)
+    scale = 1.0 / count if mean and count else 1.0
+    sched = None
+    if x.numel() and math.prod(shape):
+        plan = _plan(x.shape, x.stride(), rset)
+        if plan is not None:
+            sched = _schedule(plan, op, acc, scale, _target_programs(x.device))
+    return shape, sorted(rset), acc, scale, sched
+
+
+def _reduce(x, dims, keepdim, out_dtype, op, out=None, mean=False):
+    key = (x.shape, x.stride(), dims if dims.__class__ is not list else tuple(dims), keepdim, out_dtype, op, mean,
+           x.device)
+    rec = _RECIPES.get(key)
+    if rec is None:
+        rec = _recipe(x, dims, keepdim, out_dtype, op, mean)
+        if len(_RECIPES) >= _MAX_RECIPES:
+            _RECIPES.clear()
+        _RECIPES[key] = rec
+    shape, rdims, acc, scale, sched = rec
+    y = prepare_out(out, shape, out_dtype, x.device)
+    if sched is not None:
+        _run(sched[0], sched[1], x, y, acc)
+        return y
+    if y.numel() == 0:
+        return y
     if x.numel() == 0:
         # every output reduces an empty set: 0 for sum, 0/0 for mean (amax raised before this)
         y.fill_(float("nan") if mean else 0)
         return y
-    acc = _acc_dtype(out_dtype)
-    _reduce_into(x, sorted(rset), y, op, acc, 1.0 / count if mean else 1.0)
+    _reduce_into(x, rdims, y, op, acc, scale)
     return y
 
 
@@ -339,10 +376,8 @@ def _sum_dtype(x, dtype):
     if dtype is None:
         return torch.int64 if (x.dtype == torch.bool or not x.dtype.is_floating_point) else x.dtype
     if dtype.is_complex or dtype == torch.bool:
-        from ..registry import Unsupported
         raise Unsupported(f"sum to {dtype}")
     if x.dtype.is_floating_point and not dtype.is_floating_point:
-        from ..registry import Unsupported
         raise Unsupported("float input summed as integers")
     return dtype
 

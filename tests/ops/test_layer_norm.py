@@ -49,7 +49,7 @@ def test_layouts_and_offsets(dtype):
 
 
 def test_int64_offsets_path(monkeypatch):
-    monkeypatch.setattr(ln_mod, "_INT64_FROM", 0)
+    monkeypatch.setattr(ln_mod, "_INT64_FROM", 0)  # (the dw/db column sums keep their own threshold)
     for shape, ns in [((7, 33), (33,)), ((3, 1100), (1100,))]:
         x = make(shape)
         w, b = make(ns), make(ns)

@@ -84,9 +84,21 @@ def test_permuted_and_split_paths(dtype):
     _check(torch.sum, (make((9, 1), dtype).expand(9, 500), 0), dtype=dtype, served_ops=["sum.dim_IntList"])
 
 
-def test_int64_offsets_path(monkeypatch):
-    # the GPU switches to int64 offsets past 2**31 elements; run that code path on small inputs
+@pytest.fixture
+def int64_offsets(monkeypatch):
+    """Lower the int64-offset threshold to 0 (schedules are cached: clear them on both sides)."""
+    def clear():
+        reduction._schedule.cache_clear()
+        reduction._RECIPES.clear()
+    clear()
     monkeypatch.setattr(reduction, "_INT64_FROM", 0)
+    yield
+    monkeypatch.undo()
+    clear()
+
+
+def test_int64_offsets_path(int64_offsets):
+    # the GPU switches to int64 offsets past 2**31 elements; run that code path on small inputs
     x = make((50, 70))
     for fn, name in OPS.values():
         _check(fn, (x, 0), dtype=torch.float32, served_ops=[name])
