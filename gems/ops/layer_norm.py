@@ -253,6 +253,21 @@ def _check_param(p, ns, x, what):
         raise Unsupported(f"{what} on another device")
 
 
+@functools.lru_cache(maxsize=1024)
+def _fwd_geometry(M, N, sx, has_w, has_b, int64_from):
+    """(grid, constexprs, num_warps) of the forward: pure ints, cached off the host path."""
+    cfg = _cfg()
+    block_n = next_pow2(N)
+    single = int(block_n <= cfg["max_n"])
+    if single:
+        block_m = min(next_pow2(M), max(1, cfg["tile"] // block_n))
+    else:
+        block_n, block_m = cfg["max_n"], 1
+    big = int(max(M * max(sx, N), M * N) >= int64_from)
+    consts = (int(has_w), int(has_b), single, big, block_m, block_n)
+    return (cdiv(M, block_m),), consts, _warps(block_m * block_n)
+
+
 def _forward(x, normalized_shape, weight, bias, eps, outs=(None, None, None)):
     M, N, axis = _split(x, normalized_shape)
     if N == 0:
@@ -269,17 +284,8 @@ def _forward(x, normalized_shape, weight, bias, eps, outs=(None, None, None)):
     xv, sx = _rows(x, M, N)
     weight = weight.contiguous() if weight is not None else None
     bias = bias.contiguous() if bias is not None else None
-    cfg = _cfg()
-    block_n = next_pow2(N)
-    single = int(block_n <= cfg["max_n"])
-    if single:
-        block_m = min(next_pow2(M), max(1, cfg["tile"] // block_n))
-    else:
-        block_n, block_m = cfg["max_n"], 1
-    big = int(max(M * max(sx, N), x.numel()) >= _INT64_FROM)
-    consts = (int(weight is not None), int(bias is not None), single, big, block_m, block_n)
-    layer_norm_fwd[(cdiv(M, block_m),)](
-        xv, weight, bias, y, mean, rstd, M, N, sx, float(eps), *consts, num_warps=_warps(block_m * block_n))
+    grid, consts, nw = _fwd_geometry(M, N, sx, weight is not None, bias is not None, _INT64_FROM)
+    layer_norm_fwd[grid](xv, weight, bias, y, mean, rstd, M, N, sx, float(eps), *consts, num_warps=nw)
     return y, mean, rstd
 
 
