@@ -1,0 +1,265 @@
+"""Binary pointwise ops: remainder, fmod, pow, maximum/minimum, fmax/fmin, hypot, comparisons,
+logical and bitwise ops, shifts — declared through gems.codegen (every ATen overload variant).
+
+Bodies get operands in the compute dtype (fp32 for fp16/bf16/fp32, the promoted integer type for
+integers, int1 for bool). isclose is CompositeImplicit in ATen (built from the ops here): not declared.
+"""
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from ..codegen import pointwise
+from ..registry import FLOATS, INTS
+from ..runtime.backend import backend
+
+NUMERIC = FLOATS + INTS
+ALL = FLOATS + INTS + (torch.bool,)
+BITS = INTS + (torch.bool,)
+# libdevice does not exist in the interpreter: bodies that need it branch on this at compile time
+_GPU: tl.constexpr = tl.constexpr(backend().name != "interpreter")
+
+
+# ---- division-like ---------------------------------------------------------------------------
+
+@triton.jit
+def _remainder(a, b):
+    """Python-style remainder: fmod(a, b), moved by b when its sign differs from b's (ATen's rule)."""
+    m = a % b                                   # fmod / srem (sign of a) on the GPU and the interpreter
+    return tl.where((m != 0) & ((m < 0) != (b < 0)), m + b, m)
+
+
+@triton.jit
+def _fmod(a, b):
+    """C fmod / integer remainder with the sign of the dividend"""
+    return a % b
+
+
+# ---- pow -------------------------------------------------------------------------------------
+
+@triton.jit
+def _pow_float(a, b):
+    if _GPU:
+        return libdevice.pow(a, b)
+    else:
+        # the interpreter: exp2(b * log2|a|) in fp64 (numpy), C pow's special cases by hand
+        a64 = a.to(tl.float64)
+        b64 = b.to(tl.float64)
+        mag = tl.exp2(b64 * tl.log2(tl.abs(a64)))
+        b_int = tl.floor(b64) == b64
+        odd = tl.floor(b64 * 0.5) * 2.0 != b64
+        neg = tl.where(b_int, tl.where(odd, -mag, mag), tl.where(tl.abs(b64) == float("inf"), mag, float("nan")))
+        r = tl.where(tl.where(a64 == 0, 1.0 / a64 < 0, a64 < 0), neg, mag)   # -0.0 counts as negative
+        r = tl.where(a64 == -1, tl.where(tl.abs(b64) == float("inf"), 1.0, r), r)
+        r = tl.where(b64 == 0, 1.0, r)
+        r = tl.where(a64 == 1, 1.0, r)
+        return r.to(a.dtype)
+
+
+@triton.jit
+def _pow(a, b):
+    """self ** exponent (exponents 2, 3, 0.5, -1 computed exactly like ATen's special cases)"""
+    if a.dtype.is_floating():
+        g = _pow_float(a, b)
+        g = tl.where(b == 2.0, a * a, g)
+        g = tl.where(b == 3.0, a * a * a, g)
+        g = tl.where(b == 0.5, tl.sqrt_rn(a), g)
+        g = tl.where(b == -1.0, 1.0 / a, g)
+        return g
+    else:
+        # integers by squaring; negative exponents: 1 ** e = 1, (-1) ** e = +-1, else 0 (ATen)
+        r = tl.full(a.shape, 1, a.dtype) if len(a.shape) else a * 0 + 1
+        base = a
+        e = b
+        for _ in tl.static_range(6):             # |e| < 64 covers every non-overflowing case but |a| <= 1
+            r = tl.where((e & 1) != 0, r * base, r)
+            base = base * base
+            e = e >> 1
+        # larger exponents only matter for |a| <= 1: 0, 1, -1
+        big = b >= 64
+        r = tl.where(big, tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0)), r)
+        neg = b < 0
+        r = tl.where(neg, tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0)), r)
+        return r
+
+
+# ---- min / max ------------------------------------------------------------------------------
+
+@triton.jit
+def _maximum(a, b):
+    """max(self, other), NaN if either is NaN"""
+    if a.dtype.is_floating():
+        return tl.where((a != a) | (b != b), a + b, tl.where(a > b, a, b))
+    else:
+        return tl.where(a > b, a, b)
+
+
+@triton.jit
+def _minimum(a, b):
+    """min(self, other), NaN if either is NaN"""
+    if a.dtype.is_floating():
+        return tl.where((a != a) | (b != b), a + b, tl.where(a < b, a, b))
+    else:
+        return tl.where(a < b, a, b)
+
+
+@triton.jit
+def _fmax(a, b):
+    """max(self, other) ignoring a NaN operand (NaN only when both are)"""
+    return tl.where((a > b) | (b != b), a, b)
+
+
+@triton.jit
+def _fmin(a, b):
+    """min(self, other) ignoring a NaN operand (NaN only when both are)"""
+    return tl.where((a < b) | (b != b), a, b)
+
+
+@triton.jit
+def _hypot(a, b):
+    """sqrt(self^2 + other^2) without overflow: m * sqrt(1 + (n/m)^2), m = max(|a|,|b|); inf wins over NaN"""
+    x = tl.abs(a)
+    y = tl.abs(b)
+    m = tl.maximum(x, y)
+    n = tl.minimum(x, y)
+    q = tl.where(m == 0, 0.0, n / m)
+    r = m * tl.sqrt_rn(1.0 + q * q)
+    r = tl.where((x != x) | (y != y), a + b, r)
+    return tl.where((x == float("inf")) | (y == float("inf")), float("inf"), r)
+
+
+# ---- comparisons, logical, bitwise ----------------------------------------------------------
+
+@triton.jit
+def _eq(a, b):
+    return a == b
+
+
+@triton.jit
+def _ne(a, b):
+    return a != b
+
+
+@triton.jit
+def _lt(a, b):
+    return a < b
+
+
+@triton.jit
+def _le(a, b):
+    return a <= b
+
+
+@triton.jit
+def _gt(a, b):
+    return a > b
+
+
+@triton.jit
+def _ge(a, b):
+    return a >= b
+
+
+@triton.jit
+def _logical_and(a, b):
+    return (a != 0) & (b != 0)
+
+
+@triton.jit
+def _logical_or(a, b):
+    return (a != 0) | (b != 0)
+
+
+@triton.jit
+def _logical_xor(a, b):
+    return (a != 0) != (b != 0)
+
+
+@triton.jit
+def _bitwise_and(a, b):
+    return a & b
+
+
+@triton.jit
+def _bitwise_or(a, b):
+    return a | b
+
+
+@triton.jit
+def _bitwise_xor(a, b):
+    return a ^ b
+
+
+@triton.jit
+def _lshift(a, b):
+    """self << other; shifts outside [0, bits) give 0 (ATen)"""
+    BITS: tl.constexpr = a.dtype.primitive_bitwidth
+    ok = (b >= 0) & (b < BITS)
+    return tl.where(ok, a << tl.where(ok, b, 0), 0)
+
+
+@triton.jit
+def _rshift(a, b):
+    """self >> other (arithmetic for signed types); shifts outside [0, bits) give the sign fill (ATen)"""
+    BITS: tl.constexpr = a.dtype.primitive_bitwidth
+    ok = (b >= 0) & (b < BITS)
+    return a >> tl.where(ok, b, BITS - 1) if a.dtype.is_int_signed() else tl.where(ok, a >> tl.where(ok, b, 0), 0)
+
+
+def _variants(base, *ovs, inplace=(), scalar_out=True):
+    return tuple(f"{base}.{o}" for o in ovs) + tuple(f"{base}_.{o}" for o in inplace)
+
+
+def _no_bool(self, other, *args, **kwargs):
+    for a in (self, other):
+        if a.__class__ is bool or (isinstance(a, torch.Tensor) and a.dtype == torch.bool):
+            return "bool operand"
+    return None
+
+
+remainder = pointwise(*_variants("remainder", "Tensor", "Scalar", "Scalar_Tensor", "Tensor_out", "Scalar_out",
+                                 "Scalar_Tensor_out", inplace=("Tensor", "Scalar")),
+                      body=_remainder, dtypes=NUMERIC, check=_no_bool)
+fmod = pointwise(*_variants("fmod", "Tensor", "Scalar", "Tensor_out", "Scalar_out", inplace=("Tensor", "Scalar")),
+                 body=_fmod, dtypes=NUMERIC, check=_no_bool)
+# pow: floats only (integer pow is served too, but only for integer tensors with integer exponents)
+pow = pointwise(*_variants("pow", "Tensor_Tensor", "Tensor_Scalar", "Scalar", "Tensor_Tensor_out",
+                           "Tensor_Scalar_out", "Scalar_out", inplace=("Tensor", "Scalar")),
+                operands=("self", "exponent"), body=_pow, dtypes=NUMERIC, check=_no_bool)
+maximum = pointwise("maximum", "maximum.out", body=_maximum, dtypes=ALL)
+minimum = pointwise("minimum", "minimum.out", body=_minimum, dtypes=ALL)
+fmax = pointwise("fmax", "fmax.out", body=_fmax, dtypes=NUMERIC)
+fmin = pointwise("fmin", "fmin.out", body=_fmin, dtypes=NUMERIC)
+hypot = pointwise("hypot", "hypot.out", "hypot_", body=_hypot, dtypes=FLOATS)
+
+_CMP = {}
+for _name, _body in (("eq", _eq), ("ne", _ne), ("lt", _lt), ("le", _le), ("gt", _gt), ("ge", _ge)):
+    _CMP[_name] = pointwise(*_variants(_name, "Tensor", "Scalar", "Tensor_out", "Scalar_out",
+                                       inplace=("Tensor", "Scalar")),
+                            body=_body, promotion="always_bool", dtypes=ALL)
+eq, ne, lt, le, gt, ge = (_CMP[n] for n in ("eq", "ne", "lt", "le", "gt", "ge"))
+
+logical_and = pointwise("logical_and", "logical_and.out", "logical_and_", body=_logical_and,
+                        promotion="always_bool", dtypes=ALL)
+logical_or = pointwise("logical_or", "logical_or.out", "logical_or_", body=_logical_or,
+                       promotion="always_bool", dtypes=ALL)
+logical_xor = pointwise("logical_xor", "logical_xor.out", "logical_xor_", body=_logical_xor,
+                        promotion="always_bool", dtypes=ALL)
+
+_BIT = {}
+for _name, _body in (("bitwise_and", _bitwise_and), ("bitwise_or", _bitwise_or), ("bitwise_xor", _bitwise_xor)):
+    _BIT[_name] = pointwise(*_variants(_name, "Tensor", "Scalar", "Scalar_Tensor", "Tensor_out", "Scalar_out",
+                                       "Scalar_Tensor_out", inplace=("Tensor", "Scalar")),
+                            body=_body, dtypes=BITS)
+bitwise_and, bitwise_or, bitwise_xor = _BIT["bitwise_and"], _BIT["bitwise_or"], _BIT["bitwise_xor"]
+
+bitwise_left_shift = pointwise(
+    *_variants("bitwise_left_shift", "Tensor", "Tensor_Scalar", "Scalar_Tensor", "Tensor_out", "Tensor_Scalar_out",
+               "Scalar_Tensor_out", inplace=("Tensor", "Tensor_Scalar")),
+    "__lshift__.Tensor", "__lshift__.Scalar", "__lshift__.Tensor_out", "__lshift__.Scalar_out",
+    "__ilshift__.Tensor", "__ilshift__.Scalar", body=_lshift, dtypes=INTS)
+bitwise_right_shift = pointwise(
+    *_variants("bitwise_right_shift", "Tensor", "Tensor_Scalar", "Scalar_Tensor", "Tensor_out",
+               "Tensor_Scalar_out", "Scalar_Tensor_out", inplace=("Tensor", "Tensor_Scalar")),
+    "__rshift__.Tensor", "__rshift__.Scalar", "__rshift__.Tensor_out", "__rshift__.Scalar_out",
+    "__irshift__.Tensor", "__irshift__.Scalar", body=_rshift, dtypes=INTS)
