@@ -26,7 +26,8 @@ _GPU: tl.constexpr = tl.constexpr(backend().name != "interpreter")
 def _remainder(a, b):
     """Python-style remainder: fmod(a, b), moved by b when its sign differs from b's (ATen's rule)."""
     m = a % b                                   # fmod / srem (sign of a) on the GPU and the interpreter
-    return tl.where((m != 0) & ((m < 0) != (b < 0)), m + b, m)
+    # nested where, not `&`: a scalar operand's bool cannot be and-ed with a block in the interpreter
+    return tl.where(m != 0, tl.where((m < 0) != (b < 0), m + b, m), m)
 
 
 @triton.jit
@@ -89,7 +90,7 @@ def _pow(a, b):
 def _maximum(a, b):
     """max(self, other), NaN if either is NaN"""
     if a.dtype.is_floating():
-        return tl.where((a != a) | (b != b), a + b, tl.where(a > b, a, b))
+        return tl.where(a != a, a, tl.where(b != b, b, tl.where(a > b, a, b)))
     else:
         return tl.where(a > b, a, b)
 
@@ -98,7 +99,7 @@ def _maximum(a, b):
 def _minimum(a, b):
     """min(self, other), NaN if either is NaN"""
     if a.dtype.is_floating():
-        return tl.where((a != a) | (b != b), a + b, tl.where(a < b, a, b))
+        return tl.where(a != a, a, tl.where(b != b, b, tl.where(a < b, a, b)))
     else:
         return tl.where(a < b, a, b)
 
@@ -106,13 +107,13 @@ def _minimum(a, b):
 @triton.jit
 def _fmax(a, b):
     """max(self, other) ignoring a NaN operand (NaN only when both are)"""
-    return tl.where((a > b) | (b != b), a, b)
+    return tl.where(b != b, a, tl.where(a > b, a, b))
 
 
 @triton.jit
 def _fmin(a, b):
     """min(self, other) ignoring a NaN operand (NaN only when both are)"""
-    return tl.where((a < b) | (b != b), a, b)
+    return tl.where(b != b, a, tl.where(a < b, a, b))
 
 
 @triton.jit
@@ -124,8 +125,8 @@ def _hypot(a, b):
     n = tl.minimum(x, y)
     q = tl.where(m == 0, 0.0, n / m)
     r = m * tl.sqrt_rn(1.0 + q * q)
-    r = tl.where((x != x) | (y != y), a + b, r)
-    return tl.where((x == float("inf")) | (y == float("inf")), float("inf"), r)
+    r = tl.where(x != x, x, tl.where(y != y, y, r))
+    return tl.where(x == float("inf"), x, tl.where(y == float("inf"), y, r))
 
 
 # ---- comparisons, logical, bitwise ----------------------------------------------------------
@@ -194,7 +195,7 @@ def _bitwise_xor(a, b):
 def _lshift(a, b):
     """self << other; shifts outside [0, bits) give 0 (ATen)"""
     BITS: tl.constexpr = a.dtype.primitive_bitwidth
-    ok = (b >= 0) & (b < BITS)
+    ok = tl.where(b >= 0, b < BITS, False)
     return tl.where(ok, a << tl.where(ok, b, 0), 0)
 
 
@@ -202,7 +203,7 @@ def _lshift(a, b):
 def _rshift(a, b):
     """self >> other (arithmetic for signed types); shifts outside [0, bits) give the sign fill (ATen)"""
     BITS: tl.constexpr = a.dtype.primitive_bitwidth
-    ok = (b >= 0) & (b < BITS)
+    ok = tl.where(b >= 0, b < BITS, False)
     return a >> tl.where(ok, b, BITS - 1) if a.dtype.is_int_signed() else tl.where(ok, a >> tl.where(ok, b, 0), 0)
 
 
