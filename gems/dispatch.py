@@ -145,10 +145,18 @@ def _after_error(impl, exc, call_orig, keyset, args, kwargs):
     reason = f"gems error: {type(exc).__name__}"
     impl.counts[1] += 1
     impl.reasons[reason] = impl.reasons.get(reason, 0) + 1
+    # A failing implementation (a kernel that does not compile on this GPU, say) would fail, and be
+    # retried, on every call: stop serving this overload for the rest of the process instead.
+    disabled = f"disabled after {type(exc).__name__}"
+
+    def _disabled(*_a, **_k):
+        raise Unsupported(disabled)
+    impl.fn = _disabled
     if impl.name not in _warned:
         _warned.add(impl.name)
-        warnings.warn(f"gems: aten::{impl.name} raised {type(exc).__name__}: {exc}; ATen served the call "
-                      f"(counted in gems.stats()). Please report this.", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"gems: aten::{impl.name} raised {type(exc).__name__}: {str(exc)[:500]}; ATen served the "
+                      f"call and serves aten::{impl.name} from now on (counted in gems.stats()). Please report "
+                      f"this.", RuntimeWarning, stacklevel=3)
     return out
 
 

@@ -97,7 +97,7 @@ def assert_close(out, ref, dtype, aten=None, rtol=None, atol=None, msg=""):
     atol = a0 if atol is None else atol
     for i, (o, r, a) in enumerate(zip(outs, refs, atens)):
         assert tuple(o.shape) == tuple(r.shape), f"{msg}[{i}]: shape {tuple(o.shape)} vs {tuple(r.shape)}"
-        o = o.detach().cpu()
+        o, r = o.detach().cpu(), r.detach().cpu()
         if not r.is_floating_point():
             assert o.dtype == r.dtype, f"{msg}[{i}]: dtype {o.dtype} vs {r.dtype}"
             assert torch.equal(o, r), f"{msg}[{i}]: integer results differ"

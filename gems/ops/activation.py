@@ -10,10 +10,12 @@ from ..codegen import pointwise
 from ..codegen.tlmath import sigmoid, tanh
 from ..registry import FLOATS, INTS
 
-_SQRT1_2 = 0.7071067811865476
-_SQRT_2_PI = 0.7978845608028654      # sqrt(2 / pi)
-_INV_SQRT_2PI = 0.3989422804014327   # 1 / sqrt(2 pi)
-_KAPPA = 0.044715
+# module constants read inside @triton.jit bodies must be tl.constexpr: the GPU compiler rejects
+# plain globals (the interpreter does not, so tests/core/test_kernel_globals.py checks it on CPU)
+_SQRT1_2 = tl.constexpr(0.7071067811865476)
+_SQRT_2_PI = tl.constexpr(0.7978845608028654)      # sqrt(2 / pi)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)   # 1 / sqrt(2 pi)
+_KAPPA = tl.constexpr(0.044715)
 _GELU_MODES = ("none", "tanh")
 
 

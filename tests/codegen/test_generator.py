@@ -114,7 +114,7 @@ def test_two_outputs_direct_call_and_strided():
     a, b = make((5, 7)), make((7, 5)).t()
     s, d = _two(a, b)
     assert_close([s, d], [a.double() + b.double(), a.double() - b.double()], torch.float32)
-    o1, o2 = torch.empty(5, 7), torch.empty(5, 7)
+    o1, o2 = torch.empty(5, 7, device=DEVICE), torch.empty(5, 7, device=DEVICE)
     r = _two(a, b, out=[o1, o2])
     assert r[0] is o1 and r[1] is o2
     assert_close([o1, o2], [a.double() + b.double(), a.double() - b.double()], torch.float32)

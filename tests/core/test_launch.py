@@ -4,6 +4,7 @@ import triton
 import triton.language as tl
 
 from gems.runtime.launch import LaunchCache, binary_key
+from harness import DEVICE
 
 
 def test_constexprs_key_by_value_runtime_args_by_specialization():
@@ -31,7 +32,7 @@ def _scale(X, Y, n, s, BLOCK: tl.constexpr):
 def test_launch_cache_runs_kernels():
     k = LaunchCache(_scale)
     assert k.interpreted or k._constexpr_pos == frozenset({4})
-    x = torch.randn(100)
-    y = torch.full((100,), float("nan"))
+    x = torch.randn(100, device=DEVICE)
+    y = torch.full((100,), float("nan"), device=DEVICE)
     k[(triton.cdiv(100, 32),)](x, y, 100, 3.0, 32)
     torch.testing.assert_close(y, x * 3.0)

@@ -313,7 +313,7 @@ def test_direct_wrappers_cover_binary_semantics():
     assert torch.equal(mul(xi, 3), xi * 3) and mul(xi, 3).dtype == torch.int32
     assert div(xi, yi).dtype == torch.float32
     with pytest.warns(UserWarning, match="resized"):
-        o = _direct("add.out")(a, b, out=torch.empty(2))
+        o = _direct("add.out")(a, b, out=torch.empty(2, device=DEVICE))
     assert_close(o, to_ref(a) + to_ref(b), torch.float32)
 
 

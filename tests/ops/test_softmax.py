@@ -54,11 +54,11 @@ def test_backward(shape, dim, dtype, log):
 
 def test_out_variant_and_errors():
     x = make((4, 9))
-    out = torch.full((4, 9), float("nan"))
+    out = torch.full((4, 9), float("nan"), device=DEVICE)
     with gems.use_gems():
         torch._softmax(x, 1, False, out=out)
         torch.testing.assert_close(out.double(), torch.softmax(x.double(), 1))
-        wrong = torch.full((2,), float("nan"))
+        wrong = torch.full((2,), float("nan"), device=DEVICE)
         with pytest.warns(UserWarning, match="resized"):
             torch._softmax(x, 1, False, out=wrong)
         assert wrong.shape == (4, 9)
