@@ -1,0 +1,158 @@
+"""Binary pointwise ops (gems/ops/binary.py) against ATen in float64: one table, shared checks for
+layouts, broadcast, 0-dim, empty, Python scalars, out=, in-place, NaN/Inf, integer signs, fallbacks."""
+import pytest
+import torch
+
+import gems
+from harness import DEVICE, assert_close, check_op, dtype_params, layouts, make, served, to_ref
+
+POS = dict(low=0.2, high=3.0)
+# name: (fn, overload served for two tensors, input kwargs for make)
+FLOAT_OPS = {
+    "remainder": (torch.remainder, "remainder.Tensor", {}),
+    "fmod": (torch.fmod, "fmod.Tensor", {}),
+    "pow": (torch.pow, "pow.Tensor_Tensor", POS),
+    "maximum": (torch.maximum, "maximum.default", {}),
+    "minimum": (torch.minimum, "minimum.default", {}),
+    "fmax": (torch.fmax, "fmax.default", {}),
+    "fmin": (torch.fmin, "fmin.default", {}),
+    "hypot": (torch.hypot, "hypot.default", {}),
+    "eq": (torch.eq, "eq.Tensor", {}), "ne": (torch.ne, "ne.Tensor", {}), "lt": (torch.lt, "lt.Tensor", {}),
+    "le": (torch.le, "le.Tensor", {}), "gt": (torch.gt, "gt.Tensor", {}), "ge": (torch.ge, "ge.Tensor", {}),
+    "logical_and": (torch.logical_and, "logical_and.default", {}),
+    "logical_or": (torch.logical_or, "logical_or.default", {}),
+    "logical_xor": (torch.logical_xor, "logical_xor.default", {}),
+}
+INT_OPS = {
+    "remainder": (torch.remainder, "remainder.Tensor"), "fmod": (torch.fmod, "fmod.Tensor"),
+    "maximum": (torch.maximum, "maximum.default"), "minimum": (torch.minimum, "minimum.default"),
+    "eq": (torch.eq, "eq.Tensor"), "lt": (torch.lt, "lt.Tensor"), "ge": (torch.ge, "ge.Tensor"),
+    "bitwise_and": (torch.bitwise_and, "bitwise_and.Tensor"), "bitwise_or": (torch.bitwise_or, "bitwise_or.Tensor"),
+    "bitwise_xor": (torch.bitwise_xor, "bitwise_xor.Tensor"),
+    "logical_xor": (torch.logical_xor, "logical_xor.default"),
+}
+
+
+def _pairs(dtype, kw):
+    out = [(n, x, make((6, 19), dtype, **kw)) for n, x in layouts((6, 19), dtype, **kw)]
+    out += [("row", make((6, 19), dtype, **kw), make((19,), dtype, **kw)),
+            ("col x row", make((6, 1), dtype, **kw), make((1, 19), dtype, **kw)),
+            ("0-dim", make((6, 19), dtype, **kw), make((), dtype, **kw)),
+            ("both 0-dim", make((), dtype, **kw), make((), dtype, **kw)),
+            ("a+a.T", make((8, 8), dtype, **kw), make((8, 8), dtype, **kw).t())]
+    return out
+
+
+@dtype_params()
+@pytest.mark.parametrize("op", sorted(FLOAT_OPS))
+def test_float_layouts_broadcast(op, dtype):
+    fn, name, kw = FLOAT_OPS[op]
+    for lname, x, y in _pairs(dtype, kw):
+        check_op(fn, (x, y), dtype=dtype, served_ops=[name])
+    with served(name), gems.use_gems():
+        e = fn(make((0, 4), dtype, **kw), make((4,), dtype, **kw))
+    assert e.shape == (0, 4) and e.dtype == fn(make((1,), dtype, **kw), make((1,), dtype, **kw)).dtype
+
+
+@pytest.mark.parametrize("dt", [torch.int32, torch.int64, torch.int8, torch.uint8, torch.bool])
+def test_integer_and_bool(dt):
+    lo = 0 if dt in (torch.uint8, torch.bool) else -20
+    x, y = make((5, 9), dt, low=lo, high=20), make((5, 9), dt, low=lo, high=20)
+    for op, (fn, name) in INT_OPS.items():
+        if dt == torch.bool and op in ("remainder", "fmod"):
+            continue   # ATen rejects bool remainder: checked below
+        check_op(fn, (x, y), dtype=dt, served_ops=[name])
+        check_op(fn, (x.t().contiguous().t(), y[:, :1]), dtype=dt, served_ops=[name])
+    if dt == torch.bool:
+        with gems.use_gems(), pytest.raises(RuntimeError):
+            torch.remainder(x, y)
+        return
+    # signs of integer remainder / fmod like ATen (Python vs C)
+    a = torch.tensor([7, -7, 7, -7, 6, -6], dtype=dt if dt != torch.uint8 else torch.int16).to(DEVICE)
+    b = torch.tensor([3, 3, -3, -3, 4, -4], dtype=a.dtype).to(DEVICE)
+    for fn, name in ((torch.remainder, "remainder.Tensor"), (torch.fmod, "fmod.Tensor")):
+        check_op(fn, (a, b), dtype=a.dtype, served_ops=[name])
+        check_op(fn, (a, 3), dtype=a.dtype, served_ops=[name.replace("Tensor", "Scalar")])
+    # shifts, in and out of range
+    if dt != torch.uint8:
+        s = torch.tensor([0, 1, 3, 7, 40, 70, -1], dtype=dt if dt == torch.int64 else torch.int64).to(DEVICE)
+        v = torch.tensor([5, -5, 3, -1, 1, -9, 6], dtype=s.dtype).to(DEVICE)
+        check_op(torch.bitwise_left_shift, (v, s), dtype=s.dtype, served_ops=["bitwise_left_shift.Tensor"])
+        check_op(torch.bitwise_right_shift, (v, s), dtype=s.dtype, served_ops=["bitwise_right_shift.Tensor"])
+    check_op(lambda t: t << 2, (x,), dtype=dt, served_ops=["__lshift__.Scalar"])
+    check_op(lambda t: t >> 1, (x,), dtype=dt, served_ops=["__rshift__.Scalar"])
+    # integer pow: non-negative exponents (negative integer powers are an ATen error)
+    e = make((5, 9), dt, low=0, high=4, nonzero=False)
+    check_op(torch.pow, (x.clamp(-3, 3) if dt != torch.uint8 else x % 4, e), dtype=dt,
+             served_ops=["pow.Tensor_Tensor"])
+
+
+@dtype_params()
+def test_scalars_and_pow_special_exponents(dtype):
+    x = make((5, 7), dtype)
+    p = make((5, 7), dtype, low=0.2, high=3)
+    for e in (2, 3, 0.5, -1, 2.5, -0.5, 0):
+        check_op(torch.pow, (p, e), dtype=dtype, served_ops=["pow.Tensor_Scalar"])
+    check_op(torch.pow, (x, 2), dtype=dtype, served_ops=["pow.Tensor_Scalar"])
+    check_op(torch.pow, (x.round(), 3.0), dtype=dtype, served_ops=["pow.Tensor_Scalar"])
+    check_op(torch.pow, (2.0, x), dtype=dtype, served_ops=["pow.Scalar"])
+    for fn, name in ((torch.eq, "eq.Scalar"), (torch.lt, "lt.Scalar"), (torch.ge, "ge.Scalar"),
+                     (torch.remainder, "remainder.Scalar"), (torch.fmod, "fmod.Scalar")):
+        check_op(fn, (x, 0.75), dtype=dtype, served_ops=[name])
+    check_op(lambda t: 1.5 % t, (x,), dtype=dtype, served_ops=["remainder.Scalar_Tensor"])
+
+
+def test_nan_inf_propagation():
+    v = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0, 0.0, -0.0, 3.0, float("nan"), -2.0, 1.0])
+    w = torch.tensor([1.0, float("inf"), 2.0, float("nan"), 0.0, 5.0, -float("inf"), float("nan"), 3.0, -1.0])
+    v, w = v.to(DEVICE), w.to(DEVICE)
+    for op, (fn, name, _) in FLOAT_OPS.items():
+        check_op(fn, (v, w), dtype=torch.float32, served_ops=[name])
+    for e in (0.0, float("nan"), 3.0, -3.0, 0.5, 2.0, -1.0, float("inf")):
+        check_op(torch.pow, (v, e), dtype=torch.float32, served_ops=["pow.Tensor_Scalar"])
+
+
+@dtype_params()
+def test_out_and_inplace(dtype):
+    x, y = make((4, 9), dtype), make((9,), dtype)
+    out = torch.full((4, 9), float("nan"), dtype=dtype, device=DEVICE)
+    with served("maximum.out"), gems.use_gems():
+        r = torch.maximum(x, y, out=out)
+    assert r is out
+    assert_close(out, torch.maximum(to_ref(x), to_ref(y)), dtype)
+    wrong = torch.ones(3, dtype=torch.bool, device=DEVICE)
+    with served("lt.Tensor_out"), gems.use_gems(), pytest.warns(UserWarning, match="resized"):
+        torch.lt(x, y, out=wrong)
+    assert torch.equal(wrong, x < y)
+    base = make((9, 4), dtype)
+    keep = base.clone()
+    a = base.t()
+    with served("remainder_.Tensor", "pow_.Scalar", "eq_.Scalar"), gems.use_gems():
+        a.remainder_(y).pow_(2)
+        c = x.clone().eq_(x[0, 0].item())
+    ref = torch.remainder(to_ref(keep.t()), to_ref(y)) ** 2
+    assert_close(a, ref, dtype, torch.remainder(keep.t(), y) ** 2)
+    assert torch.equal(c, (x == x[0, 0]).to(dtype))
+    with gems.use_gems(), pytest.raises(RuntimeError):
+        make((3,), dtype).pow_(make((2, 3), dtype))          # broadcast would grow self
+    with gems.use_gems(), pytest.raises(RuntimeError):
+        make((3,), torch.int32).remainder_(1.5)                # float result into an int tensor
+
+
+def test_fallbacks_counted_and_right():
+    x, y = make((4, 5), torch.float64), make((4, 5), torch.float64)
+    gems.reset_stats()
+    with gems.use_gems():
+        r = torch.maximum(x, y)
+        s = x.pow(2)
+    assert torch.equal(r, torch.maximum(x, y)) and torch.equal(s, x.pow(2))
+    st = gems.stats()
+    assert st["maximum.default"]["fallback"] == 1 and st["pow.Tensor_Scalar"]["fallback"] == 1
+
+
+def test_autograd_through_pow_maximum():
+    from harness import DTYPES, check_grad
+    for dtype in DTYPES:
+        a, b = make((5, 6), dtype, low=0.5, high=2.0), make((6,), dtype, low=0.5, high=2.0)
+        check_grad(lambda p, q: torch.maximum(p.pow(2), q) * p.pow(q), [a, b], dtype=dtype,
+                   served_ops=["pow.Tensor_Scalar", "maximum.default", "pow.Tensor_Tensor"])
