@@ -46,7 +46,7 @@ def main():
     r["LaunchCache hit"] = us(lambda: k[(1,)](x, out, 1024, 2.0, 1024))
     r["LaunchCache.run hit"] = us(lambda: k.run((1,), (x, out, 1024, 2.0, 1024)))
     r["triton jit launch"] = us(lambda: _scale[(1,)](x, out, 1024, 2.0, 1024))
-    ck = next(iter(k._cache.values()))
+    ck = next(iter(k._cache.values()))[0]
     s = torch._C._cuda_getCurrentRawStream(0)
     r["compiled.run direct"] = us(lambda: ck.run(1, 1, 1, s, ck.function, ck.packed_metadata, None, None, None,
                                                  x, out, 1024, 2.0, 1024))
@@ -74,7 +74,7 @@ def main():
             f()
         pr.disable()
         torch.cuda.synchronize()
-        pstats.Stats(pr).sort_stats("tottime").print_stats(12)
+        pstats.Stats(pr).sort_stats("tottime").print_stats(14)
     gems.disable()
 
 
