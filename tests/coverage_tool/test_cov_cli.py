@@ -60,6 +60,7 @@ def test_fail_under_gate(capsys):
     (["trace", "llama2", "--device", "tpu"], "unknown device"),
     (["trace", "llama2", "--fail-under", "150"], "between 0 and 100"),
     (["trace", "bert", "--mode", "generate"], "needs a causal LM"),
+    (["trace", "llama2", "--gems"], "cannot enable Gems for device meta"),
     (["report", "llama2", "--modes", "inference,serve"], "unknown mode 'serve'"),
     (["report", "nope"], "unknown model"),
     (["frobnicate"], "invalid choice"),
