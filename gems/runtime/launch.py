@@ -109,20 +109,24 @@ class LaunchCache:
         self.hits += 1
         n = len(grid)
         g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
-        kernel, launch, coop, pdl = entry
+        kernel, launch, function, coop, pdl, meta = entry
         stream = _get_stream(dev)
         rt = _knobs_runtime
-        enter = rt.launch_enter_hook
-        if launch is not None and enter is None and rt.launch_exit_hook is None:
+        # triton 3.6 keeps hooks as (usually empty) HookChain objects; older versions use None
+        enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+        if not getattr(enter, "calls", enter):
+            enter = None
+        if launch is not None and enter is None and not getattr(leave, "calls", leave):
             # the C launcher itself: CudaLauncher.__call__ only adds scratch allocation, and this
             # kernel needs none
-            launch(g0, g1, g2, stream, kernel.function, coop, pdl, None, None, *args)
+            # (grid, stream, function, cooperative, pdl, global/profile scratch, packed metadata,
+            # launch metadata, enter hook, exit hook, kernel args): the C signature Triton 3.6 generates
+            launch(g0, g1, g2, stream, function, coop, pdl, None, None, meta, None, None, None, *args)
         elif enter is None:
-            kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None,
-                       rt.launch_exit_hook, *args)
+            kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, leave, *args)
         else:  # a profiler is listening: give it what Triton would
             kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata,
-                       kernel.launch_metadata(grid, stream, *args), enter, rt.launch_exit_hook, *args)
+                       kernel.launch_metadata(grid, stream, *args), enter, leave, *args)
         return kernel
 
     def cache_info(self) -> dict:
@@ -130,12 +134,17 @@ class LaunchCache:
 
 
 def _entry(kernel):
-    """(kernel, C launcher or None, cooperative, pdl): direct launch when no scratch memory is needed."""
+    """(kernel, C launcher or None, function, cooperative, pdl, packed metadata).
+
+    The C launcher is called directly only when the kernel needs no scratch memory (what
+    CudaLauncher.__call__ would allocate) and the launcher is the plain one (no tensor descriptors)."""
     run = getattr(kernel, "run", None)
     launch = getattr(run, "launch", None)
-    if launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
-        return kernel, None, False, False
-    return kernel, launch, run.launch_cooperative_grid, run.launch_pdl
+    direct = (launch is not None and type(launch).__name__ == "builtin_function_or_method"
+              and not getattr(run, "global_scratch_size", 1) and not getattr(run, "profile_scratch_size", 1))
+    if not direct:
+        return kernel, None, None, False, False, None
+    return kernel, launch, kernel.function, run.launch_cooperative_grid, run.launch_pdl, kernel.packed_metadata
 
 
 _knobs_runtime = triton.knobs.runtime
