@@ -13,7 +13,12 @@ import triton.language as tl
 
 from ..registry import FLOATS, register
 from ..runtime import backend, kernel
+from ..runtime.autotune import Autotuner, bench_ms
 from .utils import cdiv, next_pow2, num_warps_for, prepare_out, wrap_dim
+
+# Warps per program for large single-tile rows: one warp count does not fit every row length and
+# dtype (16 warps leave 8 elements per thread at N=4096; 4-8 keep more loads in flight per thread).
+_TUNERS = {}
 
 
 @kernel
@@ -135,7 +140,8 @@ def _launch_fwd(x, dim, out_dtype, log, out=None):
         return y
     x = x.contiguous()
     M, N, K, bk, bn = _geometry(x.shape, dim)
-    softmax_fwd.run((M, cdiv(K, bk)), (x, y, N, K, log, bk, bn, N <= bn), num_warps_for(bk * bn))
+    grid, args = (M, cdiv(K, bk)), (x, y, N, K, log, bk, bn, N <= bn)
+    softmax_fwd.run(grid, args, _warps("fwd", x, M, bk, bn, lambda w: softmax_fwd.run(grid, args, w)))
     return y
 
 
@@ -147,8 +153,22 @@ def _launch_bwd(grad, y, dim, in_dtype, log, out=None):
         raise RuntimeError(f"grad_output shape {list(grad.shape)} does not match output shape {list(y.shape)}")
     grad, y = grad.contiguous(), y.contiguous()
     M, N, K, bk, bn = _geometry(y.shape, dim)
-    softmax_bwd.run((M, cdiv(K, bk)), (grad, y, dx, N, K, log, bk, bn, N <= bn), num_warps_for(bk * bn))
+    grid, args = (M, cdiv(K, bk)), (grad, y, dx, N, K, log, bk, bn, N <= bn)
+    softmax_bwd.run(grid, args, _warps("bwd", y, M, bk, bn, lambda w: softmax_bwd.run(grid, args, w)))
     return dx
+
+
+def _warps(which, x, M, bk, bn, launch):
+    """num_warps: the heuristic for small problems, tuned once per (rows bucket, tile, dtype) otherwise."""
+    block = bk * bn
+    guess = num_warps_for(block)
+    if M * block < (1 << 22) or not backend().can_benchmark:
+        return guess
+    tuner = _TUNERS.get(which)
+    if tuner is None:
+        tuner = _TUNERS[which] = Autotuner(f"softmax_{which}", [{"num_warps": w} for w in (4, 8, 16, 32)])
+    bucket = (next_pow2(M), bk, bn, str(x.dtype))
+    return tuner.pick(bucket, lambda c: bench_ms(lambda: launch(c["num_warps"])))["num_warps"]
 
 
 def _no_half_to_float_on_cpu(x, dim, half_to_float, **_):
