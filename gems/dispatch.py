@@ -127,12 +127,26 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
 def _boxed_with_numbers(name, call_boxed):
     from .codegen.numbers import numbers_to_tensors, tensor_positions
     positions = tensor_positions(registry._aten_overload(name)._schema)
-    if len(positions) <= 1:  # a lone Tensor argument is always `self`: never a number
+    if not positions:
         return call_boxed
+    if len(positions) == 1:
+        # ATen itself calls e.g. _to_copy on a wrapped number: as the only tensor it keeps the
+        # wrapped number's own dtype (double / int64 / bool)
+        (p,) = positions
+
+        def call_one(keyset, *args, **kwargs):
+            if len(args) > p and args[p].__class__ in _NUMBER_DTYPES:
+                args = list(args)
+                args[p] = torch.tensor(args[p], dtype=_NUMBER_DTYPES[args[p].__class__])
+            return call_boxed(keyset, *args, **kwargs)
+        return call_one
 
     def call(keyset, *args, **kwargs):
         return call_boxed(keyset, *numbers_to_tensors(args, positions), **kwargs)
     return call
+
+
+_NUMBER_DTYPES = {float: torch.float64, int: torch.int64, bool: torch.bool, complex: torch.complex128}
 
 
 def _after_error(impl, exc, call_orig, keyset, args, kwargs):

@@ -214,3 +214,12 @@ def test_python_numbers_reach_aten_as_tensors():
             got = call(ks, x, v)
             want = x * v
             assert got.dtype == want.dtype and torch.equal(got, want), (x.dtype, v)
+
+
+def test_lone_python_number_reaches_aten_as_tensor():
+    """ATen calls e.g. _to_copy on a wrapped number; the Python kernel receives a float as `self`."""
+    from gems.dispatch import _boxed_with_numbers
+    key = gems.backend().dispatch_key
+    call = _boxed_with_numbers("_to_copy.default", torch.library.get_kernel("aten::_to_copy", key).call_boxed)
+    got = call(torch._C.DispatchKeySet(key), 2.5, dtype=torch.float16)
+    assert got.dtype == torch.float16 and got.item() == 2.5
