@@ -318,6 +318,17 @@ def _round(x):
 
 
 @triton.jit
+def _round_dec(x, DECIMALS: tl.constexpr):
+    """ATen's round.decimals: d >= 0: rint(x * 10^d) / 10^d; d < 0: rint(x / 10^-d) * 10^-d"""
+    if DECIMALS >= 0:
+        p = 10.0 ** DECIMALS
+        return tl.math.div_rn(rint_f(x * p), tl.full(x.shape, p, tl.float32))
+    else:
+        p = 10.0 ** (-DECIMALS)
+        return rint_f(tl.math.div_rn(x, tl.full(x.shape, p, tl.float32))) * p
+
+
+@triton.jit
 def _trunc(x):
     """trunc(self); integers: self"""
     if x.dtype.is_floating():
@@ -396,6 +407,9 @@ erfinv = _unary("erfinv", _erfinv)
 floor = _unary("floor", _floor, "default", NUMERIC)
 ceil = _unary("ceil", _ceil, "default", NUMERIC)
 round_op = _unary("round", _round, "default", NUMERIC)
+# decimals is a compile-time constant: one kernel per distinct value (models use one or two)
+round_decimals = pointwise("round.decimals", "round.decimals_out", "round_.decimals", body=_round_dec,
+                           operands=("self",), constexprs=("decimals",), dtypes=FLOATS)
 trunc_ = _unary("trunc", _trunc, "default", NUMERIC)
 frac = _unary("frac", _frac, "default", FLOATS)
 # isnan.out, isinf, isfinite are CompositeExplicit/Implicit: only isnan.default has a backend kernel

@@ -124,7 +124,7 @@ def test_unary_special_points():
     check_op(torch.erfc, (t,), dtype=torch.float32, served_ops=["erfc"], atol=0, rtol=2e-6)
 
 
-@pytest.mark.parametrize("dt", [torch.int32, torch.int64, torch.int16, torch.uint8, torch.bool],
+@pytest.mark.parametrize("dt", [torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8, torch.bool],
                          ids=lambda d: str(d).split(".")[1])
 def test_unary_integer_and_bool_inputs(dt):
     lo, hi = (0, 5) if dt == torch.uint8 else (-5, 5)
@@ -174,6 +174,20 @@ def test_unary_out_and_inplace(op, dtype):
     assert r is view
     assert_close(view, fn(to_ref(keep.t()[:, ::2])), dtype, fn(keep.t()[:, ::2]))
     assert torch.equal(base.t()[:, 1::2], keep.t()[:, 1::2])
+
+
+@dtype_params()
+def test_round_decimals(dtype):
+    x = make((6, 19), dtype, low=-50, high=50)
+    for d in (0, 1, 2, -1):
+        check_op(lambda t: torch.round(t, decimals=d), (x,), dtype=dtype, served_ops=["round.decimals"])
+        check_op(lambda t: torch.round(t, decimals=d), (x.t(),), dtype=dtype, served_ops=["round.decimals"])
+    out = torch.full((6, 19), float("nan"), dtype=dtype, device=DEVICE)
+    with served("round.decimals_out", "round_.decimals"), gems.use_gems():
+        torch.round(x, decimals=1, out=out)
+        y = x.clone().round_(decimals=1)
+    assert_close(out, torch.round(to_ref(x), decimals=1), dtype, torch.round(x, decimals=1))
+    assert_close(y, torch.round(to_ref(x), decimals=1), dtype, torch.round(x, decimals=1))
 
 
 def test_round_via_abs_and_logical_not_composites():
