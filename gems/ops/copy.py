@@ -67,6 +67,7 @@ _copy_fn = copy.overloads["copy_"].fn
 _KEEP = (None, torch.preserve_format, torch.contiguous_format)
 
 
+@register("_to_copy", category="copy", dtypes=ALL)
 def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
     """self.to(dtype) as a fresh tensor (same device; preserve_format keeps dense strides, like ATen)"""
@@ -102,10 +103,3 @@ def _non_overlapping_dense(t):
         expect *= n
     return True
 
-
-# ATen converts wrapped numbers (`int8_tensor == 0`) with _to_copy; the Python kernel receives them as
-# Python numbers and the dispatcher hands a lone Tensor position back to ATen unwrapped, which then
-# fails even with Gems off. Registered once gems.dispatch wraps numbers at a lone Tensor position too.
-from .. import dispatch as _dispatch  # noqa: E402
-if getattr(_dispatch, "WRAPS_LONE_NUMBERS", False):
-    register("_to_copy", category="copy", dtypes=ALL)(_to_copy)
