@@ -81,6 +81,18 @@ def test_tolerances_are_dtype_aware():
     assert P.compare_e2e(ids, ids)[0] and not P.compare_e2e(ids, ids + 1)[0]
 
 
+def test_low_precision_rule():
+    torch.manual_seed(0)
+    hi = torch.randn(1000)
+    aten = (hi + 0.01 * torch.randn(1000)).to(torch.bfloat16)
+    close = (hi + 0.012 * torch.randn(1000)).to(torch.bfloat16)    # as far from fp32 as ATen is
+    far = (hi + 0.2 * torch.randn(1000)).to(torch.bfloat16)
+    assert P._lowp_rule(close, aten, hi)[0]
+    assert not P._lowp_rule(far, aten, hi)[0]
+    assert P._check("inference", "logits", close, aten, hi).ok
+    assert not P._check("inference", "logits", far, aten, hi).ok
+
+
 def test_parity_bad_input(capsys):
     assert main(["parity", "llama2", "--device", "meta"]) == 2
     assert "parity needs data" in capsys.readouterr().err
