@@ -11,13 +11,15 @@ from triton.language.extra import libdevice
 
 from ..codegen import pointwise
 from ..registry import FLOATS, INTS
-from ..runtime.backend import backend
+from ..runtime.backend import interpreting
 
 NUMERIC = FLOATS + INTS
 ALL = FLOATS + INTS + (torch.bool,)
 BITS = INTS + (torch.bool,)
 # libdevice does not exist in the interpreter: bodies that need it branch on this at compile time
-_GPU: tl.constexpr = tl.constexpr(backend().name != "interpreter")
+# libdevice exists on the GPU only; decided at import without needing a backend (the registry must
+# import on machines with none, e.g. for gems-coverage on the meta device)
+_GPU: tl.constexpr = tl.constexpr(not interpreting())
 
 
 # ---- division-like ---------------------------------------------------------------------------

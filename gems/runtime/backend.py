@@ -54,6 +54,12 @@ BACKENDS = {
 }
 
 
+def interpreting() -> bool:
+    """Whether kernels run through the Triton interpreter (fixed when triton is imported). Never
+    raises, so modules can choose code paths at import time on machines with no backend at all."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 @functools.lru_cache(maxsize=None)
 def _detect() -> Backend:
     forced = os.environ.get("GEMS_BACKEND")
