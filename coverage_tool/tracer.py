@@ -268,7 +268,7 @@ def _profile(bundle, mode, new_tokens, optimizer, dev_type, ops):
         if nested:
             continue
         if use_dev:
-            us = float(getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0) or 0.0)
+            us = float(evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total)
         else:
             us = float(evt.cpu_time_total)
         per_packet[name[6:]] = per_packet.get(name[6:], 0.0) + us
