@@ -477,10 +477,13 @@ def format_result(r: ParityResult, fmt: str = "table") -> str:
             lines.append(f"  then    aten::{e.op} (call #{e.index}, {e.phase})")
     else:
         lines.append("        no divergence")
-    served = r.served_compute_ops
+    served = [n for n in r.served_compute_ops if n in r.compute_ops]
+    inner = [n for n in r.served_compute_ops if n not in r.compute_ops]
     fell = sorted(n for n, s in r.served.items() if s.get("fallback") and not s.get("served"))
-    lines.append(f"served  Gems served {len(served)} of the {len(r.compute_ops)} compute ops called"
+    lines.append(f"served  Gems served {len(served)} of the {len(r.compute_ops)} compute ops the model called"
                  + (f": {', '.join(served)}" if served else ""))
+    if inner:
+        lines.append(f"        and, called from inside ATen kernels: {', '.join(inner)}")
     if fell:
         reasons = []
         for n in fell:
