@@ -10,7 +10,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..codegen import pointwise
-from ..registry import FLOATS, INTS
+from ..registry import _IMPLS, FLOATS, INTS
 from ..runtime.backend import interpreting
 
 NUMERIC = FLOATS + INTS
@@ -229,6 +229,11 @@ fmod = pointwise(*_variants("fmod", "Tensor", "Scalar", "Tensor_out", "Scalar_ou
 pow = pointwise(*_variants("pow", "Tensor_Tensor", "Tensor_Scalar", "Scalar", "Tensor_Tensor_out",
                            "Tensor_Scalar_out", "Scalar_out", inplace=("Tensor", "Scalar")),
                 operands=("self", "exponent"), body=_pow, dtypes=NUMERIC, check=_no_bool)
+# ATen's CUDA pow.Scalar (`2.0 ** x`) calls pow.Tensor_Tensor with a *CUDA* wrapped-number tensor,
+# which the dispatcher cannot hand to any Python kernel (INTERNAL ASSERT in pybind_utils), even one
+# that would only pass it on: on CUDA these overloads stay unregistered (Tensor ** Tensor runs ATen).
+for _name in ("pow.Tensor_Tensor", "pow.Tensor_Tensor_out", "pow_.Tensor"):
+    _IMPLS[_name].backends = ("interpreter",)
 maximum = pointwise("maximum", "maximum.out", body=_maximum, dtypes=ALL)
 minimum = pointwise("minimum", "minimum.out", body=_minimum, dtypes=ALL)
 fmax = pointwise("fmax", "fmax.out", body=_fmax, dtypes=NUMERIC)
