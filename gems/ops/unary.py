@@ -23,11 +23,11 @@ from ..registry import FLOATS, INTS, Unsupported, register
 NUMERIC = FLOATS + INTS
 ALL_IN = FLOATS + INTS + (torch.bool,)     # int_to_float ops accept ints and bool like ATen
 
-_LN2 = 0.6931471805599453
-_INV_LN10 = 0.4342944819032518
-_PI_2 = 1.5707963267948966
-_PI_4 = 0.7853981633974483
-_TAN_PI_8 = 0.41421356237309503
+_LN2 = tl.constexpr(0.6931471805599453)
+_INV_LN10 = tl.constexpr(0.4342944819032518)
+_PI_2 = tl.constexpr(1.5707963267948966)
+_PI_4 = tl.constexpr(0.7853981633974483)
+_TAN_PI_8 = tl.constexpr(0.41421356237309503)
 
 
 # --------------------------------------------------------------------------------------------
@@ -99,7 +99,7 @@ def erfinv_f(x):
     pa = -0.00417768164 + pa * wa
     pa = 0.246640727 + pa * wa
     pa = 1.50140941 + pa * wa
-    wb = tl.sqrt(tl.maximum(w, 5.0)) - 3.0
+    wb = tl.sqrt(tl.maximum(w, 5.0, propagate_nan=tl.PropagateNan.ALL)) - 3.0
     pb = -0.000200214257
     pb = 0.000100950558 + pb * wb
     pb = 0.00134934322 + pb * wb

@@ -100,7 +100,8 @@ def test_where_mixed_dtypes_promote():
 def test_where_grad(dtype):
     c = _mask((6, 1))
     x, y = make((6, 9), dtype), make((9,), dtype)
-    check_grad(lambda a, b: torch.where(c, a, b), [x, y], dtype=dtype, served_ops=["where.self"])
+    # the reference runs on CPU: captured tensors follow the inputs' device
+    check_grad(lambda a, b: torch.where(c.to(a.device), a, b), [x, y], dtype=dtype, served_ops=["where.self"])
     # where after a pointwise op: the typical "safe" pattern
     check_grad(lambda a: torch.where(a > 0, a * a, -a), [x], dtype=dtype, served_ops=["where.self"])
 
@@ -161,7 +162,7 @@ def test_masked_fill_int_bool(dt):
 def test_masked_fill_grad_and_errors():
     for dtype in DTYPES:
         m = _mask((4, 7))
-        check_grad(lambda a: a.masked_fill(m, 0.0) * a, [make((4, 7), dtype)], dtype=dtype,
+        check_grad(lambda a: a.masked_fill(m.to(a.device), 0.0) * a, [make((4, 7), dtype)], dtype=dtype,
                    served_ops=["masked_fill.Scalar"])
     x = make((4, 7))
     with gems.use_gems(), pytest.raises(RuntimeError):
