@@ -260,7 +260,7 @@ def tiny_config(d: dict) -> dict:
 
 
 def _config_from_dict(d: dict, name: str):
-    from transformers import CONFIG_MAPPING
+    CONFIG_MAPPING = _transformers().CONFIG_MAPPING
     d = copy.deepcopy(d)
     mt = d.get("model_type")
     if mt in _LLAMA_LIKE:
@@ -313,8 +313,17 @@ def parse_dtype(name):
     return getattr(torch, key)
 
 
+def _transformers():
+    try:
+        import transformers
+    except ImportError as e:
+        raise ModelError(f"the model recipes need transformers ({e}); install it with "
+                         f"pip install 'transformers>=5' (or the 'models' extra: pip install -e '.[models]')") from None
+    return transformers
+
+
 def _model_class(recipe: Recipe, config):
-    import transformers
+    transformers = _transformers()
     if recipe.kind == "llava":
         return transformers.LlavaForConditionalGeneration
     archs = getattr(config, "architectures", None) or []
