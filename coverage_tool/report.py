@@ -188,6 +188,14 @@ def _gaps_lines(d: dict, limit: int = 12) -> list[str]:
     return [f"gaps    by {how}, most expensive first: " + ", ".join(parts) + more]
 
 
+_PER_ALIGN = ("left", "left", "left", "left", "right", "right", "right", "right")
+
+
+def _op_align(head):
+    # keep "0.0" as written (tabulate would parse it to 0); numbers right-aligned
+    return tuple("right" if h in ("calls", "time %") else "left" for h in head)
+
+
 def format_trace(d: dict, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(d, indent=2) + "\n"
@@ -208,13 +216,13 @@ def format_trace(d: dict, fmt: str) -> str:
         out = [f"## {d['model']}: {d['mode']} on {d['device']}", ""]
         out += [f"- {ln}" for ln in _header_lines(d)]
         out += [f"- {_summary_line(d)}", f"- {_gaps_lines(d)[0]}", ""]
-        out.append(tabulate(rows, headers=head, tablefmt="github"))
+        out.append(tabulate(rows, headers=head, tablefmt="github", colalign=_op_align(head), disable_numparse=True))
         return "\n".join(out) + "\n"
     out = _header_lines(d)
     out.append(_summary_line(d))
     out += _gaps_lines(d)
     out.append("")
-    out.append(tabulate(rows, headers=head, tablefmt="simple"))
+    out.append(tabulate(rows, headers=head, tablefmt="simple", colalign=_op_align(head), disable_numparse=True))
     for n in d["notes"]:
         out.append(f"note: {n}")
     return "\n".join(out) + "\n"
@@ -285,11 +293,11 @@ def format_matrix(m: dict, fmt: str, header: Optional[list] = None) -> str:
     if fmt == "markdown":
         tf = "github"
         out = list(header or [])
-        out += ["## Coverage per model", "", tabulate(per_rows, headers=per_head, tablefmt=tf), "",
+        out += ["## Coverage per model", "", tabulate(per_rows, headers=per_head, tablefmt=tf, colalign=_PER_ALIGN, disable_numparse=True), "",
                 f"**{overall}.**", "", "## Gaps", "", gap_line, "",
                 "## Op x model matrix (calls; compute ops, uncovered first)", "",
                 tabulate(rows, headers=head, tablefmt=tf), ""]
         return "\n".join(out)
-    out = [tabulate(per_rows, headers=per_head, tablefmt="simple"), "", overall, gap_line, "",
+    out = [tabulate(per_rows, headers=per_head, tablefmt="simple", colalign=_PER_ALIGN, disable_numparse=True), "", overall, gap_line, "",
            tabulate(rows, headers=head, tablefmt="simple")]
     return "\n".join(out) + "\n"
