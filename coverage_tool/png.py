@@ -92,13 +92,14 @@ def line_plot(series: list, n_points: int, w: int = 720, h: int = 360) -> bytes:
         return left + 12 + round((right - left - 24) * i / (n_points - 1))
     for i in range(n_points):
         cv.line(xpos(i), bottom, xpos(i), bottom + 4, axis, width=1)
-    for values, color, dashed in series:
+    for k, (values, color, dashed) in enumerate(series):
+        off = round((k - (len(series) - 1) / 2) * 2)   # a small shift keeps equal values visible
         prev = None
         for i, v in enumerate(values):
             if v is None:
                 prev = None
                 continue
-            p = (xpos(i), bottom - round((bottom - top) * max(0.0, min(100.0, v)) / 100))
+            p = (xpos(i) + off, bottom - round((bottom - top) * max(0.0, min(100.0, v)) / 100))
             if prev is not None:
                 cv.line(prev[0], prev[1], p[0], p[1], color, width=2, dash=6 if dashed else 0)
             cv.rect(p[0] - 3, p[1] - 3, p[0] + 3, p[1] + 3, color)
