@@ -315,13 +315,13 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
         if lowp:
             say("inference: ATen in float32 (reference for the low-precision rule) ...")
             hb = hi_copy()
-            hi_logits = aten_run(lambda: runner.run_inference(hb)).logits
+            hi_logits = _main_output(aten_run(lambda: runner.run_inference(hb)))
             del hb
         say("inference: ATen ...")
         ref_b, gem_b = copy.deepcopy(base), copy.deepcopy(base)
-        ref_logits = aten_run(lambda: runner.run_inference(ref_b)).logits
+        ref_logits = _main_output(aten_run(lambda: runner.run_inference(ref_b)))
         say("inference: Gems ...")
-        gem_logits = gems_run("inference", lambda: runner.run_inference(gem_b)).logits
+        gem_logits = _main_output(gems_run("inference", lambda: runner.run_inference(gem_b)))
         res.checks.append(_check("inference", "logits", gem_logits, ref_logits, hi_logits))
         if base.kind in ("causal_lm", "llava"):
             say(f"generate ({new_tokens} greedy tokens): ATen, Gems ...")
@@ -357,6 +357,16 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
     res.served = gemsinfo.stats_delta(before, gemsinfo.stats())
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _main_output(out):
+    """The logits of a transformers output, else the first tensor of whatever the model returned."""
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    leaves = [t for t in tree_leaves(out.to_tuple() if hasattr(out, "to_tuple") else out)
+              if isinstance(t, torch.Tensor)]
+    return leaves[0] if leaves else None
 
 
 def _grab(store: dict):

@@ -100,3 +100,16 @@ def test_parity_bad_input(capsys):
     assert main(["parity", "llama2", "--device", "meta"]) == 2
     assert "parity needs data" in capsys.readouterr().err
     assert main(["parity", "llama2", "--exclude", "not_an_aten_op_xyz"]) == 2
+
+
+def test_parity_on_a_module_function_model(tmp_path, monkeypatch, capsys):
+    (tmp_path / "parity_models.py").write_text(
+        "import torch\n"
+        "def mlp(device='cpu', dtype=torch.float32):\n"
+        "    torch.manual_seed(0)\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))\n"
+        "    return m.to(device=device, dtype=dtype), (torch.randn(4, 16, device=device, dtype=dtype),)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["parity", "parity_models:mlp"]) == 0
+    out = capsys.readouterr().out
+    assert "logits" in out and "gradients (4)" in out and "verdict PASS" in out
