@@ -4,7 +4,6 @@
 """
 import cProfile
 import pstats
-import time
 import warnings
 
 import torch
@@ -12,18 +11,11 @@ import triton
 import triton.language as tl
 
 import gems
+from benchmarks.run import host_us
 from gems.runtime.launch import LaunchCache
 
 
-def us(fn, n=20000):
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
+us = host_us  # same timer as the benchmark's host rows
 
 
 @triton.jit

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import warnings
 
 import torch
 import torch._prims_common as pc
@@ -204,13 +203,8 @@ def _dense(t):
 def _resize_out(out, shape, strides):
     if tuple(out.shape) == tuple(shape):
         return out
-    if out.numel() != 0:
-        warnings.warn(f"An output with one or more elements was resized since it had shape {list(out.shape)}, "
-                      f"which does not match the required output shape {list(shape)}. This behavior is "
-                      "deprecated, and in a future PyTorch release outputs will not be resized unless they have "
-                      "zero elements. You can explicitly reuse an out tensor t by resizing it, inplace, to zero "
-                      "elements with t.resize_(0).", UserWarning, stacklevel=5)
-    out.resize_(shape)
+    from ..ops.utils import resize_like_aten   # lazily: gems.ops imports the op modules, which import us
+    resize_like_aten(out, shape, stacklevel=6)
     if tuple(out.stride()) != tuple(strides) and len(shape):
         out.as_strided_(shape, strides)
     return out

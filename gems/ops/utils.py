@@ -54,6 +54,17 @@ def empty(shape, dtype, device, like_strides=None):
     return t
 
 
+def resize_like_aten(out, shape, stacklevel=4):
+    """Resize a wrongly shaped `out=` tensor the way ATen does, warning when it held elements."""
+    if out.numel() != 0:
+        warnings.warn(f"An output with one or more elements was resized since it had shape {list(out.shape)}, "
+                      f"which does not match the required output shape {list(shape)}. This behavior is "
+                      "deprecated, and in a future PyTorch release outputs will not be resized unless they have "
+                      "zero elements. You can explicitly reuse an out tensor t by resizing it, inplace, to zero "
+                      "elements with t.resize_(0).", UserWarning, stacklevel=stacklevel)
+    out.resize_(shape)
+
+
 def prepare_out(out, shape, dtype, device):
     """A tensor of `shape`/`dtype` to write into: a new one, or the caller's `out` (resized like ATen)."""
     if out is None:
@@ -64,13 +75,7 @@ def prepare_out(out, shape, dtype, device):
         raise Unsupported("out on another device")
     shape = tuple(shape)
     if tuple(out.shape) != shape:
-        if out.numel() != 0:
-            warnings.warn(f"An output with one or more elements was resized since it had shape "
-                          f"{list(out.shape)}, which does not match the required output shape {list(shape)}. "
-                          "This behavior is deprecated, and in a future PyTorch release outputs will not be "
-                          "resized unless they have zero elements. You can explicitly reuse an out tensor t by "
-                          "resizing it, inplace, to zero elements with t.resize_(0).", UserWarning, stacklevel=4)
-        out.resize_(shape)
+        resize_like_aten(out, shape, stacklevel=5)
     if not out.is_contiguous():
         raise Unsupported("non-contiguous out")
     return out
