@@ -85,15 +85,12 @@ def load(need_backend: bool = False) -> GemsInfo:
     return info
 
 
-def dtype_supported(impl: Optional[ImplInfo], dtypes) -> Optional[bool]:
-    """Whether the floating dtypes seen for an op are among those the implementation declares."""
-    if impl is None or not impl.dtypes:
+def dtype_supported(impl: Optional[ImplInfo], first_dtypes) -> Optional[bool]:
+    """Whether Gems declares the dtypes seen for the first tensor argument (the one its dispatcher checks)."""
+    if impl is None or not impl.dtypes or not first_dtypes:
         return None
     declared = {_short_dtype(d) for d in impl.dtypes}
-    floats = [d for d in dtypes if d in ("f32", "f16", "bf16", "f64")]
-    if not floats:
-        return None
-    return all(d in declared for d in floats)
+    return all(d in declared for d in first_dtypes)
 
 
 def stats() -> dict:

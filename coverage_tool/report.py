@@ -40,7 +40,7 @@ def trace_to_dict(res) -> dict:
             "first_call": st.first_call,
             "gems_category": impl.category if impl else None,
             "backward": impl.backward if impl else None,
-            "dtype_supported": gemsinfo.dtype_supported(impl, st.dtypes),
+            "dtype_supported": gemsinfo.dtype_supported(impl, st.first_dtypes),
             "served": (served or {}).get("served", 0) if res.gems_enabled else None,
             "fallback": (served or {}).get("fallback", 0) if res.gems_enabled else None,
             "fallback_reasons": (served or {}).get("reasons", {}) if res.gems_enabled else None,
@@ -119,7 +119,7 @@ def _covered_cell(o, gems_enabled):
         if f:
             return f"fell back {f}"
     if o["dtype_supported"] is False:
-        return "yes (not this dtype)"
+        return "yes (dtype falls back)"
     return "yes"
 
 

@@ -49,6 +49,7 @@ class OpStat:
     first_call: int              # index of the first call in call order
     calls: int = 0
     dtypes: set = field(default_factory=set)
+    first_dtypes: set = field(default_factory=set)
     devices: set = field(default_factory=set)
     example: str = ""
     example_size: int = -1
@@ -91,6 +92,10 @@ class OpRecorder(TorchDispatchMode):
             st = self.ops[name] = OpStat(name=name, category=cls_mod.classify(name), first_call=self.n_calls)
         self.n_calls += 1
         st.calls += 1
+        for a in args:   # the dtype Gems' dispatcher checks: the first positional tensor's
+            if isinstance(a, torch.Tensor):
+                st.first_dtypes.add(short_dtype(a.dtype))
+                break
         sig = []
         size = 0
         for t in tree_leaves((args, kwargs)):

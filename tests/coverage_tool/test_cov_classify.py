@@ -24,3 +24,12 @@ def test_classify(name, cat):
 
 def test_packet():
     assert packet_of("add.Tensor") == "add" and packet_of("aten::mm") == "mm"
+
+
+def test_dtype_supported_checks_the_first_tensor_like_the_dispatcher():
+    import torch
+    from coverage_tool.gemsinfo import ImplInfo, dtype_supported
+    impl = ImplInfo("where.self", "pointwise", (torch.bool,))
+    assert dtype_supported(impl, {"bool"}) is True
+    assert dtype_supported(ImplInfo("silu.default", "pointwise", (torch.float32,)), {"bf16"}) is False
+    assert dtype_supported(None, {"f32"}) is None and dtype_supported(impl, set()) is None
