@@ -44,7 +44,7 @@ def trace_to_dict(res) -> dict:
             "served": (served or {}).get("served", 0) if res.gems_enabled else None,
             "fallback": (served or {}).get("fallback", 0) if res.gems_enabled else None,
             "fallback_reasons": (served or {}).get("reasons", {}) if res.gems_enabled else None,
-            "self_time_us": round(t, 3) if timed else None,
+            "time_us": round(t, 3) if timed else None,
             "time_share_pct": round(100.0 * t / total_time, 2) if timed and total_time else (0.0 if timed else None),
         })
     ops.sort(key=lambda o: _rank_key(o, timed))
@@ -63,9 +63,9 @@ def trace_to_dict(res) -> dict:
         "by_category": {c: sum(1 for o in ops if o["category"] == c) for c in C.CATEGORIES},
     }
     if timed:
-        ct = sum(o["self_time_us"] for o in compute)
+        ct = sum(o["time_us"] for o in compute)
         summary["compute_time_us"] = round(ct, 3)
-        summary["time_coverage_pct"] = round(100.0 * sum(o["self_time_us"] for o in covered) / ct, 1) if ct else 0.0
+        summary["time_coverage_pct"] = round(100.0 * sum(o["time_us"] for o in covered) / ct, 1) if ct else 0.0
     if res.gems_enabled:
         summary["served_compute_ops"] = sum(1 for o in compute if o["served"])
         summary["fallback_compute_ops"] = sum(1 for o in compute if o["fallback"] and not o["served"])
@@ -103,7 +103,7 @@ def trace_to_dict(res) -> dict:
 def _rank_key(o, timed):
     # compute first, then by cost (time share when timed, else calls), then name
     cat = C.CATEGORIES.index(o["category"]) if o["category"] in C.CATEGORIES else 9
-    cost = (o["self_time_us"] or 0.0) if timed else o["calls"]
+    cost = (o["time_us"] or 0.0) if timed else o["calls"]
     return (cat, -cost, -o["calls"], o["name"])
 
 
@@ -204,7 +204,7 @@ def format_trace(d: dict, fmt: str) -> str:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         cols = ["name", "category", "calls", "covered", "dtypes", "example_shapes", "served", "fallback",
-                "self_time_us", "time_share_pct"]
+                "time_us", "time_share_pct"]
         w.writerow(["model", "mode", "device", "dtype"] + cols)
         for o in d["ops"]:
             w.writerow([d["model"], d["mode"], d["device"], d["dtype"]] +
