@@ -137,8 +137,8 @@ class TraceResult:
     gems: gemsinfo.GemsInfo
     gems_enabled: bool = False
     served: Optional[dict] = None        # op -> {served, fallback, reasons} when Gems was enabled
-    times: Optional[dict] = None         # op -> self time in microseconds (profiled runs)
-    time_source: str = ""                # "cpu" or "cuda" self time
+    times: Optional[dict] = None         # op -> time in microseconds (profiled runs)
+    time_source: str = ""                # "cpu" or "cuda" clock
     seconds: float = 0.0
     params: int = 0
     notes: list = field(default_factory=list)
@@ -218,7 +218,7 @@ def trace(model: str, *, mode: str = "inference", device: str = "meta", dtype=No
     res.total_calls = rec.n_calls
 
     if profile:
-        say("profiling (ATen, self time per op) ...")
+        say("profiling (ATen, time per op) ...")
         if use_gems:
             _unregister_gems()
         res.times, res.time_source = _profile(bundle, mode, new_tokens, optimizer, dev_type, res.ops)
