@@ -262,12 +262,7 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
     for m in modes:
         if m not in ("inference", "training"):
             raise models.ModelError(f"unknown parity mode '{m}' (inference, training)")
-    size = size or ("tiny" if dev_type == "cpu" else "full")
-    if dtype is None:
-        dtype = "float32" if dev_type == "cpu" else "bfloat16"
-    dt = models.parse_dtype(dtype)
-    if seq_len is None:
-        seq_len = 8 if size == "tiny" else 128
+    size, dtype, dt, seq_len = models.run_defaults(dev_type, size, dtype, seq_len)
     if optimizer not in ("sgd", "adamw"):
         raise models.ModelError(f"unknown optimizer '{optimizer}' (sgd, adamw)")
     lr = 1e-2 if optimizer == "sgd" else 1e-3

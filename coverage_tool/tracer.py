@@ -164,12 +164,7 @@ def trace(model: str, *, mode: str = "inference", device: str = "meta", dtype=No
     recipe = models.resolve(model)
     if mode not in runner.MODES:
         raise models.ModelError(f"unknown mode '{mode}' ({', '.join(runner.MODES)})")
-    size = size or ("tiny" if device == "cpu" else "full")
-    if dtype is None:
-        dtype = "float32" if device == "cpu" else "bfloat16"
-    dt = models.parse_dtype(dtype)
-    if seq_len is None:
-        seq_len = 8 if size == "tiny" else 128
+    size, dtype, dt, seq_len = models.run_defaults(device, size, dtype, seq_len)
     info = gems_info or gemsinfo.load()
     dev_type = torch.device(device).type
     can_serve = info.available and info.backend is not None and info.backend_device == dev_type

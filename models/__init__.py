@@ -303,6 +303,17 @@ _DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32", "float16
            "float64": "float64", "fp64": "float64", "double": "float64"}
 
 
+def run_defaults(device_type: str, size=None, dtype=None, seq_len=None):
+    """(size, dtype name, torch dtype, seq_len) with the tools' defaults filled in: a tiny fp32 model
+    on CPU (the interpreter is slow), the full-size bf16 model elsewhere."""
+    size = size or ("tiny" if device_type == "cpu" else "full")
+    if dtype is None:
+        dtype = "float32" if device_type == "cpu" else "bfloat16"
+    if seq_len is None:
+        seq_len = 8 if size == "tiny" else 128
+    return size, dtype, parse_dtype(dtype), seq_len
+
+
 def parse_dtype(name):
     import torch
     if isinstance(name, torch.dtype):

@@ -76,6 +76,44 @@ def _combine_max(acc, x):
     return tl.where((x > acc) | (x != x), x, acc)
 
 
+@triton.jit
+def _acc_init(B0: tl.constexpr, B1: tl.constexpr, OP: tl.constexpr, ACC: tl.constexpr, IS_FLOAT: tl.constexpr):
+    """The identity of the reduction: 0 for sum, the lowest value for max."""
+    if OP == 0:
+        acc = tl.zeros([B0, B1], ACC)
+    else:
+        if IS_FLOAT:
+            acc = tl.full([B0, B1], -float("inf"), ACC)
+        else:
+            acc = tl.full([B0, B1], -9223372036854775807 - 1, ACC)
+    return acc
+
+
+@triton.jit
+def _acc_step(acc, x, mask, OP: tl.constexpr):
+    """Elementwise accumulation inside the loop; the cross-lane reduction happens once, at the end."""
+    if OP == 0:
+        acc += x
+    else:
+        acc = _combine_max(acc, tl.where(mask, x, acc))
+    return acc
+
+
+@triton.jit
+def _acc_finish(acc, AXIS: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr, HAS_SCALE: tl.constexpr, scale):
+    """Reduce the tile along AXIS (sum, or max with NaN propagation like ATen) and scale (mean)."""
+    if OP == 0:
+        res = tl.sum(acc, AXIS)
+    else:
+        res = tl.max(acc, AXIS)
+        if IS_FLOAT:
+            has_nan = tl.max((acc != acc).to(tl.int32), AXIS) > 0
+            res = tl.where(has_nan, float("nan"), res)
+    if HAS_SCALE:
+        res = res * scale
+    return res
+
+
 @kernel
 @triton.jit
 def reduce_inner(X, Y, M, R, sM, sR, r_per_split, scale,
@@ -92,14 +130,7 @@ def reduce_inner(X, Y, M, R, sM, sR, r_per_split, scale,
         base = m[:, None] * sM
     r0 = split * r_per_split
     r_end = tl.minimum(R, r0 + r_per_split)
-    if OP == 0:
-        acc = tl.zeros([BLOCK_M, BLOCK_R], ACC)
-    else:
-        if IS_FLOAT:
-            acc = tl.full([BLOCK_M, BLOCK_R], -float("inf"), ACC)
-        else:
-            acc = tl.full([BLOCK_M, BLOCK_R], -9223372036854775807 - 1, ACC)
-    # elementwise accumulation in the loop; one cross-lane reduction at the end
+    acc = _acc_init(BLOCK_M, BLOCK_R, OP, ACC, IS_FLOAT)
     for start in range(r0, r_end, BLOCK_R):
         r = start + rr
         # bound by R (a specialized kernel argument), not r_end: a mask whose bound has known
@@ -110,19 +141,8 @@ def reduce_inner(X, Y, M, R, sM, sR, r_per_split, scale,
         else:
             offs = base + r * sR
         x = tl.load(X + offs, mask=mask, other=0).to(ACC)
-        if OP == 0:
-            acc += x
-        else:
-            acc = _combine_max(acc, tl.where(mask, x, acc))
-    if OP == 0:
-        res = tl.sum(acc, 1)
-    else:
-        res = tl.max(acc, 1)
-        if IS_FLOAT:
-            has_nan = tl.max((acc != acc).to(tl.int32), 1) > 0
-            res = tl.where(has_nan, float("nan"), res)
-    if HAS_SCALE:
-        res = res * scale
+        acc = _acc_step(acc, x, mask, OP)
+    res = _acc_finish(acc, 1, OP, IS_FLOAT, HAS_SCALE, scale)
     tl.store(Y + split * M + m, res.to(Y.dtype.element_ty), mask=m < M)
 
 
@@ -145,13 +165,7 @@ def reduce_outer(X, Y, M, R, K, sM, sR, sK, r_per_split, scale,
         base = m * sM + k[None, :] * sK
     r0 = split * r_per_split
     r_end = tl.minimum(R, r0 + r_per_split)
-    if OP == 0:
-        acc = tl.zeros([BLOCK_R, BLOCK_K], ACC)
-    else:
-        if IS_FLOAT:
-            acc = tl.full([BLOCK_R, BLOCK_K], -float("inf"), ACC)
-        else:
-            acc = tl.full([BLOCK_R, BLOCK_K], -9223372036854775807 - 1, ACC)
+    acc = _acc_init(BLOCK_R, BLOCK_K, OP, ACC, IS_FLOAT)
     for start in range(r0, r_end, BLOCK_R):
         r = start + rr
         mask = kmask & (r < R)
@@ -160,19 +174,8 @@ def reduce_outer(X, Y, M, R, K, sM, sR, sK, r_per_split, scale,
         else:
             offs = base + r * sR
         x = tl.load(X + offs, mask=mask, other=0).to(ACC)
-        if OP == 0:
-            acc += x
-        else:
-            acc = _combine_max(acc, tl.where(mask, x, acc))
-    if OP == 0:
-        res = tl.sum(acc, 0)
-    else:
-        res = tl.max(acc, 0)
-        if IS_FLOAT:
-            has_nan = tl.max((acc != acc).to(tl.int32), 0) > 0
-            res = tl.where(has_nan, float("nan"), res)
-    if HAS_SCALE:
-        res = res * scale
+        acc = _acc_step(acc, x, mask, OP)
+    res = _acc_finish(acc, 0, OP, IS_FLOAT, HAS_SCALE, scale)
     if BIG:
         out = (split * M + m).to(tl.int64) * K + k
     else:
