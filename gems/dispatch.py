@@ -28,11 +28,16 @@ import torch
 
 from . import registry
 from .registry import Unsupported
+from .runtime import plan as _plan
 from .runtime.backend import backend
 
 _Tensor = torch.Tensor
 _strided = torch.strided
 _STRICT = os.environ.get("GEMS_STRICT", "0") not in ("", "0")
+# GEMS_PLANS=0 turns call plans off (every call takes the full path): for debugging and A/B timing
+_PLANS = os.environ.get("GEMS_PLANS", "1") not in ("", "0")
+# GEMS_PLAN_CHECK=1 answers each first call of a signature from its new plan (a test aid, see _record)
+_PLAN_CHECK = os.environ.get("GEMS_PLAN_CHECK", "0") not in ("", "0")
 # ATen hands a Python kernel wrapped-number tensors (`x * 2.0`) as Python numbers; every path back to
 # ATen's original kernel turns them into equivalent 0-dim tensors first (see gems.codegen.numbers).
 WRAPS_NUMBERS = True
@@ -75,6 +80,14 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     on_cuda = be.device_type == "cuda"
     tls = _TLS
     get_device = torch._C._cuda_getDevice if on_cuda else None
+    schema = registry._aten_overload(name)._schema
+    sig = _plan.make_signature(schema, impl.dynamic, on_cuda) if impl.plan and _PLANS else None
+    cache = impl.plans = _plan.PlanCache() if sig is not None else None
+    plans = cache.plans if cache is not None else None
+    MISS, NO_PLAN = _plan.MISS, _plan.NO_PLAN
+    # under the interpreter a launch copies storages with ops Gems may serve: keep the re-entry
+    # guard up while a plan runs there; on CUDA a plan calls nothing Gems serves
+    guard_plan = not on_cuda
 
     def fallback(reason, args, kwargs):
         counts[1] += 1
@@ -87,6 +100,30 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
         cfg = tls.cfg if tls.scoped else _config_for_unscoped_thread()
         if cfg is None or name not in cfg:
             return call_orig(keyset, *args, **kwargs)
+        key = None
+        if plans is not None:
+            # hot path: the call's signature names a plan (a hit means every check below passed
+            # for this signature before)
+            try:
+                key = sig(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - e.g. stride() of a sparse tensor: the full path decides
+                key = None
+            p = plans.get(key)
+            if p is not None and p is not NO_PLAN:
+                if guard_plan:
+                    tls.depth += 1
+                    try:
+                        out = p(*args, **kwargs)
+                    finally:
+                        tls.depth -= 1
+                else:
+                    out = p(*args, **kwargs)
+                if out is not MISS:
+                    counts[0] += 1
+                    return out
+                key = None  # declined (overlapping out=/in-place): the full path, not recorded
+            elif p is NO_PLAN:
+                key = None
         # declared support: the first tensor's dtype; every tensor strided, real, on this device
         first = True
         for a in args:
@@ -109,9 +146,14 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
                 return fallback(reason, args, kwargs)
         tls.depth += 1
         try:
-            out = impl.fn(*args, **kwargs)
+            if key is not None:
+                out = _record(impl, cache, key, schema, on_cuda, args, kwargs)
+            else:
+                out = impl.fn(*args, **kwargs)
         except Unsupported as e:
             tls.depth -= 1
+            if key is not None:
+                cache.put(key, None, f"unsupported: {e}")
             return fallback(str(e) or "unsupported arguments", args, kwargs)
         except Exception as e:  # noqa: BLE001 - see module docstring, step 3
             tls.depth -= 1
@@ -122,6 +164,48 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
 
     kernel.__name__ = f"gems_{name.replace('.', '_')}"
     return kernel
+
+
+def _record(impl, cache, key, schema, on_cuda, args, kwargs):
+    """First call of a signature: run the implementation under a recording and keep its plan.
+
+    With GEMS_PLAN_CHECK=1 (the test suite sets it) the call's answer comes from the new plan instead:
+    written arguments are restored to their values before the call, and the plan runs it again, so
+    every test of a first call also tests its plan."""
+    fn = impl.fn
+    values = _plan.named_args(schema, args, kwargs)
+    saved = _snapshot(schema, values) if _PLAN_CHECK else None
+    rec = _plan.Recording(values)
+    with rec:
+        out = fn(*args, **kwargs)
+    if impl.fn is not fn:   # replaced meanwhile (a test double, a disabled overload): keep nothing
+        return out
+    try:
+        p = _plan.build(rec, schema, args, kwargs, out, on_cuda)
+    except Exception as e:  # noqa: BLE001 - a plan is an optimization; never fail the call for it
+        p = None
+        rec.tainted = f"plan build failed: {type(e).__name__}: {e}"
+    cache.put(key, p, rec.tainted)
+    if p is not None and saved is not None:
+        for t, copy in saved:
+            t.copy_(copy)
+        again = p(*args, **kwargs)
+        if again is not _plan.MISS:
+            return again
+        for t, copy in saved:   # the plan declined: the recorded run's answer stands
+            t.copy_(copy)
+        return fn(*args, **kwargs)
+    return out
+
+
+def _snapshot(schema, values):
+    """(tensor, copy) of the arguments a call writes (in-place self, out=)."""
+    out = []
+    for a in schema.arguments:
+        v = values.get(a.name)
+        if a.alias_info is not None and a.alias_info.is_write and isinstance(v, _Tensor):
+            out.append((v, v.clone()))
+    return out
 
 
 def _boxed_with_numbers(name, call_boxed):
@@ -165,7 +249,7 @@ def _after_error(impl, exc, call_orig, keyset, args, kwargs):
 
     def _disabled(*_a, **_k):
         raise Unsupported(disabled)
-    impl.fn = _disabled
+    impl.set_fn(_disabled)
     if impl.name not in _warned:
         _warned.add(impl.name)
         warnings.warn(f"gems: aten::{impl.name} raised {type(exc).__name__}: {str(exc)[:500]}; ATen served the "

@@ -46,9 +46,20 @@ class OpImpl:
     check: Optional[Callable] = None
     backends: tuple = ("cuda", "interpreter")
     doc: str = ""
+    # call plans (runtime/plan.py): False for an op whose kernels take per-call values a plan cannot
+    # see (random seeds); `dynamic` names the arguments whose numbers are per-call kernel arguments
+    plan: bool = True
+    dynamic: frozenset = frozenset()
+    plans: object = None           # its runtime.plan.PlanCache once registered with the dispatcher
     # [served, fell back]; a plain list keeps the hot-path increment cheap.
     counts: list = field(default_factory=lambda: [0, 0])
     reasons: dict = field(default_factory=dict)
+
+    def set_fn(self, fn: Callable):
+        """Replace the implementation; plans recorded from the old one are dropped."""
+        self.fn = fn
+        if self.plans is not None:
+            self.plans.plans.clear()
 
     @property
     def base(self) -> str:
@@ -69,11 +80,17 @@ def canonical(name: str) -> str:
 
 
 def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bool = False,
-             check: Optional[Callable] = None, backends: Iterable[str] = ("cuda", "interpreter")):
+             check: Optional[Callable] = None, backends: Iterable[str] = ("cuda", "interpreter"),
+             plan: bool = True, dynamic: Iterable[str] = ()):
     """Declare that the decorated function implements the ATen overloads `names`.
 
     Names are ATen overload names as `torch.ops.aten.<base>.<overload>` spells them; a name without
     a dot means the `.default` overload. The function receives exactly ATen's arguments.
+
+    Repeat calls run a cached plan (runtime/plan.py) when the first call of a signature only
+    allocated through `runtime.alloc`, launched `LaunchCache` kernels and took views; `plan=False`
+    opts out (kernels seeded per call), `dynamic` names arguments whose Python numbers are passed to
+    the kernel per call (the op reports where with `runtime.plan.dynamic`).
     """
     if category not in CATEGORIES:
         raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")
@@ -86,10 +103,16 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
                 if name in _IMPLS:
                     raise ValueError(f"{name} is registered twice ({_IMPLS[name].fn.__module__} and {fn.__module__})")
                 _IMPLS[name] = OpImpl(name, fn, category, tuple(dtypes), backward, check, tuple(backends),
-                                      (fn.__doc__ or "").strip().split("\n")[0])
+                                      (fn.__doc__ or "").strip().split("\n")[0], plan, frozenset(dynamic))
         return fn
 
     return deco
+
+
+def restrict_backends(name: str, backends: Iterable[str]):
+    """Serve an already declared overload only on `backends` (a torch limitation on the others)."""
+    with _LOCK:
+        _IMPLS[canonical(name)].backends = tuple(backends)
 
 
 def _aten_overload(name: str):
@@ -151,8 +174,8 @@ def override_impl(name: str, fn: Callable):
     """
     impl = get(name)
     old = impl.fn
-    impl.fn = fn
+    impl.set_fn(fn)
     try:
         yield impl
     finally:
-        impl.fn = old
+        impl.set_fn(old)

@@ -6,14 +6,16 @@ output allocation/resizing, in-place checks, layout planning) and the kernel cac
 """
 from __future__ import annotations
 
-import itertools
 import threading
 
 import torch
 import torch._prims_common as pc
 
 from ..registry import Unsupported, register
+from ..runtime import alloc
+from ..runtime import plan as _plan
 from ..runtime.backend import backend
+from ..runtime.utils import cdiv, resize_like_aten
 from . import layout, source
 
 _T = torch.Tensor
@@ -35,15 +37,6 @@ _COMPUTE_OK = frozenset([torch.float32, torch.int8, torch.int16, torch.int32, to
 _NUMBERS = (bool, int, float)
 _LIM = layout.INT32_MAX
 
-# launch configs of the strided (nd) kernel per backend: elements per program, the square tile used
-# when an input is transposed relative to the output, warps. The flat kernel uses
-# backend().config("pointwise").
-ND_CONFIG = {
-    "cuda": {"block": 4096, "square": 64, "num_warps": 8},
-    "interpreter": {"block": 1024, "square": 32, "num_warps": 1},
-}
-
-
 class _Overload:
     """One ATen overload of an op: how its schema's arguments map to operands/scalars/outputs."""
 
@@ -64,13 +57,6 @@ class _Overload:
                 raise ValueError(f"{name}: operand {o!r} not in schema {schema}")
         self.args = args
         self.names = names
-        self.fast: dict = {}
-
-
-def _default_repr(a):
-    if a.default_value is None and not a.kwarg_only and a.alias_info is None:
-        return None
-    return a.default_value
 
 
 class PointwiseOp:
@@ -112,14 +98,23 @@ class PointwiseOp:
                 # `x * 2.0` with Gems registered. They are callable through `op.overloads[n].fn`.
                 self.held_back.append(n)
                 continue
-            register(n, category=category, dtypes=_first_dtypes(self), backward=backward, check=check)(fn)
+            dynamic = [a for a in self.operands + self.scalars if a in ovl.names]
+            register(n, category=category, dtypes=_first_dtypes(self), backward=backward, check=check,
+                     dynamic=dynamic)(fn)
+
+    def unregistered_overload(self, name):
+        """The wrapper for ATen overload `name` without registering it (clamp's optional bounds pick
+        between several ops in a registered function of their own)."""
+        ovl = _Overload(self, name)
+        ovl.fn = _make_wrapper(self, ovl)
+        self.overloads[name] = ovl
+        return ovl.fn
 
     # ---- direct call (tests, fused code): general path, no registration involved
     def __call__(self, *operands, scalars=(), consts=(), out=None, inplace=False):
         outs = None if out is None else (list(out) if isinstance(out, (list, tuple)) else [out])
         mode = 1 if inplace else (2 if outs is not None else 0)
-        res = general(self, None, operands, tuple(scalars), tuple(consts), outs, mode)
-        return res
+        return general(self, None, operands, tuple(scalars), tuple(consts), outs, mode)
 
     # ---- type promotion (cached per operand kind signature)
     def promotion(self, operands, consts=()):
@@ -203,7 +198,6 @@ def _dense(t):
 def _resize_out(out, shape, strides):
     if tuple(out.shape) == tuple(shape):
         return out
-    from ..ops.utils import resize_like_aten   # lazily: gems.ops imports the op modules, which import us
     resize_like_aten(out, shape, stacklevel=6)
     if tuple(out.stride()) != tuple(strides) and len(shape):
         out.as_strided_(shape, strides)
@@ -216,18 +210,17 @@ def _dtype_name(d):
             torch.uint8: "Byte", torch.bool: "Bool"}.get(d, str(d))
 
 
-def general(op, ovl, operands, scalars, consts, outs, mode):
-    """Any call: mode 0 functional, 1 in-place (outs = [self]), 2 out= (outs given)."""
-    from ..ops import utils as _utils   # lazily: gems.ops imports the op modules, which import us
-    be = backend()
-    on_cuda = be.device_type == "cuda"
-    # 0-dim CPU tensors beside device tensors are read on the host, once, and passed as scalars
-    vals = []
-    ref = None
+def _operand_values(op, operands, on_cuda, dyn):
+    """Kernel values of the operands: tensors as they are, numbers as Python scalars, 0-dim CPU tensors
+    beside device tensors read on the host (`.item()`). Fills `dyn` {operand index: expression source}
+    for what a call plan must take from each call, and returns (values, first device tensor)."""
+    vals, ref = [], None
     for i, a in enumerate(operands):
         if isinstance(a, _T):
             if on_cuda and a.dim() == 0 and not a.is_cuda:
-                vals.append(a.item())
+                with _plan.quiet():        # a sanctioned host read: the plan repeats it per call
+                    vals.append(a.item())
+                dyn[i] = ".item()"
                 continue
             allowed = op.operand_dtypes.get(i, op.dtypes)
             if a.dtype not in allowed:
@@ -239,10 +232,83 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
             vals.append(a)
         elif a.__class__ in _NUMBERS:
             vals.append(int(a) if a.__class__ is bool else a)   # the interpreter has no i1 scalars
+            dyn[i] = "int" if a.__class__ is bool else ""
         elif isinstance(a, _NUMBERS):   # subclasses of Python numbers (numpy scalars): plain values
-            vals.append(bool(a) if isinstance(a, bool) else int(a) if isinstance(a, int) else float(a))
+            conv = bool if isinstance(a, bool) else int if isinstance(a, int) else float
+            vals.append(int(a) if conv is bool else conv(a))
+            dyn[i] = "int" if conv in (bool, int) else "float"
         else:
             raise Unsupported(f"operand of type {type(a).__name__}")
+    return vals, ref
+
+
+def _broadcast_shape(shapes):
+    """torch.broadcast_shapes without its Python layer (that costs ~10-80 us; this ~0.3 us a pair)."""
+    if not shapes:
+        return ()
+    shape = shapes[0]
+    for s in shapes[1:]:
+        if s != shape:
+            shape = torch._C._infer_size(torch.Size(shape), torch.Size(s))
+    return tuple(shape)
+
+
+def _check_inplace(self_t, shape, result, tens):
+    """ATen's checks for an in-place call; self is the output."""
+    if tuple(self_t.shape) != shape:
+        raise RuntimeError(f"output with shape {list(self_t.shape)} doesn't match the broadcast shape {list(shape)}")
+    if not torch.can_cast(result, self_t.dtype):
+        raise RuntimeError(f"result type {_dtype_name(result)} can't be cast to the desired output type "
+                           f"{_dtype_name(self_t.dtype)}")
+    if self_t.dtype not in _TL:
+        raise Unsupported(f"dtype {self_t.dtype}")
+    _check_no_internal_overlap(self_t)
+    for v in tens:
+        _overlap_check(self_t, v)
+    return [self_t]
+
+
+def _check_no_internal_overlap(o):
+    if any(s == 0 and n > 1 for n, s in zip(o.shape, o.stride())):
+        raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
+                           "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def _outputs(op, outs, mode, shape, result, device, tens):
+    """The tensors the kernel writes: self (in-place), the caller's out= (checked, resized like ATen)
+    or fresh ones laid out by TensorIterator's rule (dense in the inputs' memory order)."""
+    if mode == 1:
+        return _check_inplace(outs[0], shape, result, tens)
+    if all(v.is_contiguous() and tuple(v.shape) == shape for v in tens):
+        fresh, strided = layout.contiguous_strides(shape), False
+    else:
+        tstrides = [layout.broadcast_strides(shape, tuple(v.shape), tuple(v.stride())) for v in tens]
+        fresh, strided = layout.strides_for_perm(shape, layout.output_perm(shape, tstrides)), True
+    if mode == 0:
+        return [alloc.empty(shape, result, device, fresh if strided else None) for _ in range(op.n_out)]
+    out_list = []
+    for o in outs:
+        if o.dtype != result:
+            raise Unsupported("out dtype differs from the result dtype")
+        if o.device != device:
+            raise Unsupported("out on another device")
+        o = _resize_out(o, shape, fresh)
+        _check_no_internal_overlap(o)
+        for v in tens:
+            _overlap_check(o, v)
+        out_list.append(o)
+    return out_list
+
+
+def general(op, ovl, operands, scalars, consts, outs, mode):
+    """Any call: mode 0 functional, 1 in-place (outs = [self]), 2 out= (outs given).
+
+    Stages: operand values -> promotion -> broadcast shape -> outputs -> layout plan -> launch. A
+    dispatcher call records all of it once per signature as a call plan (runtime/plan.py); this
+    function then runs again only for new signatures."""
+    be = backend()
+    dyn = {}
+    vals, ref = _operand_values(op, operands, be.device_type == "cuda", dyn)
     for s in scalars:
         if s is not None and not isinstance(s, _NUMBERS):
             raise Unsupported(f"scalar of type {type(s).__name__}")
@@ -253,63 +319,19 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
     compute, result = op.promotion(operands, tuple(consts))
     if compute not in _COMPUTE_OK:
         raise Unsupported(f"compute dtype {compute}")
-    tens = [(i, v) for i, v in enumerate(vals) if isinstance(v, _T)]
-    shapes = [tuple(v.shape) for _, v in tens]
-    if mode == 1:
-        self_t = outs[0]
-        shapes.append(tuple(self_t.shape))
-    shape = tuple(torch.broadcast_shapes(*shapes)) if shapes else ()
+    tens = [v for v in vals if isinstance(v, _T)]
+    shapes = [tuple(v.shape) for v in tens] + ([tuple(outs[0].shape)] if mode == 1 else [])
+    shape = _broadcast_shape(shapes)
     if ref is None and mode == 0:
         raise Unsupported("no device tensor operand")
     device = ref.device if ref is not None else outs[0].device
-
-    # outputs
-    if mode == 1:
-        self_t = outs[0]
-        if tuple(self_t.shape) != shape:
-            raise RuntimeError(f"output with shape {list(self_t.shape)} doesn't match the broadcast shape {list(shape)}")
-        if not torch.can_cast(result, self_t.dtype):
-            raise RuntimeError(f"result type {_dtype_name(result)} can't be cast to the desired output type "
-                               f"{_dtype_name(self_t.dtype)}")
-        if self_t.dtype not in _TL:
-            raise Unsupported(f"dtype {self_t.dtype}")
-        if any(s == 0 and n > 1 for n, s in zip(self_t.shape, self_t.stride())):
-            raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
-                               "single memory location. Please clone() the tensor before performing the operation.")
-        for _, v in tens:
-            _overlap_check(self_t, v)
-        out_list = [self_t]
-    else:
-        perm = None
-        tstrides = [layout.broadcast_strides(shape, tuple(v.shape), tuple(v.stride())) for _, v in tens]
-        if all(v.is_contiguous() and tuple(v.shape) == shape for _, v in tens):
-            fresh = layout.contiguous_strides(shape)
-        else:
-            perm = layout.output_perm(shape, tstrides)
-            fresh = layout.strides_for_perm(shape, perm)
-        if mode == 2:
-            out_list = []
-            for o in outs:
-                if o.dtype != result:
-                    raise Unsupported("out dtype differs from the result dtype")
-                if o.device != device:
-                    raise Unsupported("out on another device")
-                o = _resize_out(o, shape, fresh)
-                if any(s == 0 and n > 1 for n, s in zip(o.shape, o.stride())):
-                    raise RuntimeError("unsupported operation: more than one element of the written-to tensor "
-                                       "refers to a single memory location. Please clone() the tensor before "
-                                       "performing the operation.")
-                for _, v in tens:
-                    _overlap_check(o, v)
-                out_list.append(o)
-        else:
-            out_list = [_utils.empty(shape, result, device, None if perm is None else fresh) for _ in range(op.n_out)]
+    out_list = _outputs(op, outs, mode, shape, result, device, tens)
     numel = 1
     for s in shape:
         numel *= s
     if numel == 0:
-        return _ret(op, out_list, mode)
-
+        return _ret(op, out_list)
+    _note_dynamic(op, ovl, operands, scalars, dyn)
     is_tensor = tuple(isinstance(v, _T) for v in vals)
     ctl = _TL[compute]
     casts = tuple(ctl if i in op.promote else (_TL[v.dtype] if isinstance(v, _T) else None)
@@ -317,112 +339,85 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
     cvals = [_norm_const(c) for c in consts]
     # layout plan over outputs + tensor operands
     out_st = tuple(out_list[0].stride())
-    in_st = [layout.broadcast_strides(shape, tuple(v.shape), tuple(v.stride())) for _, v in tens]
+    in_st = [layout.broadcast_strides(shape, tuple(v.shape), tuple(v.stride())) for v in tens]
     in_st += [tuple(o.stride()) for o in out_list[1:]]
     perm = sorted(range(len(shape)), key=lambda d: -out_st[d])
     sizes, sts, transposed = layout.plan(shape, out_st, in_st, perm)
-    ptrs = [v for _, v in tens]
-    flat = sizes[0] == 1 and len(sizes) == 2 and all(s[-1] == 1 for s in sts)
-    if flat:
+    if sizes[0] == 1 and len(sizes) == 2 and all(s[-1] == 1 for s in sts):
+        # every operand and output dense in the same order: the flat kernel
         cfg = be.config("pointwise")
         block = cfg["BLOCK"]
         k = op.kernel("flat", 1, is_tensor, casts, ctl)
         i64 = layout.needs_int64(numel, block, [])
-        k.run((_utils.cdiv(numel, block),), (*vals, *kscal, *out_list, numel, *cvals, block, i64),
-              cfg["num_warps"], 3)
-        if ovl is not None:
-            _install_fast(op, ovl, operands, vals, scalars, consts, out_list, mode, shape, result, compute, k)
-        return _ret(op, out_list, mode)
-    ndc = ND_CONFIG.get(be.name, ND_CONFIG["cuda"])
+        k.run((cdiv(numel, block),), (*vals, *kscal, *out_list, numel, *cvals, block, i64), cfg["num_warps"], 3)
+        return _ret(op, out_list)
+    ndc = be.config("pointwise_nd")
     bm, bn = layout.tile(sizes, transposed, ndc["block"], ndc["square"])
-    r = len(sizes)
-    nt_m, nt_n = _utils.cdiv(sizes[-2], bm), _utils.cdiv(sizes[-1], bn)
+    nt_m, nt_n = cdiv(sizes[-2], bm), cdiv(sizes[-1], bn)
     padded = sizes[:-2] + [nt_m * bm, nt_n * bn]
     i64 = layout.needs_int64(numel, bm * bn, [(padded, s) for s in sts])
     grid = nt_m * nt_n
     for s in sizes[:-2]:
         grid *= s
     # kernel tensor order: tensor operands, then outputs (matching nd_source)
-    t_strides = sts[1:1 + len(tens)] + [sts[0]] + sts[1 + len(tens):]
+    n_in = len(tens)
+    t_strides = sts[1:1 + n_in] + [sts[0]] + sts[1 + n_in:]
     flat_st = [x for s in t_strides for x in s]
-    k = op.kernel("nd", r, is_tensor, casts, ctl)
+    k = op.kernel("nd", len(sizes), is_tensor, casts, ctl)
     k.run((grid,), (*vals, *kscal, *out_list, *sizes, *flat_st, nt_m, nt_n, *cvals, bm, bn, i64),
           ndc["num_warps"], 3)
-    return _ret(op, out_list, mode)
+    return _ret(op, out_list)
 
 
-def _ret(op, outs, mode):
+def _note_dynamic(op, ovl, operands, scalars, dyn):
+    """Tell a recording call plan which kernel arguments come from the call: the numbers among the
+    operands and scalars (keyed by class, not value, in the signature) and host-read 0-dim tensors.
+    Kernel arguments start with the operands, then the scalars (flat_source / nd_source)."""
+    rec = _plan.active()
+    if rec is None:
+        return
+    n = len(op.operands)
+    slots = {}
+    named = [(i, op.operands[i], operands[i]) for i in dyn]
+    # scalars the overload's schema lacks come from op.defaults: constants, baked into the plan
+    named += [(n + j, op.scalars[j], v) for j, v in enumerate(scalars)
+              if v is not None and (ovl is None or op.scalars[j] in ovl.names)]
+    for pos, name, v in named:
+        conv = dyn.get(pos, "") if pos < n else ("int" if v.__class__ is bool else "" if v.__class__ in _NUMBERS
+                                                else "float")
+        # the expression names the recorded call's argument: valid only if that argument is this very
+        # value (a wrapper calling another op's overload with derived numbers would bake them in)
+        if ovl is None or rec.values.get(name, _ABSENT) is not v:
+            _plan.taint("numbers not taken from the call's own arguments")
+            return
+        if conv == ".item()" and not v.is_floating_point():
+            # an integer read on the host: Triton specializes its value (== 1, % 16), which the
+            # signature (the tensor's dtype and shape) cannot see
+            _plan.taint("integer host scalar")
+            return
+        slots[pos] = f"{name}.item()" if conv == ".item()" else (f"{conv}({name})" if conv else name)
+    _plan.dynamic(slots)
+
+
+_ABSENT = object()
+
+
+def _ret(op, outs):
     return outs[0] if op.n_out == 1 else tuple(outs)
 
 
-# --------------------------------------------------------------------------------------------
-# hot path: per overload, a generated wrapper that goes straight to a prebuilt closure
-# --------------------------------------------------------------------------------------------
-
-def _install_fast(op, ovl, operands, vals, scalars, consts, out_list, mode, shape, result, compute, k):
-    """After a flat launch, prebuild the closure serving the same signature without any analysis."""
-    if not shape or any(isinstance(a, _T) and (a.dim() == 0 or not a.is_contiguous() or tuple(a.shape) != shape)
-                        for a in operands):
-        return
-    if any(not isinstance(a, (_T,) + _NUMBERS) for a in operands):
-        return
-    if mode == 1 and not out_list[0].is_contiguous():
-        return
-    if mode == 2 and any(not o.is_contiguous() for o in out_list):
-        return
-    key = _fast_key(operands, scalars, consts, out_list if mode else None)
-    if key in ovl.fast:
-        return
-    ovl.fast[key] = _build_fast(op, ovl, operands, scalars, mode, result, k, consts)
-
-
-def _fast_key(operands, scalars, consts, outs):
-    key = tuple(a.dtype if isinstance(a, _T) else a.__class__ for a in operands)
-    key += tuple(s.__class__ for s in scalars) + tuple(consts)
-    if outs:
-        key += tuple(o.dtype for o in outs)
-    return key
-
-
-def _build_fast(op, ovl, operands, scalars, mode, result, k, consts):
-    from ..ops import utils as _utils
-    cfg = backend().config("pointwise")
-    block, warps = cfg["BLOCK"], cfg["num_warps"]
-    n_ops = len(operands)
-    ops = [f"x{i}" for i in range(n_ops)]
-    scal = [f"s{i}" for i in range(len(op.scalars))]
-    # bool numbers go to the kernel as ints (the interpreter has no i1 scalars); key has the class
-    pass_ops = [f"int({o})" if operands[i].__class__ is bool else o for i, o in enumerate(ops)]
-    pass_scal = [f"int({x})" if scalars[i].__class__ is bool else x for i, x in enumerate(scal)]
-    outs = [f"y{j}" for j in range(op.n_out)]
-    tens = [f"x{i}" for i in range(n_ops) if isinstance(operands[i], _T)]
-    ref = "y0" if mode else tens[0]
-    cvals = ", ".join(repr(_norm_const(c)) for c in consts)
-    lines = [f"def fast({', '.join(ops + scal + (outs if mode else []))}):",
-             f"    n = {ref}.numel()"]
-    if mode == 0:
-        for y in outs:
-            lines.append(f"    {y} = _empty({tens[0]}.shape, _RDT, {tens[0]}.device)")
-    lines += ["    if n:",
-              f"        _K.run(((n + {block - 1}) // {block},), ({', '.join(pass_ops + pass_scal + outs)}, n, "
-              f"{cvals + ', ' if cvals else ''}{block}, n > {_LIM - block}), {warps}, 3)",
-              f"    return {outs[0] if op.n_out == 1 else '(' + ', '.join(outs) + ')'}"]
-    ns = {"_empty": _utils.empty, "_RDT": result, "_K": k}
-    exec("\n".join(lines), ns)
-    return ns["fast"]
-
-
 def _make_wrapper(op, ovl):
-    """Python source of the registered function for one overload, with the fast path inlined."""
+    """The registered function of one overload: ATen's signature, mapped onto `general`."""
     args = ovl.args
     sig, seen_kw = [], False
-    for a in args:
+    ns = {"_G": general, "_OP": op, "_OVL": ovl}
+    for i, a in enumerate(args):
         if a.kwarg_only and not seen_kw:
             sig.append("*")
             seen_kw = True
-        if a.kwarg_only or a.default_value is not None or (a.alias_info is None and _has_default(a)):
-            dv = a.default_value if _has_default(a) else None
-            sig.append(f"{a.name}={dv!r}")
+        if a.kwarg_only or _has_default(a):
+            ns[f"_D{i}"] = a.default_value if _has_default(a) else None
+            sig.append(f"{a.name}=_D{i}")
         else:
             sig.append(a.name)
 
@@ -435,43 +430,14 @@ def _make_wrapper(op, ovl):
 
     scal = [scalar_expr(s) for s in op.scalars]
     consts = [scalar_expr(c) for c in op.constexprs]
-    ops = list(op.operands)
     mode = 1 if ovl.inplace else (2 if ovl.outs else 0)
     outs = ovl.outs if mode == 2 else (["self"] if mode == 1 else [])
     tuple_of = lambda xs: "(" + "".join(x + ", " for x in xs) + ")"
-    lines = [f"def {ovl.name.replace('.', '_')}({', '.join(sig)}):"]
-    # fast path: every tensor operand contiguous, same (non-0-dim) shape; numbers anywhere
-    n = len(ops)
-    lines.append("    p = " + " + ".join(f"{1 << i} * isinstance({o}, _T)" for i, o in enumerate(ops)))
-    first = True
-    for pat in range(1, 1 << n):
-        tens = [ops[i] for i in range(n) if pat >> i & 1]
-        nums = [ops[i] for i in range(n) if not pat >> i & 1]
-        refs = tens[0]
-        conds = [f"{t}.is_contiguous()" for t in tens] + [f"{t}.shape == {refs}.shape" for t in tens[1:]]
-        conds.append(f"{refs}.dim()")
-        conds += [f"{x}.__class__ in _NUM" for x in nums]
-        if mode == 1 and "self" not in ops:
-            conds += ["self.is_contiguous()", f"self.shape == {refs}.shape"]
-        if mode == 2:
-            conds += [f"{o}.is_contiguous()" for o in outs] + [f"{o}.shape == {refs}.shape" for o in outs]
-        if mode:
-            conds += [f"_noov({o}, {t})" for o in outs for t in tens if not (mode == 1 and t == "self")]
-        key = [f"{o}.dtype" if (pat >> i & 1) else f"{o}.__class__" for i, o in enumerate(ops)]
-        key += [f"{s}.__class__" for s in scal] + consts + ([f"{o}.dtype" for o in outs] if mode else [])
-        lines.append(f"    {'if' if first else 'elif'} p == {pat}:")
-        first = False
-        lines.append(f"        if {' and '.join(conds)}:")
-        lines.append(f"            f = _FAST.get({tuple_of(key)})")
-        lines.append("            if f is not None:")
-        lines.append(f"                return f({', '.join(ops + scal + (outs if mode else []))})")
-    lines.append(f"    return _G(_OP, _OVL, {tuple_of(ops)}, {tuple_of(scal)}, {tuple_of(consts)}, "
-                 f"{'None' if mode == 0 else '[' + ', '.join(outs) + ']'}, {mode})")
-    ns = {"_T": _T, "_NUM": frozenset(_NUMBERS), "_FAST": ovl.fast, "_G": general, "_OP": op, "_OVL": ovl,
-          "_noov": _no_partial_overlap}
-    src = "\n".join(lines)
-    exec(src, ns)
-    fn = ns[ovl.name.replace(".", "_")]
+    fname = ovl.name.replace(".", "_")
+    src = (f"def {fname}({', '.join(sig)}):\n"
+           f"    return _G(_OP, _OVL, {tuple_of(op.operands)}, {tuple_of(scal)}, {tuple_of(consts)}, "
+           f"{'None' if mode == 0 else '[' + ', '.join(outs) + ']'}, {mode})\n")
+    fn = _plan.compile_source(src, f"<gems pointwise {ovl.name}>", ns)[fname]
     fn.__gems_source__ = src
     return fn
 
@@ -481,14 +447,6 @@ def _has_default(a):
         return a.has_default_value()
     except AttributeError:
         return a.default_value is not None
-
-
-def _no_partial_overlap(out, t):
-    """Cheap hot-path test for contiguous tensors: the same memory or disjoint memory."""
-    a, b = out.data_ptr(), t.data_ptr()
-    if a == b:
-        return out.dtype == t.dtype
-    return a + out.numel() * out.element_size() <= b or b + t.numel() * t.element_size() <= a
 
 
 def pointwise(*names, body, promotion="default", operands=("self", "other"), scalars=(), constexprs=(),

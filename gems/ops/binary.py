@@ -10,7 +10,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..codegen import pointwise
-from ..registry import _IMPLS, FLOATS, INTS
+from ..registry import FLOATS, INTS, restrict_backends
 from ..runtime.backend import interpreting
 
 NUMERIC = FLOATS + INTS
@@ -233,7 +233,7 @@ pow = pointwise(*_variants("pow", "Tensor_Tensor", "Tensor_Scalar", "Scalar", "T
 # which the dispatcher cannot hand to any Python kernel (INTERNAL ASSERT in pybind_utils), even one
 # that would only pass it on: on CUDA these overloads stay unregistered (Tensor ** Tensor runs ATen).
 for _name in ("pow.Tensor_Tensor", "pow.Tensor_Tensor_out", "pow_.Tensor"):
-    _IMPLS[_name].backends = ("interpreter",)
+    restrict_backends(_name, ("interpreter",))
 maximum = pointwise("maximum", "maximum.out", body=_maximum, dtypes=ALL)
 minimum = pointwise("minimum", "minimum.out", body=_minimum, dtypes=ALL)
 fmax = pointwise("fmax", "fmax.out", body=_fmax, dtypes=NUMERIC)

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from ..codegen import pointwise
 from ..registry import FLOATS, INTS, Unsupported, register
-from . import utils
+from ..runtime import alloc
 
 ALL = FLOATS + INTS + (torch.bool,)
 
@@ -87,7 +87,7 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
         if not _non_overlapping_dense(self):
             raise Unsupported("preserve_format of an overlapping or non-dense tensor")
         strides = self.stride()
-    out = utils.empty(self.shape, dt, self.device, strides)
+    out = alloc.empty(self.shape, dt, self.device, strides)
     if self.numel():
         _copy_fn(out, self)
     return out

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ..registry import FLOATS, register
 from ..runtime import backend, kernel
-from .utils import cdiv, next_pow2, prepare_out
+from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, zeros
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -189,7 +189,7 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
     chunk = _CHUNK[backend().name]
     block, warps = _block_d(D, grad_output.element_size())
     nchunks = cdiv(n, chunk)
-    partial = torch.empty((max(nchunks, 1), 2, D), dtype=torch.float32, device=g.device)
+    partial = empty((max(nchunks, 1), 2, D), torch.float32, g.device)
     pad = int(padding_idx)
     scale = bool(scale_grad_by_freq)
     if n:

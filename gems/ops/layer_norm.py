@@ -30,7 +30,7 @@ import triton.language as tl
 from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
 from .reduction import _launch as _reduce_launch
-from .utils import cdiv, next_pow2, prepare_out
+from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, zeros
 
 # max_n: widest row kept in registers; tile: elements per program for short rows;
 # elems_per_warp: sets num_warps; bwd_programs_per_sm: programs of the backward when dw/db are needed
@@ -350,9 +350,9 @@ def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight
     if not single:
         block_n = cfg["max_n"]
     P, rows = _bwd_programs(M, do_dw or do_db, x.device)
-    alloc = torch.empty if single else torch.zeros
-    ws_w = alloc((P, N), dtype=torch.float32, device=x.device) if do_dw else None
-    ws_b = alloc((P, N), dtype=torch.float32, device=x.device) if do_db else None
+    ws_alloc = empty if single else zeros
+    ws_w = ws_alloc((P, N), torch.float32, x.device) if do_dw else None
+    ws_b = ws_alloc((P, N), torch.float32, x.device) if do_db else None
     big = int(max(M * max(sg, sx, N), P * N) >= _INT64_FROM)
     consts = (int(w is not None), int(do_dx), int(do_dw), int(do_db), single, big, block_n)
     layer_norm_bwd[(P,)](

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ..registry import FLOATS, INTS, Unsupported, register
 from ..runtime import backend, kernel
-from .utils import cdiv, next_pow2, prepare_out, wrap_dims
+from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, wrap_dims
 
 _SUM, _MAX = 0, 1
 
@@ -274,7 +274,7 @@ def _schedule(plan, op, acc_dtype, scale, target):
 
 
 def _run(steps, ws_shape, x, y, acc_dtype):
-    bufs = (x, y, None if ws_shape is None else torch.empty(ws_shape, dtype=acc_dtype, device=x.device))
+    bufs = (x, y, None if ws_shape is None else empty(ws_shape, acc_dtype, x.device))
     for k, grid, src, dst, args, nw in steps:
         k[grid](bufs[src], bufs[dst], *args, num_warps=nw)
 
@@ -308,7 +308,7 @@ def _reduce_into(x, dims, y, op, acc_dtype, scale):
         return
     # contiguous, but the reduced dims are apart: reduce the innermost run first (into acc dtype)
     last = _runs(dims)[-1]
-    mid = torch.empty([1 if d in last else s for d, s in enumerate(x.shape)], dtype=acc_dtype, device=x.device)
+    mid = empty([1 if d in last else s for d, s in enumerate(x.shape)], acc_dtype, x.device)
     _reduce_into(x, last, mid, op, acc_dtype, 1.0)
     _reduce_into(mid, [d for d in dims if d not in last], y, op, acc_dtype, scale)
 

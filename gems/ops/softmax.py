@@ -14,7 +14,7 @@ import triton.language as tl
 from ..registry import FLOATS, register
 from ..runtime import backend, kernel
 from ..runtime.autotune import Autotuner, bench_ms
-from .utils import cdiv, next_pow2, num_warps_for, prepare_out, wrap_dim
+from ..runtime.utils import cdiv, next_pow2, num_warps_for, prepare_out, wrap_dim
 
 # Warps per program for large single-tile rows: one warp count does not fit every row length and
 # dtype (16 warps leave 8 elements per thread at N=4096; 4-8 keep more loads in flight per thread).

@@ -8,7 +8,6 @@ import triton
 import triton.language as tl
 
 from ..codegen import pointwise
-from ..codegen.pointwise import _make_wrapper, _Overload
 from ..registry import FLOATS, INTS, register
 
 NUMERIC = FLOATS + INTS
@@ -99,9 +98,7 @@ clamp_max = pointwise("clamp_max", "clamp_max.out", "clamp_max_", "clamp_max.Ten
 # the registered clamp variants below pick clamp_min / clamp_max / both by which bounds are given.
 clamp_both = pointwise(body=_clamp, operands=("self", "min", "max"), dtypes=NUMERIC)
 for _n in ("clamp", "clamp.out", "clamp_", "clamp.Tensor", "clamp.Tensor_out", "clamp_.Tensor"):
-    _o = _Overload(clamp_both, _n)
-    _o.fn = _make_wrapper(clamp_both, _o)
-    clamp_both.overloads[_n] = _o
+    clamp_both.unregistered_overload(_n)
 
 
 def _pick(variant):
@@ -128,7 +125,8 @@ def _clamp_impl(name):
 
 
 for _n in clamp_both.overloads:
-    register(_n, category="pointwise", dtypes=NUMERIC, check=_no_bool)(_clamp_impl(_n))
+    # min/max numbers are per-call kernel arguments (the inner overloads name them the same)
+    register(_n, category="pointwise", dtypes=NUMERIC, check=_no_bool, dynamic=("min", "max"))(_clamp_impl(_n))
 
 
 def _same_dtypes(self, end, weight, *a, **k):

@@ -62,10 +62,12 @@ class Autotuner:
         if cfg is not None:
             return cfg
         from .backend import backend
+        from .plan import taint
         if not backend().can_benchmark or len(self.configs) == 1:
             cfg = self.configs[0]
             best[k] = cfg
             return cfg
+        taint("autotuning")   # the benchmark launches are not the call's: plan the next call instead
         timings = []
         for c in self.configs:
             try:

@@ -38,12 +38,16 @@ class Backend:
 _CUDA_TUNING = {
     # contiguous elementwise: 16-byte vectors, several in flight per thread
     "pointwise": {"default": {"BLOCK": 1024, "num_warps": 4}, "sm90": {"BLOCK": 2048, "num_warps": 8}},
+    # strided pointwise (nd kernel): elements per program, the square tile used when an input is
+    # transposed relative to the output, warps
+    "pointwise_nd": {"default": {"block": 4096, "square": 64, "num_warps": 8}},
     "row": {"default": {"max_block": 16384}},
     "blas": {"default": {}},
 }
 _INTERP_TUNING = {
     # the interpreter runs each program instance in Python: few, wide programs are fastest
     "pointwise": {"default": {"BLOCK": 1024, "num_warps": 1}},
+    "pointwise_nd": {"default": {"block": 1024, "square": 32, "num_warps": 1}},
     "row": {"default": {"max_block": 1024}},
     "blas": {"default": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32}},
 }

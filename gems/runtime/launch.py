@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import triton
 
+from . import plan as _plan
+
 _Tensor = torch.Tensor
 _MAX_ENTRIES = 256  # binaries per kernel; a kernel with more variants than this is a design bug
 
@@ -94,6 +96,9 @@ class LaunchCache:
         return lambda *args, num_warps=4, num_stages=3: self.run(grid, args, num_warps, num_stages)
 
     def run(self, grid, args, num_warps=4, num_stages=3):
+        rec = _plan.active()
+        if rec is not None:
+            return self._run_recorded(rec, grid, args, num_warps, num_stages)
         if self.interpreted:
             return self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
         dev = _get_device()
@@ -111,23 +116,38 @@ class LaunchCache:
         g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
         kernel, launch, function, coop, pdl, meta = entry
         stream = _get_stream(dev)
-        rt = _knobs_runtime
-        # triton 3.6 keeps hooks as (usually empty) HookChain objects; older versions use None
-        enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
-        if not getattr(enter, "calls", enter):
-            enter = None
-        if launch is not None and enter is None and not getattr(leave, "calls", leave):
+        if launch is not None and not _plan.hooks_active():
             # the C launcher itself: CudaLauncher.__call__ only adds scratch allocation, and this
             # kernel needs none
             # (grid, stream, function, cooperative, pdl, global/profile scratch, packed metadata,
             # launch metadata, enter hook, exit hook, kernel args): the C signature Triton 3.6 generates
             launch(g0, g1, g2, stream, function, coop, pdl, None, None, meta, None, None, None, *args)
-        elif enter is None:
-            kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, leave, *args)
-        else:  # a profiler is listening: give it what Triton would
-            kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata,
-                       kernel.launch_metadata(grid, stream, *args), enter, leave, *args)
+        else:  # no direct launcher, or a profiler listens: give the hooks what Triton would
+            rt = _knobs_runtime
+            enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+            if not getattr(enter, "calls", enter):
+                kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, leave, *args)
+            else:
+                kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata,
+                           kernel.launch_metadata(grid, stream, *args), enter, leave, *args)
         return kernel
+
+    def _run_recorded(self, rec, grid, args, num_warps, num_stages):
+        """A launch while a call plan is recorded: run it (the interpreter's own storage copies are
+        not the op's and must not taint the recording), then note it with its binary."""
+        with _plan.quiet():
+            if self.interpreted:
+                out = self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
+                entry = None
+            else:
+                _plan._STATE.rec = None     # the plain path below, without recording itself again
+                try:
+                    out = self.run(grid, args, num_warps, num_stages)
+                finally:
+                    _plan._STATE.rec = rec
+                entry = self._cache.get((_get_device(), num_warps, num_stages, self._key(*args)))
+        rec.launch(self, entry, grid, args, num_warps, num_stages)
+        return out
 
     def cache_info(self) -> dict:
         return {"entries": len(self._cache), "hits": self.hits, "misses": self.misses}

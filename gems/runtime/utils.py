@@ -1,20 +1,16 @@
 """Helpers every op wrapper shares: dim wrapping, `out=` handling, launch arithmetic.
 
+Allocation lives in runtime/alloc.py (call plans record it); `empty` is re-exported here for the ops.
+
 `out=` is handled here once: ATen resizes a wrongly shaped `out` (warning when it held data), and
 rejects a dtype it cannot hold; an `out` Gems cannot write directly (non-contiguous) goes to ATen.
 """
 from __future__ import annotations
 
-import os
 import warnings
 
-import torch
 from ..registry import Unsupported
-
-# Test aid: fresh outputs start as NaN (or -1 for integers) so an element a kernel forgets to write
-# can never pass as a right answer.
-_POISON = os.environ.get("GEMS_POISON", "0") not in ("", "0")
-
+from .alloc import empty, zeros  # noqa: F401 - the ops allocate through these
 
 # triton.cdiv / triton.next_power_of_2 are constexpr_functions in triton 3.6: ~1.5 us per host call.
 def cdiv(a: int, b: int) -> int:
@@ -41,17 +37,6 @@ def wrap_dims(dims, ndim: int) -> list[int]:
     if len(set(out)) != len(out):
         raise RuntimeError(f"dim {dims} appears multiple times in the list of dims")
     return out
-
-
-def empty(shape, dtype, device, like_strides=None):
-    """torch.empty (poisoned under GEMS_POISON=1); `like_strides` gives an empty_strided result."""
-    if like_strides is None:
-        t = torch.empty(shape, dtype=dtype, device=device)
-    else:
-        t = torch.empty_strided(shape, like_strides, dtype=dtype, device=device)
-    if _POISON:
-        t.fill_(float("nan") if t.is_floating_point() or t.is_complex() else (True if dtype == torch.bool else -1))
-    return t
 
 
 def resize_like_aten(out, shape, stacklevel=4):

@@ -1,0 +1,45 @@
+"""Output and workspace allocation for kernels, in one place so call plans can repeat it.
+
+`empty` / `zeros` are what every op uses for tensors its kernels write: a plan being recorded
+(runtime.plan) notes each one and allocates the same shape, strides and dtype on later calls.
+Test aid: with GEMS_POISON=1 fresh outputs start as NaN (or -1 for integers), so an element a kernel
+forgets to write can never pass as a right answer -- in plans too.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import plan as _plan
+
+POISON = os.environ.get("GEMS_POISON", "0") not in ("", "0")
+
+
+def poison(t):
+    t.fill_(float("nan") if t.is_floating_point() or t.is_complex() else (True if t.dtype == torch.bool else -1))
+
+
+def empty(shape, dtype, device, like_strides=None):
+    """torch.empty / empty_strided (poisoned under GEMS_POISON=1), noted by a recording plan."""
+    if like_strides is None:
+        t = torch.empty(shape, dtype=dtype, device=device)
+    else:
+        t = torch.empty_strided(shape, like_strides, dtype=dtype, device=device)
+    rec = _plan.active()
+    if POISON:
+        with _plan.quiet():
+            poison(t)
+    if rec is not None:
+        rec.alloc(t, False, POISON)
+    return t
+
+
+def zeros(shape, dtype, device):
+    """torch.zeros (a workspace accumulated into), noted by a recording plan."""
+    rec = _plan.active()
+    with _plan.quiet():
+        t = torch.zeros(shape, dtype=dtype, device=device)
+    if rec is not None:
+        rec.alloc(t, True, False)
+    return t

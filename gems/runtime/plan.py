@@ -1,0 +1,421 @@
+"""Call plans: everything a call's signature decides, computed once; a repeat call is a lookup,
+the allocations and the launches.
+
+Why: an eager model calls each op with a handful of signatures, millions of times. What depends only
+on the signature (dtypes, shapes, strides, devices, 16-byte alignment, the values of non-tensor
+arguments) -- support checks, type promotion, broadcasting, output strides, layout planning, tiles,
+grids, the compiled binary -- need not be redone per call.
+
+How: the first call of a signature runs the implementation normally while a `Recording` watches it:
+every output allocation (`runtime.alloc.empty` / `zeros`), every kernel launch (`LaunchCache.run`)
+and, through a TorchDispatchMode, every other ATen op the implementation calls. If it did nothing
+but allocate, launch and take views, the recording becomes a *plan*: a small generated Python
+function that allocates the same outputs, launches the same binaries directly through Triton's C
+launcher with the same grid and constant arguments, and substitutes only what changes per call:
+the tensors' data pointers and the values the op marked *dynamic* (a Python scalar operand such as
+the `2.0` of `x * 2.0`, `.item()` of a CPU 0-dim tensor). Anything else -- another ATen op (a copy,
+`resize_`, `.item()`, `zero_`), an autotuning run, a kernel argument that is neither an input, an
+allocation nor a view of one, an ambiguous alias -- marks the signature "no plan" and it keeps the
+full path (still correct, just slower). Plans are bounded per overload.
+
+Per call on a hit: the signature tuple, a dict lookup, then the plan: in-place/`out=` overlap guards
+(a plan declines with MISS when a written tensor's memory meets another argument's; the full path
+then decides exactly as before), `torch.empty_strided` per output, one C launch per kernel.
+
+The generated source of each plan is registered with `linecache` under a readable name
+(`<gems plan add.Tensor #3>`), so tracebacks and debuggers show the code that ran.
+"""
+from __future__ import annotations
+
+import itertools
+import linecache
+import threading
+from typing import Optional
+
+import torch
+import triton
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+_T = torch.Tensor
+MISS = object()            # a plan's answer when it declines this call (the full path runs)
+NO_PLAN = object()         # cache value: this signature keeps the full path
+MAX_PLANS = 512            # per overload; an op seeing more signatures than this keeps the newest
+
+_counter = itertools.count()
+
+
+# --------------------------------------------------------------------------------------------------
+# recording state (thread-local) and the hooks the runtime calls
+# --------------------------------------------------------------------------------------------------
+
+class _State(threading.local):
+    rec: Optional["Recording"] = None
+
+
+_STATE = _State()
+
+
+def active() -> Optional["Recording"]:
+    return _STATE.rec
+
+
+def taint(why: str):
+    """Called by code that does something a plan cannot repeat (autotuning, a host read, ...)."""
+    rec = _STATE.rec
+    if rec is not None and rec.tainted is None:
+        rec.tainted = why
+
+
+def dynamic(slots: dict):
+    """The next launch takes these kernel arguments from the call: {arg position: python expression
+    over the schema's argument names}, e.g. {1: "float(other)"} for `x * 2.0`."""
+    rec = _STATE.rec
+    if rec is not None:
+        rec.pending_dynamic = dict(slots)
+
+
+# ATen ops an implementation may call without making its plan wrong: views (no data touched) and
+# allocations (a plan only ever uses recorded ones; an unrecorded tensor cannot be mapped anyway).
+_HARMLESS = frozenset("""view as_strided expand t transpose permute squeeze unsqueeze select slice alias
+detach _reshape_alias unfold diagonal split split_with_sizes unbind narrow empty empty_strided empty_like
+new_empty new_empty_strided _debug_has_internal_overlap sym_size sym_stride sym_numel
+sym_storage_offset is_contiguous sym_is_contiguous _unsafe_view view_as can_cast result_type promote_types
+""".split())
+
+
+class _Watch(TorchDispatchMode):
+    """Sees the ATen ops an implementation calls while it is recorded."""
+
+    def __init__(self, rec):
+        super().__init__()
+        self.rec = rec
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        base = func.overloadpacket.__name__
+        if base not in _HARMLESS and self.rec.tainted is None:
+            self.rec.tainted = f"calls aten::{base}"
+        return func(*args, **(kwargs or {}))
+
+
+class Recording:
+    """What one call of an implementation allocated and launched."""
+
+    def __init__(self, values=None):
+        self.values = values or {}   # the recorded call's arguments by schema name
+        self.allocs = []        # (tensor, zero_fill, poison)
+        self.launches = []      # (LaunchCache, entry or None, grid, args, num_warps, num_stages, dynamic)
+        self.tainted = None
+        self.pending_dynamic = None
+        self._watch = None
+
+    def __enter__(self):
+        self._prev = _STATE.rec
+        _STATE.rec = self
+        try:
+            self._watch = _Watch(self)
+            self._watch.__enter__()
+        except Exception:  # noqa: BLE001 - a mode that cannot be entered here: record nothing
+            self._watch = None
+            self.tainted = "dispatch mode unavailable"
+        return self
+
+    def __exit__(self, *exc):
+        if self._watch is not None:
+            self._watch.__exit__(*exc)
+        _STATE.rec = self._prev
+        return False
+
+    # hooks ------------------------------------------------------------------------------------
+    def alloc(self, t, zero, poison):
+        self.allocs.append((t, zero, poison))
+
+    def launch(self, lc, entry, grid, args, num_warps, num_stages):
+        dyn, self.pending_dynamic = self.pending_dynamic, None
+        self.launches.append((lc, entry, tuple(grid), tuple(args), num_warps, num_stages, dyn or {}))
+
+
+def quiet():
+    """Context: ATen ops run here (the interpreter's storage copies, poison fills, a sanctioned
+    `.item()`) are not the implementation's and must not taint the recording."""
+    return _disable_current_modes() if _STATE.rec is not None else _NULL
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+_NULL = _Null()
+
+
+# --------------------------------------------------------------------------------------------------
+# signatures: one generated function per overload, from its schema
+# --------------------------------------------------------------------------------------------------
+
+def _params(schema):
+    """(python parameter list, [(name, type string, mutable)], defaults namespace) for a schema."""
+    parts, info, ns, seen_kw = [], [], {}, False
+    for i, a in enumerate(schema.arguments):
+        if a.kwarg_only and not seen_kw:
+            parts.append("*")
+            seen_kw = True
+        name = a.name
+        has_default = a.has_default_value() if hasattr(a, "has_default_value") else a.default_value is not None
+        if has_default or a.kwarg_only:
+            ns[f"_D{i}"] = a.default_value if has_default else None
+            parts.append(f"{name}=_D{i}")
+        else:
+            parts.append(name)
+        mutable = a.alias_info is not None and a.alias_info.is_write
+        info.append((name, str(a.type), mutable))
+    return ", ".join(parts), info, ns
+
+
+_TENSOR_SIG = "({0}.dtype, {0}.shape, {0}.stride(), {0}.data_ptr() & 15, {0}.get_device())"
+
+
+def _num_sig(v):
+    c = v.__class__
+    if c is float:
+        return (c, v.hex())          # -0.0 and nan key exactly
+    return (c, v)
+
+
+def _dyn_sig(v):
+    """Signature part of a per-call number: its class, and for ints what Triton specializes a binary
+    on (== 1 becomes a constant; divisibility by 16; the 32/64-bit range), so a plan's binary is
+    always the one Triton would pick for the value."""
+    if isinstance(v, bool):
+        return (bool, v)            # passed as 0/1: 1 is specialized
+    if isinstance(v, int):
+        return (v.__class__, v == 1, v & 15 == 0, -0x80000000 <= v <= 0x7FFFFFFF, v < 0x8000000000000000)
+    return v.__class__
+
+
+def make_signature(schema, dynamic=frozenset(), on_cuda=False):
+    """A function of the overload's arguments returning a hashable signature, or None when the schema
+    has arguments a plan cannot key (tensor lists, generators)."""
+    params, info, ns = _params(schema)
+    parts, tensors = [], []
+    for name, ty, _ in info:
+        opt = ty.startswith("Optional[")
+        base = ty[9:-1] if opt else ty
+        if base == "Tensor":
+            # a Python number arrives at a Tensor position for wrapped numbers (`x * 2.0`)
+            num = f"_dyn({name})" if name in dynamic else f"_num({name})"
+            e = f"({_TENSOR_SIG.format(name)} if isinstance({name}, _T) else {num})"
+            parts.append(f"(None if {name} is None else {e})" if opt else e)
+            tensors.append(name)
+        elif base in ("number", "int", "float", "bool", "SymInt"):
+            # ints also carry dtypes, layouts and memory formats (by value)
+            parts.append(f"_dyn({name})" if name in dynamic else f"(None if {name} is None else _num({name}))")
+        elif base in ("List[int]", "List[bool]", "List[SymInt]"):
+            parts.append(f"(None if {name} is None else tuple({name}))")
+        elif base in ("str", "Device"):
+            parts.append(name)
+        else:
+            return None   # tensor lists, generators, ...: no plan for this overload
+    # aliasing between tensor arguments changes what a kernel may do (x + x vs x + y is harmless,
+    # but a plan maps kernel arguments to argument positions, so the pattern is part of the key)
+    for a, b in itertools.combinations(tensors, 2):
+        parts.append(f"{a} is {b}")
+    if on_cuda:
+        parts.append("_cur()")
+    src = f"def sig({params}):\n    return ({', '.join(parts)},)\n"
+    ns.update(_T=_T, _num=_num_sig, _dyn=_dyn_sig, _cur=getattr(torch._C, "_cuda_getDevice", None))
+    name = f"<gems signature {schema.name}.{schema.overload_name or 'default'}>"
+    return compile_source(src, name, ns)["sig"]
+
+
+def compile_source(src, filename, ns):
+    """exec generated source under a readable file name that tracebacks can show (linecache)."""
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    exec(compile(src, filename, "exec"), ns)  # noqa: S102 - generated from a schema and a recording
+    return ns
+
+
+# --------------------------------------------------------------------------------------------------
+# building a plan from a recording
+# --------------------------------------------------------------------------------------------------
+
+def named_args(schema, args, kwargs) -> dict:
+    """The call's arguments by schema name, defaults filled in."""
+    out = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(args):
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        else:
+            out[a.name] = a.default_value if (a.has_default_value() if hasattr(a, "has_default_value")
+                                              else a.default_value is not None) else None
+    return out
+
+
+def _extent(t):
+    """Bytes from t's first element to one past its last (non-negative strides)."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0)) * t.element_size()
+
+
+def build(rec: Recording, schema, args, kwargs, result, direct: bool):
+    """The plan function for this recording, or None (with `rec.tainted` saying why, when known)."""
+    if rec.tainted is not None:
+        return None
+    params, info, ns = _params(schema)
+    values = named_args(schema, args, kwargs)
+    inputs = [(n, values[n]) for n, ty, _ in info if isinstance(values[n], _T)]
+    allocs = [(f"o{j}", t) for j, (t, _, _) in enumerate(rec.allocs)]
+    known = inputs + allocs
+    lines = []
+    consts = {}
+
+    def const(v):
+        k = f"_k{len(consts)}"
+        consts[k] = v
+        return k
+
+    def tensor_expr(t, as_pointer):
+        """An expression for kernel argument / result `t` in terms of inputs and allocations."""
+        for n, v in known:
+            if v is t:
+                return f"{n}.data_ptr()" if as_pointer else n
+        # a view: find the one known tensor whose memory holds it
+        p = t.data_ptr()
+        hits = [(n, v) for n, v in known if v.numel() and v.data_ptr() <= p < v.data_ptr() + max(_extent(v), 1)]
+        if len(hits) != 1:
+            rec.tainted = "kernel argument is not an input, an allocation or a view of exactly one"
+            return None
+        n, v = hits[0]
+        off = p - v.data_ptr()
+        if as_pointer:
+            return f"({n}.data_ptr() + {off})" if off else f"{n}.data_ptr()"
+        if v.dtype != t.dtype or off % t.element_size():
+            rec.tainted = "a view with another dtype"
+            return None
+        return (f"{n}.as_strided({tuple(t.shape)!r}, {tuple(t.stride())!r}, "
+                f"{n}.storage_offset() + {off // t.element_size()})")
+
+    # guards: a written tensor whose memory meets another argument's goes to the full path
+    mutable = [n for n, ty, m in info if m and isinstance(values[n], _T)]
+    for m in mutable:
+        for n, v in inputs:
+            if n == m:
+                continue
+            em, ev = _extent(values[m]), _extent(v)
+            if em and ev:
+                lines.append(f"    if {m}.data_ptr() < {n}.data_ptr() + {ev} and {n}.data_ptr() < {m}.data_ptr() + {em}:")
+                lines.append("        return _MISS")
+    for j, (t, zero, poison) in enumerate(rec.allocs):
+        dt, dv = const(t.dtype), const(t.device)
+        lines.append(f"    o{j} = _empty_strided({tuple(t.shape)!r}, {tuple(t.stride())!r}, dtype={dt}, device={dv})")
+        if zero:
+            lines.append(f"    o{j}.zero_()")
+        elif poison:
+            lines.append(f"    _poison(o{j})")
+    if direct:
+        lines.insert(0, "    if _hooks():\n        return _MISS")
+    for i, (lc, entry, grid, kargs, nw, ns_, dyn) in enumerate(rec.launches):
+        exprs = []
+        for pos, a in enumerate(kargs):
+            if pos in dyn:
+                exprs.append(dyn[pos])
+            elif isinstance(a, _T):
+                e = tensor_expr(a, direct)
+                if e is None:
+                    return None
+                exprs.append(e)
+            elif a is None or a.__class__ in (bool, int) and -2**62 < a < 2**62:
+                exprs.append(repr(a))
+            else:
+                exprs.append(const(a))
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        if direct and entry is not None and entry[1] is not None:
+            kernel, launch, function, coop, pdl, meta = entry
+            lines.append(f"    {const(launch)}({g[0]}, {g[1]}, {g[2]}, _stream({const(_dev_index(kargs))}), "
+                         f"{const(function)}, {const(coop)}, {const(pdl)}, None, None, {const(meta)}, None, None, "
+                         f"None, {', '.join(exprs)})")
+        elif direct:
+            rec.tainted = "kernel without a direct launcher"
+            return None
+        else:
+            lines.append(f"    {const(lc.fn)}[{g!r}]({', '.join(exprs)}, num_warps={nw}, num_stages={ns_})")
+
+    def result_expr(r):
+        if r is None:
+            return "None"
+        if isinstance(r, _T):
+            return tensor_expr(r, False)
+        return None
+
+    if isinstance(result, tuple):
+        parts = [result_expr(r) for r in result]
+        if any(p is None for p, r in zip(parts, result) if r is not None) or rec.tainted:
+            rec.tainted = rec.tainted or "result not mappable"
+            return None
+        ret = "(" + "".join(p + ", " for p in parts) + ")"
+    else:
+        ret = result_expr(result)
+        if ret is None or rec.tainted:
+            rec.tainted = rec.tainted or "result not mappable"
+            return None
+    lines.append(f"    return {ret}")
+    src = f"def plan({params}):\n" + "\n".join(lines) + "\n"
+    ns.update(consts)
+    from . import alloc
+    ns.update(_MISS=MISS, _empty_strided=torch.empty_strided, _poison=alloc.poison, _hooks=hooks_active,
+              _stream=getattr(torch._C, "_cuda_getCurrentRawStream", None))
+    name = f"<gems plan {schema.name.split('::')[-1]}.{schema.overload_name or 'default'} #{next(_counter)}>"
+    fn = compile_source(src, name, ns)["plan"]
+    fn.__gems_source__ = src
+    return fn
+
+
+def _dev_index(kargs):
+    for a in kargs:
+        if isinstance(a, _T) and a.is_cuda:
+            return a.get_device()
+    return torch.cuda.current_device()
+
+
+_knobs_runtime = triton.knobs.runtime
+
+
+def hooks_active() -> bool:
+    """Whether a Triton launch hook listens (a profiler such as proton): plans then decline, and the
+    launch goes through Triton's own path, which gives the hook what it expects."""
+    rt = _knobs_runtime
+    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+    # triton 3.6 keeps hooks as (usually empty) HookChain objects; older versions use None
+    return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
+
+
+class PlanCache:
+    """Plans of one overload, keyed by call signature; bounded."""
+
+    __slots__ = ("plans", "built", "declined", "reasons")
+
+    def __init__(self):
+        self.plans: dict = {}
+        self.built = self.declined = 0
+        self.reasons: dict = {}
+
+    def put(self, key, plan, why=None):
+        if len(self.plans) >= MAX_PLANS:
+            self.plans.pop(next(iter(self.plans)))
+        if plan is None:
+            self.plans[key] = NO_PLAN
+            self.declined += 1
+            if why:
+                self.reasons[why] = self.reasons.get(why, 0) + 1
+        else:
+            self.plans[key] = plan
+            self.built += 1
+
+    def info(self) -> dict:
+        return {"plans": sum(p is not NO_PLAN for p in self.plans.values()), "no_plan": self.declined,
+                "built": self.built, "reasons": dict(self.reasons)}

@@ -1,0 +1,148 @@
+"""Call plans (gems/runtime/plan.py): repeat calls of a signature run a recorded plan, and the plan
+gives the same answers as the full path -- on new data, new scalar values, aliasing, overlap, and
+the layouts models use (size-1 dims, broadcasts, transposed views)."""
+import linecache
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gems
+from gems import registry
+from gems.runtime import plan as plan_mod
+from harness import DEVICE, assert_close, make, to_ref
+
+
+def _plans(name):
+    return registry.get(name).plans
+
+
+def _twice(fn, make_args, name, dtype=torch.float32, n=3):
+    """Call fn with fresh random arguments n times with Gems on; each result vs float64 ATen."""
+    for i in range(n):
+        args = make_args(i)
+        with gems.use_gems():
+            out = fn(*args)
+        ref = fn(*to_ref(args))
+        assert_close(out, ref, dtype, msg=f"{name} call {i}")
+    info = _plans(name).info()
+    assert info["plans"] >= 1, info
+    return info
+
+
+MODEL_PATTERNS = [
+    ("mul.Tensor", lambda x, v: x * v, lambda i: (make((1, 1, 64)), make((1, 1, 1)))),
+    ("mul.Tensor", lambda w, x: w * x, lambda i: (make((64,)), make((1, 1, 64)))),
+    ("mul.Tensor", lambda q, c: q * c,
+     lambda i: (make((1, 1, 4, 16)).transpose(1, 2), make((1, 1, 1, 16)))),
+    ("neg.default", lambda q: -q[..., 8:], lambda i: (make((1, 4, 1, 16)),)),
+    ("add.Tensor", lambda v: v + 1e-6, lambda i: (make((1, 1, 1)),)),
+    ("rsqrt.default", torch.rsqrt, lambda i: (make((1, 1, 1), low=0.5),)),
+    ("pow.Tensor_Scalar", lambda x: x.pow(2), lambda i: (make((1, 1, 64)),)),
+    ("silu.default", F.silu, lambda i: (make((1, 1, 96)),)),
+    ("_softmax.default", lambda s: torch.softmax(s, -1), lambda i: (make((1, 4, 1, 17)),)),
+    ("mean.dim", lambda x: x.mean(-1, keepdim=True), lambda i: (make((1, 1, 64)),)),
+    ("mm.default", torch.mm, lambda i: (make((3, 16)), make((8, 16)).t())),
+    ("addmm.default", lambda x, w, b: F.linear(x, w, b), lambda i: (make((2, 16)), make((8, 16)), make((8,)))),
+    ("_to_copy.default", lambda x: x.to(torch.float16), lambda i: (make((1, 1, 64)),)),
+    ("native_layer_norm.default", lambda x, w, b: F.layer_norm(x, (32,), w, b),
+     lambda i: (make((1, 3, 32)), make((32,)), make((32,)))),
+]
+
+
+@pytest.mark.parametrize("name,fn,make_args", MODEL_PATTERNS, ids=[f"{i}-{p[0]}" for i, p in enumerate(MODEL_PATTERNS)])
+def test_model_call_patterns_run_plans(name, fn, make_args):
+    before = registry.get(name).counts[0]
+    _twice(fn, make_args, name, torch.float16 if "to_copy" in name else torch.float32)
+    assert registry.get(name).counts[0] - before >= 3
+
+
+def test_scalar_values_are_per_call_not_baked():
+    x = make((5, 7))
+    with gems.use_gems():
+        outs = [x * s for s in (2.0, 3.0, -0.5)] + [x + k for k in (1, 2)] + [torch.add(x, x, alpha=a) for a in (2, 3)]
+    want = [x * s for s in (2.0, 3.0, -0.5)] + [x + k for k in (1, 2)] + [torch.add(x, x, alpha=a) for a in (2, 3)]
+    for o, w in zip(outs, want):
+        assert_close(o, to_ref(w), torch.float32)
+
+
+def test_aliasing_is_part_of_the_signature():
+    with gems.use_gems():
+        x = make((4, 6))
+        xx = x + x
+        a, b = make((4, 6)), make((4, 6))
+        ab = a + b                 # same shapes and dtypes as x + x: must not reuse x + x's mapping
+    assert_close(xx, to_ref(x) * 2, torch.float32)
+    assert_close(ab, to_ref(a) + to_ref(b), torch.float32)
+
+
+def test_inplace_overlap_declines_the_plan_and_raises_like_aten():
+    base = make((10,))
+    with gems.use_gems():
+        y = make((8,))
+        base[:8].add_(y)           # records the plan for [8] += [8]
+        ok = make((8,))
+        okb = ok.clone()
+        ok.add_(make((8,)) * 0 + 1)
+        assert_close(ok, to_ref(okb) + 1, torch.float32)
+        with pytest.raises(RuntimeError, match="single memory location"):
+            base[:8].add_(base[2:10])   # partial overlap: the full path raises ATen's error
+
+
+def test_out_and_inplace_plans_write_the_given_tensor():
+    with gems.use_gems():
+        for _ in range(3):
+            a, b = make((3, 5)), make((3, 5))
+            o = torch.empty(3, 5, device=DEVICE)
+            r = torch.add(a, b, out=o)
+            assert r is o
+            assert_close(o, to_ref(a) + to_ref(b), torch.float32)
+            c = a.clone()
+            r2 = c.mul_(b)
+            assert r2 is c
+            assert_close(c, to_ref(a) * to_ref(b), torch.float32)
+
+
+def test_unplannable_calls_stay_on_the_full_path_and_say_why():
+    # a reduction over a layout its kernel cannot read in one pass copies first (an ATen op): no plan
+    x = make((6, 5, 4)).permute(1, 2, 0)[:, ::2]
+    with gems.use_gems():
+        for _ in range(2):
+            got = torch.sum(x, dim=(0, 2))
+    assert_close(got, to_ref(x).sum(dim=(0, 2)), torch.float32)
+    info = _plans("sum.dim_IntList").info()
+    assert info["no_plan"] >= 1 or info["plans"] >= 1
+
+
+def test_replacing_an_implementation_drops_its_plans():
+    x = make((16,))
+    with gems.use_gems():
+        torch.exp(x)
+        torch.exp(x)
+        assert _plans("exp.default").info()["plans"] >= 1
+        calls = []
+
+        def double(self):
+            calls.append(1)
+            raise gems.Unsupported("test double")
+        with registry.override_impl("exp.default", double):
+            torch.exp(x)
+        assert calls, "a plan of the old implementation ran instead of the override"
+
+
+def test_plan_source_is_readable_in_tracebacks():
+    x = make((9,))
+    with gems.use_gems():
+        torch.sigmoid(x)
+        torch.sigmoid(x)
+    plans = [p for p in _plans("sigmoid.default").plans.values() if p is not plan_mod.NO_PLAN]
+    code = plans[0].__code__
+    assert code.co_filename.startswith("<gems plan sigmoid.default")
+    assert linecache.getline(code.co_filename, 1).startswith("def plan(")
+
+
+def test_signature_keys_negative_zero_and_nan_exactly():
+    sig = plan_mod.make_signature(torch.ops.aten.native_layer_norm.default._schema)
+    x, w = make((2, 4)), make((4,))
+    assert sig(x, [4], w, w, 0.0) != sig(x, [4], w, w, -0.0)
+    assert sig(x, [4], w, w, float("nan")) == sig(x, [4], w, w, float("nan"))
