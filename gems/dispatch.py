@@ -375,6 +375,17 @@ def stats() -> dict:
     return out
 
 
+def plan_stats() -> dict:
+    """Per overload with call plans: {'plans': n, 'no_plan': n, 'built': n, 'reasons': {why: n}}, where
+    `reasons` says why signatures kept the full path (see docs/architecture.md, call plans)."""
+    out = {}
+    for impl in registry.all_impls():
+        cache = impl.plans
+        if cache is not None and cache.plans:
+            out[impl.name] = cache.info()
+    return out
+
+
 def reset_stats():
     for impl in registry.all_impls():
         impl.counts[0] = impl.counts[1] = 0

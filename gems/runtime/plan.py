@@ -83,6 +83,10 @@ sym_storage_offset is_contiguous sym_is_contiguous _unsafe_view view_as can_cast
 """.split())
 
 
+# composites that return a view when they can and a copy otherwise: harmless when they returned a view
+_VIEW_OR_COPY = frozenset(["reshape", "flatten", "contiguous", "reshape_as", "expand_as"])
+
+
 class _Watch(TorchDispatchMode):
     """Sees the ATen ops an implementation calls while it is recorded."""
 
@@ -92,9 +96,14 @@ class _Watch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         base = func.overloadpacket.__name__
-        if base not in _HARMLESS and self.rec.tainted is None:
-            self.rec.tainted = f"calls aten::{base}"
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if base in _HARMLESS or self.rec.tainted is not None:
+            return out
+        if base in _VIEW_OR_COPY and isinstance(out, _T) and isinstance(args[0], _T) and \
+                out.untyped_storage().data_ptr() == args[0].untyped_storage().data_ptr():
+            return out   # reshape / contiguous / flatten that returned a view: nothing to repeat
+        self.rec.tainted = f"calls aten::{base}"
+        return out
 
 
 class Recording:
