@@ -233,9 +233,14 @@ def test_every_tuned_config(dtype):
     ref = (bias.double() + a.double() @ b.double()).cpu()
     aten = torch.addmm(bias, a, b) if dtype != torch.float32 else None
     configs = blas._CONFIGS_16 if dtype != torch.float32 else blas._CONFIGS_32
-    for cfg in configs + list(blas._SMALL.values()):
+    skinny = [blas._skinny(n, a.element_size()) for n in (777, 9000)]
+    for cfg in configs + list(blas._SMALL.values()) + skinny:
         out = torch.full((300, 777), float("nan"), dtype=dtype, device=DEVICE)
         blas._launch(a, b, out, bias.expand(300, 777), 1.0, 1.0, config=cfg)
         assert_close(out, ref, dtype, aten, msg=str(cfg))
+    # decode shapes (M = 1..16, the skinny tile), K not a multiple of the tile, transposed weight
+    for m in (1, 5, 16):
+        check_op(torch.nn.functional.linear, (make((m, 1000), dtype), make((9000, 1000), dtype)), dtype=dtype,
+                 served_ops=["mm"])
     # and the tuned path end to end (above the tuning threshold)
     check_op(torch.mm, (make((512, 520), dtype), make((520, 640), dtype)), dtype=dtype, served_ops=["mm"])
