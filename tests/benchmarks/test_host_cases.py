@@ -1,0 +1,32 @@
+"""benchmarks/host.py: every case runs with Gems on, is served, and agrees with ATen (CPU, interpreter)."""
+import pytest
+import torch
+
+import gems
+from benchmarks import host
+from harness import DEVICE, assert_close, to_ref
+
+# the slowest cases under the interpreter (big GEMMs, backward reductions) are exercised by the op tests
+_FAST = [c for c in host.CASES if not any(k in c[0] for k in ("linear", "bmm", "backward", "grads", "cat", "softmax"))]
+
+
+@pytest.mark.parametrize("name,setup,fn", _FAST, ids=[c[0] for c in _FAST])
+def test_case_agrees_with_aten(name, setup, fn):
+    torch.manual_seed(0)
+    small = DEVICE == "cpu"
+    dt = torch.float32 if small else torch.bfloat16
+    args = setup(DEVICE, dt, small)
+    inplace = "in-place" in name
+    ref = fn(*[to_ref(a) if isinstance(a, torch.Tensor) else a for a in args])
+    gems.reset_stats()
+    with gems.use_gems():
+        got = fn(*[a.clone() if inplace and isinstance(a, torch.Tensor) else a for a in args])
+    st = gems.stats()
+    assert not any(s["fallback"] for s in st.values()), st
+    assert_close(got, ref, dt if dt != torch.float32 else torch.float32, rtol=2e-2 if not small else None)
+
+
+def test_main_prints_a_table(capsys):
+    assert host.main(["--device", DEVICE, "--calls", "1", "--rounds", "1", "--only", "x +"]) == 0
+    out = capsys.readouterr().out
+    assert "x + x" in out and "geomean ratio" in out
