@@ -1,4 +1,4 @@
-"""``gems-coverage``: trace, report, roadmap, parity, ops.
+"""``gems-coverage``: trace, report, roadmap, parity, bench, ops.
 
 Results go to stdout (or ``--output FILE``), progress to stderr. Exit codes: 0 ok, 1 a gate failed
 (``--fail-under``, parity mismatch), 2 bad input (unknown model, malformed config, bad option; one line on
@@ -121,6 +121,26 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--include", default=None, help="comma-separated ATen names Gems serves (default all)")
     pa.add_argument("--exclude", default=None, help="comma-separated ATen names left to ATen")
     out_opts(pa, ("table", "json", "markdown"))
+
+    b = sub.add_parser("bench", help="a workload with ATen and with Gems: time, tokens/s, agreement, per-op cost")
+    b.add_argument("model")
+    b.add_argument("--workload", choices=("prefill", "decode", "train"), default="prefill")
+    b.add_argument("--device", default="cpu", help="cuda (full size, bf16) or cpu (tiny, Triton interpreter; "
+                                                    "timings meaningless)")
+    b.add_argument("--size", choices=("full", "tiny"), default=None)
+    b.add_argument("--dtype", default=None)
+    b.add_argument("--batch", type=_positive_int, default=1)
+    b.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sequence (the prompt for decode)")
+    b.add_argument("--new-tokens", type=_positive_int, default=16, help="decode: tokens generated per run")
+    b.add_argument("--steps", type=_positive_int, default=None, help="timed steps per mode (default 5 on cuda)")
+    b.add_argument("--warmup", type=int, default=None, help="untimed steps per mode first (default 2 on cuda)")
+    b.add_argument("--optimizer", choices=("adamw", "adamw-fused", "sgd"), default="adamw",
+                   help="train: AdamW as users run it (foreach on CUDA), fused AdamW, or SGD")
+    b.add_argument("--include", default=None, help="comma-separated ATen names Gems serves (default all)")
+    b.add_argument("--exclude", default=None, help="comma-separated ATen names left to ATen")
+    b.add_argument("--no-attribution", action="store_true", help="skip the profiled per-op attribution")
+    b.add_argument("--top", type=_positive_int, default=25, help="attribution rows shown (JSON has all)")
+    out_opts(b, ("table", "json", "markdown"))
 
     o = sub.add_parser("ops", help="the Gems registry: overload, category, dtypes, backward")
     o.add_argument("--category", default=None, help="only this Gems category")
@@ -293,6 +313,18 @@ def cmd_parity(a, ctx):
         raise GateFailed("parity FAILED: " + "; ".join(f"{c.phase} {c.name}" for c in r.checks if not c.ok))
 
 
+def cmd_bench(a, ctx):
+    from . import bench as B
+    r = B.bench(a.model, workload=a.workload, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
+                seq_len=a.seq_len, new_tokens=a.new_tokens, steps=a.steps, warmup=a.warmup, optimizer=a.optimizer,
+                include=_split(a.include), exclude=_split(a.exclude), attribution=not a.no_attribution,
+                progress=ctx.say)
+    _emit(B.format_result(r, a.format, a.top), a.output, ctx)
+    if not r.agree:
+        raise GateFailed("bench: Gems and ATen disagree: " + "; ".join(
+            f"{c['check']}: {c['detail']}" for c in r.agreement if not c["ok"]))
+
+
 def cmd_ops(a, ctx):
     from . import gemsinfo
     info = gemsinfo.load()
@@ -323,7 +355,7 @@ def cmd_ops(a, ctx):
 
 
 COMMANDS = {"trace": cmd_trace, "report": cmd_report, "roadmap": cmd_roadmap, "parity": cmd_parity,
-            "ops": cmd_ops}
+            "bench": cmd_bench, "ops": cmd_ops}
 
 
 def main(argv: Optional[list] = None) -> int:
