@@ -74,6 +74,7 @@ class BenchResult:
     ops: list = field(default_factory=list)           # OpCost rows
     meaningful: bool = True
     versions: dict = field(default_factory=dict)
+    no_plan: dict = field(default_factory=dict)       # overload -> why signatures kept the full path
 
     @property
     def aten_median(self) -> float:
@@ -268,6 +269,7 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
     if attribution:
         progress("attribution: one profiled step per mode")
         res.ops = _attribute(run, on_cuda)
+    res.no_plan = {k: v["reasons"] for k, v in gems.plan_stats().items() if v["no_plan"]}
     return res
 
 
@@ -386,6 +388,8 @@ def format_result(res: BenchResult, fmt: str = "table", top: int = 25) -> str:
     lines.append(f"ratio    {d['throughput_ratio']} (Gems throughput / ATen's)")
     for c in res.agreement:
         lines.append(f"agree    {'yes' if c['ok'] else 'NO'}: {c['check']}: {c['detail']}")
+    if res.no_plan:
+        lines.append("full path (no call plan): " + "; ".join(f"{k}: {', '.join(v)}" for k, v in res.no_plan.items()))
     if res.ops:
         t = d["totals"]
         lines.append(f"profiled step: host {t['aten_host_ms']:.2f} -> {t['gems_host_ms']:.2f} ms, "

@@ -84,6 +84,7 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     sig = _plan.make_signature(schema, impl.dynamic, on_cuda) if impl.plan and _PLANS else None
     cache = impl.plans = _plan.PlanCache() if sig is not None else None
     plans = cache.plans if cache is not None else None
+    extra_key = impl.plan_key
     MISS, NO_PLAN = _plan.MISS, _plan.NO_PLAN
     # under the interpreter a launch copies storages with ops Gems may serve: keep the re-entry
     # guard up while a plan runs there; on CUDA a plan calls nothing Gems serves
@@ -106,6 +107,8 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
             # for this signature before)
             try:
                 key = sig(*args, **kwargs)
+                if extra_key is not None:
+                    key = (key, extra_key())
             except Exception:  # noqa: BLE001 - e.g. stride() of a sparse tensor: the full path decides
                 key = None
             p = plans.get(key)
@@ -185,7 +188,8 @@ def _record(impl, cache, key, schema, on_cuda, args, kwargs):
     except Exception as e:  # noqa: BLE001 - a plan is an optimization; never fail the call for it
         p = None
         rec.tainted = f"plan build failed: {type(e).__name__}: {e}"
-    cache.put(key, p, rec.tainted)
+    if p is not None or not rec.transient:
+        cache.put(key, p, rec.tainted)
     if p is not None and saved is not None:
         for t, copy in saved:
             t.copy_(copy)

@@ -50,6 +50,7 @@ class OpImpl:
     # see (random seeds); `dynamic` names the arguments whose numbers are per-call kernel arguments
     plan: bool = True
     dynamic: frozenset = frozenset()
+    plan_key: Optional[Callable] = None   # global state the implementation reads (matmul precision)
     plans: object = None           # its runtime.plan.PlanCache once registered with the dispatcher
     # [served, fell back]; a plain list keeps the hot-path increment cheap.
     counts: list = field(default_factory=lambda: [0, 0])
@@ -81,7 +82,7 @@ def canonical(name: str) -> str:
 
 def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bool = False,
              check: Optional[Callable] = None, backends: Iterable[str] = ("cuda", "interpreter"),
-             plan: bool = True, dynamic: Iterable[str] = ()):
+             plan: bool = True, dynamic: Iterable[str] = (), plan_key: Optional[Callable] = None):
     """Declare that the decorated function implements the ATen overloads `names`.
 
     Names are ATen overload names as `torch.ops.aten.<base>.<overload>` spells them; a name without
@@ -90,7 +91,8 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
     Repeat calls run a cached plan (runtime/plan.py) when the first call of a signature only
     allocated through `runtime.alloc`, launched `LaunchCache` kernels and took views; `plan=False`
     opts out (kernels seeded per call), `dynamic` names arguments whose Python numbers are passed to
-    the kernel per call (the op reports where with `runtime.plan.dynamic`).
+    the kernel per call (the op reports where with `runtime.plan.dynamic`); `plan_key()` returns
+    process state the implementation reads besides its arguments (it becomes part of the signature).
     """
     if category not in CATEGORIES:
         raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")
@@ -103,7 +105,7 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
                 if name in _IMPLS:
                     raise ValueError(f"{name} is registered twice ({_IMPLS[name].fn.__module__} and {fn.__module__})")
                 _IMPLS[name] = OpImpl(name, fn, category, tuple(dtypes), backward, check, tuple(backends),
-                                      (fn.__doc__ or "").strip().split("\n")[0], plan, frozenset(dynamic))
+                                      (fn.__doc__ or "").strip().split("\n")[0], plan, frozenset(dynamic), plan_key)
         return fn
 
     return deco

@@ -151,6 +151,10 @@ def _tuner(itemsize):
     return t
 
 
+# fp32 GEMMs read torch's matmul precision setting: it is part of every GEMM call plan's signature
+_precision_key = torch.get_float32_matmul_precision
+
+
 def _precision(dtype):
     if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
         return "tf32"
@@ -300,43 +304,43 @@ def _addmm(bias, a, b, beta, alpha, out=None, out_dtype=None, inplace=False):
     return c
 
 
-@register("mm", "mm.out", category="blas", dtypes=FLOATS)
+@register("mm", "mm.out", category="blas", dtypes=FLOATS, plan_key=_precision_key)
 def mm(self, mat2, *, out=None):
     """Matrix product (tiled Triton GEMM, fp32 accumulation, strided operands)."""
     return _mm(self, mat2, out)
 
 
-@register("mm.dtype", "mm.dtype_out", category="blas", dtypes=FLOATS, backends=("cuda",))
+@register("mm.dtype", "mm.dtype_out", category="blas", dtypes=FLOATS, plan_key=_precision_key, backends=("cuda",))
 def mm_dtype(self, mat2, out_dtype, *, out=None):
     """Matrix product with an fp32 result for 16-bit inputs (CUDA only, like ATen)."""
     return _mm(self, mat2, out, out_dtype)
 
 
-@register("addmm", "addmm.out", category="blas", dtypes=FLOATS)
+@register("addmm", "addmm.out", category="blas", dtypes=FLOATS, plan_key=_precision_key)
 def addmm(self, mat1, mat2, *, beta=1, alpha=1, out=None):
     """beta * self + alpha * (mat1 @ mat2), bias broadcast and scaling fused in the epilogue."""
     return _addmm(self, mat1, mat2, beta, alpha, out)
 
 
-@register("addmm_", category="blas", dtypes=FLOATS)
+@register("addmm_", category="blas", dtypes=FLOATS, plan_key=_precision_key)
 def addmm_(self, mat1, mat2, *, beta=1, alpha=1):
     """In-place addmm: self = beta * self + alpha * (mat1 @ mat2)."""
     return _addmm(self, mat1, mat2, beta, alpha, inplace=True)
 
 
-@register("addmm.dtype", "addmm.dtype_out", category="blas", dtypes=FLOATS, backends=("cuda",))
+@register("addmm.dtype", "addmm.dtype_out", category="blas", dtypes=FLOATS, plan_key=_precision_key, backends=("cuda",))
 def addmm_dtype(self, mat1, mat2, out_dtype, *, beta=1, alpha=1, out=None):
     """addmm with an fp32 result for 16-bit inputs (CUDA only, like ATen)."""
     return _addmm(self, mat1, mat2, beta, alpha, out, out_dtype)
 
 
-@register("bmm", "bmm.out", category="blas", dtypes=FLOATS)
+@register("bmm", "bmm.out", category="blas", dtypes=FLOATS, plan_key=_precision_key)
 def bmm(self, mat2, *, out=None):
     """Batched matrix product (the GEMM kernel with a batch axis and batch strides)."""
     return _bmm(self, mat2, out)
 
 
-@register("bmm.dtype", "bmm.dtype_out", category="blas", dtypes=FLOATS, backends=("cuda",))
+@register("bmm.dtype", "bmm.dtype_out", category="blas", dtypes=FLOATS, plan_key=_precision_key, backends=("cuda",))
 def bmm_dtype(self, mat2, out_dtype, *, out=None):
     """Batched matrix product with an fp32 result for 16-bit inputs (CUDA only, like ATen)."""
     return _bmm(self, mat2, out, out_dtype)

@@ -67,7 +67,7 @@ class Autotuner:
             cfg = self.configs[0]
             best[k] = cfg
             return cfg
-        taint("autotuning")   # the benchmark launches are not the call's: plan the next call instead
+        taint("autotuning", transient=True)   # benchmark launches are not the call's: plan the next call
         timings = []
         for c in self.configs:
             try:

@@ -59,11 +59,13 @@ def active() -> Optional["Recording"]:
     return _STATE.rec
 
 
-def taint(why: str):
-    """Called by code that does something a plan cannot repeat (autotuning, a host read, ...)."""
+def taint(why: str, transient: bool = False):
+    """Called by code that does something a plan cannot repeat (a host read, ...). `transient`: only
+    this call is special (it ran an autotuning benchmark): the next call of the signature records."""
     rec = _STATE.rec
     if rec is not None and rec.tainted is None:
         rec.tainted = why
+        rec.transient = transient
 
 
 def dynamic(slots: dict):
@@ -114,6 +116,7 @@ class Recording:
         self.allocs = []        # (tensor, zero_fill, poison)
         self.launches = []      # (LaunchCache, entry or None, grid, args, num_warps, num_stages, dynamic)
         self.tainted = None
+        self.transient = False
         self.pending_dynamic = None
         self._watch = None
 

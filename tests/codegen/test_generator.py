@@ -137,4 +137,4 @@ def test_call_plan_source_has_no_analysis():
     plans = [p for p in gems.registry.get("silu_backward").plans.plans.values() if p is not NO_PLAN]
     src = plans[-1].__gems_source__
     # allocate, launch, return: promotion, broadcasting and layout planning happened when it was built
-    assert "broadcast" not in src and "promot" not in src and src.count("\n") <= 6, src
+    assert "broadcast" not in src and "promot" not in src and src.count("\n") <= 8, src

@@ -10,7 +10,7 @@ from coverage_tool import cli
 SCHEMA_KEYS = {"model", "workload", "device", "gpu", "size", "dtype", "batch", "seq_len", "new_tokens", "steps",
                "unit", "tokens_per_unit", "aten_ms", "gems_ms", "aten_ms_median", "gems_ms_median",
                "aten_tokens_per_s", "gems_tokens_per_s", "throughput_ratio", "aten_peak_mib", "gems_peak_mib",
-               "agree", "agreement", "ops", "totals", "meaningful", "versions"}
+               "agree", "agreement", "ops", "totals", "meaningful", "versions", "no_plan"}
 OP_KEYS = {"op", "aten_calls", "gems_calls", "aten_host_us", "gems_host_us", "aten_device_us", "gems_device_us",
            "served", "fallback", "delta_host_ms", "delta_device_ms"}
 
