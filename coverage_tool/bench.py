@@ -140,30 +140,8 @@ class _Workload:
 
     def decode(self, times: Optional[list] = None, sync: Callable = lambda: None):
         """Greedy decoding with the KV cache; the prefill is not timed, each decode step is."""
-        torch = self.torch
-        m, inputs = self.b.model, dict(self.b.inputs)
-        mask = inputs.get("attention_mask")
-        toks = []
-        with torch.no_grad():
-            out = m(**inputs, use_cache=True)
-            nxt = out.logits[:, -1, :].argmax(dim=-1)
-            toks.append(nxt)
-            past = out.past_key_values
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(max(0, self.new_tokens - 1)):
-                step = dict(input_ids=nxt[:, None], past_key_values=past, use_cache=True)
-                if mask is not None:
-                    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-                    step["attention_mask"] = mask
-                out = m(**step)
-                nxt = out.logits[:, -1, :].argmax(dim=-1)
-                toks.append(nxt)
-                past = out.past_key_values
-            sync()
-            if times is not None:
-                times.append((time.perf_counter() - t0) * 1e3 / max(1, self.new_tokens - 1))
-        return torch.stack(toks, dim=1)
+        from . import runner
+        return runner.run_generate(self.b, self.new_tokens, times=times, sync=sync)
 
 
 def _make_optimizer(params, name, device):

@@ -33,12 +33,14 @@ def run_inference(bundle):
     return out
 
 
-def run_generate(bundle, new_tokens: int = 4):
+def run_generate(bundle, new_tokens: int = 4, times: Optional[list] = None, sync=None):
     """Greedy decoding: a prefill, then ``new_tokens - 1`` one-token steps with the KV cache.
 
     Returns the generated token ids (batch, new_tokens). A hand-written loop (rather than ``generate()``)
-    keeps it free of data-dependent stopping checks so it also runs on the meta device.
+    keeps it free of data-dependent stopping checks so it also runs on the meta device. With ``times``,
+    the decode steps (not the prefill) are timed, bracketed by ``sync()``, and ms per step appended.
     """
+    import time
     import torch
     m = bundle.model
     m.eval()
@@ -50,6 +52,9 @@ def run_generate(bundle, new_tokens: int = 4):
         nxt = out.logits[:, -1, :].argmax(dim=-1)
         toks.append(nxt)
         past = out.past_key_values
+        if times is not None:
+            sync()
+            t0 = time.perf_counter()
         for _ in range(max(0, new_tokens - 1)):
             step = dict(input_ids=nxt[:, None], past_key_values=past, use_cache=True)
             if mask is not None:
@@ -59,6 +64,9 @@ def run_generate(bundle, new_tokens: int = 4):
             nxt = out.logits[:, -1, :].argmax(dim=-1)
             toks.append(nxt)
             past = out.past_key_values
+        if times is not None:
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3 / max(1, new_tokens - 1))
     return torch.stack(toks, dim=1)
 
 
