@@ -283,6 +283,10 @@ def _agreement(workload, got, ref) -> list:
         detail = f"loss gems {float(got):.6g} vs aten {float(ref):.6g}, rel err {rel:.2e} (tol {tol:.0e})"
     else:
         detail = f"rel err {rel:.2e} (tol {tol:.0e}), max abs {max_abs:.3g}"
+    if not ok:
+        # deep low-precision models can be noisier than the quick rule against ATen's own run; the
+        # decisive rule compares both runs with an fp32 reference and names the first divergent op
+        detail += "; run `gems-coverage parity MODEL --device ...` for the fp32-referenced rule"
     return [{"check": what, "ok": bool(ok), "detail": detail}]
 
 
