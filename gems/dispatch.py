@@ -29,7 +29,7 @@ import torch
 from . import registry
 from .registry import Unsupported
 from .runtime import plan as _plan
-from .runtime.backend import backend
+from .runtime.backends import backend
 
 _Tensor = torch.Tensor
 _strided = torch.strided
@@ -40,7 +40,6 @@ _PLANS = os.environ.get("GEMS_PLANS", "1") not in ("", "0")
 _PLAN_CHECK = os.environ.get("GEMS_PLAN_CHECK", "0") not in ("", "0")
 # ATen hands a Python kernel wrapped-number tensors (`x * 2.0`) as Python numbers; every path back to
 # ATen's original kernel turns them into equivalent 0-dim tensors first (see gems.codegen.numbers).
-WRAPS_NUMBERS = True
 
 
 class _ThreadState(threading.local):

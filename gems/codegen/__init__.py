@@ -43,7 +43,7 @@ result_dtype optional `f(compute, result) -> result` override.
 
 Per call: a generated per-overload wrapper looks up a prebuilt closure keyed by (operand dtypes or
 number types, scalar types, constexpr values, out dtypes) when every tensor operand is contiguous with
-one shape (the flat 1-D kernel); anything else takes `general()` in pointwise.py: promotion,
+one shape (the flat 1-D kernel); anything else takes `general()` in generator.py: promotion,
 broadcasting, output strides by TensorIterator's rule (layout.output_perm), `out=` resize (with
 ATen's warning) / in-place checks (broadcast growing self, overlap), then a launch of the flat kernel
 or the strided nd kernel over the collapsed, stride-ordered dims (layout.plan). Kernels are generated
@@ -51,6 +51,6 @@ as source (source.py), written under `<gems cache dir>/codegen/`, and cached per
 after collapsing, operand tensor/scalar pattern, dtypes) — never per shape. Calling the PointwiseOp
 object directly (`op(x, y, scalars=(1,), out=..., inplace=...)`) runs the general path.
 """
-from .pointwise import PROMOTIONS, PointwiseOp, general, pointwise
+from .generator import PROMOTIONS, PointwiseOp, general, pointwise
 
 __all__ = ["pointwise", "PointwiseOp", "PROMOTIONS", "general"]

@@ -11,7 +11,7 @@ from triton.language.extra import libdevice
 
 from ..codegen import pointwise
 from ..registry import FLOATS, INTS, restrict_backends
-from ..runtime.backend import interpreting
+from ..runtime.backends import interpreting
 
 NUMERIC = FLOATS + INTS
 ALL = FLOATS + INTS + (torch.bool,)

@@ -92,7 +92,7 @@ def _cfg(bm, bn, bk, warps, stages, group=8):
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_warps": warps, "num_stages": stages}
 
 
-# Search spaces per backend (kept here rather than in backend.py: the autotuner owns them).
+# Search spaces per backend (kept here rather than in backends.py: the autotuner owns them).
 # 16-bit inputs on Hopper: 128x256x64 / 8 warps is the classic wgmma-friendly tile (2 warpgroups, each
 # 64x256); 3-4 stages of (128 + 256) x 64 x 2 B = 48 KiB fit in 228 KiB of shared memory. Smaller tiles
 # win for skinny or small problems (more programs than SMs).

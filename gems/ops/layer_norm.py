@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
-from .reduction import _launch as _reduce_launch
+from .reduction import reduce_launch
 from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, zeros
 
 # max_n: widest row kept in registers; tile: elements per program for short rows;
@@ -361,7 +361,7 @@ def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight
     # column sums of the [P, N] workspaces, straight into dw / db in their dtypes
     plan = (1, 0, P, N, N, 1) if N > 1 else (1, 0, P, 1, 1, 0)
     if do_dw:
-        _reduce_launch(ws_w, dw, plan, 0, torch.float32, 1.0)
+        reduce_launch(ws_w, dw, plan, 0, torch.float32, 1.0)
     if do_db:
-        _reduce_launch(ws_b, db, plan, 0, torch.float32, 1.0)
+        reduce_launch(ws_b, db, plan, 0, torch.float32, 1.0)
     return dx, dw, db

@@ -279,7 +279,7 @@ def _run(steps, ws_shape, x, y, acc_dtype):
         k[grid](bufs[src], bufs[dst], *args, num_warps=nw)
 
 
-def _launch(x, y, plan, op, acc_dtype, scale):
+def reduce_launch(x, y, plan, op, acc_dtype, scale):
     """Reduce x (read through `plan`) into the contiguous y (M*K elements), splitting R if needed."""
     steps, ws = _schedule(plan, op, acc_dtype, scale, _target_programs(x.device))
     _run(steps, ws, x, y, acc_dtype)
@@ -304,7 +304,7 @@ def _reduce_into(x, dims, y, op, acc_dtype, scale):
         x = x.contiguous()  # a layout the plan cannot read in one pass: one copy, then as contiguous
         plan = _plan(x.shape, x.stride(), rset)
     if plan is not None:
-        _launch(x, y, plan, op, acc_dtype, scale)
+        reduce_launch(x, y, plan, op, acc_dtype, scale)
         return
     # contiguous, but the reduced dims are apart: reduce the innermost run first (into acc dtype)
     last = _runs(dims)[-1]

@@ -1,5 +1,5 @@
 """Backends, launch cache and autotune cache: what every op's wrapper launches through."""
-from .backend import Backend, backend
+from .backends import Backend, backend
 from .launch import LaunchCache, kernel
 
 __all__ = ["Backend", "backend", "LaunchCache", "kernel"]

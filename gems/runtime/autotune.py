@@ -40,7 +40,7 @@ class Autotuner:
         self._lock = threading.Lock()
 
     def _path(self) -> Path:
-        from .backend import backend
+        from .backends import backend
         return cache_dir() / "autotune" / backend().arch / f"{self.name}.json"
 
     def _load(self) -> dict:
@@ -61,7 +61,7 @@ class Autotuner:
         cfg = best.get(k)
         if cfg is not None:
             return cfg
-        from .backend import backend
+        from .backends import backend
         from .plan import taint
         if not backend().can_benchmark or len(self.configs) == 1:
             cfg = self.configs[0]

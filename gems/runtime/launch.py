@@ -69,8 +69,7 @@ def _make_key_fn(nargs: int, constexpr_pos):
     names = ", ".join(f"a{i}" for i in range(nargs))
     src = f"def key({names}{',' if nargs == 1 else ''}):\n    return ({', '.join(parts)}{',' if nargs == 1 else ''})\n"
     ns = {"T": _Tensor, "one": lambda a: binary_key((a,))}
-    exec(src, ns)  # noqa: S102 - generated from parameter positions only
-    return ns["key"]
+    return _plan.compile_source(src, f"<gems launch key, {nargs} args>", ns)["key"]
 
 
 class LaunchCache:

@@ -11,12 +11,6 @@ import gems
 from gems.codegen.numbers import numbers_to_tensors, tensor_positions
 from harness import DEVICE, DTYPES, assert_close, check_grad, check_op, dtype_params, layouts, make, served, to_ref
 
-NUMBERS_OK = getattr(gems.dispatch, "WRAPS_NUMBERS", False)
-# overloads with two Tensor operands are registered once the dispatcher can hand Python numbers back to
-# ATen (gems.codegen.numbers; requested change to gems/dispatch.py); until then these tests must fail
-needs_numbers = pytest.mark.xfail(not NUMBERS_OK, strict=True,
-                                  reason="binary .Tensor overloads held back until dispatch wraps numbers")
-
 BINARY = {
     "add": (torch.add, "add.Tensor"),
     "sub": (torch.sub, "sub.Tensor"),
@@ -154,7 +148,6 @@ def _pairs(dtype):
     return out
 
 
-@needs_numbers
 @dtype_params()
 @pytest.mark.parametrize("op", sorted(BINARY))
 def test_binary_layouts_broadcast(op, dtype):
@@ -169,7 +162,6 @@ def test_binary_layouts_broadcast(op, dtype):
         _check_strides(out, fn, (x, y))
 
 
-@needs_numbers
 @dtype_params()
 @pytest.mark.parametrize("op", sorted(BINARY))
 def test_binary_python_scalars(op, dtype):
@@ -184,7 +176,6 @@ def test_binary_python_scalars(op, dtype):
         check_op(lambda t: {"add": s + t, "sub": s - t, "mul": s * t, "div": s / t}[op], (x,), dtype=dtype)
 
 
-@needs_numbers
 def test_alpha_and_rsub():
     x, y = make((4, 6)), make((4, 6))
     for alpha in (2, -0.5):
@@ -195,7 +186,6 @@ def test_alpha_and_rsub():
     check_op(torch.rsub, (x, 2.0), dtype=torch.float32, served_ops=["rsub.Scalar"])
 
 
-@needs_numbers
 @pytest.mark.parametrize("dt", [torch.int32, torch.int64, torch.int8, torch.uint8])
 def test_integer_arithmetic(dt):
     lo = 0 if dt == torch.uint8 else -20
@@ -214,7 +204,6 @@ def test_integer_arithmetic(dt):
     assert out.dtype == torch.float32
 
 
-@needs_numbers
 @dtype_params()
 def test_div_rounding_modes_floats(dtype):
     x = make((6, 50), dtype, low=-10, high=10)
@@ -226,7 +215,6 @@ def test_div_rounding_modes_floats(dtype):
         check_op(torch.div, (x, 2.5), {"rounding_mode": mode}, dtype=dtype, atol=1e-3)
 
 
-@needs_numbers
 def test_nan_inf_propagation():
     v = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0, 0.0, -0.0, 3.0, float("inf")])
     w = torch.tensor([1.0, float("inf"), 2.0, float("nan"), 0.0, 5.0, 0.0, -float("inf")])
@@ -234,7 +222,6 @@ def test_nan_inf_propagation():
         check_op(fn, (v.to(DEVICE), w.to(DEVICE)), dtype=torch.float32, served_ops=[name])
 
 
-@needs_numbers
 @dtype_params()
 def test_binary_out_and_inplace(dtype):
     x, y = make((4, 9), dtype), make((9,), dtype)
@@ -297,7 +284,6 @@ def test_inplace_errors_like_aten():
 
 
 def test_direct_wrappers_cover_binary_semantics():
-    # exercised whether or not the binary overloads are registered yet (see needs_numbers)
     add, mul, sub, div = (_direct(n) for n in ("add.Tensor", "mul.Tensor", "sub.Tensor", "div.Tensor"))
     divm = _direct("div.Tensor_mode")
     a, b = make((6, 19)), make((19, 6)).t()
@@ -352,7 +338,6 @@ def test_fallback_with_python_number_in_tensor_slot():
     assert torch.equal(y, x.double() * 0.1) and torch.equal(z, 2 - x)
 
 
-@needs_numbers
 def test_autograd_through_binary_ops():
     for dtype in DTYPES:
         # |p*q + p/q - q| <= 6 keeps exp() far from fp16's overflow

@@ -14,7 +14,7 @@ import torch._prims_common as pc
 from ..registry import Unsupported, register
 from ..runtime import alloc
 from ..runtime import plan as _plan
-from ..runtime.backend import backend
+from ..runtime.backends import backend
 from ..runtime.utils import cdiv, resize_like_aten
 from . import layout, source
 
@@ -85,19 +85,12 @@ class PointwiseOp:
         self._kernels: dict = {}
         self._lock = threading.Lock()
         self.overloads = {}
-        self.held_back = []
         for n in names:
             ovl = _Overload(self, n)
             self.overloads[n] = ovl
             fn = _make_wrapper(self, ovl)
             fn.__doc__ = self.doc
             ovl.fn = fn
-            if not backward and not numbers_safe(ovl.schema):
-                # ATen hands Python numbers to these overloads; until the dispatcher's fallback can pass
-                # them back to ATen (gems.codegen.numbers), serving them would break every later
-                # `x * 2.0` with Gems registered. They are callable through `op.overloads[n].fn`.
-                self.held_back.append(n)
-                continue
             dynamic = [a for a in self.operands + self.scalars if a in ovl.names]
             register(n, category=category, dtypes=_first_dtypes(self), backward=backward, check=check,
                      dynamic=dynamic)(fn)
@@ -143,15 +136,6 @@ class PointwiseOp:
             k = source.load(src, self.body)
             self._kernels[key] = k
         return k
-
-
-def numbers_safe(schema) -> bool:
-    """Whether registering an overload is safe: it has at most one positional Tensor argument (so ATen
-    never hands it a Python number beside a tensor), or the dispatcher converts numbers back for ATen
-    (`gems.dispatch.WRAPS_NUMBERS`)."""
-    from .. import dispatch
-    from .numbers import tensor_positions
-    return getattr(dispatch, "WRAPS_NUMBERS", False) or len(tensor_positions(schema)) <= 1
 
 
 def _first_dtypes(op):
