@@ -36,8 +36,10 @@ _strided = torch.strided
 _STRICT = os.environ.get("GEMS_STRICT", "0") not in ("", "0")
 # GEMS_PLANS=0 turns call plans off (every call takes the full path): for debugging and A/B timing
 _PLANS = os.environ.get("GEMS_PLANS", "1") not in ("", "0")
-# GEMS_PLAN_CHECK=1 answers each first call of a signature from its new plan (a test aid, see _record)
-_PLAN_CHECK = os.environ.get("GEMS_PLAN_CHECK", "0") not in ("", "0")
+# GEMS_PLAN_CHECK=N answers the first call of each of an overload's first N signatures from the new plan
+# (a test aid, see _record; "all" for every signature). The test suite sets it.
+_PLAN_CHECK = os.environ.get("GEMS_PLAN_CHECK", "0")
+_PLAN_CHECK = 1 << 62 if _PLAN_CHECK == "all" else int(_PLAN_CHECK or 0)
 # ATen hands a Python kernel wrapped-number tensors (`x * 2.0`) as Python numbers; every path back to
 # ATen's original kernel turns them into equivalent 0-dim tensors first (see gems.codegen.numbers).
 
@@ -171,12 +173,12 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
 def _record(impl, cache, key, schema, on_cuda, args, kwargs):
     """First call of a signature: run the implementation under a recording and keep its plan.
 
-    With GEMS_PLAN_CHECK=1 (the test suite sets it) the call's answer comes from the new plan instead:
-    written arguments are restored to their values before the call, and the plan runs it again, so
-    every test of a first call also tests its plan."""
+    With GEMS_PLAN_CHECK=N (the test suite sets it) the call's answer comes from the new plan instead,
+    for an overload's first N plans: written arguments are restored to their values before the call,
+    and the plan runs it again, so the op tests also test the plans."""
     fn = impl.fn
     values = _plan.named_args(schema, args, kwargs)
-    saved = _snapshot(schema, values) if _PLAN_CHECK else None
+    saved = _snapshot(schema, values) if cache.built < _PLAN_CHECK else None
     rec = _plan.Recording(values)
     with rec:
         out = fn(*args, **kwargs)
