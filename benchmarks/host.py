@@ -134,9 +134,14 @@ def run_case(name, setup, fn, device, calls, rounds):
         st = gems.stats()
         aten, gem = [], []
         for _ in range(rounds):
+            # ATen with Gems unregistered: a registered overload passes through Gems' Python kernel even
+            # when Gems is off for the call, which is not what users without Gems pay (call plans
+            # survive the unregistration)
+            gems.disable()
             aten.append(_per_call(fn, args, calls, sync))
             with gems.use_gems():
                 gem.append(_per_call(fn, args, calls, sync))
+        gems.disable()
     a, g = statistics.median(aten), statistics.median(gem)
     fell = {op: s["reasons"] for op, s in st.items() if s["fallback"]}
     return {"case": name, "aten_us": a, "gems_us": g, "ratio": g / a, "served": sorted(op for op, s in st.items()

@@ -83,7 +83,10 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     get_device = torch._C._cuda_getDevice if on_cuda else None
     schema = registry._aten_overload(name)._schema
     sig = _plan.make_signature(schema, impl.dynamic, on_cuda) if impl.plan and _PLANS else None
-    cache = impl.plans = _plan.PlanCache() if sig is not None else None
+    # plans outlive a registration: disable() followed by enable() finds them again
+    if sig is not None and impl.plans is None:
+        impl.plans = _plan.PlanCache()
+    cache = impl.plans if sig is not None else None
     plans = cache.plans if cache is not None else None
     extra_key = impl.plan_key
     MISS, NO_PLAN = _plan.MISS, _plan.NO_PLAN
