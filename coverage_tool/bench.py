@@ -207,6 +207,11 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
                                 "transformers": _version("transformers"), "gems": gems.__version__})
 
     def run(mode_on: bool, times: Optional[list] = None):
+        if not mode_on:
+            # ATen as users without Gems run it: once registered, every registered overload passes
+            # through Gems' Python kernel even when Gems is off for the call; unregister (call plans
+            # survive it) so the baseline pays nothing of Gems
+            gems.disable()
         ctx = scope() if mode_on else _null()
         with ctx:
             if workload == "decode":
