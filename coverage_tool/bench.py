@@ -2,17 +2,22 @@
 
     gems-coverage bench llama2 --device cuda --workload decode
 
-Both modes run the same model object on the same inputs (training restores the same starting weights
-before each mode's parity step), warmed up, then timed step by step in alternation (ATen, Gems, ATen,
-...), so drift hits both. Reported: ms per step (per token for decode), tokens/s, the throughput ratio
-Gems/ATen, peak memory, whether the outputs agree (the parity tool's end-to-end rule on logits and
-losses; greedy tokens position by position), and the attribution: one profiled step per mode, each
-outermost ATen op's calls, host time per call (its CPU time, the Python kernel included) and device
-time per call (the kernels launched under it), and what it adds to or saves from the step.
+Both modes run the same model object on the same inputs, in one process, in turns (ATen, Gems, ATen, ...)
+so drift hits both. The ATen turns run with Gems *unregistered* (`gems.disable()`): once registered, every
+call of a registered overload passes through Gems' Python kernel even with Gems off, a cost users
+without Gems never pay; call plans survive the unregistration, so the Gems turns stay warm.
+
+Per mode: one untimed run whose outputs are compared (parity's rules: logits and the first step's loss
+by the end-to-end tolerance of the model's dtype and, for bf16/fp16, against an fp32 run of the same
+weights; greedy tokens position by position, a flip accepted only on a near tie), `--warmup` untimed
+runs, `--steps` timed runs (synchronized on CUDA: end-to-end throughput, host work included), then one
+run under `torch.profiler` for the attribution: each outermost ATen op's calls, host time per call (its
+CPU time, Python kernel and children included) and device time per call (the kernels launched under
+it), and what it adds to or saves from the step.
 """
 from __future__ import annotations
 
-import copy
+import contextlib
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,35 +25,30 @@ from typing import Callable, Optional
 
 WORKLOADS = ("prefill", "decode", "train")
 OPTIMIZERS = ("adamw", "adamw-fused", "sgd")
+# a profiler annotation around the prompt's forward in a decode run: its ops are not decode steps
+PROMPT_MARK = "gems_bench::prompt"
 
 
+# ------------------------------------------------------------------------------------------ results
 @dataclass
-class OpCost:
-    op: str
-    aten_calls: int = 0
-    gems_calls: int = 0
-    aten_host_us: float = 0.0      # per step, all calls
-    gems_host_us: float = 0.0
-    aten_device_us: float = 0.0
-    gems_device_us: float = 0.0
-    served: int = 0
-    fallback: int = 0
+class OpRow:
+    """One outermost ATen op of the profiled run, per unit (step, or decode token)."""
 
-    @property
-    def delta_host_ms(self) -> float:
-        return (self.gems_host_us - self.aten_host_us) / 1e3
+    op: str                                 # profiler name without "aten::" (e.g. "mm", "linear")
+    aten_calls: float = 0.0                 # calls per unit
+    gems_calls: float = 0.0
+    aten_host_us_per_call: Optional[float] = None
+    gems_host_us_per_call: Optional[float] = None
+    aten_device_us_per_call: Optional[float] = None   # None on CPU (no device timeline)
+    gems_device_us_per_call: Optional[float] = None
+    delta_host_ms: float = 0.0              # per unit: gems calls x time - aten calls x time
+    delta_device_ms: Optional[float] = None
+    served: float = 0.0                     # per unit, Gems overloads that ran under this op
+    fallback: float = 0.0
+    gems_overloads: dict = field(default_factory=dict)   # overload -> {"served", "fallback"} per unit
 
-    @property
-    def delta_device_ms(self) -> float:
-        return (self.gems_device_us - self.aten_device_us) / 1e3
-
-    def row(self) -> dict:
-        d = asdict(self)
-        d["delta_host_ms"] = round(self.delta_host_ms, 4)
-        d["delta_device_ms"] = round(self.delta_device_ms, 4)
-        for k in ("aten_host_us", "gems_host_us", "aten_device_us", "gems_device_us"):
-            d[k] = round(d[k], 2)
-        return d
+    def rank(self) -> float:
+        return abs(self.delta_host_ms) + abs(self.delta_device_ms or 0.0)
 
 
 @dataclass
@@ -63,205 +63,287 @@ class BenchResult:
     seq_len: int
     new_tokens: int
     steps: int
-    unit: str                                  # "step" or "token"
+    warmup: int
+    optimizer: Optional[str]
+    unit: str                                   # "step" or "token"
     tokens_per_unit: int
     aten_ms: list = field(default_factory=list)
     gems_ms: list = field(default_factory=list)
     aten_peak_mib: Optional[float] = None
     gems_peak_mib: Optional[float] = None
-    agree: bool = True
-    agreement: list = field(default_factory=list)     # [{'check', 'ok', 'detail'}]
-    ops: list = field(default_factory=list)           # OpCost rows
-    meaningful: bool = True
-    versions: dict = field(default_factory=dict)
+    agreement: list = field(default_factory=list)     # [{check, ok, detail, rel_err, tol}]
+    ops: list = field(default_factory=list)           # OpRow, ranked
+    profiled_units: Optional[int] = None              # units in the profiled run (None: no attribution)
+    totals: Optional[dict] = None                     # per unit: host/device sums, profiled wall time
     no_plan: dict = field(default_factory=dict)       # overload -> why signatures kept the full path
+    meaningful: bool = True
+    notes: list = field(default_factory=list)
+    versions: dict = field(default_factory=dict)
 
     @property
-    def aten_median(self) -> float:
-        return statistics.median(self.aten_ms) if self.aten_ms else float("nan")
+    def agree(self) -> bool:
+        return all(c["ok"] for c in self.agreement)
 
     @property
-    def gems_median(self) -> float:
-        return statistics.median(self.gems_ms) if self.gems_ms else float("nan")
+    def aten_median(self) -> Optional[float]:
+        return statistics.median(self.aten_ms) if self.aten_ms else None
+
+    @property
+    def gems_median(self) -> Optional[float]:
+        return statistics.median(self.gems_ms) if self.gems_ms else None
+
+    @property
+    def device_timed(self) -> bool:
+        return self.device.startswith("cuda")
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["ops"] = [o.row() if isinstance(o, OpCost) else o for o in self.ops]
         a, g = self.aten_median, self.gems_median
-        d["aten_ms_median"] = round(a, 4)
-        d["gems_ms_median"] = round(g, 4)
-        d["aten_tokens_per_s"] = round(self.tokens_per_unit / a * 1e3, 2) if a == a and a > 0 else None
-        d["gems_tokens_per_s"] = round(self.tokens_per_unit / g * 1e3, 2) if g == g and g > 0 else None
-        d["throughput_ratio"] = round(a / g, 4) if g == g and g > 0 else None
-        rows = self.ops
-        d["totals"] = {k: round(sum(getattr(o, k) for o in rows) / 1e3, 4) for k in
-                       ("aten_host_us", "gems_host_us", "aten_device_us", "gems_device_us")}
-        d["totals"] = {k.replace("_us", "_ms"): v for k, v in d["totals"].items()}
+        d["aten_ms_median"] = _r(a, 4)
+        d["gems_ms_median"] = _r(g, 4)
+        d["aten_tokens_per_s"] = _r(self.tokens_per_unit / a * 1e3, 2) if a else None
+        d["gems_tokens_per_s"] = _r(self.tokens_per_unit / g * 1e3, 2) if g else None
+        d["throughput_ratio"] = _r(a / g, 4) if a and g else None
+        d["agree"] = self.agree
+        d["baseline"] = "ATen with Gems unregistered"
         return d
 
 
-# ------------------------------------------------------------------------------------------- workloads
-class _Workload:
-    """One workload on one built model: `step()` runs the timed unit and returns what parity compares."""
+def _r(x, n):
+    return None if x is None else round(float(x), n)
 
-    def __init__(self, bundle, kind, new_tokens, optimizer):
+
+# --------------------------------------------------------------------------------------------- workload
+class _Workload:
+    """One built model and its workload; each method runs in the mode it is given (False: ATen, True: Gems)."""
+
+    def __init__(self, bundle, kind: str, new_tokens: int, optimizer: str, include, exclude):
         import torch
-        self.b, self.kind, self.torch = bundle, kind, torch
-        self.new_tokens = new_tokens
-        self.opt = None
+        import gems
+        self.torch, self.gems, self.b, self.kind, self.new_tokens = torch, gems, bundle, kind, new_tokens
+        self.include, self.exclude = include, exclude
+        dev = torch.device(bundle.device)
+        self.on_cuda = dev.type == "cuda"
+        self.sync = (lambda: torch.cuda.synchronize(dev)) if self.on_cuda else (lambda: None)
+        self.opt = self.start = None
         if kind == "train":
-            self.b.model.train()
-            params = [p for p in self.b.model.parameters() if p.requires_grad]
-            self.opt = _make_optimizer(params, optimizer, bundle.device)
-            self.start = {k: v.detach().clone() for k, v in self.b.model.state_dict().items()}
+            bundle.model.train()
+            params = [p for p in bundle.model.parameters() if p.requires_grad]
+            self.opt = _make_optimizer(params, optimizer, self.on_cuda)
+            # the agreement runs start both modes from these weights; dropped afterwards (peak memory)
+            self.start = {k: v.detach().clone() for k, v in bundle.model.state_dict().items()}
         else:
-            self.b.model.eval()
+            bundle.model.eval()
+
+    def mode(self, on: bool):
+        """The context of one run: Gems' scope, or ATen with Gems unregistered (see the module docstring)."""
+        if on:
+            return self.gems.use_gems(include=self.include, exclude=self.exclude)
+        self.gems.disable()
+        return contextlib.nullcontext()
 
     def restore(self):
-        """Training: the starting weights and a fresh optimizer state (parity steps start equal)."""
+        """Training: the starting weights and a fresh optimizer state."""
+        if self.start is None:
+            return
         with self.torch.no_grad():
             for k, v in self.b.model.state_dict().items():
                 v.copy_(self.start[k])
         self.opt.state.clear()
 
-    def step(self):
-        torch = self.torch
-        if self.kind == "prefill":
-            with torch.no_grad():
-                return _logits(_forward(self.b))
-        if self.kind == "train":
-            from models import training_loss
-            self.opt.zero_grad(set_to_none=True)
-            loss = training_loss(_forward(self.b, train=True))
-            loss.backward()
-            self.opt.step()
-            return loss.detach()
-        return self.decode()
-
-    def decode(self, times: Optional[list] = None, sync: Callable = lambda: None):
-        """Greedy decoding with the KV cache; the prefill is not timed, each decode step is."""
+    def _step(self):
         from . import runner
-        return runner.run_generate(self.b, self.new_tokens, times=times, sync=sync)
+        if self.kind == "prefill":
+            with self.torch.no_grad():
+                return runner.forward(self.b)
+        from models import training_loss
+        self.opt.zero_grad(set_to_none=True)
+        loss = training_loss(runner.forward(self.b, train=True))
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+
+    def first(self, on: bool) -> dict:
+        """The run the modes are compared on (training: from the starting weights), outputs on the CPU."""
+        from .parity import _generate, _main_output
+        self.restore()
+        with self.mode(on):
+            if self.kind == "decode":
+                steps: list = []
+                out = {"tokens": _generate(self.b, self.new_tokens, steps), "steps": steps}
+            elif self.kind == "prefill":
+                out = {"logits": _main_output(self._step())}
+            else:
+                out = {"loss": self._step()}
+        self.sync()
+        return {k: _cpu(v) for k, v in out.items()}
+
+    def reference(self):
+        """The compared output computed by ATen in fp32 from the same weights: the reference of parity's
+        low-precision rule."""
+        from . import runner
+        from .parity import _main_output
+        torch = self.torch
+        self.restore()
+        with self.mode(False), _as_fp32(self.b), torch.no_grad():
+            if self.kind == "train":
+                from models import training_loss
+                out = training_loss(runner.forward(self.b, train=True))
+            else:
+                out = _main_output(self.b.model(**self.b.inputs))
+                if self.kind == "decode":
+                    out = out[:, -1, :]     # the logits that pick the first token
+            out = out.detach().cpu()
+        if self.on_cuda:
+            torch.cuda.empty_cache()    # the fp32 copy's memory goes back before anything is measured
+        return out
+
+    def timed(self, on: bool):
+        """One timed run: (ms per unit, peak MiB or None)."""
+        torch = self.torch
+        from . import runner
+        if self.on_cuda:
+            torch.cuda.reset_peak_memory_stats()
+        with self.mode(on):     # entering it (registering Gems, or not) is outside the timed region
+            if self.kind == "decode":
+                times: list = []
+                runner.run_generate(self.b, self.new_tokens, times=times, sync=self.sync)
+                ms = times[0]   # per decode step: the prompt's prefill is not timed
+            else:
+                self.sync()
+                t0 = time.perf_counter()
+                self._step()
+                self.sync()
+                ms = (time.perf_counter() - t0) * 1e3
+        peak = torch.cuda.max_memory_allocated() / 2**20 if self.on_cuda else None
+        return ms, peak
+
+    def profile(self, on: bool) -> dict:
+        """One run under torch.profiler: per outermost ATen op (calls, host us, device us), the run's wall
+        time and, with Gems, gems.stats() of the same run; decode: the decode steps only."""
+        import warnings
+        from torch.profiler import ProfilerActivity, profile
+        from . import runner
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.on_cuda else [])
+        reset = self.gems.reset_stats if on else (lambda: None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with self.mode(on):
+                reset()
+                with profile(activities=acts) as prof:
+                    t0 = time.perf_counter()
+                    if self.kind == "decode":
+                        # stats restart after the prompt, like the attribution, which leaves it out
+                        with _mark_prompt(self.b.model, after=reset):
+                            runner.run_generate(self.b, self.new_tokens)
+                    else:
+                        self._step()
+                    self.sync()
+                    wall = (time.perf_counter() - t0) * 1e3
+                stats = self.gems.stats() if on else {}
+            events = prof.events()
+        ops, inner = outermost_ops(events, self.on_cuda)
+        return {"ops": ops, "inner": inner, "wall_ms": wall,
+                "stats": {k: {"served": v["served"], "fallback": v["fallback"]} for k, v in stats.items()}}
 
 
-def _make_optimizer(params, name, device):
+def _cpu(x):
     import torch
-    on_cuda = str(device).startswith("cuda")
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, list):
+        return [_cpu(v) for v in x]
+    return x
+
+
+def _make_optimizer(params, name, on_cuda):
+    import torch
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-3)
     if name == "adamw-fused":
         return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, fused=True)
-    # what users run: PyTorch's default (foreach on CUDA); the per-parameter loop elsewhere
-    return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, foreach=on_cuda or None)
+    # what users run: PyTorch's default, foreach on CUDA; the per-parameter loop on CPU
+    return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, foreach=None if on_cuda else False)
 
 
-def _forward(bundle, train=False):
-    from . import runner
-    return runner.forward(bundle, train=train)
-
-
-def _logits(out):
+@contextlib.contextmanager
+def _as_fp32(bundle):
+    """The model and its floating inputs in fp32 for the block, then exactly as before (bf16 and fp16
+    values are exact in fp32, so the round trip changes nothing). Tensor by tensor, in place: the peak
+    is one fp32 copy of the model, not a bf16 copy plus an fp32 one."""
+    import itertools
     import torch
-    lg = getattr(out, "logits", None)
-    if lg is None and isinstance(out, (tuple, list)):
-        lg = next((t for t in out if isinstance(t, torch.Tensor)), None)
-    return lg.detach() if lg is not None else None
+    m = bundle.model
+    tensors = [t for t in itertools.chain(m.parameters(), m.buffers()) if t.is_floating_point()]
+    dtypes = [t.dtype for t in tensors]
+    saved = [dict(bundle.inputs), dict(bundle.train_inputs)]
+    with torch.no_grad():
+        for t in tensors:
+            t.data = t.data.float()
+    for d in (bundle.inputs, bundle.train_inputs):
+        for k, v in d.items():
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                d[k] = v.float()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, dt in zip(tensors, dtypes):
+                t.data = t.data.to(dt)
+        for d, s in zip((bundle.inputs, bundle.train_inputs), saved):
+            d.clear()
+            d.update(s)
 
 
-# ------------------------------------------------------------------------------------------ the bench
-def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: Optional[str] = None,
-          dtype: Optional[str] = None, batch: int = 1, seq_len: Optional[int] = None, new_tokens: int = 16,
-          steps: Optional[int] = None, warmup: Optional[int] = None, optimizer: str = "adamw",
-          include=None, exclude=None, attribution: bool = True,
-          progress: Callable[[str], None] = lambda s: None) -> BenchResult:
-    import torch
-    import gems
-    import models as M
-    if workload not in WORKLOADS:
-        raise M.ModelError(f"unknown workload '{workload}' ({', '.join(WORKLOADS)})")
-    if optimizer not in OPTIMIZERS:
-        raise M.ModelError(f"unknown optimizer '{optimizer}' ({', '.join(OPTIMIZERS)})")
-    dev_type = torch.device(device).type
-    if dev_type == "meta":
-        raise M.ModelError("bench runs real kernels: --device cuda (full size) or cpu (tiny, Triton interpreter)")
-    on_cuda = dev_type == "cuda"
-    size, dtype_name, _, seq_len = M.run_defaults(dev_type, size, dtype, seq_len)
-    steps = steps or (5 if on_cuda else 1)
-    warmup = 2 if warmup is None and on_cuda else (1 if warmup is None else warmup)
-    recipe = M.resolve(model)
-    progress(f"building {recipe.name} ({size}, {dtype_name}) on {device}")
-    bundle = M.build(recipe, size=size, device=device, dtype=dtype_name, batch=batch, seq_len=seq_len, seed=0,
-                     dropout=0.0 if workload == "train" else None)
-    if workload == "decode":
-        from . import runner
-        runner.check_mode(bundle, "generate")
-    wl = _Workload(bundle, workload, new_tokens, optimizer)
-    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
-    scope = lambda: gems.use_gems(include=include, exclude=exclude)  # noqa: E731
-    unit = "token" if workload == "decode" else "step"
-    per_unit = batch * (seq_len if workload != "decode" else 1)
-    res = BenchResult(recipe.name, workload, device, torch.cuda.get_device_name() if on_cuda else "cpu", size,
-                      dtype_name, batch, seq_len, new_tokens if workload == "decode" else 0, steps, unit, per_unit,
-                      meaningful=on_cuda,
-                      versions={"torch": torch.__version__, "triton": _version("triton"),
-                                "transformers": _version("transformers"), "gems": gems.__version__})
+@contextlib.contextmanager
+def _mark_prompt(model, after: Callable = lambda: None):
+    """Annotate the first forward (the prompt's prefill) for the profiler; call `after` when it returns."""
+    from torch.profiler import record_function
+    orig = model.forward
+    first = [True]
 
-    def run(mode_on: bool, times: Optional[list] = None):
-        if not mode_on:
-            # ATen as users without Gems run it: once registered, every registered overload passes
-            # through Gems' Python kernel even when Gems is off for the call; unregister (call plans
-            # survive it) so the baseline pays nothing of Gems
-            gems.disable()
-        ctx = scope() if mode_on else _null()
-        with ctx:
-            if workload == "decode":
-                return wl.decode(times, sync)
-            sync()
-            t0 = time.perf_counter()
-            out = wl.step()
-            sync()
-            if times is not None:
-                times.append((time.perf_counter() - t0) * 1e3)
-            return out
-
-    # parity first, from equal starting points
-    progress("parity: one ATen and one Gems run on the same inputs")
-    if workload == "train":
-        wl.restore()
-    ref = run(False)
-    if workload == "train":
-        wl.restore()
-    got = run(True)
-    res.agreement = _agreement(workload, got, ref)
-    res.agree = all(c["ok"] for c in res.agreement)
-    # warm-up and timing, alternating
-    for i in range(warmup):
-        progress(f"warm-up {i + 1}/{warmup}")
-        run(False)
-        run(True)
-    for i in range(steps):
-        progress(f"timed {i + 1}/{steps}")
-        for on, times in ((False, res.aten_ms), (True, res.gems_ms)):
-            if on_cuda:
-                torch.cuda.reset_peak_memory_stats()
-            run(on, times)
-            if on_cuda:
-                peak = torch.cuda.max_memory_allocated() / 2**20
-                key = "gems_peak_mib" if on else "aten_peak_mib"
-                setattr(res, key, round(max(getattr(res, key) or 0.0, peak), 1))
-    if attribution:
-        progress("attribution: one profiled step per mode")
-        res.ops = _attribute(run, on_cuda)
-    res.no_plan = {k: v["reasons"] for k, v in gems.plan_stats().items() if v["no_plan"]}
-    return res
+    def forward(*a, **k):
+        if not first[0]:
+            return orig(*a, **k)
+        first[0] = False
+        with record_function(PROMPT_MARK):
+            out = orig(*a, **k)
+        after()
+        return out
+    model.forward = forward
+    try:
+        yield
+    finally:
+        del model.forward
 
 
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
+def outermost_ops(events, with_device: bool):
+    """From profiler events: ({op: [calls, host us, device us]} over the outermost ATen ops of each
+    thread, {outermost op: {ATen op under it, itself included: calls}}). Events inside the
+    PROMPT_MARK annotation are left out. Host time is the outermost event's CPU time (its children
+    included); device time is the profiler's attribution of the kernels launched under it."""
+    ops: dict = {}
+    inner: dict = {}
+    for e in events:
+        if not e.name.startswith("aten::"):
+            continue
+        outer, p = e, e.cpu_parent
+        while p is not None and p.name != PROMPT_MARK:
+            if p.name.startswith("aten::"):
+                outer = p
+            p = p.cpu_parent
+        if p is not None:       # inside the prompt
+            continue
+        name = outer.name[6:]
+        below = inner.setdefault(name, {})
+        below[e.name[6:]] = below.get(e.name[6:], 0) + 1
+        if outer is e:
+            r = ops.setdefault(name, [0, 0.0, 0.0])
+            r[0] += 1
+            r[1] += float(e.cpu_time_total)
+            if with_device:
+                r[2] += float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0))
+    return ops, inner
 
 
 def _version(name):
@@ -271,80 +353,186 @@ def _version(name):
         return None
 
 
-def _agreement(workload, got, ref) -> list:
-    from .parity import compare_e2e
+# ------------------------------------------------------------------------------------------ the bench
+def _validate(model, workload, device, optimizer, new_tokens, include, exclude):
+    """Everything that is bad input, checked before anything is built (-> exit 2)."""
+    import torch
+    import models as M
+    from . import gemsinfo
+    if workload not in WORKLOADS:
+        raise M.ModelError(f"unknown workload '{workload}' ({', '.join(WORKLOADS)})")
+    if optimizer not in OPTIMIZERS:
+        raise M.ModelError(f"unknown optimizer '{optimizer}' ({', '.join(OPTIMIZERS)})")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise M.ModelError(f"unknown device '{device}' (cuda or cpu)") from None
+    if dev.type not in ("cuda", "cpu"):
+        raise M.ModelError("bench runs real kernels: --device cuda (full size) or cpu (tiny, Triton interpreter)")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise M.ModelError("--device cuda: no CUDA device on this machine")
+    info = gemsinfo.load()
+    if not info.available:
+        raise M.ModelError(f"bench needs Gems: {info.error}")
+    if info.backend_device != dev.type:
+        why = info.error or f"the active Gems backend '{info.backend}' serves {info.backend_device} tensors"
+        raise M.ModelError(f"Gems cannot run on device {device}: {why}")
+    recipe = M.resolve(model)
     if workload == "decode":
-        n = min(got.shape[1], ref.shape[1])
-        same = (got[:, :n] == ref[:, :n]).all(dim=0)
-        first = int((~same).nonzero()[0]) if not bool(same.all()) else None
-        detail = (f"greedy tokens equal at all {n} positions" if first is None else
-                  f"greedy tokens diverge at position {first} of {n} (random weights leave near-ties among "
-                  f"logits; the prefill logits check is the numeric one)")
-        return [{"check": "tokens", "ok": first is None or first > 0, "detail": detail}]
-    # the tolerance follows the model's dtype (parity's end-to-end table): a bf16 model is judged as bf16
-    what = "loss (first step, same start)" if workload == "train" else "logits"
-    ok, rel, max_abs, tol = compare_e2e(got, ref)
+        if recipe.kind not in ("causal_lm", "llava"):
+            raise M.ModelError(f"{recipe.name}: workload 'decode' needs a causal LM (this is {recipe.kind})")
+        if new_tokens < 2:
+            raise M.ModelError("decode: --new-tokens must be at least 2 (the first token comes from the prompt)")
+    import gems
+    if gems.is_enabled():
+        # the ATen turns unregister Gems, which would also switch off the caller's gems.enable()
+        raise M.ModelError("bench needs Gems off outside its own runs (gems.enable() is active)")
+    try:
+        gems.use_gems(include=include, exclude=exclude)   # resolves the names; registers nothing
+    except (ValueError, AttributeError, RuntimeError) as e:
+        raise M.ModelError(f"--include/--exclude: {e}") from None
+    return recipe, dev.type == "cuda"
+
+
+def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: Optional[str] = None,
+          dtype: Optional[str] = None, batch: int = 1, seq_len: Optional[int] = None, new_tokens: int = 16,
+          steps: Optional[int] = None, warmup: Optional[int] = None, optimizer: str = "adamw",
+          include=None, exclude=None, attribution: bool = True,
+          progress: Callable[[str], None] = lambda s: None) -> BenchResult:
+    """Run `workload` with ATen and with Gems on one model and compare (see the module docstring)."""
+    import torch
+    import gems
+    import models as M
+    recipe, on_cuda = _validate(model, workload, device, optimizer, new_tokens, include, exclude)
+    size, dtype_name, dt, seq_len = M.run_defaults("cuda" if on_cuda else "cpu", size, dtype, seq_len)
+    steps = steps if steps is not None else (5 if on_cuda else 1)
+    warmup = warmup if warmup is not None else (2 if on_cuda else 1)
+    decode = workload == "decode"
+    res = BenchResult(recipe.name, workload, device, torch.cuda.get_device_name(device) if on_cuda else "cpu",
+                      size, dtype_name, batch, seq_len, new_tokens if decode else 0, steps, warmup,
+                      optimizer if workload == "train" else None, unit="token" if decode else "step",
+                      tokens_per_unit=batch * (1 if decode else seq_len), meaningful=on_cuda,
+                      versions={"torch": torch.__version__, "triton": _version("triton"),
+                                "transformers": _version("transformers"), "gems": gems.__version__})
+    if not on_cuda:
+        res.notes.append("timings meaningless (CPU interpreter): this run checks that the workload runs, "
+                         "agrees and is attributed")
     if workload == "train":
-        detail = f"loss gems {float(got):.6g} vs aten {float(ref):.6g}, rel err {rel:.2e} (tol {tol:.0e})"
+        res.notes.append("training runs with dropout 0 (the two modes' first-step losses are compared)")
+    progress(f"building {recipe.name} ({size}, {dtype_name}) on {device}")
+    if on_cuda:
+        torch.cuda.set_device(torch.device(device))   # Gems falls back for tensors off the current device
+    bundle = M.build(recipe, size=size, device=device, dtype=dtype_name, batch=batch, seq_len=seq_len, seed=0,
+                     dropout=0.0 if workload == "train" else None)
+    wl = _Workload(bundle, workload, new_tokens, optimizer, include, exclude)
+    try:
+        res.agreement = _agreement(wl, dt, progress)
+        wl.start = None   # the training start weights are not needed any more
+        for i in range(warmup):
+            progress(f"warm-up {i + 1}/{warmup}")
+            wl.timed(False)
+            wl.timed(True)
+        for i in range(steps):
+            progress(f"timed {i + 1}/{steps}")
+            for on, times, key in ((False, res.aten_ms, "aten_peak_mib"), (True, res.gems_ms, "gems_peak_mib")):
+                ms, peak = wl.timed(on)
+                times.append(round(ms, 4))
+                if peak is not None:
+                    setattr(res, key, round(max(getattr(res, key) or 0.0, peak), 1))
+        if attribution:
+            progress("attribution: one profiled run per mode")
+            units = new_tokens - 1 if decode else 1
+            a, g = wl.profile(False), wl.profile(True)
+            res.ops = attribute(a, g, units, on_cuda)
+            res.profiled_units = units
+            res.totals = totals(a, g, units, on_cuda)
+            if decode:
+                res.notes.append(f"attribution per decode step: the profiled run's {units} one-token steps "
+                                 f"(the prompt's forward left out), divided by {units}")
+        res.no_plan = {k: v["reasons"] for k, v in gems.plan_stats().items() if v["no_plan"]}
+    finally:
+        gems.disable()   # leave the process as it was: nothing registered
+    return res
+
+
+def _agreement(wl: _Workload, dtype, progress) -> list:
+    """The checks of parity's end-to-end rule on this workload's outputs (see coverage_tool.parity)."""
+    import torch
+    from .parity import _check, _token_check
+    hi = None
+    if dtype in (torch.bfloat16, torch.float16):
+        progress("agreement: the fp32 reference (ATen, same weights in fp32)")
+        hi = wl.reference()
+    progress("agreement: one ATen and one Gems run")
+    ref, got = wl.first(False), wl.first(True)
+    kind = wl.kind
+    if kind == "prefill":
+        checks = [_check(kind, "logits", got["logits"], ref["logits"], hi)]
+    elif kind == "train":
+        checks = [_check(kind, "loss (first step, same start)", got["loss"], ref["loss"], hi)]
     else:
-        detail = f"rel err {rel:.2e} (tol {tol:.0e}), max abs {max_abs:.3g}"
-    if not ok:
-        # deep low-precision models can be noisier than the quick rule against ATen's own run; the
-        # decisive rule compares both runs with an fp32 reference and names the first divergent op
-        detail += "; run `gems-coverage parity MODEL --device ...` for the fp32-referenced rule"
-    return [{"check": what, "ok": bool(ok), "detail": detail}]
+        checks = [_check(kind, "prompt logits (last position)", got["steps"][0], ref["steps"][0], hi),
+                  _token_check(got["tokens"], ref["tokens"], ref["steps"])]
+    out = []
+    for c in checks:
+        detail = c.detail
+        if not c.ok and hi is None:
+            detail += "; `gems-coverage parity MODEL --device ...` names the first divergent op"
+        out.append({"check": c.name, "ok": bool(c.ok), "detail": detail, "rel_err": c.rel_err, "tol": c.tol})
+    return out
 
 
 # ----------------------------------------------------------------------------------------- attribution
-def _attribute(run, on_cuda) -> list:
-    import gems
-    aten = _profile_step(lambda: run(False), on_cuda)
-    gems.reset_stats()
-    mine = _profile_step(lambda: run(True), on_cuda)
-    stats = gems.stats()
-    rows: dict[str, OpCost] = {}
-    for src, pre in ((aten, "aten"), (mine, "gems")):
-        for op, (calls, host, dev) in src.items():
-            r = rows.setdefault(op, OpCost(op))
-            setattr(r, f"{pre}_calls", calls)
-            setattr(r, f"{pre}_host_us", host)
-            setattr(r, f"{pre}_device_us", dev)
-    for name, s in stats.items():
-        r = rows.get(name.split(".", 1)[0])
-        if r is not None:
-            r.served += s["served"]
-            r.fallback += s["fallback"]
-    return sorted(rows.values(), key=lambda r: -(abs(r.delta_host_ms) + abs(r.delta_device_ms)))
+def attribute(aten: dict, mine: dict, units: int, with_device: bool) -> list:
+    """OpRows from the two profiled runs, per unit, ranked by |delta host| + |delta device|."""
+    rows: dict[str, OpRow] = {}
+    for mode, prof in (("aten", aten), ("gems", mine)):
+        for op, (calls, host, dev) in prof["ops"].items():
+            r = rows.setdefault(op, OpRow(op))
+            setattr(r, f"{mode}_calls", round(calls / units, 3))
+            setattr(r, f"{mode}_host_us_per_call", round(host / calls, 2))
+            if with_device:
+                setattr(r, f"{mode}_device_us_per_call", round(dev / calls, 2))
+    for op, r in rows.items():
+        a, g = aten["ops"].get(op, (0, 0.0, 0.0)), mine["ops"].get(op, (0, 0.0, 0.0))
+        r.delta_host_ms = round((g[1] - a[1]) / units / 1e3, 4)
+        if with_device:
+            r.delta_device_ms = round((g[2] - a[2]) / units / 1e3, 4)
+    _place_stats(rows, mine["stats"], mine["inner"], units)
+    return sorted(rows.values(), key=lambda r: -r.rank())
 
 
-def _profile_step(fn, on_cuda) -> dict:
-    """{op base name: (calls, host us, device us)} over the outermost ATen ops of one step."""
-    import warnings
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with profile(activities=acts) as prof:
-            fn()
-            if on_cuda:
-                torch.cuda.synchronize()
-        events = prof.events()
-    out: dict[str, list] = {}
-    for e in events:
-        if not e.name.startswith("aten::"):
-            continue
-        p = e.cpu_parent
-        while p is not None and not p.name.startswith("aten::"):
-            p = p.cpu_parent
-        if p is not None:
-            continue   # counted inside its outermost ATen op
-        r = out.setdefault(e.name[6:], [0, 0.0, 0.0])
-        r[0] += 1
-        r[1] += float(e.cpu_time_total)
-        if on_cuda:
-            r[2] += float(getattr(e, "device_time_total", 0.0))
-    return {k: tuple(v) for k, v in out.items()}
+def totals(aten: dict, mine: dict, units: int, with_device: bool) -> dict:
+    """Per unit and mode: the sums of host and device time over the outermost ATen ops, and the profiled
+    run's wall time (profiler on: the difference to the host sum is Python outside ATen ops)."""
+    out = {}
+    for mode, prof in (("aten", aten), ("gems", mine)):
+        vals = list(prof["ops"].values())
+        out[f"{mode}_host_ms"] = round(sum(v[1] for v in vals) / units / 1e3, 4)
+        out[f"{mode}_device_ms"] = round(sum(v[2] for v in vals) / units / 1e3, 4) if with_device else None
+        out[f"{mode}_wall_ms"] = round(prof["wall_ms"] / units, 4)
+    return out
+
+
+def _place_stats(rows: dict, stats: dict, inner: dict, units: int):
+    """Put each Gems overload's served/fallback counts on the outermost ops it ran under.
+
+    Gems serves at the backend key, often below a composite op (`mm` under `linear`): the counts go
+    to the rows whose profiled subtree held that ATen op, split by how many of its calls each held."""
+    from .classify import packet_of
+    for overload, s in stats.items():
+        pk = packet_of(overload)
+        holders = {outer: below[pk] for outer, below in inner.items() if below.get(pk)}
+        total = sum(holders.values())
+        if not total:   # not seen by the profiler: keep the counts visible under the op's own name
+            holders, total = {pk: 1}, 1
+        for outer, n in holders.items():
+            r = rows.setdefault(outer, OpRow(outer))
+            share = n / total / units
+            served, fell = round(s["served"] * share, 3), round(s["fallback"] * share, 3)
+            r.served = round(r.served + served, 3)
+            r.fallback = round(r.fallback + fell, 3)
+            r.gems_overloads[overload] = {"served": served, "fallback": fell}
 
 
 # ------------------------------------------------------------------------------------------- output
@@ -352,43 +540,65 @@ def format_result(res: BenchResult, fmt: str = "table", top: int = 25) -> str:
     import json
     d = res.to_dict()
     if fmt == "json":
-        return json.dumps(d, indent=1)
+        return json.dumps(d, indent=1) + "\n"
     from tabulate import tabulate
-    tf = "github" if fmt == "markdown" else "simple"
+    md = fmt == "markdown"
+    tf = "github" if md else "simple"
     u = res.unit
-    lines = []
-    head = (f"model    {res.model} ({res.size}, {res.dtype}) on {res.gpu}; workload {res.workload}, batch {res.batch}, "
-            f"seq {res.seq_len}" + (f", {res.new_tokens} new tokens" if res.workload == "decode" else "")
-            + f"; {res.steps} timed {u}s (median)")
-    lines.append(head)
-    if not res.meaningful:
-        lines.append("timings  meaningless (CPU interpreter): this run checks that the workload runs and agrees")
-    a, g = d["aten_ms_median"], d["gems_ms_median"]
-    lines.append(f"ATen     {a:.3f} ms/{u}  {d['aten_tokens_per_s']} tokens/s"
-                 + (f"  peak {res.aten_peak_mib} MiB" if res.aten_peak_mib is not None else ""))
-    lines.append(f"Gems     {g:.3f} ms/{u}  {d['gems_tokens_per_s']} tokens/s"
-                 + (f"  peak {res.gems_peak_mib} MiB" if res.gems_peak_mib is not None else ""))
-    lines.append(f"ratio    {d['throughput_ratio']} (Gems throughput / ATen's)")
+    what = (f"{res.model} ({res.size}, {res.dtype}) on {res.gpu}: {res.workload}, batch {res.batch}, "
+            f"seq {res.seq_len}" + (f" + {res.new_tokens} new tokens" if res.workload == "decode" else "")
+            + (f", {res.optimizer}" if res.optimizer else "")
+            + f"; median of {res.steps} timed run(s) after {res.warmup} warm-up, ATen (Gems unregistered) "
+              f"and Gems alternating")
+    lines = [("### " if md else "bench    ") + what, ""]
+    for n in res.notes:
+        lines.append(("- " if md else "note     ") + n)
+    summary = []
+    for mode, label in (("aten", "ATen"), ("gems", "Gems")):
+        peak = d[f"{mode}_peak_mib"]
+        summary.append([label, _fmt(d[f"{mode}_ms_median"], ".3f"), _fmt(d[f"{mode}_tokens_per_s"], ".1f"),
+                        "n/a (CPU)" if peak is None else f"{peak:.0f}"])
+    lines += ["", tabulate(summary, headers=["mode", f"ms/{u}", "tokens/s", "peak MiB"], tablefmt=tf,
+                           disable_numparse=True), ""]
+    lines.append(("**ratio** " if md else "ratio    ") + f"{_fmt(d['throughput_ratio'], '.3f')} "
+                 f"(Gems throughput / ATen's; > 1: Gems is faster)")
     for c in res.agreement:
-        lines.append(f"agree    {'yes' if c['ok'] else 'NO'}: {c['check']}: {c['detail']}")
+        lines.append(("- agree " if md else "agree    ") + f"{'yes' if c['ok'] else 'NO'}: {c['check']}: {c['detail']}")
     if res.no_plan:
-        lines.append("full path (no call plan): " + "; ".join(f"{k}: {', '.join(v)}" for k, v in res.no_plan.items()))
-    if res.ops:
-        t = d["totals"]
-        lines.append(f"profiled step: host {t['aten_host_ms']:.2f} -> {t['gems_host_ms']:.2f} ms, "
-                     f"device {t['aten_device_ms']:.2f} -> {t['gems_device_ms']:.2f} ms (outermost ATen ops)")
-        rows = []
-        for o in res.ops[:top]:
-            rows.append([o.op, o.aten_calls, o.gems_calls, _per(o.aten_host_us, o.aten_calls),
-                         _per(o.gems_host_us, o.gems_calls), _per(o.aten_device_us, o.aten_calls),
-                         _per(o.gems_device_us, o.gems_calls), f"{o.delta_host_ms:+.3f}", f"{o.delta_device_ms:+.3f}",
-                         f"{o.served}/{o.fallback}" if (o.served or o.fallback) else "-"])
-        lines.append("")
-        lines.append(tabulate(rows, headers=["op", "calls A", "calls G", "host us/call A", "host us/call G",
-                                             "dev us/call A", "dev us/call G", "Δhost ms", "Δdev ms",
-                                             "served/fell back"], tablefmt=tf, floatfmt=".1f"))
+        lines.append(("- " if md else "") + "full path (no call plan): "
+                     + "; ".join(f"{k}: {', '.join(v)}" for k, v in res.no_plan.items()))
+    if res.profiled_units is not None:
+        lines += ["", _totals_line(res.totals, u, res.profiled_units), ""]
+        lines.append(_attribution_table(res.ops[:top], u, res.device_timed, tf))
+        if len(res.ops) > top:
+            lines.append(f"({len(res.ops) - top} more rows in --format json)")
     return "\n".join(lines) + "\n"
 
 
-def _per(total, calls):
-    return round(total / calls, 1) if calls else "-"
+def _totals_line(t: dict, u: str, units: int) -> str:
+    dev = ("device n/a (CPU)" if t["aten_device_ms"] is None else
+           f"device {t['aten_device_ms']:.2f} -> {t['gems_device_ms']:.2f} ms")
+    return (f"attribution per {u} (one profiled run per mode, {units} {u}(s), outermost ATen ops, ATen -> "
+            f"Gems): host {t['aten_host_ms']:.2f} -> {t['gems_host_ms']:.2f} ms, {dev}; profiled wall "
+            f"{t['aten_wall_ms']:.2f} -> {t['gems_wall_ms']:.2f} ms")
+
+
+def _attribution_table(rows: list, u: str, device: bool, tf: str) -> str:
+    from tabulate import tabulate
+    table = []
+    for r in rows:
+        table.append([r.op, _fmt(r.aten_calls, "g"), _fmt(r.gems_calls, "g"),
+                      _fmt(r.aten_host_us_per_call, ".1f"), _fmt(r.gems_host_us_per_call, ".1f"),
+                      _fmt(r.aten_device_us_per_call, ".1f"), _fmt(r.gems_device_us_per_call, ".1f"),
+                      f"{r.delta_host_ms:+.3f}", "-" if r.delta_device_ms is None else f"{r.delta_device_ms:+.3f}",
+                      f"{r.served:g}/{r.fallback:g}" if (r.served or r.fallback) else "-"])
+    headers = ["op", f"calls/{u} A", f"calls/{u} G", "host us/call A", "host us/call G", "dev us/call A",
+               "dev us/call G", f"Δhost ms/{u}", f"Δdev ms/{u}", "served/fell back"]
+    if not device:
+        headers[5:7] = ["dev us/call A (n/a)", "dev us/call G (n/a)"]
+    return tabulate(table, headers=headers, tablefmt=tf, disable_numparse=True)
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+

@@ -39,6 +39,16 @@ def _positive_int(s):
     return v
 
 
+def _nonneg_int(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{s}'") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{s}'")
+    return v
+
+
 def _pct(s):
     try:
         v = float(s)
@@ -122,20 +132,28 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--exclude", default=None, help="comma-separated ATen names left to ATen")
     out_opts(pa, ("table", "json", "markdown"))
 
-    b = sub.add_parser("bench", help="a workload with ATen and with Gems: time, tokens/s, agreement, per-op cost")
-    b.add_argument("model")
-    b.add_argument("--workload", choices=("prefill", "decode", "train"), default="prefill")
+    b = sub.add_parser("bench", help="a workload with ATen and with Gems: time, tokens/s, peak memory, "
+                                     "agreement, per-op cost")
+    b.add_argument("model", help="built-in name or alias (llama2, bert, llava, aquila, llama-1.1b), a "
+                                 "config.json, a model folder, or module:function")
+    b.add_argument("--workload", choices=("prefill", "decode", "train"), default="prefill",
+                   help="prefill: forward under no_grad; decode: greedy one-token steps with the KV cache after "
+                        "a --seq-len prompt; train: forward with labels, backward, optimizer step")
     b.add_argument("--device", default="cpu", help="cuda (full size, bf16) or cpu (tiny, Triton interpreter; "
-                                                    "timings meaningless)")
-    b.add_argument("--size", choices=("full", "tiny"), default=None)
-    b.add_argument("--dtype", default=None)
+                                                    "timings meaningless; default)")
+    b.add_argument("--size", choices=("full", "tiny"), default=None,
+                   help="default: tiny on cpu, full on cuda")
+    b.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     b.add_argument("--batch", type=_positive_int, default=1)
-    b.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sequence (the prompt for decode)")
-    b.add_argument("--new-tokens", type=_positive_int, default=16, help="decode: tokens generated per run")
-    b.add_argument("--steps", type=_positive_int, default=None, help="timed steps per mode (default 5 on cuda)")
-    b.add_argument("--warmup", type=int, default=None, help="untimed steps per mode first (default 2 on cuda)")
+    b.add_argument("--seq-len", type=_positive_int, default=None,
+                   help="tokens per sequence (decode: the prompt; default 128 full size, 8 tiny)")
+    b.add_argument("--new-tokens", type=_positive_int, default=16, help="decode: tokens generated per run (>= 2)")
+    b.add_argument("--steps", type=_positive_int, default=None,
+                   help="timed runs per mode (default 5 on cuda, 1 on cpu)")
+    b.add_argument("--warmup", type=_nonneg_int, default=None,
+                   help="untimed runs per mode before the timed ones (default 2 on cuda, 1 on cpu)")
     b.add_argument("--optimizer", choices=("adamw", "adamw-fused", "sgd"), default="adamw",
-                   help="train: AdamW as users run it (foreach on CUDA), fused AdamW, or SGD")
+                   help="train: AdamW as PyTorch defaults it (foreach on CUDA), fused AdamW, or SGD")
     b.add_argument("--include", default=None, help="comma-separated ATen names Gems serves (default all)")
     b.add_argument("--exclude", default=None, help="comma-separated ATen names left to ATen")
     b.add_argument("--no-attribution", action="store_true", help="skip the profiled per-op attribution")
@@ -258,6 +276,11 @@ def _report_header(a, mtx):
         "picks fused kernels instead, so trace on the device you care about "
         "(`gems-coverage trace MODEL --device cuda`). Training = forward, backward and one AdamW step "
         "(`foreach=False`). Aquila-7B is built as `LlamaForCausalLM` with Aquila's config values.",
+        "",
+        "Coverage says which ops Gems serves, not whether the model gets faster: `gems-coverage bench MODEL "
+        "--device cuda --workload prefill|decode|train` runs a workload with ATen and with Gems and "
+        "attributes the throughput difference per ATen op (host and device time); see "
+        "[coverage-schema.md](coverage-schema.md#bench) and [perf.md](perf.md).",
         "",
     ]
 

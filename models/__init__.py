@@ -1,6 +1,8 @@
 """Model recipes for gems-coverage: offline configs + builders, no weights, no network.
 
-Four built-in models ship their public ``config.json`` values in ``models/configs/``:
+Four built-in models ship their public ``config.json`` values in ``models/configs/`` (plus ``llama-1.1b``,
+TinyLlama-1.1B's config, which resolves by name for ``gems-coverage bench`` but is not among the models
+``report`` and ``roadmap`` cover by default):
 
 =========================  ==========  =======================================================
 name                       alias       built with
@@ -94,14 +96,18 @@ BUILTIN: dict[str, Recipe] = {
              "max pos 2048); the original remote-code AquilaForCausalLM is the Llama architecture"),
 }
 
-# Recipes that resolve by name but are not among the built-ins reports and roadmaps cover by default:
-# the ~1.1B Llama (TinyLlama-1.1B's architecture: hidden 2048, 22 layers, 32 heads / 4 KV heads) that
-# the model benchmark trains on one GPU.
+# Recipes that resolve by name but are not among the four built-ins that `report` and `roadmap` cover by
+# default: the ~1.1B Llama that `gems-coverage bench` trains on one GPU. Its config is TinyLlama-1.1B's
+# (TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T, same as its Chat-v1.0): hidden 2048, intermediate
+# 5632, 22 layers, 32 heads / 4 KV heads, vocab 32000, rms eps 1e-5, max pos 2048, untied embeddings.
 EXTRA: dict[str, Recipe] = {
-    "TinyLlama/TinyLlama-1.1B": Recipe(
-        name="TinyLlama/TinyLlama-1.1B", kind="causal_lm", config_file="llama-1.1b.json",
-        aliases=("llama-1.1b", "tinyllama"), tiny=dict(_TINY_LLAMA, num_key_value_heads=2),
-        note="Llama ~1.1B (TinyLlama-1.1B architecture; grouped-query attention 32/4)"),
+    "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T": Recipe(
+        name="TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", kind="causal_lm",
+        config_file="llama-1.1b.json",
+        aliases=("llama-1.1b", "tinyllama", "tinyllama-1.1b", "TinyLlama/TinyLlama-1.1B",
+                 "TinyLlama/TinyLlama-1.1B-Chat-v1.0"),
+        tiny=dict(_TINY_LLAMA, num_key_value_heads=2),   # keeps grouped-query attention
+        note="Llama ~1.1B (TinyLlama-1.1B; grouped-query attention 32/4), for single-GPU training benchmarks"),
 }
 _RECIPES = {**BUILTIN, **EXTRA}
 
@@ -141,7 +147,7 @@ def resolve(name: str) -> Recipe:
         mod, _, fn = key.partition(":")
         if mod.replace(".", "").replace("_", "").isalnum() and fn.isidentifier():
             return _recipe_from_function(key, mod, fn)
-    known = ", ".join(f"{r.name} ({r.aliases[0]})" for r in BUILTIN.values())
+    known = ", ".join(f"{r.name} ({r.aliases[0]})" for r in _RECIPES.values())
     raise ModelError(f"unknown model '{key}': not a built-in ({known}), a local config.json or model "
                      f"folder, or module:function")
 
