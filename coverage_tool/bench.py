@@ -342,7 +342,7 @@ def outermost_ops(events, with_device: bool):
             r[0] += 1
             r[1] += float(e.cpu_time_total)
             if with_device:
-                r[2] += float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0))
+                r[2] += float(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total)
     return ops, inner
 
 
@@ -420,8 +420,9 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
     if workload == "train":
         res.notes.append("training runs with dropout 0 (the two modes' first-step losses are compared)")
     progress(f"building {recipe.name} ({size}, {dtype_name}) on {device}")
-    if on_cuda:
-        torch.cuda.set_device(torch.device(device))   # Gems falls back for tensors off the current device
+    if on_cuda and torch.device(device).index is not None:
+        # Gems falls back for tensors off the current device ("cuda" alone already is the current one)
+        torch.cuda.set_device(torch.device(device))
     bundle = M.build(recipe, size=size, device=device, dtype=dtype_name, batch=batch, seq_len=seq_len, seed=0,
                      dropout=0.0 if workload == "train" else None)
     wl = _Workload(bundle, workload, new_tokens, optimizer, include, exclude)
