@@ -28,6 +28,7 @@ import torch
 
 from . import registry
 from .registry import Unsupported
+from .runtime import fast as _fastmod
 from .runtime import plan as _plan
 from .runtime.backends import backend
 
@@ -57,6 +58,42 @@ _global_cfg = None               # op set of enable(), or None
 _scopes: list = []               # active use_gems scopes in all threads, innermost last
 _cfg_cache: dict = {}
 _warned: set = set()
+# the C++ fast path (runtime/fast.py, csrc/fastpath.cpp): its module once loaded, or None. It mirrors
+# the state above: config ids stand for op sets, and every state change below is told to it.
+_fast = None
+_cfg_ids: dict = {}              # op set -> config id
+
+
+def _cfg_id(cfg) -> int:
+    """The C++ side's id of an op set (its ops' membership is set there when the id is made)."""
+    i = _cfg_ids.get(cfg)
+    if i is None:
+        i = len(_cfg_ids)
+        _cfg_ids[cfg] = i
+        if _fast is not None and i < _fast.MAX_CONFIGS:
+            for impl in registry.all_impls():
+                if impl.fast is not None:
+                    impl.fast.set_member(i, impl.name in cfg)
+    return i if _fast is None or i < _fast.MAX_CONFIGS else -1
+
+
+def _fast_sync_scopes():
+    if _fast is not None:
+        _fast.set_top_scope(_cfg_id(_scopes[-1].cfg) if _scopes else -1)
+
+
+class _Reentry:
+    """The re-entry guard (see _make_kernel) around the interpreter launches the C++ side calls back."""
+
+    def __enter__(self):
+        _TLS.depth += 1
+
+    def __exit__(self, *exc):
+        _TLS.depth -= 1
+        return False
+
+
+_plan.reentry_guard = _Reentry
 
 
 def _graph_task_active() -> bool:
@@ -90,6 +127,7 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     plans = cache.plans if cache is not None else None
     extra_key = impl.plan_key
     MISS, NO_PLAN = _plan.MISS, _plan.NO_PLAN
+    fast_op = impl.fast if _fast is not None and sig is not None else None
     # under the interpreter a launch copies storages with ops Gems may serve: keep the re-entry
     # guard up while a plan runs there; on CUDA a plan calls nothing Gems serves
     guard_plan = not on_cuda
@@ -127,6 +165,11 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
                     out = p(*args, **kwargs)
                 if out is not MISS:
                     counts[0] += 1
+                    if fast_op is not None:
+                        # the C++ side missed this call (else Python would not run): give it the plan
+                        recipe = p.__gems_recipe__
+                        if recipe is not None:
+                            fast_op.publish(recipe, False)
                     return out
                 key = None  # declined (overlapping out=/in-place): the full path, not recorded
             elif p is NO_PLAN:
@@ -170,6 +213,7 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
         return out
 
     kernel.__name__ = f"gems_{name.replace('.', '_')}"
+    kernel.__gems_planned__ = sig is not None
     return kernel
 
 
@@ -194,6 +238,14 @@ def _record(impl, cache, key, schema, on_cuda, args, kwargs):
         rec.tainted = f"plan build failed: {type(e).__name__}: {e}"
     if p is not None or not rec.transient:
         cache.put(key, p, rec.tainted)
+    recipe = getattr(p, "__gems_recipe__", None)
+    if recipe is not None and impl.fast is not None and impl.fast.publish(recipe, saved is not None):
+        # the C++ side keeps the plan for this call's key; with GEMS_PLAN_CHECK it answers this very
+        # call from it, after the written arguments are restored here
+        if saved is not None:
+            for t, copy in saved:
+                t.copy_(copy)
+        return out
     if p is not None and saved is not None:
         for t, copy in saved:
             t.copy_(copy)
@@ -267,15 +319,20 @@ def _after_error(impl, exc, call_orig, keyset, args, kwargs):
 
 
 def _ensure_registered():
-    global _lib
+    global _lib, _fast
     if _lib is not None:
         return
     with _LOCK:
         if _lib is not None:
             return
         be = backend()
+        if _fast is None and _PLANS:
+            _fast = _fastmod.load()
+            if _fast is not None:
+                _fast.set_check(_PLAN_CHECK > 0)
         keyset = torch._C.DispatchKeySet(be.dispatch_key)
         lib = torch.library.Library("aten", "IMPL")
+        fast_ops = []
         with warnings.catch_warnings():
             # torch warns on every override of an existing kernel: that is the point here
             warnings.simplefilter("ignore")
@@ -283,14 +340,35 @@ def _ensure_registered():
                 # the dispatcher spells the default overload without a suffix
                 schema_name = impl.name[:-8] if impl.name.endswith(".default") else impl.name
                 orig = torch.library.get_kernel(f"aten::{schema_name}", be.dispatch_key)
-                lib.impl(schema_name, _make_kernel(impl, orig, keyset, be), be.dispatch_key)
+                if _fast is not None and impl.plan and impl.fast is None:
+                    impl.fast = _new_fast_op(impl)
+                k = _make_kernel(impl, orig, keyset, be)
+                lib.impl(schema_name, k, be.dispatch_key)
+                if _fast is not None and k.__gems_planned__:
+                    impl.fast.set_kernel(k)
+                    fast_ops.append((schema_name, impl.fast))
+            if fast_ops:
+                # on top of the Python kernels, which it calls on a miss; unregistering it restores them
+                _fast.register(be.dispatch_key, fast_ops)
         _lib = lib
+
+
+def _new_fast_op(impl):
+    schema = registry._aten_overload(impl.name)._schema
+    dyn = [a.name in impl.dynamic for a in schema.arguments]
+    op = _fast.Op(impl.name, None, dyn, impl.plan_key is not None)
+    for cfg, i in _cfg_ids.items():
+        if i < _fast.MAX_CONFIGS:
+            op.set_member(i, impl.name in cfg)
+    return op
 
 
 def _unregister_if_idle():
     global _lib
     with _LOCK:
         if _lib is not None and _global_cfg is None and not _scopes:
+            if _fast is not None:
+                _fast.unregister()
             _lib._destroy()
             _lib = None
 
@@ -321,12 +399,16 @@ def enable(include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[s
     cfg = _config(include, exclude)
     _ensure_registered()
     _global_cfg = cfg
+    if _fast is not None:
+        _fast.set_global(_cfg_id(cfg))
 
 
 def disable():
     """Stop serving ops outside `use_gems` scopes; with no scope active, restore ATen exactly."""
     global _global_cfg
     _global_cfg = None
+    if _fast is not None:
+        _fast.set_global(-1)
     _unregister_if_idle()
 
 
@@ -359,6 +441,9 @@ class use_gems:
         tls.scoped, tls.cfg = True, self.cfg
         with _LOCK:
             _scopes.append(self)
+            _fast_sync_scopes()
+        if _fast is not None:
+            _fast.set_thread(_cfg_id(self.cfg))
         return self
 
     def __exit__(self, *exc):
@@ -370,6 +455,9 @@ class use_gems:
                 if _scopes[i] is self:
                     del _scopes[i]
                     break
+            _fast_sync_scopes()
+        if _fast is not None:
+            _fast.set_thread(_cfg_id(tls.cfg) if tls.scoped else _fast.UNSCOPED)
         return False
 
 
@@ -378,6 +466,8 @@ def stats() -> dict:
     out = {}
     for impl in registry.all_impls():
         s, f = impl.counts
+        if impl.fast is not None:
+            s += impl.fast.hits
         if s or f:
             out[impl.name] = {"served": s, "fallback": f, "reasons": dict(impl.reasons)}
     return out
@@ -391,6 +481,8 @@ def plan_stats() -> dict:
         cache = impl.plans
         if cache is not None and cache.plans:
             out[impl.name] = cache.info()
+            if impl.fast is not None:
+                out[impl.name]["fast_plans"] = impl.fast.size()
     return out
 
 
@@ -398,6 +490,8 @@ def reset_stats():
     for impl in registry.all_impls():
         impl.counts[0] = impl.counts[1] = 0
         impl.reasons.clear()
+        if impl.fast is not None:
+            impl.fast.hits = 0
 
 
 def registered_ops() -> list[str]:

@@ -52,6 +52,7 @@ class OpImpl:
     dynamic: frozenset = frozenset()
     plan_key: Optional[Callable] = None   # global state the implementation reads (matmul precision)
     plans: object = None           # its runtime.plan.PlanCache once registered with the dispatcher
+    fast: object = None            # its C++ fast-path op (runtime/fast.py) once registered there
     # [served, fell back]; a plain list keeps the hot-path increment cheap.
     counts: list = field(default_factory=lambda: [0, 0])
     reasons: dict = field(default_factory=dict)
@@ -61,6 +62,8 @@ class OpImpl:
         self.fn = fn
         if self.plans is not None:
             self.plans.plans.clear()
+        if self.fast is not None:
+            self.fast.clear()
 
     @property
     def base(self) -> str:

@@ -379,7 +379,7 @@ def _note_dynamic(op, ovl, operands, scalars, dyn):
             # signature (the tensor's dtype and shape) cannot see
             _plan.taint("integer host scalar")
             return
-        slots[pos] = f"{name}.item()" if conv == ".item()" else (f"{conv}({name})" if conv else name)
+        slots[pos] = (name, conv)
     _plan.dynamic(slots)
 
 

@@ -68,9 +68,14 @@ def taint(why: str, transient: bool = False):
         rec.transient = transient
 
 
+# how a per-call number reaches a kernel argument: as given, float(), int(), or .item() of a CPU 0-dim
+# tensor (the codes are the C++ fast path's)
+CONVERSIONS = {"": 0, "float": 1, "int": 2, ".item()": 3}
+
+
 def dynamic(slots: dict):
-    """The next launch takes these kernel arguments from the call: {arg position: python expression
-    over the schema's argument names}, e.g. {1: "float(other)"} for `x * 2.0`."""
+    """The next launch takes these kernel arguments from the call: {arg position: (schema argument
+    name, conversion)}, e.g. {1: ("other", "float")} for `x * 2.0` (see CONVERSIONS)."""
     rec = _STATE.rec
     if rec is not None:
         rec.pending_dynamic = dict(slots)
@@ -274,8 +279,20 @@ def _extent(t):
     return (1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0)) * t.element_size()
 
 
+class _Ref:
+    """Where a kernel argument or result lives: a known tensor (an input by schema name or an
+    allocation `o{j}`), a byte offset into it, and the view's geometry when it is not that tensor."""
+    __slots__ = ("name", "off", "view")
+
+    def __init__(self, name, off, view):
+        self.name, self.off, self.view = name, off, view
+
+
 def build(rec: Recording, schema, args, kwargs, result, direct: bool):
-    """The plan function for this recording, or None (with `rec.tainted` saying why, when known)."""
+    """The plan function for this recording, or None (with `rec.tainted` saying why, when known).
+
+    The plan carries `__gems_recipe__`: the same plan as data for the C++ fast path (see
+    `_recipe`), or None where the plan uses something the C++ side does not replay."""
     if rec.tainted is not None:
         return None
     params, info, ns = _params(schema)
@@ -291,11 +308,11 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
         consts[k] = v
         return k
 
-    def tensor_expr(t, as_pointer):
-        """An expression for kernel argument / result `t` in terms of inputs and allocations."""
+    def ref(t):
+        """The _Ref of tensor `t`, or None (tainting the recording)."""
         for n, v in known:
             if v is t:
-                return f"{n}.data_ptr()" if as_pointer else n
+                return _Ref(n, 0, None)
         # a view: find the one known tensor whose memory holds it
         p = t.data_ptr()
         hits = [(n, v) for n, v in known if v.numel() and v.data_ptr() <= p < v.data_ptr() + max(_extent(v), 1)]
@@ -304,22 +321,32 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
             return None
         n, v = hits[0]
         off = p - v.data_ptr()
+        view = None
+        if v.dtype == t.dtype and off % t.element_size() == 0:
+            view = (tuple(t.shape), tuple(t.stride()), off // t.element_size())
+        return _Ref(n, off, view if view is not None else False)
+
+    def tensor_expr(r, as_pointer):
         if as_pointer:
-            return f"({n}.data_ptr() + {off})" if off else f"{n}.data_ptr()"
-        if v.dtype != t.dtype or off % t.element_size():
+            return f"({r.name}.data_ptr() + {r.off})" if r.off else f"{r.name}.data_ptr()"
+        if r.view is None:
+            return r.name
+        if r.view is False:
             rec.tainted = "a view with another dtype"
             return None
-        return (f"{n}.as_strided({tuple(t.shape)!r}, {tuple(t.stride())!r}, "
-                f"{n}.storage_offset() + {off // t.element_size()})")
+        shape, stride, eoff = r.view
+        return f"{r.name}.as_strided({shape!r}, {stride!r}, {r.name}.storage_offset() + {eoff})"
 
     # guards: a written tensor whose memory meets another argument's goes to the full path
     mutable = [n for n, ty, m in info if m and isinstance(values[n], _T)]
+    guards = []
     for m in mutable:
         for n, v in inputs:
             if n == m:
                 continue
             em, ev = _extent(values[m]), _extent(v)
             if em and ev:
+                guards.append((m, n, em, ev))
                 lines.append(f"    if {m}.data_ptr() < {n}.data_ptr() + {ev} and {n}.data_ptr() < {m}.data_ptr() + {em}:")
                 lines.append("        return _MISS")
     for j, (t, zero, poison) in enumerate(rec.allocs):
@@ -331,21 +358,29 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
             lines.append(f"    _poison(o{j})")
     if direct:
         lines.insert(0, "    if _hooks():\n        return _MISS")
+    launches = []    # per launch: (entry, grid, [(kind, value)]) for the recipe
     for i, (lc, entry, grid, kargs, nw, ns_, dyn) in enumerate(rec.launches):
-        exprs = []
+        exprs, parts = [], []
         for pos, a in enumerate(kargs):
             if pos in dyn:
-                exprs.append(dyn[pos])
+                name, conv = dyn[pos]
+                exprs.append(f"{name}.item()" if conv == ".item()" else (f"{conv}({name})" if conv else name))
+                parts.append(("dyn", (name, conv)))
             elif isinstance(a, _T):
-                e = tensor_expr(a, direct)
+                r = ref(a)
+                e = None if r is None else tensor_expr(r, direct)
                 if e is None:
                     return None
                 exprs.append(e)
+                parts.append(("tensor", r))
             elif a is None or a.__class__ in (bool, int) and -2**62 < a < 2**62:
                 exprs.append(repr(a))
+                parts.append(("const", a))
             else:
                 exprs.append(const(a))
+                parts.append(("const", a))
         g = tuple(grid) + (1,) * (3 - len(grid))
+        launches.append((lc, entry, g, parts, nw, ns_, _dev_index(kargs) if direct else None))
         if direct and entry is not None and entry[1] is not None:
             kernel, launch, function, coop, pdl, meta = entry
             lines.append(f"    {const(launch)}({g[0]}, {g[1]}, {g[2]}, _stream({const(_dev_index(kargs))}), "
@@ -357,24 +392,24 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
         else:
             lines.append(f"    {const(lc.fn)}[{g!r}]({', '.join(exprs)}, num_warps={nw}, num_stages={ns_})")
 
-    def result_expr(r):
-        if r is None:
-            return "None"
-        if isinstance(r, _T):
-            return tensor_expr(r, False)
-        return None
-
-    if isinstance(result, tuple):
-        parts = [result_expr(r) for r in result]
-        if any(p is None for p, r in zip(parts, result) if r is not None) or rec.tainted:
+    results = list(result) if isinstance(result, tuple) else [result]
+    refs, parts = [], []
+    for r in results:
+        if r is None and isinstance(result, tuple):   # e.g. a backward's gradient not asked for
+            refs.append(None)
+            parts.append("None")
+            continue
+        if not isinstance(r, _T):
+            rec.tainted = "result not mappable"
+            return None
+        rr = ref(r)
+        e = None if rr is None else tensor_expr(rr, False)
+        if e is None:
             rec.tainted = rec.tainted or "result not mappable"
             return None
-        ret = "(" + "".join(p + ", " for p in parts) + ")"
-    else:
-        ret = result_expr(result)
-        if ret is None or rec.tainted:
-            rec.tainted = rec.tainted or "result not mappable"
-            return None
+        refs.append(rr)
+        parts.append(e)
+    ret = "(" + "".join(p + ", " for p in parts) + ")" if isinstance(result, tuple) else parts[0]
     lines.append(f"    return {ret}")
     src = f"def plan({params}):\n" + "\n".join(lines) + "\n"
     ns.update(consts)
@@ -384,7 +419,115 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
     name = f"<gems plan {schema.name.split('::')[-1]}.{schema.overload_name or 'default'} #{next(_counter)}>"
     fn = compile_source(src, name, ns)["plan"]
     fn.__gems_source__ = src
+    try:
+        fn.__gems_recipe__ = _recipe(schema, rec, guards, launches, refs, direct)
+    except _NoRecipe:
+        fn.__gems_recipe__ = None
     return fn
+
+
+class _NoRecipe(Exception):
+    """The plan uses something the C++ fast path does not replay (it keeps the Python plan)."""
+
+
+# Triton signature types -> the C++ fast path's parameter types (fastpath.cpp, PType)
+_PTYPES = {"i1": 0, "i8": 0, "u1": 0, "u8": 0, "i16": 1, "u16": 1, "i32": 2, "u32": 2, "i64": 3, "u64": 3,
+           "fp32": 4, "f32": 4, "fp64": 5, "fp16": 6, "bf16": 7}
+
+
+def _pack(value, ty: str) -> int:
+    """A constant kernel argument as the bits Triton's launcher would pass (little endian)."""
+    import struct
+    if ty in ("fp32", "f32"):
+        return struct.unpack("<I", struct.pack("<f", float(value)))[0]
+    if ty == "fp64":
+        return struct.unpack("<Q", struct.pack("<d", float(value)))[0]
+    if ty in ("fp16", "bf16"):
+        t = torch.tensor(float(value), dtype=torch.float16 if ty == "fp16" else torch.bfloat16)
+        return int(t.view(torch.int16).item()) & 0xFFFF
+    return int(value) & 0xFFFFFFFFFFFFFFFF
+
+
+def _recipe(schema, rec, guards, launches, refs, direct):
+    """The plan as data for the C++ fast path (the layout fastpath.cpp's parse_recipe reads):
+    (guards, allocations, launches, results), every tensor named by (0, schema argument index) or
+    (1, allocation index)."""
+    index = {a.name: i for i, a in enumerate(schema.arguments)}
+
+    def src(name):
+        if name in index:
+            return 0, index[name]
+        return 1, int(name[1:])
+
+    g = tuple((index[m], index[n], em, ev) for m, n, em, ev in guards)
+    allocs = []
+    for t, zero, poison in rec.allocs:
+        allocs.append((tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device), 1 if zero else 2 if poison else 0))
+    ls = []
+    for lc, entry, grid, parts, nw, ns_, dev_index in launches:
+        params = []
+        if direct:
+            kernel = entry[0]
+            _, _, function, coop, pdl, _meta = entry
+            md = kernel.metadata
+            if coop or pdl or getattr(md, "num_ctas", 1) != 1:
+                raise _NoRecipe
+            types = list(kernel.src.signature.values())
+            if len(types) != len(parts):
+                raise _NoRecipe
+            for ty, (kind, v) in zip(types, parts):
+                if ty == "constexpr":
+                    continue
+                if not isinstance(ty, str):
+                    raise _NoRecipe
+                if kind == "tensor":
+                    if not ty.startswith("*"):
+                        raise _NoRecipe
+                    params.append((0, *src(v.name), v.off, None))
+                elif ty not in _PTYPES:
+                    raise _NoRecipe
+                elif kind == "dyn":
+                    name, conv = v
+                    params.append((2, index[name], CONVERSIONS[conv], _PTYPES[ty]))
+                else:
+                    if v is None:
+                        raise _NoRecipe
+                    params.append((1, _PTYPES[ty], _pack(v, ty)))
+            ls.append((0, int(function), grid, 32 * md.num_warps, int(md.shared), dev_index, tuple(params)))
+        else:
+            for kind, v in parts:
+                if kind == "tensor":
+                    if v.view is False:
+                        raise _NoRecipe
+                    params.append((0, *src(v.name), 0, v.view))
+                elif kind == "dyn":
+                    name, conv = v
+                    params.append((2, index[name], CONVERSIONS[conv], 0))
+                else:
+                    params.append((1, None, v))
+            ls.append((1, _interpreter_launch(lc.fn, grid, nw, ns_), None, None, None, None, tuple(params)))
+    res = []
+    for r in refs:
+        if r is None:
+            res.append((2, 0, None))
+            continue
+        if r.view is False:
+            raise _NoRecipe
+        res.append((*src(r.name), r.view))
+    return (g, tuple(allocs), tuple(ls), tuple(res))
+
+
+# the dispatcher's re-entry guard (a context class), set by gems.dispatch, which imports this module
+reentry_guard = None
+
+
+def _interpreter_launch(fn, grid, num_warps, num_stages):
+    """A launch the C++ fast path calls back under the interpreter. The interpreter copies storages
+    with ATen ops Gems may serve: the re-entry guard is up while it runs (as for a Python plan)."""
+    def launch(*args):
+        with reentry_guard():
+            fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
+    return launch
 
 
 def _dev_index(kargs):

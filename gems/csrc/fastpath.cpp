@@ -1,0 +1,805 @@
+// Gems' C++ fast path: call plans replayed without entering Python.
+//
+// Why: a Python kernel behind the dispatcher costs ~1.3x ATen's host time per call even when all it
+// does is look up a plan (GIL, IValue -> PyObject conversion of every argument, the Python frame,
+// torch.empty_strided, Triton's C launcher parsing a Python tuple). Models call thousands of small
+// ops per step, so that host time is the step time.
+//
+// What: one boxed C++ kernel per served overload, registered at the backend key on top of the Python
+// kernel (which stays registered underneath and keeps every behaviour: support checks, fallbacks,
+// errors, recording). Per call it
+//   1. decides whether Gems serves the call on this thread (a mirror of dispatch.py's enable() /
+//      use_gems() state, kept in sync from Python), else calls the Python kernel;
+//   2. builds the call's signature from the stack: per tensor dtype, device, sizes, strides,
+//      16-byte alignment; numbers by value (or, for arguments the op declared dynamic, by class and
+//      what Triton specializes ints on); lists, strings, devices by value; which tensor arguments
+//      are the same tensor; the current device. It is at least as fine as dispatch.py's Python
+//      signature, so a recipe recorded for a Python plan is valid for every call with this key;
+//   3. on a hit replays the plan's recipe: overlap guards for written arguments, output
+//      allocations, kernel launches (cuLaunchKernel on the recorded CUfunction; under the Triton
+//      interpreter a call back into Python), results;
+//   4. on a miss (or a guard that declines) calls the Python kernel, which records a plan the
+//      usual way and publishes its recipe back here for this key (`Op.publish`).
+// Python is entered only on misses, while Gems is off for the call, and under the interpreter.
+
+#include <torch/extension.h>
+#include <torch/library.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <limits>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+using c10::IValue;
+using torch::jit::Stack;
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// the CUDA driver, looked up at run time (this file also builds against CPU-only torch)
+// ------------------------------------------------------------------------------------------------
+typedef int (*launch_fn)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                         void*, void**, void**);
+typedef int (*error_fn)(int, const char**);
+launch_fn g_cuLaunchKernel = nullptr;
+error_fn g_cuGetErrorString = nullptr;
+
+bool load_driver() {
+  if (g_cuLaunchKernel) return true;
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (!h) return false;
+  g_cuLaunchKernel = (launch_fn)dlsym(h, "cuLaunchKernel");
+  g_cuGetErrorString = (error_fn)dlsym(h, "cuGetErrorString");
+  return g_cuLaunchKernel != nullptr;
+}
+
+// ------------------------------------------------------------------------------------------------
+// enabled state (mirrors dispatch.py: enable() sets the global config, use_gems() a thread's own,
+// autograd's device threads follow the innermost active scope while a backward pass runs)
+// ------------------------------------------------------------------------------------------------
+constexpr int kMaxConfigs = 1024;     // configs (distinct include/exclude selections) per process
+constexpr int kUnscoped = -2;
+std::atomic<int> g_cfg{-1};           // enable()'s config id, -1 when off
+std::atomic<int> g_top_scope{-1};     // innermost active use_gems() scope's config, -1 when none
+thread_local int t_cfg = kUnscoped;   // this thread's use_gems() config, or kUnscoped
+thread_local int t_depth = 0;         // > 0 while this thread runs Python on behalf of a Gems op
+std::atomic<bool> g_check{false};     // GEMS_PLAN_CHECK: the first call of a new recipe replays it
+
+// ------------------------------------------------------------------------------------------------
+// signatures
+// ------------------------------------------------------------------------------------------------
+struct Key {
+  std::vector<int64_t> words;
+  uint64_t hash = 0;
+  void finish() {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t w : words) {
+      h ^= static_cast<uint64_t>(w) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    }
+    hash = h;
+  }
+};
+
+int64_t bits(double d) {
+  int64_t b;
+  std::memcpy(&b, &d, sizeof b);
+  return b;
+}
+
+// a number's part of the key; `dynamic`: by class (ints: what Triton specializes), else by value
+void key_number(std::vector<int64_t>& w, const IValue& v, bool dynamic) {
+  if (v.isDouble()) {
+    w.push_back(10);
+    if (!dynamic) w.push_back(bits(v.toDouble()));
+  } else if (v.isBool()) {
+    w.push_back(11);
+    w.push_back(v.toBool());   // passed as 0/1: 1 is specialized
+  } else {
+    int64_t i = v.toInt();
+    w.push_back(12);
+    if (dynamic) {
+      w.push_back((i == 1) | ((i & 15) == 0) << 1 | (i >= INT32_MIN && i <= INT32_MAX) << 2);
+    } else {
+      w.push_back(i);
+    }
+  }
+}
+
+// the Python number a wrapped-number tensor stands for (`x * 2.0` hands the kernel 2.0)
+IValue wrapped_value(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kDouble: return IValue(*static_cast<const double*>(t.const_data_ptr()));
+    case at::kLong: return IValue(*static_cast<const int64_t*>(t.const_data_ptr()));
+    case at::kBool: return IValue(*static_cast<const bool*>(t.const_data_ptr()));
+    default: return IValue();   // complex: no key (the full path decides)
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// recipes (built by runtime/plan.py from a recorded call; see Op.publish for the format)
+// ------------------------------------------------------------------------------------------------
+enum ParamKind : int { P_TENSOR = 0, P_CONST = 1, P_DYN = 2 };
+enum Conv : int { C_RAW = 0, C_FLOAT = 1, C_INT = 2, C_ITEM = 3 };
+// kernel parameter types (Triton signature strings mapped by plan.py)
+enum PType : int { T_I8 = 0, T_I16 = 1, T_I32 = 2, T_I64 = 3, T_F32 = 4, T_F64 = 5, T_F16 = 6, T_BF16 = 7, T_PTR = 8 };
+
+struct View {     // an as_strided view of a source tensor (interpreter arguments, results)
+  bool on = false;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;   // elements, added to the source's storage offset
+};
+
+struct Param {
+  int kind = P_CONST;
+  int src = 0, idx = 0;     // P_TENSOR: source (0 argument, 1 allocation) and its index;
+                            // P_DYN: argument index
+  int64_t byte_off = 0;     // P_TENSOR on CUDA
+  View view;                // P_TENSOR under the interpreter
+  int type = T_I64;         // CUDA parameter type
+  uint64_t payload = 0;     // P_CONST on CUDA: the packed value
+  int conv = C_RAW;         // P_DYN
+  py::object obj;           // P_CONST under the interpreter
+};
+
+struct Launch {
+  bool cuda = true;
+  void* function = nullptr;
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block = 128, shared = 0;
+  int device = 0;
+  py::object py_launch;     // interpreter: callable(*args)
+  std::vector<Param> params;
+};
+
+struct Alloc {
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype;
+  c10::Device device{c10::kCPU};
+  int fill = 0;   // 0 none, 1 zeros (a workspace), 2 poison (GEMS_POISON test aid: NaN / -1 / true)
+};
+
+struct Guard {
+  int written, other;
+  int64_t written_bytes, other_bytes;
+};
+
+struct Result {
+  int src = 0, idx = 0;
+  View view;
+};
+
+struct Recipe {
+  std::vector<Guard> guards;
+  std::vector<Alloc> allocs;
+  std::vector<Launch> launches;
+  std::vector<Result> results;
+};
+
+template <typename T>
+std::vector<T> vec(py::handle h) {
+  std::vector<T> out;
+  for (auto x : h) out.push_back(x.cast<T>());
+  return out;
+}
+
+View parse_view(py::handle h) {
+  View v;
+  if (h.is_none()) return v;
+  auto t = h.cast<py::tuple>();
+  v.on = true;
+  v.sizes = vec<int64_t>(t[0]);
+  v.strides = vec<int64_t>(t[1]);
+  v.offset = t[2].cast<int64_t>();
+  return v;
+}
+
+std::shared_ptr<Recipe> parse_recipe(py::handle r) {
+  auto rec = std::make_shared<Recipe>();
+  auto t = r.cast<py::tuple>();
+  for (auto g : t[0]) {
+    auto gt = g.cast<py::tuple>();
+    rec->guards.push_back({gt[0].cast<int>(), gt[1].cast<int>(), gt[2].cast<int64_t>(), gt[3].cast<int64_t>()});
+  }
+  for (auto a : t[1]) {
+    auto at_ = a.cast<py::tuple>();
+    Alloc al;
+    al.sizes = vec<int64_t>(at_[0]);
+    al.strides = vec<int64_t>(at_[1]);
+    TORCH_CHECK(THPDtype_Check(at_[2].ptr()), "gems: recipe allocation without a dtype");
+    al.dtype = reinterpret_cast<THPDtype*>(at_[2].ptr())->scalar_type;
+    al.device = c10::Device(at_[3].cast<std::string>());
+    al.fill = at_[4].cast<int>();
+    rec->allocs.push_back(std::move(al));
+  }
+  for (auto l : t[2]) {
+    auto lt = l.cast<py::tuple>();
+    Launch L;
+    L.cuda = lt[0].cast<int>() == 0;
+    if (L.cuda) {
+      L.function = reinterpret_cast<void*>(lt[1].cast<uint64_t>());
+      auto g = lt[2].cast<py::tuple>();
+      for (int i = 0; i < 3; i++) L.grid[i] = g[i].cast<unsigned>();
+      L.block = lt[3].cast<unsigned>();
+      L.shared = lt[4].cast<unsigned>();
+      L.device = lt[5].cast<int>();
+    } else {
+      L.py_launch = py::reinterpret_borrow<py::object>(lt[1]);
+    }
+    for (auto p : lt[6]) {
+      auto pt = p.cast<py::tuple>();
+      Param P;
+      P.kind = pt[0].cast<int>();
+      if (P.kind == P_TENSOR) {
+        P.src = pt[1].cast<int>();
+        P.idx = pt[2].cast<int>();
+        P.byte_off = pt[3].cast<int64_t>();
+        P.view = parse_view(pt[4]);
+      } else if (P.kind == P_CONST) {
+        if (L.cuda) {
+          P.type = pt[1].cast<int>();
+          P.payload = pt[2].cast<uint64_t>();
+        } else {
+          P.obj = py::reinterpret_borrow<py::object>(pt[2]);
+        }
+      } else {
+        P.idx = pt[1].cast<int>();
+        P.conv = pt[2].cast<int>();
+        P.type = pt[3].cast<int>();
+      }
+      L.params.push_back(std::move(P));
+    }
+    rec->launches.push_back(std::move(L));
+  }
+  for (auto res : t[3]) {
+    auto rt = res.cast<py::tuple>();
+    Result R;
+    R.src = rt[0].cast<int>();
+    R.idx = rt[1].cast<int>();
+    R.view = parse_view(rt[2]);
+    rec->results.push_back(std::move(R));
+  }
+  return rec;
+}
+
+// a per-call number (dynamic argument) as double or int64
+struct Num {
+  bool is_float;
+  double d;
+  int64_t i;
+};
+
+Num read_number(const IValue& v, int conv) {
+  Num n{false, 0.0, 0};
+  if (v.isTensor()) {   // a wrapped number or a CPU 0-dim tensor (`.item()`)
+    const at::Tensor& t = v.toTensor();
+    if (at::isFloatingType(t.scalar_type())) {
+      n.is_float = true;
+      n.d = t.item().toDouble();
+    } else {
+      n.i = t.item().toLong();
+    }
+  } else if (v.isDouble()) {
+    n.is_float = true;
+    n.d = v.toDouble();
+  } else if (v.isBool()) {
+    n.i = v.toBool();
+  } else {
+    n.i = v.toInt();
+  }
+  if (conv == C_FLOAT && !n.is_float) {
+    n.is_float = true;
+    n.d = static_cast<double>(n.i);
+  } else if (conv == C_INT && n.is_float) {
+    n.is_float = false;
+    n.i = static_cast<int64_t>(n.d);
+  }
+  return n;
+}
+
+uint64_t pack(const Num& n, int type) {
+  uint64_t out = 0;
+  switch (type) {
+    case T_F32: {
+      float f = static_cast<float>(n.is_float ? n.d : static_cast<double>(n.i));
+      std::memcpy(&out, &f, 4);
+      break;
+    }
+    case T_F64: {
+      double d = n.is_float ? n.d : static_cast<double>(n.i);
+      std::memcpy(&out, &d, 8);
+      break;
+    }
+    case T_F16: {
+      c10::Half h(static_cast<float>(n.is_float ? n.d : static_cast<double>(n.i)));
+      std::memcpy(&out, &h, 2);
+      break;
+    }
+    case T_BF16: {
+      c10::BFloat16 h(static_cast<float>(n.is_float ? n.d : static_cast<double>(n.i)));
+      std::memcpy(&out, &h, 2);
+      break;
+    }
+    default: {
+      int64_t i = n.is_float ? static_cast<int64_t>(n.d) : n.i;
+      std::memcpy(&out, &i, 8);   // little endian: the low bytes are the narrower types
+    }
+  }
+  return out;
+}
+
+py::object num_to_py(const Num& n) {
+  return n.is_float ? py::object(py::float_(n.d)) : py::object(py::int_(n.i));
+}
+
+// ------------------------------------------------------------------------------------------------
+// one served overload
+// ------------------------------------------------------------------------------------------------
+struct Op;
+struct Pending {           // the key a Python-kernel call may publish a recipe for
+  Op* op = nullptr;
+  const Key* key = nullptr;
+  bool replay = false;     // GEMS_PLAN_CHECK: answer this call from the recipe just published
+};
+thread_local Pending t_pending;
+
+struct Op : std::enable_shared_from_this<Op> {
+  std::string name;
+  py::object py_kernel;            // dispatch.py's Python kernel for this overload
+  std::vector<uint8_t> dynamic;    // per schema argument: numbers keyed by class
+  bool precision_key = false;      // GEMM: the key includes the fp32 matmul precision
+  std::vector<uint8_t> member = std::vector<uint8_t>(kMaxConfigs, 0);  // config id -> served
+  std::atomic<int64_t> hits{0};
+  std::mutex mu;
+  std::unordered_map<uint64_t, std::vector<std::pair<std::vector<int64_t>, std::shared_ptr<Recipe>>>> plans;
+  size_t count = 0;
+  static constexpr size_t kMaxPlans = 512;
+
+  std::shared_ptr<Recipe> find(const Key& k) {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = plans.find(k.hash);
+    if (it == plans.end()) return nullptr;
+    for (auto& e : it->second) {
+      if (e.first == k.words) return e.second;
+    }
+    return nullptr;
+  }
+
+  void put(const Key& k, std::shared_ptr<Recipe> r) {
+    std::lock_guard<std::mutex> g(mu);
+    if (count >= kMaxPlans) {   // an op seeing this many signatures: start over
+      plans.clear();
+      count = 0;
+    }
+    auto& bucket = plans[k.hash];
+    for (auto& e : bucket) {
+      if (e.first == k.words) {
+        e.second = std::move(r);
+        return;
+      }
+    }
+    bucket.emplace_back(k.words, std::move(r));
+    count++;
+  }
+
+  void clear() {
+    std::lock_guard<std::mutex> g(mu);
+    plans.clear();
+    count = 0;
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> g(mu);
+    return count;
+  }
+
+  // which config serves this call, or -1 (Python decides: off, not served, or a case not mirrored)
+  bool served() const {
+    int cfg = t_cfg;
+    if (cfg == kUnscoped) {
+      cfg = g_cfg.load(std::memory_order_relaxed);
+      if (cfg < 0) {
+        int top = g_top_scope.load(std::memory_order_relaxed);
+        if (top < 0 || torch::autograd::get_current_graph_task_id() == -1) return false;
+        cfg = top;
+      }
+    }
+    return cfg >= 0 && cfg < kMaxConfigs && member[cfg];
+  }
+
+  bool make_key(const Stack& stack, size_t n, Key& key) const {
+    auto& w = key.words;
+    w.clear();
+    const IValue* args = stack.data() + stack.size() - n;
+    c10::TensorImpl* impls[16];
+    int n_impls = 0;
+    for (size_t i = 0; i < n; i++) {
+      const IValue& v = args[i];
+      bool dyn = dynamic[i];
+      if (v.isTensor()) {
+        const at::Tensor& t = v.toTensor();
+        c10::TensorImpl* ti = t.unsafeGetTensorImpl();
+        if (ti->is_wrapped_number()) {
+          IValue num = wrapped_value(t);
+          if (num.isNone()) return false;
+          key_number(w, num, dyn);
+          continue;
+        }
+        if (t.layout() != c10::kStrided || t.is_conj() || t.is_neg() || ti->has_symbolic_sizes_strides()) return false;
+        w.push_back(1);
+        w.push_back(static_cast<int64_t>(t.scalar_type()));
+        w.push_back(static_cast<int64_t>(t.device().type()) << 16 | (t.device().index() + 1));
+        auto sizes = t.sizes();
+        auto strides = t.strides();
+        w.push_back(static_cast<int64_t>(sizes.size()));
+        w.insert(w.end(), sizes.begin(), sizes.end());
+        w.insert(w.end(), strides.begin(), strides.end());
+        w.push_back(reinterpret_cast<uintptr_t>(t.const_data_ptr()) & 15);
+        if (n_impls == 16) return false;
+        impls[n_impls++] = ti;
+      } else if (v.isNone()) {
+        w.push_back(2);
+      } else if (v.isDouble() || v.isInt() || v.isBool()) {
+        key_number(w, v, dyn);
+      } else if (v.isIntList()) {
+        auto l = v.toIntList();
+        w.push_back(3);
+        w.push_back(static_cast<int64_t>(l.size()));
+        for (int64_t x : l) w.push_back(x);
+      } else if (v.isBoolList()) {
+        auto l = v.toBoolList();
+        w.push_back(4);
+        w.push_back(static_cast<int64_t>(l.size()));
+        for (bool x : l) w.push_back(x);
+      } else if (v.isString()) {
+        auto s = v.toStringRef();
+        w.push_back(5);
+        w.push_back(static_cast<int64_t>(s.size()));
+        for (size_t j = 0; j < s.size(); j += 8) {
+          int64_t chunk = 0;
+          std::memcpy(&chunk, s.data() + j, std::min<size_t>(8, s.size() - j));
+          w.push_back(chunk);
+        }
+      } else if (v.isDevice()) {
+        auto d = v.toDevice();
+        w.push_back(6);
+        w.push_back(static_cast<int64_t>(d.type()) << 16 | (d.index() + 1));
+      } else {
+        return false;   // tensor lists, generators, ...
+      }
+    }
+    // which tensor arguments are the same tensor (a plan maps kernel arguments to positions)
+    int64_t same = 0;
+    int bit = 0;
+    for (int a = 0; a < n_impls; a++) {
+      for (int b = a + 1; b < n_impls; b++, bit++) {
+        if (impls[a] == impls[b]) {
+          if (bit >= 63) return false;
+          same |= int64_t(1) << bit;
+        }
+      }
+    }
+    w.push_back(same);
+    w.push_back(current_device());
+    if (precision_key) {
+      w.push_back(static_cast<int64_t>(at::globalContext().float32MatmulPrecision()));
+    }
+    key.finish();
+    return true;
+  }
+
+  static int64_t current_device() {
+    static const bool has_cuda = c10::impl::hasDeviceGuardImpl(c10::kCUDA);
+    if (!has_cuda) return -1;
+    return c10::impl::getDeviceGuardImpl(c10::kCUDA)->getDevice().index();
+  }
+
+  // the recipe's answer for the call on top of the stack; false: it declines (the caller goes on
+  // to the Python kernel with the stack untouched)
+  bool run(const Recipe& r, Stack& stack, size_t n) {
+    const IValue* args = stack.data() + stack.size() - n;
+    for (const auto& g : r.guards) {
+      const auto& a = args[g.written];
+      const auto& b = args[g.other];
+      if (!a.isTensor() || !b.isTensor()) continue;
+      auto pa = reinterpret_cast<uintptr_t>(a.toTensor().const_data_ptr());
+      auto pb = reinterpret_cast<uintptr_t>(b.toTensor().const_data_ptr());
+      if (pa < pb + g.other_bytes && pb < pa + g.written_bytes) return false;
+    }
+    c10::SmallVector<at::Tensor, 4> outs;
+    for (const auto& a : r.allocs) {
+      at::Tensor t;
+      if (a.device.is_cuda()) {
+        t = at::detail::empty_strided_generic(a.sizes, a.strides, c10::GetAllocator(c10::kCUDA),
+                                              c10::DispatchKeySet(c10::DispatchKey::CUDA), a.dtype);
+      } else {
+        t = at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype).device(a.device));
+      }
+      if (a.fill == 1) {
+        t.zero_();
+      } else if (a.fill == 2) {
+        if (at::isFloatingType(a.dtype) || at::isComplexType(a.dtype)) {
+          t.fill_(std::numeric_limits<double>::quiet_NaN());
+        } else {
+          t.fill_(a.dtype == at::kBool ? 1 : -1);
+        }
+      }
+      outs.push_back(std::move(t));
+    }
+    auto source = [&](int src, int idx) -> const at::Tensor& {
+      return src == 0 ? args[idx].toTensor() : outs[idx];
+    };
+    for (const auto& L : r.launches) {
+      if (L.cuda) {
+        uint64_t storage[64];
+        void* params[66];
+        size_t np = L.params.size();
+        TORCH_CHECK(np <= 64, "gems fast path: too many kernel parameters");
+        for (size_t i = 0; i < np; i++) {
+          const Param& P = L.params[i];
+          if (P.kind == P_TENSOR) {
+            storage[i] = reinterpret_cast<uintptr_t>(source(P.src, P.idx).const_data_ptr()) + P.byte_off;
+          } else if (P.kind == P_CONST) {
+            storage[i] = P.payload;
+          } else {
+            storage[i] = pack(read_number(args[P.idx], P.conv), P.type);
+          }
+          params[i] = &storage[i];
+        }
+        uint64_t scratch[2] = {0, 0};   // Triton's global and profile scratch pointers (unused)
+        params[np] = &scratch[0];
+        params[np + 1] = &scratch[1];
+        auto* impl = c10::impl::getDeviceGuardImpl(c10::kCUDA);
+        c10::Stream s = impl->getStream(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(L.device)));
+        void* stream = s.native_handle();
+        if (L.grid[0] * L.grid[1] * L.grid[2] == 0) continue;
+        int err = g_cuLaunchKernel(L.function, L.grid[0], L.grid[1], L.grid[2], L.block, 1, 1, L.shared, stream,
+                                   params, nullptr);
+        if (err != 0) {
+          const char* msg = "unknown";
+          if (g_cuGetErrorString) g_cuGetErrorString(err, &msg);
+          TORCH_CHECK(false, "gems: cuLaunchKernel failed for aten::", name, ": ", msg);
+        }
+      } else {
+        // the interpreter: Triton's Python launch, with tensors and Python numbers
+        py::gil_scoped_acquire gil;
+        py::tuple pargs(L.params.size());
+        for (size_t i = 0; i < L.params.size(); i++) {
+          const Param& P = L.params[i];
+          py::object o;
+          if (P.kind == P_TENSOR) {
+            const at::Tensor& base = source(P.src, P.idx);
+            at::Tensor t = P.view.on ? base.as_strided(P.view.sizes, P.view.strides,
+                                                       base.storage_offset() + P.view.offset)
+                                     : base;
+            o = py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+          } else if (P.kind == P_CONST) {
+            o = P.obj;
+          } else {
+            o = num_to_py(read_number(args[P.idx], P.conv));
+          }
+          pargs[i] = o;
+        }
+        t_depth++;
+        PyObject* res = PyObject_CallObject(L.py_launch.ptr(), pargs.ptr());
+        t_depth--;
+        if (!res) throw python_error();
+        Py_DECREF(res);
+      }
+    }
+    c10::SmallVector<IValue, 4> results;
+    for (const auto& R : r.results) {
+      if (R.src == 2) {   // a result not asked for (a backward's output mask): undefined, as ATen's
+        results.emplace_back(at::Tensor());
+        continue;
+      }
+      const at::Tensor& base = source(R.src, R.idx);
+      results.emplace_back(R.view.on ? base.as_strided(R.view.sizes, R.view.strides,
+                                                       base.storage_offset() + R.view.offset)
+                                     : base);
+    }
+    torch::jit::drop(stack, n);
+    for (auto& v : results) stack.push_back(std::move(v));
+    return true;
+  }
+
+  void call_python(const c10::OperatorHandle& op, Stack* stack, const Key* key) {
+    const auto& schema = op.schema();
+    size_t n = schema.arguments().size();
+    std::vector<IValue> saved;
+    if (key != nullptr && g_check.load(std::memory_order_relaxed)) {
+      saved.assign(stack->end() - n, stack->end());
+    }
+    Pending prev = t_pending;
+    t_pending = Pending{key ? this : nullptr, key, false};
+    t_depth++;
+    try {
+      py::gil_scoped_acquire gil;
+      auto arguments = torch::jit::pop(*stack, n);
+      call_py(op, schema, arguments, stack);
+    } catch (...) {
+      t_depth--;
+      t_pending = prev;
+      throw;
+    }
+    t_depth--;
+    bool replay = t_pending.replay;
+    t_pending = prev;
+    if (replay && !saved.empty()) {
+      // GEMS_PLAN_CHECK: the Python side restored what the call wrote; answer from the new recipe
+      auto r = find(*key);
+      torch::jit::drop(*stack, schema.returns().size());
+      for (auto& v : saved) stack->push_back(v);
+      if (r && run(*r, *stack, n)) return;
+      auto arguments = torch::jit::pop(*stack, n);
+      t_depth++;
+      try {
+        py::gil_scoped_acquire gil;
+        call_py(op, schema, arguments, stack);
+      } catch (...) {
+        t_depth--;
+        throw;
+      }
+      t_depth--;
+    }
+  }
+
+  // the Python kernel, called as torch.library calls a Python kernel (same args/kwargs split)
+  void call_py(const c10::OperatorHandle& op, const c10::FunctionSchema& schema, std::vector<IValue>& arguments,
+               Stack* stack) {
+    const auto& sargs = schema.arguments();
+    size_t n = arguments.size();
+    size_t kw_start = n;
+    while (kw_start > 0 && sargs[kw_start - 1].kwarg_only()) kw_start--;
+    auto is_default = [&](size_t i) {
+      const auto& d = sargs[i].default_value();
+      return d.has_value() && !(*d != arguments[i]);
+    };
+    size_t npos = kw_start;
+    while (npos > 0 && is_default(npos - 1)) npos--;
+    auto to_py = [&](size_t i) -> py::object {
+      const IValue& v = arguments[i];
+      if (v.isNone()) return py::none();
+      auto kind = sargs[i].real_type()->kind();
+      if (auto opt = sargs[i].real_type()->cast<c10::OptionalType>()) kind = opt->getElementType()->kind();
+      if (kind == c10::ScalarTypeType::Kind) {
+        return py::reinterpret_borrow<py::object>(
+            reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(v.toInt()))));
+      }
+      if (kind == c10::LayoutType::Kind) {
+        return py::reinterpret_borrow<py::object>(
+            reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<at::Layout>(v.toInt()))));
+      }
+      if (kind == c10::MemoryFormatType::Kind) {
+        return py::reinterpret_borrow<py::object>(
+            torch::utils::getTHPMemoryFormat(static_cast<at::MemoryFormat>(v.toInt())));
+      }
+      return torch::jit::toPyObject(v);
+    };
+    py::tuple args(npos);
+    for (size_t i = 0; i < npos; i++) args[i] = to_py(i);
+    py::dict kwargs;
+    for (size_t i = kw_start; i < n; i++) {
+      if (!is_default(i)) kwargs[py::str(sargs[i].name())] = to_py(i);
+    }
+    PyObject* res = PyObject_Call(py_kernel.ptr(), args.ptr(), kwargs.ptr());
+    if (!res) throw python_error();
+    py::object out = py::reinterpret_steal<py::object>(res);
+    const auto& rets = schema.returns();
+    if (rets.empty()) {
+      TORCH_CHECK(out.is_none(), "gems: aten::", name, " returned a value where its schema has none");
+    } else if (rets.size() == 1) {
+      stack->push_back(torch::jit::toIValue(out, rets[0].real_type()));
+    } else {
+      auto seq = py::cast<py::sequence>(out);
+      for (size_t i = 0; i < rets.size(); i++) stack->push_back(torch::jit::toIValue(seq[i], rets[i].real_type()));
+    }
+  }
+};
+
+thread_local Key t_key;
+
+// the boxed kernel the dispatcher calls
+struct Kernel final : c10::OperatorKernel {
+  std::shared_ptr<Op> op;
+  explicit Kernel(std::shared_ptr<Op> o) : op(std::move(o)) {}
+
+  void operator()(const c10::OperatorHandle& h, c10::DispatchKeySet, Stack* stack) {
+    Op& o = *op;
+    if (t_depth > 0 || !o.served()) {
+      o.call_python(h, stack, nullptr);
+      return;
+    }
+    size_t n = h.schema().arguments().size();
+    Key& key = t_key;
+    if (!o.make_key(*stack, n, key)) {
+      o.call_python(h, stack, nullptr);
+      return;
+    }
+    if (auto r = o.find(key)) {
+      if (o.run(*r, *stack, n)) {
+        o.hits.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      o.call_python(h, stack, nullptr);   // declined (overlapping out=/in-place): the full path
+      return;
+    }
+    Key mine = key;   // the thread-local one is reused by nested calls
+    o.call_python(h, stack, &mine);
+  }
+};
+
+// registrations: one torch::Library fragment per register() call; destroying it restores what was
+// registered underneath (the Python kernels)
+std::vector<std::unique_ptr<torch::Library>> g_libs;
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Gems' C++ fast path (see fastpath.cpp)";
+  py::class_<Op, std::shared_ptr<Op>>(m, "Op")
+      .def(py::init([](std::string name, py::object kernel, std::vector<uint8_t> dynamic, bool precision_key) {
+             auto o = std::make_shared<Op>();
+             o->name = std::move(name);
+             o->py_kernel = std::move(kernel);
+             o->dynamic = std::move(dynamic);
+             o->precision_key = precision_key;
+             return o;
+           }))
+      .def("set_kernel", [](Op& o, py::object k) { o.py_kernel = std::move(k); })
+      .def("set_member", [](Op& o, int cfg, bool on) {
+        TORCH_CHECK(cfg >= 0 && cfg < kMaxConfigs, "gems: config id out of range");
+        o.member[cfg] = on;
+      })
+      // a recipe for the call this thread's Python kernel is serving for this op (if any); returns
+      // whether it was taken. `replay`: GEMS_PLAN_CHECK wants the call answered from it.
+      .def("publish", [](Op& o, py::handle recipe, bool replay) {
+        Pending& p = t_pending;
+        if (p.op != &o || p.key == nullptr) return false;
+        auto r = parse_recipe(recipe);
+        for (const auto& L : r->launches) {
+          if (L.cuda && !load_driver()) return false;
+        }
+        o.put(*p.key, std::move(r));
+        p.replay = replay;
+        p.key = nullptr;
+        return true;
+      })
+      .def("pending", [](Op& o) { return t_pending.op == &o && t_pending.key != nullptr; })
+      .def("clear", &Op::clear)
+      .def("size", &Op::size)
+      .def_property("hits", [](Op& o) { return o.hits.load(); }, [](Op& o, int64_t v) { o.hits = v; });
+  m.def("register", [](const std::string& dispatch_key, std::vector<std::pair<std::string, std::shared_ptr<Op>>> ops) {
+    auto key = c10::parseDispatchKey(dispatch_key);
+    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+    for (auto& [schema_name, op] : ops) {
+      lib->impl(schema_name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(op)));
+    }
+    g_libs.push_back(std::move(lib));
+  });
+  m.def("unregister", []() { g_libs.clear(); });
+  m.def("set_global", [](int cfg) { g_cfg = cfg; });
+  m.def("set_top_scope", [](int cfg) { g_top_scope = cfg; });
+  m.def("set_thread", [](int cfg) { t_cfg = cfg; });
+  m.def("get_thread", []() { return t_cfg; });
+  m.def("set_check", [](bool on) { g_check = on; });
+  m.def("depth", []() { return t_depth; });
+  m.def("has_driver", []() { return load_driver(); });
+  m.attr("UNSCOPED") = kUnscoped;
+  m.attr("MAX_CONFIGS") = kMaxConfigs;
+}

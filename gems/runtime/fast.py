@@ -1,0 +1,124 @@
+"""The C++ fast path (gems/csrc/fastpath.cpp): built on first use with the machine's compiler and
+torch's headers, cached on disk, loaded once per process.
+
+Why a build at first use instead of at install time: pip builds in an isolated environment where
+the torch that will run Gems is not importable, and the GPU machine brings its own torch build; the
+extension must match the torch it is loaded into, so it is compiled against that one, keyed by its
+version, and reused by every later process (and by parallel test workers, under a file lock).
+
+`load()` returns the module or None. None means Gems runs its Python path, which serves the same
+calls at a higher host cost; the reason is warned about once and kept in `status()`.
+`GEMS_FAST=0` turns the fast path off; `GEMS_FAST_BUILD_DIR` moves the build cache (default
+~/.cache/gems).
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+_SRC = Path(__file__).resolve().parent.parent / "csrc" / "fastpath.cpp"
+_NAME = "gems_fastpath"
+_module = None
+_status = "not loaded"
+_tried = False
+
+
+def enabled_by_env() -> bool:
+    return os.environ.get("GEMS_FAST", "1") not in ("", "0")
+
+
+def status() -> str:
+    """'loaded: PATH', or why the fast path is not in use."""
+    return _status
+
+
+def _flags() -> list[str]:
+    from torch.utils import cpp_extension as ce
+    inc = ce.include_paths() + [sysconfig.get_paths()["include"]]
+    return ([f"-I{p}" for p in inc] +
+            ["-O2", "-std=c++17", "-fPIC", "-shared", "-w", f"-DTORCH_EXTENSION_NAME={_NAME}",
+             "-DTORCH_API_INCLUDE_EXTENSION_H",
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"])
+
+
+def _link_flags() -> list[str]:
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    return [f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("GEMS_FAST_BUILD_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gems")
+    src = _SRC.read_bytes()
+    tag = hashlib.sha256(src + repr((torch.__version__, sys.version, _flags(), _link_flags())).encode()).hexdigest()
+    return Path(base) / "fastpath" / tag[:16]
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        raise RuntimeError("no C++ compiler found (set CXX)")
+    return cxx
+
+
+def _build(out: Path):
+    """Compile into `out` (atomically: other processes only ever see a complete file)."""
+    cmd = [_compiler(), str(_SRC), *_flags(), *_link_flags()]
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        r = subprocess.run(cmd + ["-o", tmp], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"compiling {_SRC.name} failed:\n{r.stderr[-4000:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _import(path: Path):
+    loader = importlib.machinery.ExtensionFileLoader(_NAME, str(path))
+    spec = importlib.util.spec_from_file_location(_NAME, str(path), loader=loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def load():
+    """The extension module, building it if needed; None if off or it cannot be built (said once)."""
+    global _module, _status, _tried
+    if _tried:
+        return _module
+    _tried = True
+    if not enabled_by_env():
+        _status = "off (GEMS_FAST=0)"
+        return None
+    try:
+        d = _cache_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        so = d / f"{_NAME}.so"
+        if not so.exists():
+            with open(d / "lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)     # parallel processes: one builds, the rest wait
+                if not so.exists():
+                    print(f"gems: building the C++ fast path (once per torch version) into {d}", file=sys.stderr)
+                    _build(so)
+        _module = _import(so)
+        _status = f"loaded: {so}"
+    except Exception as e:  # noqa: BLE001 - the Python path serves every call without it
+        _status = f"unavailable: {type(e).__name__}: {str(e)[:2000]}"
+        warnings.warn(f"gems: the C++ fast path is unavailable, Gems runs on its Python path (slower host "
+                      f"path, same results). {_status}", RuntimeWarning, stacklevel=2)
+        _module = None
+    return _module

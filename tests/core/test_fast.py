@@ -1,0 +1,190 @@
+"""The C++ fast path (gems/csrc/fastpath.cpp): it builds, repeat calls are answered there, its
+answers equal ATen's (float64) on new data and new per-call numbers, and every state change of
+dispatch.py (enable/disable, use_gems scopes, excluded ops, threads, replaced implementations) is
+followed exactly. Under the interpreter its launches call back into Python, so CI runs everything
+here but cuLaunchKernel; the GPU suite runs that too."""
+import os
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gems
+from gems import dispatch, registry
+from gems.runtime import fast
+from harness import DEVICE, assert_close, make, to_ref
+
+pytestmark = pytest.mark.skipif(os.environ.get("GEMS_FAST", "1") in ("", "0") or
+                                os.environ.get("GEMS_PLANS", "1") in ("", "0"),
+                                reason="the fast path is switched off in this run (GEMS_FAST=0 / GEMS_PLANS=0)")
+
+
+def _hits(name):
+    op = registry.get(name).fast
+    return 0 if op is None else op.hits
+
+
+@pytest.fixture(autouse=True)
+def _registered():
+    with gems.use_gems():
+        pass
+    yield
+
+
+def test_the_extension_builds_and_loads():
+    with gems.use_gems():
+        make((3,)) + 1
+    assert fast.status().startswith("loaded"), fast.status()
+    assert dispatch._fast is not None
+    assert registry.get("add.Tensor").fast is not None
+
+
+def test_repeat_calls_are_answered_in_cpp_with_per_call_data_and_numbers():
+    x = make((1, 1, 64))
+    before = _hits("mul.Tensor")
+    outs, want = [], []
+    with gems.use_gems():
+        for s in (2.0, 3.0, -0.5, 7.25):        # one plan: the number is dynamic, read per call
+            v = make((1, 1, 1))
+            outs.append(x * v * s)
+            want.append(to_ref(x) * to_ref(v) * s)
+    for o, w in zip(outs, want):
+        assert_close(o, w, torch.float32)
+    assert _hits("mul.Tensor") - before >= 4
+
+
+@pytest.mark.parametrize("case", ["broadcast", "transposed", "inplace", "out", "slice", "int_scalar"])
+def test_model_layouts_agree_with_aten(case):
+    def run():
+        if case == "broadcast":
+            a, b = make((64,)), make((1, 3, 64))
+            return (lambda a, b: a * b), (a, b)
+        if case == "transposed":
+            return (lambda q, c: q * c), (make((1, 3, 4, 16)).transpose(1, 2), make((1, 1, 1, 16)))
+        if case == "inplace":
+            return (lambda a, b: a.clone().add_(b, alpha=2)), (make((5, 7)), make((7,)))
+        if case == "out":
+            def f(a, b):
+                o = torch.empty(5, 7, device=a.device, dtype=a.dtype)
+                r = torch.sub(a, b, out=o)
+                assert r is o
+                return o
+            return f, (make((5, 7)), make((5, 7)))
+        if case == "slice":
+            return (lambda q: -q[..., 8:]), (make((1, 4, 1, 16)),)
+        return (lambda a: a + 3), (make((2, 9)),)
+    for i in range(4):
+        fn, args = run()
+        with gems.use_gems():
+            out = fn(*args)
+        assert_close(out, fn(*to_ref(args)), torch.float32, msg=f"{case} call {i}")
+
+
+def test_multi_output_and_optional_results():
+    x, w, b = make((2, 3, 32)), make((32,)), make((32,))
+    for _ in range(3):
+        with gems.use_gems():
+            y, mean, rstd = torch.ops.aten.native_layer_norm(x, [32], w, b, 1e-5)
+            g = make((2, 3, 32))
+            dx, dw, db = torch.ops.aten.native_layer_norm_backward(g, x, [32], mean, rstd, w, b,
+                                                                   [True, False, False])
+        ry, rmean, rrstd = torch.ops.aten.native_layer_norm(*to_ref((x, [32], w, b, 1e-5)))
+        assert_close(y, ry, torch.float32)
+        assert dw is None and db is None
+        rdx = torch.ops.aten.native_layer_norm_backward(*to_ref((g, x, [32], rmean, rrstd, w, b)),
+                                                         [True, False, False])[0]
+        assert_close(dx, rdx, torch.float32)
+
+
+def test_overlapping_inplace_declines_and_raises_like_aten():
+    base = make((10,))
+    with gems.use_gems():
+        for _ in range(2):
+            base[:8].add_(make((8,)))     # the plan for [8] += [8]
+        with pytest.raises(RuntimeError, match="single memory location"):
+            base[:8].add_(base[2:10])     # same signature, partial overlap: the full path decides
+
+
+def test_aten_errors_propagate_with_their_type():
+    with gems.use_gems():
+        a, b = make((3, 4)), make((5, 4))
+        with pytest.raises(RuntimeError, match="size of tensor"):
+            a + b
+
+
+def test_disable_unregisters_and_aten_serves():
+    x = make((4, 4))
+    gems.enable()
+    try:
+        for _ in range(2):
+            torch.exp(x)
+        before = _hits("exp.default")
+        torch.exp(x)
+        assert _hits("exp.default") == before + 1
+    finally:
+        gems.disable()
+    torch.exp(x)
+    assert _hits("exp.default") == before + 1
+
+
+def test_excluded_ops_and_other_threads_are_not_served():
+    x = make((4, 4))
+    with gems.use_gems():
+        torch.exp(x)
+        torch.exp(x)
+    before = _hits("exp.default")
+    seen = {}
+    with gems.use_gems(exclude=["exp"]):
+        torch.exp(x)
+        assert _hits("exp.default") == before, "an excluded op was served by the C++ path"
+        with gems.use_gems():
+            torch.exp(x)                                   # nested scope: served again
+            assert _hits("exp.default") == before + 1
+
+            def other():                                   # a thread outside any scope: ATen
+                torch.exp(x)
+                seen["hits"] = _hits("exp.default")
+            t = threading.Thread(target=other)
+            t.start()
+            t.join()
+    assert seen["hits"] == before + 1
+    torch.exp(x)                                           # outside every scope (still registered)
+    assert _hits("exp.default") == before + 1
+
+
+def test_backward_threads_follow_the_scope():
+    x = make((8, 16), requires_grad=True)
+    with gems.use_gems():
+        for _ in range(3):
+            y = F.silu(x).sum()
+            (gx,) = torch.autograd.grad(y, x)
+    ref = to_ref(x.detach()).requires_grad_(True)
+    (rgx,) = torch.autograd.grad(F.silu(ref).sum(), ref)
+    assert_close(gx, rgx, torch.float32)
+
+
+def test_replacing_an_implementation_drops_cpp_plans():
+    x = make((16,))
+    with gems.use_gems():
+        torch.sigmoid(x)
+        torch.sigmoid(x)
+        assert registry.get("sigmoid.default").fast.size() >= 1
+        calls = []
+
+        def double(self):
+            calls.append(1)
+            raise gems.Unsupported("test double")
+        with registry.override_impl("sigmoid.default", double):
+            torch.sigmoid(x)
+        assert calls, "a C++ plan of the old implementation ran instead of the override"
+
+
+def test_stats_count_cpp_hits():
+    x = make((6,))
+    gems.reset_stats()
+    with gems.use_gems():
+        for _ in range(5):
+            torch.tanh(x)
+    assert gems.stats()["tanh.default"]["served"] == 5
+    assert gems.plan_stats()["tanh.default"]["fast_plans"] >= 1
