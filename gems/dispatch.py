@@ -330,6 +330,9 @@ def _ensure_registered():
             _fast = _fastmod.load()
             if _fast is not None:
                 _fast.set_check(_PLAN_CHECK > 0)
+                if be.device_type == "cuda":
+                    dev = torch.cuda.current_device()
+                    _fastmod.note_stream_mode(_fast.init_stream(dev, torch._C._cuda_getCurrentRawStream(dev)))
         keyset = torch._C.DispatchKeySet(be.dispatch_key)
         lib = torch.library.Library("aten", "IMPL")
         fast_ops = []
@@ -465,9 +468,7 @@ def stats() -> dict:
     """Per overload with any traffic: {'served': n, 'fallback': n, 'reasons': {reason: n}}."""
     out = {}
     for impl in registry.all_impls():
-        s, f = impl.counts
-        if impl.fast is not None:
-            s += impl.fast.hits
+        s, f = impl.served, impl.counts[1]
         if s or f:
             out[impl.name] = {"served": s, "fallback": f, "reasons": dict(impl.reasons)}
     return out

@@ -66,6 +66,11 @@ class OpImpl:
             self.fast.clear()
 
     @property
+    def served(self) -> int:
+        """Calls Gems served: on the Python path plus C++ fast-path plan replays."""
+        return self.counts[0] + (self.fast.hits if self.fast is not None else 0)
+
+    @property
     def base(self) -> str:
         return self.name.split(".", 1)[0]
 

@@ -127,10 +127,10 @@ def assert_close(out, ref, dtype, aten=None, rtol=None, atol=None, msg=""):
 def served(*names, at_least=1):
     """Assert Gems served each overload at least `at_least` times inside the block."""
     names = [gems.registry.canonical(n) for n in names]
-    before = {n: gems.registry.get(n).counts[0] for n in names}
+    before = {n: gems.registry.get(n).served for n in names}
     yield
     for n in names:
-        got = gems.registry.get(n).counts[0] - before[n]
+        got = gems.registry.get(n).served - before[n]
         assert got >= at_least, f"Gems served aten::{n} {got} times (expected >= {at_least}); stats: {gems.stats().get(n)}"
 
 

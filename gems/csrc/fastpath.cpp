@@ -59,6 +59,56 @@ typedef int (*launch_fn)(void*, unsigned, unsigned, unsigned, unsigned, unsigned
 typedef int (*error_fn)(int, const char**);
 launch_fn g_cuLaunchKernel = nullptr;
 error_fn g_cuGetErrorString = nullptr;
+typedef int (*ctx_get_fn)(void**);
+typedef int (*ctx_set_fn)(void*);
+typedef int (*dev_get_fn)(int*, int);
+typedef int (*ctx_retain_fn)(void**, int);
+ctx_get_fn g_cuCtxGetCurrent = nullptr;
+ctx_set_fn g_cuCtxSetCurrent = nullptr;
+dev_get_fn g_cuDeviceGet = nullptr;
+ctx_retain_fn g_cuDevicePrimaryCtxRetain = nullptr;
+
+// A thread that has made no CUDA runtime call yet has no current driver context (torch's autograd
+// device threads skip cudaSetDevice for the device that is already "current"), and cuLaunchKernel
+// would fail there: make the device's primary context current, as Triton's own launcher does.
+void ensure_context(int dev) {
+  void* ctx = nullptr;
+  if (g_cuCtxGetCurrent(&ctx) == 0 && ctx != nullptr) return;
+  int d = 0;
+  TORCH_CHECK(g_cuDeviceGet(&d, dev) == 0 && g_cuDevicePrimaryCtxRetain(&ctx, d) == 0 && g_cuCtxSetCurrent(ctx) == 0,
+              "gems: cannot make the CUDA context of device ", dev, " current");
+}
+
+// the current CUDA stream's cudaStream_t. c10::Stream::native_handle() where this torch implements it
+// for CUDA; else c10::cuda::CUDAStream::stream() looked up in libc10_cuda (a CUDAStream is a c10::Stream
+// and nothing else, so a c10::Stream is a valid `this`). `init_stream` picks the way that gives what
+// torch's own Python binding gives, or none (then no CUDA recipe is taken).
+typedef void* (*stream_fn)(const c10::Stream*);
+stream_fn g_stream_ptr = nullptr;
+int g_stream_mode = 0;   // 0: not initialized / none, 1: native_handle, 2: CUDAStream::stream
+
+void* cuda_stream(int dev) {
+  c10::Stream s = c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(
+      c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dev)));
+  return g_stream_mode == 1 ? s.native_handle() : g_stream_ptr(&s);
+}
+
+int init_stream(int dev, uint64_t expected) {
+  g_stream_mode = 1;
+  try {
+    if (reinterpret_cast<uint64_t>(cuda_stream(dev)) == expected) return 1;
+  } catch (...) {
+  }
+  g_stream_mode = 0;
+  void* h = dlopen("libc10_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+  if (h) g_stream_ptr = (stream_fn)dlsym(h, "_ZNK3c104cuda10CUDAStream6streamEv");
+  if (g_stream_ptr) {
+    g_stream_mode = 2;
+    if (reinterpret_cast<uint64_t>(cuda_stream(dev)) == expected) return 2;
+  }
+  g_stream_mode = 0;
+  return 0;
+}
 
 bool load_driver() {
   if (g_cuLaunchKernel) return true;
@@ -66,7 +116,27 @@ bool load_driver() {
   if (!h) return false;
   g_cuLaunchKernel = (launch_fn)dlsym(h, "cuLaunchKernel");
   g_cuGetErrorString = (error_fn)dlsym(h, "cuGetErrorString");
+  g_cuCtxGetCurrent = (ctx_get_fn)dlsym(h, "cuCtxGetCurrent");
+  g_cuCtxSetCurrent = (ctx_set_fn)dlsym(h, "cuCtxSetCurrent");
+  g_cuDeviceGet = (dev_get_fn)dlsym(h, "cuDeviceGet");
+  g_cuDevicePrimaryCtxRetain = (ctx_retain_fn)dlsym(h, "cuDevicePrimaryCtxRetain");
+  if (!g_cuCtxGetCurrent || !g_cuCtxSetCurrent || !g_cuDeviceGet || !g_cuDevicePrimaryCtxRetain) {
+    g_cuLaunchKernel = nullptr;
+  }
   return g_cuLaunchKernel != nullptr;
+}
+
+// torch's CUDA caching allocator where it is registered as the CUDA device's allocator (then an
+// output costs no dispatcher round trip); else at::empty_strided
+c10::Allocator* cuda_allocator() {
+  static c10::Allocator* a = []() -> c10::Allocator* {
+    try {
+      return c10::GetAllocator(c10::kCUDA);
+    } catch (...) {
+      return nullptr;
+    }
+  }();
+  return a;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -433,6 +503,10 @@ struct Op : std::enable_shared_from_this<Op> {
       bool dyn = dynamic[i];
       if (v.isTensor()) {
         const at::Tensor& t = v.toTensor();
+        if (!t.defined()) {   // an optional tensor autograd passes as undefined: None to the kernel
+          w.push_back(2);
+          continue;
+        }
         c10::TensorImpl* ti = t.unsafeGetTensorImpl();
         if (ti->is_wrapped_number()) {
           IValue num = wrapped_value(t);
@@ -516,7 +590,7 @@ struct Op : std::enable_shared_from_this<Op> {
     for (const auto& g : r.guards) {
       const auto& a = args[g.written];
       const auto& b = args[g.other];
-      if (!a.isTensor() || !b.isTensor()) continue;
+      if (!a.isTensor() || !b.isTensor() || !a.toTensor().defined() || !b.toTensor().defined()) continue;
       auto pa = reinterpret_cast<uintptr_t>(a.toTensor().const_data_ptr());
       auto pb = reinterpret_cast<uintptr_t>(b.toTensor().const_data_ptr());
       if (pa < pb + g.other_bytes && pb < pa + g.written_bytes) return false;
@@ -524,8 +598,8 @@ struct Op : std::enable_shared_from_this<Op> {
     c10::SmallVector<at::Tensor, 4> outs;
     for (const auto& a : r.allocs) {
       at::Tensor t;
-      if (a.device.is_cuda()) {
-        t = at::detail::empty_strided_generic(a.sizes, a.strides, c10::GetAllocator(c10::kCUDA),
+      if (a.device.is_cuda() && a.device.index() == Op::current_device() && cuda_allocator()) {
+        t = at::detail::empty_strided_generic(a.sizes, a.strides, cuda_allocator(),
                                               c10::DispatchKeySet(c10::DispatchKey::CUDA), a.dtype);
       } else {
         t = at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype).device(a.device));
@@ -564,10 +638,9 @@ struct Op : std::enable_shared_from_this<Op> {
         uint64_t scratch[2] = {0, 0};   // Triton's global and profile scratch pointers (unused)
         params[np] = &scratch[0];
         params[np + 1] = &scratch[1];
-        auto* impl = c10::impl::getDeviceGuardImpl(c10::kCUDA);
-        c10::Stream s = impl->getStream(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(L.device)));
-        void* stream = s.native_handle();
         if (L.grid[0] * L.grid[1] * L.grid[2] == 0) continue;
+        void* stream = cuda_stream(L.device);
+        ensure_context(L.device);
         int err = g_cuLaunchKernel(L.function, L.grid[0], L.grid[1], L.grid[2], L.block, 1, 1, L.shared, stream,
                                    params, nullptr);
         if (err != 0) {
@@ -773,7 +846,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         if (p.op != &o || p.key == nullptr) return false;
         auto r = parse_recipe(recipe);
         for (const auto& L : r->launches) {
-          if (L.cuda && !load_driver()) return false;
+          if (L.cuda && (g_stream_mode == 0 || !load_driver())) return false;
         }
         o.put(*p.key, std::move(r));
         p.replay = replay;
@@ -800,6 +873,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_check", [](bool on) { g_check = on; });
   m.def("depth", []() { return t_depth; });
   m.def("has_driver", []() { return load_driver(); });
+  m.def("init_stream", &init_stream);
   m.attr("UNSCOPED") = kUnscoped;
   m.attr("MAX_CONFIGS") = kMaxConfigs;
 }

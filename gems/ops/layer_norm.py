@@ -6,7 +6,9 @@ tensor when its rows are unit-stride, so sliced batches need no copy).
 Forward: each program holds BLOCK_M whole rows in registers (N <= max_n; one row of 4096 bf16 on
 the GPU), so x is read once and y written once: 2 passes over memory, the minimum. Mean and
 variance are computed in fp32 from the registers (two-pass variance, no E[x^2] - E[x]^2
-cancellation). Wider rows loop over the row three times (mean, variance, write).
+cancellation), dividing by N with IEEE division (Triton's `/` is approximate on the GPU: a
+constant row would not normalize to exactly 0). Wider rows loop over the row three times (mean,
+variance, write).
 
 Backward: with xhat = (x - mean) * rstd and wg = dy * w,
     dx = rstd * (wg - mean(wg * xhat) * xhat - mean(wg))          per row, one pass
@@ -81,9 +83,9 @@ def layer_norm_fwd(X, W, B, Y, MEAN, RSTD, M, N, sX, eps,
     if SINGLE:
         mask = rmask & (cols < N)
         x = tl.load(xrow + cols, mask=mask, other=0.0).to(tl.float32)
-        mean = tl.sum(x, 1) / N
+        mean = tl.div_rn(tl.sum(x, 1), N * 1.0)
         xc = tl.where(mask, x - mean[:, None], 0.0)
-        var = tl.sum(xc * xc, 1) / N
+        var = tl.div_rn(tl.sum(xc * xc, 1), N * 1.0)
         rstd = 1.0 / tl.sqrt(var + eps)
         y = xc * rstd[:, None]
         if HAS_W:
@@ -96,14 +98,14 @@ def layer_norm_fwd(X, W, B, Y, MEAN, RSTD, M, N, sX, eps,
         for start in range(0, N, BLOCK_N):
             mask = rmask & (cols + start < N)
             acc += tl.load(xrow + start + cols, mask=mask, other=0.0).to(tl.float32)
-        mean = tl.sum(acc, 1) / N
+        mean = tl.div_rn(tl.sum(acc, 1), N * 1.0)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for start in range(0, N, BLOCK_N):
             mask = rmask & (cols + start < N)
             x = tl.load(xrow + start + cols, mask=mask, other=0.0).to(tl.float32)
             xc = tl.where(mask, x - mean[:, None], 0.0)
             acc += xc * xc
-        var = tl.sum(acc, 1) / N
+        var = tl.div_rn(tl.sum(acc, 1), N * 1.0)
         rstd = 1.0 / tl.sqrt(var + eps)
         for start in range(0, N, BLOCK_N):
             c = cols + start

@@ -122,3 +122,14 @@ def load():
                       f"path, same results). {_status}", RuntimeWarning, stacklevel=2)
         _module = None
     return _module
+
+
+def note_stream_mode(mode: int):
+    """How the C++ side reads the current CUDA stream (0: it cannot, so it replays no CUDA plan)."""
+    global _status
+    if mode == 0:
+        _status += "; no way to read the current CUDA stream: CUDA calls take the Python path"
+        warnings.warn("gems: the C++ fast path cannot read the current CUDA stream with this torch; CUDA calls "
+                      "take the Python path", RuntimeWarning, stacklevel=2)
+    else:
+        _status += "; stream via " + ("c10::Stream::native_handle" if mode == 1 else "CUDAStream::stream")

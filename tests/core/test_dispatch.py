@@ -14,7 +14,7 @@ SOFTMAX = "_softmax.default"
 
 
 def _served(name=SOFTMAX):
-    return registry.get(name).counts[0]
+    return registry.get(name).served
 
 
 def test_import_changes_nothing_and_registry_is_queryable():

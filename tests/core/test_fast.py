@@ -97,6 +97,44 @@ def test_multi_output_and_optional_results():
         assert_close(dx, rdx, torch.float32)
 
 
+def test_autograd_passes_absent_optionals_as_undefined_tensors():
+    # autograd hands a None bias to native_layer_norm_backward as an undefined tensor, not None
+    x, w = make((5, 24), requires_grad=True), make((24,), requires_grad=True)
+    g = make((5, 24))
+    before = _hits("native_layer_norm_backward.default")
+    for _ in range(3):
+        with gems.use_gems():
+            gx, gw = torch.autograd.grad(F.layer_norm(x, (24,), w, None), (x, w), g)
+    assert _hits("native_layer_norm_backward.default") > before
+    rx, rw = to_ref(x.detach()).requires_grad_(True), to_ref(w.detach()).requires_grad_(True)
+    rgx, rgw = torch.autograd.grad(F.layer_norm(rx, (24,), rw, None), (rx, rw), to_ref(g))
+    assert_close(gx, rgx, torch.float32)
+    assert_close(gw, rgw, torch.float32)
+
+
+def test_a_thread_without_a_cuda_context_is_served():
+    # a new thread has no current CUDA driver context until it makes a runtime call; the C++ path
+    # launches with the driver API, so it must make the device's context current itself
+    x = make((33, 7))
+    with gems.use_gems():
+        torch.exp(x)
+    out = {}
+
+    def worker():
+        try:
+            with gems.use_gems():
+                out["y"] = torch.exp(x)     # the first CUDA work of this thread, answered from the recipe
+        except Exception as e:  # noqa: BLE001 - re-raised below, in the test's thread
+            out["err"] = e
+    before = _hits("exp.default")
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert "err" not in out, out.get("err")
+    assert _hits("exp.default") == before + 1
+    assert_close(out["y"], torch.exp(to_ref(x)), torch.float32)
+
+
 def test_overlapping_inplace_declines_and_raises_like_aten():
     base = make((10,))
     with gems.use_gems():

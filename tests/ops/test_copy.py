@@ -194,7 +194,7 @@ def test_to_copy_calls(dtype):
              served_ops=["_to_copy"])
     with served("_to_copy"), gems.use_gems():
         c = x.t().to(dtype, memory_format=torch.contiguous_format)
-        h = x.half() if dtype == torch.float16 else x.float()
+        h = {torch.float16: x.half, torch.bfloat16: x.bfloat16}.get(dtype, x.float)()
         z = make((), other).to(dtype)
         e = make((0, 3), other).to(dtype)
     assert c.is_contiguous() and torch.equal(c, x.t().to(dtype))

@@ -147,6 +147,9 @@ def test_empty_and_edge_cases():
              served_ops=["native_layer_norm"])
     const = torch.full((2, 6), 1.5, device=DEVICE)
     check_op(LN, (const, [6], w, b, 1e-5), dtype=torch.float32, served_ops=["native_layer_norm"])
+    # N = 1 (Triton specializes an int argument equal to 1 into a compile-time constant)
+    check_op(LN, (make((4, 1)), [1], make((1,)), make((1,)), 1e-5), dtype=torch.float32,
+             served_ops=["native_layer_norm"])
 
 
 def test_errors_and_fallbacks():

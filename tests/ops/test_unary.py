@@ -200,7 +200,7 @@ def test_round_via_abs_and_logical_not_composites():
     assert torch.equal(a, x.abs()) and torch.equal(y, x.abs())
     with served("logical_not.out"), gems.use_gems():
         b = torch.logical_not(x)
-        f = torch.empty(5, 6)
+        f = torch.empty(5, 6, device=DEVICE)
         torch.logical_not(x, out=f)      # bool result into a float out: the generator hands it to ATen
     assert b.dtype == torch.bool and torch.equal(b, x == 0) and torch.equal(f, (x == 0).float())
 
