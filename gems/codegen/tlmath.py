@@ -1,9 +1,37 @@
 """Scalar math helpers for op bodies that both the GPU and the Triton interpreter can run.
 
-The interpreter has no libdevice, so these are written with tl core math only.
+The interpreter has no libdevice, so these are written with tl core math only; where libdevice's
+correctly-rounded (or few-ulp) function is what ATen's CUDA kernel computes, bodies branch on `GPU`
+at compile time and use it there (`tl.exp` is `ex2.approx` on the GPU: 1.8e-6 relative at x = 88).
 """
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+from ..runtime.backends import interpreting
+
+# decided at import without needing a backend (the registry must import on machines with none,
+# e.g. for gems-coverage on the meta device)
+GPU: tl.constexpr = tl.constexpr(not interpreting())
+
+
+@triton.jit
+def exp_f(x):
+    """exp, within 1 ulp on the GPU (libdevice) like ATen's expf; numpy's exp in the interpreter"""
+    if GPU:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def fmod_f(a, b):
+    """C fmod (sign of the dividend) for floats, C remainder for integers. On the GPU Triton's
+    float `%` is not fmod at the edges (inf % inf gives inf, -0.0 % 5 gives +0.0): libdevice's is."""
+    if GPU and a.dtype.is_floating():
+        return libdevice.fmod(a, b)
+    else:
+        return a % b
 
 
 @triton.jit

@@ -11,8 +11,8 @@
 //   1. decides whether Gems serves the call on this thread (a mirror of dispatch.py's enable() /
 //      use_gems() state, kept in sync from Python), else calls the Python kernel;
 //   2. builds the call's signature from the stack: per tensor dtype, device, sizes, strides,
-//      16-byte alignment; numbers by value (or, for arguments the op declared dynamic, by class and
-//      what Triton specializes ints on); lists, strings, devices by value; which tensor arguments
+//      16-byte alignment; numbers by value (or, for arguments the op declared dynamic, by class,
+//      NaN-ness and what Triton specializes ints on); lists, strings, devices by value; which tensor arguments
 //      are the same tensor; the current device. It is at least as fine as dispatch.py's Python
 //      signature, so a recipe recorded for a Python plan is valid for every call with this key;
 //   3. on a hit replays the plan's recipe: overlap guards for written arguments, output
@@ -21,6 +21,8 @@
 //   4. on a miss (or a guard that declines) calls the Python kernel, which records a plan the
 //      usual way and publishes its recipe back here for this key (`Op.publish`).
 // Python is entered only on misses, while Gems is off for the call, and under the interpreter.
+
+#include <cmath>
 
 #include <torch/extension.h>
 #include <torch/library.h>
@@ -172,11 +174,12 @@ int64_t bits(double d) {
   return b;
 }
 
-// a number's part of the key; `dynamic`: by class (ints: what Triton specializes), else by value
+// a number's part of the key; `dynamic`: by class and NaN-ness (ints: what Triton specializes), else by value
 void key_number(std::vector<int64_t>& w, const IValue& v, bool dynamic) {
   if (v.isDouble()) {
     w.push_back(10);
-    if (!dynamic) w.push_back(bits(v.toDouble()));
+    // per-call floats still key their NaN-ness (an op's check may send NaN numbers to ATen)
+    w.push_back(dynamic ? int64_t(std::isnan(v.toDouble())) : bits(v.toDouble()));
   } else if (v.isBool()) {
     w.push_back(11);
     w.push_back(v.toBool());   // passed as 0/1: 1 is specialized

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from ..codegen import pointwise
-from ..codegen.tlmath import sigmoid, tanh
+from ..codegen.tlmath import exp_f, sigmoid, tanh
 from ..registry import FLOATS, INTS
 
 # module constants read inside @triton.jit bodies must be tl.constexpr: the GPU compiler rejects
@@ -22,7 +22,7 @@ _GELU_MODES = ("none", "tanh")
 @triton.jit
 def _exp(x):
     """exp(self)"""
-    return tl.exp(x)
+    return exp_f(x)
 
 
 @triton.jit

@@ -10,16 +10,12 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..codegen import pointwise
+from ..codegen.tlmath import GPU as _GPU, fmod_f
 from ..registry import FLOATS, INTS, restrict_backends
-from ..runtime.backends import interpreting
 
 NUMERIC = FLOATS + INTS
 ALL = FLOATS + INTS + (torch.bool,)
 BITS = INTS + (torch.bool,)
-# libdevice does not exist in the interpreter: bodies that need it branch on this at compile time
-# libdevice exists on the GPU only; decided at import without needing a backend (the registry must
-# import on machines with none, e.g. for gems-coverage on the meta device)
-_GPU: tl.constexpr = tl.constexpr(not interpreting())
 
 
 # ---- division-like ---------------------------------------------------------------------------
@@ -27,7 +23,7 @@ _GPU: tl.constexpr = tl.constexpr(not interpreting())
 @triton.jit
 def _remainder(a, b):
     """Python-style remainder: fmod(a, b), moved by b when its sign differs from b's (ATen's rule)."""
-    m = a % b                                   # fmod / srem (sign of a) on the GPU and the interpreter
+    m = fmod_f(a, b)                            # sign of a
     # nested where, not `&`: a scalar operand's bool cannot be and-ed with a block in the interpreter
     return tl.where(m != 0, tl.where((m < 0) != (b < 0), m + b, m), m)
 
@@ -35,7 +31,7 @@ def _remainder(a, b):
 @triton.jit
 def _fmod(a, b):
     """C fmod / integer remainder with the sign of the dividend"""
-    return a % b
+    return fmod_f(a, b)
 
 
 # ---- pow -------------------------------------------------------------------------------------

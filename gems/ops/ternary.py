@@ -124,9 +124,21 @@ def _clamp_impl(name):
     return impl
 
 
+def _clamp_check(self, min=None, max=None, *a, **k):
+    if self.dtype == torch.bool:
+        return "bool self"
+    lone = max if min is None else min if max is None else None
+    if isinstance(lone, float) and lone != lone:
+        # clamp(x, min=nan) alone reaches ATen's clamp_min kernel without clamp_min's NaN fill: CUDA's
+        # fmax-like max returns x, the CPU's vector max returns x or NaN by ISA (AVX-512 vs AVX2)
+        return "a lone NaN bound (ATen's result depends on the device)"
+    return None
+
+
 for _n in clamp_both.overloads:
-    # min/max numbers are per-call kernel arguments (the inner overloads name them the same)
-    register(_n, category="pointwise", dtypes=NUMERIC, check=_no_bool, dynamic=("min", "max"))(_clamp_impl(_n))
+    # min/max numbers are per-call kernel arguments (the inner overloads name them the same); their
+    # NaN-ness is part of a plan's signature, so _clamp_check sees every NaN bound
+    register(_n, category="pointwise", dtypes=NUMERIC, check=_clamp_check, dynamic=("min", "max"))(_clamp_impl(_n))
 
 
 def _same_dtypes(self, end, weight, *a, **k):

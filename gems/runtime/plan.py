@@ -202,14 +202,19 @@ def _num_sig(v):
 
 
 def _dyn_sig(v):
-    """Signature part of a per-call number: its class, and for ints what Triton specializes a binary
-    on (== 1 becomes a constant; divisibility by 16; the 32/64-bit range), so a plan's binary is
+    """Signature part of a per-call number: its class, whether it is NaN, and for ints what Triton
+    specializes a binary on (== 1 becomes a constant; divisibility by 16; the 32/64-bit range), so a plan's binary is
     always the one Triton would pick for the value."""
     if isinstance(v, bool):
         return (bool, v)            # passed as 0/1: 1 is specialized
     if isinstance(v, int):
         return (v.__class__, v == 1, v & 15 == 0, -0x80000000 <= v <= 0x7FFFFFFF, v < 0x8000000000000000)
+    if v != v:
+        return _NAN_NUMBER          # NaN-ness too: an op's check may send NaN numbers to ATen
     return v.__class__
+
+
+_NAN_NUMBER = ("nan",)
 
 
 def make_signature(schema, dynamic=frozenset(), on_cuda=False):
