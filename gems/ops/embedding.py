@@ -6,8 +6,12 @@ offsets are int64 (row * stride passes 2**31 for large tables). Bytes moved: n *
 
 Backward: grad_weight[r, :] = sum_{i : idx[i] == r} grad[i, :]  (/ count(r) with scale_grad_by_freq;
 zero for r == padding_idx). Atomics would make fp32 sums depend on scheduling, so like ATen's CUDA
-kernel we sort: `torch.sort` (stable) groups equal indices into runs, `searchsorted` gives each row its
-run [lo, hi). Then two kernels, with a fixed summation order, hence bitwise deterministic:
+kernel we sort: a stable sort groups equal indices into runs, a binary search gives each row its run
+[lo, hi). Up to _SORT_MAX indices (every training step we model: 4 x 1024, 32 x 128) one program sorts
+(index << SHIFT | position) keys with `tl.sort` (unique keys: a stable sort for free) and another
+kernel binary-searches the run bounds, so the whole backward is Gems kernels and a call plan (and the
+C++ fast path) can replay it; beyond that `torch.sort` + `searchsorted` (no plan, full host path).
+Then two kernels, with a fixed summation order, hence bitwise deterministic:
 
   A. the sorted positions are cut into chunks of CHUNK; one program per (chunk, column block) walks
      its chunk in order and sums each run. A run wholly inside the chunk is final and written to its
@@ -162,6 +166,60 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     return y
 
 
+@kernel
+@triton.jit
+def embedding_bwd_sort(Idx, S, P, n, V, s_idx, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
+    """S, P = the indices in stable sorted order and their positions, from one sort of unique keys
+    index << SHIFT | position (2^SHIFT > n). Indices outside [0, V) are clamped to -1 or V first, so
+    the shift cannot overflow and no garbage index lands on a real row (the later kernels skip them)."""
+    pos = tl.arange(0, BLOCK)
+    m = pos < n
+    idx = tl.load(Idx + pos * s_idx, mask=m, other=0).to(tl.int64)
+    idx = tl.where(idx < 0, -1, tl.where(idx >= V, V, idx))
+    key = tl.where(m, (idx << SHIFT) | pos, 0x7FFFFFFFFFFFFFFF)   # padding keys sort last
+    key = tl.sort(key)
+    tl.store(S + pos, key >> SHIFT, mask=m)
+    tl.store(P + pos, key & ((1 << SHIFT) - 1), mask=m)
+
+
+@kernel
+@triton.jit
+def embedding_bwd_bounds(S, Lo, n, V, STEPS: tl.constexpr, BLOCK: tl.constexpr):
+    """Lo[r] = #{i : S[i] < r} for r in [0, V]: a lower-bound binary search per row, STEPS =
+    bit_length(n) halvings (each step at least halves every row's open interval)."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    lo = tl.zeros([BLOCK], tl.int64)
+    hi = tl.zeros([BLOCK], tl.int64) + n
+    for _ in tl.static_range(STEPS):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        below = tl.load(S + mid, mask=active, other=0) < r
+        lo = tl.where(active & below, mid + 1, lo)
+        hi = tl.where(active & ~below, mid, hi)
+    tl.store(Lo + r, lo, mask=r <= V)
+
+
+# one program sorts up to this many indices (a 16384-key bitonic sort: 32 int64 keys per thread at 16 warps)
+_SORT_MAX = 16384
+
+
+def _sort_runs(idx, V):
+    """(sorted indices, their positions, run starts Lo[0..V]) of a flat index tensor, as int64."""
+    n = idx.numel()
+    if n > _SORT_MAX:
+        s, p = torch.sort(idx, stable=True)
+        return s, p, torch.searchsorted(s, torch.arange(V + 1, dtype=s.dtype, device=s.device))
+    s = empty((n,), torch.int64, idx.device)
+    p = empty((n,), torch.int64, idx.device)
+    lo = empty((V + 1,), torch.int64, idx.device)
+    if n:
+        block = next_pow2(n)
+        embedding_bwd_sort[(1,)](idx, s, p, n, V, idx.stride(0), max(1, (n - 1).bit_length()), block,
+                                 num_warps=max(4, min(16, block // 1024)))
+    embedding_bwd_bounds[(cdiv(V + 1, 1024),)](s, lo, n, V, n.bit_length(), 1024, num_warps=4)
+    return s, p, lo
+
+
 # sorted positions per chunk of the backward's first kernel; small in the interpreter so that the
 # tests' short index lists still cut runs across chunks
 _CHUNK = {"cuda": 16, "interpreter": 4}
@@ -184,8 +242,7 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
         return y
     g = grad_output.reshape(n, D)   # a view whenever the layout allows; strides go to the kernel
     idx = indices.reshape(-1)
-    s, p = torch.sort(idx, stable=True)
-    lo = torch.searchsorted(s, torch.arange(V + 1, dtype=s.dtype, device=s.device))
+    s, p, lo = _sort_runs(idx, V)
     chunk = _CHUNK[backend().name]
     block, warps = _block_d(D, grad_output.element_size())
     nchunks = cdiv(n, chunk)

@@ -152,3 +152,24 @@ def test_dense_backward_deterministic_out_empty():
         with pytest.raises(RuntimeError):
             op(make((i.numel() + 1, D)), i, V, -1, False)
 
+
+
+@pytest.mark.parametrize("int32", [False, True], ids=["int64", "int32"])
+def test_dense_backward_sorts_in_a_kernel_and_plans(int32, monkeypatch):
+    # up to _SORT_MAX indices the sort and run bounds are Gems kernels, so the call gets a plan (a
+    # torch.sort inside would keep it on the full host path); beyond it torch.sort, same result
+    V, D = 13, 6
+    i = runs_indices(V, torch.int32 if int32 else torch.int64)
+    g = make((i.numel(), D))
+    op = torch.ops.aten.embedding_dense_backward
+    ref = op(g.double().cpu(), i.cpu(), V, 4, True)
+    gems.reset_stats()
+    with gems.use_gems():
+        for _ in range(3):
+            assert_close(op(g, i, V, 4, True), ref, torch.float32)
+    info = gems.dispatch.plan_stats()["embedding_dense_backward.default"]
+    assert info["plans"] >= 1 and not info["reasons"], info
+    monkeypatch.setattr(emb_mod, "_SORT_MAX", 4)
+    with served("embedding_dense_backward"), gems.use_gems():
+        assert_close(op(g[:-1], i[:-1], V, -1, False), op(g.double().cpu()[:-1], i.cpu()[:-1], V, -1, False),
+                     torch.float32)
