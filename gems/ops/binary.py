@@ -59,11 +59,25 @@ def _pow_float(a, b):
 def _pow(a, b):
     """self ** exponent (exponents 2, 3, 0.5, -1 computed exactly like ATen's special cases)"""
     if a.dtype.is_floating():
-        g = _pow_float(a, b)
-        g = tl.where(b == 2.0, a * a, g)
-        g = tl.where(b == 3.0, a * a * a, g)
-        g = tl.where(b == 0.5, tl.sqrt_rn(a), g)
-        g = tl.where(b == -1.0, 1.0 / a, g)
+        if len(b.shape) == 0:
+            # a scalar exponent (x.pow(2) in RMSNorm): a uniform branch, so the special cases skip
+            # libdevice's pow entirely (it made pow compute-bound: ~100 instructions per element)
+            if b == 2.0:
+                g = a * a
+            elif b == 3.0:
+                g = a * a * a
+            elif b == 0.5:
+                g = tl.sqrt_rn(a)
+            elif b == -1.0:
+                g = tl.math.div_rn(tl.full(a.shape, 1.0, a.dtype), a)
+            else:
+                g = _pow_float(a, b)
+        else:
+            g = _pow_float(a, b)
+            g = tl.where(b == 2.0, a * a, g)
+            g = tl.where(b == 3.0, a * a * a, g)
+            g = tl.where(b == 0.5, tl.sqrt_rn(a), g)
+            g = tl.where(b == -1.0, tl.math.div_rn(tl.full(a.shape, 1.0, a.dtype), a), g)
         return g
     else:
         # integers by squaring; negative exponents: 1 ** e = 1, (-1) ** e = +-1, else 0 (ATen)
