@@ -1,0 +1,179 @@
+"""benchmarks.gemm_shapes (the GEMMs models call) and benchmarks.gemm (ATen vs Gems on them).
+
+Expectations come from the models' structure (a Linear's weight shape, how many there are, the
+autograd formulas of mm), never from recorded output; the committed gemm_cases.json is checked for
+consistency and, for one cheap source, against a fresh trace."""
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+import models
+from benchmarks import gemm, gemm_shapes as gs
+
+BF = torch.bfloat16
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(8, 16, bias=True)
+        self.down = torch.nn.Linear(16, 4, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+def _mlp_bundle(x_needs_grad):
+    with torch.device("meta"):
+        m = _MLP().to(BF)
+    x = torch.randn(2, 5, 8, device="meta", dtype=BF, requires_grad=x_needs_grad)
+    recipe = models.Recipe(name="mlp", kind="custom")
+    return models.ModelBundle(recipe=recipe, model=m, config=None, size="tiny", device="meta", dtype=BF,
+                              custom_args=(x,))
+
+
+def _key(r):
+    return (r["op"], r["M"], r["N"], r["K"], r["layout"], r["bias"], r["role"])
+
+
+@pytest.mark.parametrize("x_needs_grad", [False, True])
+def test_linear_forward_and_backward_gemms(x_needs_grad):
+    recs, other = gs.trace_gemms(_mlp_bundle(x_needs_grad), "train")
+    T = 2 * 5   # tokens: a contiguous 3-D input is flattened
+    want = {
+        # forward: linear = x @ W.t(): B is the transposed weight; with a bias, one addmm, bias per column
+        ("addmm", T, 16, 8, "NT", "row", "up"), ("mm", T, 4, 16, "NT", None, "down"),
+        # backward of y = x @ W.t(): dX = dY @ W (M=T, K=out), dW = dY.t() @ x (M=out, K=T)
+        ("mm", T, 16, 4, "NN", None, "down dX"), ("mm", 4, 16, T, "TN", None, "down dW"),
+        ("mm", 16, 8, T, "TN", None, "up dW"),
+    }
+    if x_needs_grad:   # the first layer's dX only exists when its input needs a gradient
+        want.add(("mm", T, 8, 16, "NN", None, "up dX"))
+    assert {_key(r) for r in recs} == want
+    assert all(r["count"] == 1 and r["dtype"] == "bf16" and r["batch"] == 1 for r in recs)
+    assert other == {}
+
+
+def test_inference_records_only_the_forward():
+    recs, _ = gs.trace_gemms(_mlp_bundle(True), "prefill")
+    assert sorted(r["role"] for r in recs) == ["down", "up"]
+
+
+def _linears(model):
+    return [(gs.role_name(n), tuple(m.weight.shape)) for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear)]
+
+
+def test_tiny_llama_train_has_every_linear_and_both_gradients():
+    batch, seq = 2, 6
+    b = models.build("llama2", size="tiny", device="meta", dtype="bfloat16", batch=batch, seq_len=seq)
+    lin = _linears(b.model)
+    recs, _ = gs.trace_gemms(b, "train")
+    got = Counter()
+    for r in recs:
+        got[(r["role"], r["op"], r["M"], r["N"], r["K"], r["layout"])] += r["count"]
+    T = batch * seq
+    want = Counter()
+    for role, (out_f, in_f) in lin:   # Llama's Linears have no bias: mm on the flattened tokens
+        want[(role, "mm", T, out_f, in_f, "NT")] += 1
+        want[(role + " dX", "mm", T, in_f, out_f, "NN")] += 1
+        want[(role + " dW", "mm", out_f, in_f, T, "TN")] += 1
+    gemms = Counter({k: v for k, v in got.items() if not k[0].endswith("rotary_emb")})
+    assert gemms == want
+    # the rotary embedding's fp32 outer product inv_freq x positions is a bmm with K = 1
+    rope = [r for r in recs if r["role"].endswith("rotary_emb")]
+    assert rope and all(r["op"] == "bmm" and r["K"] == 1 and r["dtype"] == "f32" for r in rope)
+    # no attention GEMM: on meta, SDPA runs through the fused-kernel stand-in (CUDA runs fused kernels)
+    assert not [r for r in recs if r["role"].endswith("self_attn") or r["role"].endswith("self_attn bwd")]
+
+
+def test_tiny_decode_step_has_m_equal_batch():
+    b = models.build("llama2", size="tiny", device="meta", dtype="bfloat16", batch=3, seq_len=5)
+    recs, _ = gs.trace_gemms(b, "decode")
+    mms = [r for r in recs if r["op"] == "mm"]
+    assert {r["M"] for r in mms} == {3}
+    assert sum(r["count"] for r in mms) == len(_linears(b.model))   # one step: each Linear once
+
+
+def test_layouts_and_bias_kinds():
+    x = torch.empty(6, 4, device="meta")
+    assert gs.layout(x) == "N" and gs.layout(x.t()) == "T" and gs.layout(x[:, ::2]) == "strided"
+    assert gs.layout(torch.empty(1, 4, device="meta").t()) in ("N", "T")     # size-1 dims never decide
+    assert gs.compact(x) and not gs.compact(torch.empty(6, 8, device="meta")[:, :4])
+    assert gs.bias_kind(torch.empty(4), (6, 4)) == "row"
+    assert gs.bias_kind(torch.empty(6, 1), (6, 4)) == "col"
+    assert gs.bias_kind(torch.empty(6, 4), (6, 4)) == "full"
+
+
+# ------------------------------------------------------------------------------ the committed table
+@pytest.fixture(scope="module")
+def table():
+    with open(gs.OUT_FILE) as f:
+        return json.load(f)
+
+
+def test_committed_table_is_consistent(table):
+    assert table["command"] == gs.COMMAND and table["device"] == "meta"
+    assert table["generated_with"]["torch"] and table["generated_with"]["transformers"]
+    cases = table["cases"]
+    assert len({c["id"] for c in cases}) == len(cases) and 20 <= len(cases) <= 200
+    sources = set()
+    for c in cases:
+        assert c["op"] in ("mm", "addmm", "bmm", "baddbmm") and c["dtype"] in ("bf16", "f32")
+        assert min(c["M"], c["N"], c["K"], c["batch"]) >= 1
+        assert len(c["layout"]) == 2 and set(c["layout"]) <= {"N", "T"}
+        assert c["flops"] == 2 * c["M"] * c["N"] * c["K"] * c["batch"]
+        assert (c.get("bias") is not None) == (c["op"] in ("addmm", "baddbmm"))
+        for s in c["sources"]:
+            assert s["count"] > 0 and sum(s["roles"].values()) == s["count"]
+            sources.add((s["model"], s["workload"], s["batch"]))
+            if s["workload"] == "decode" and c["dtype"] == "bf16":
+                assert c["M"] == s["batch"]      # a decode step multiplies one token per sequence
+    assert sources == {(m, w, b) for m, w, b, _ in gs.PLAN}     # every model / workload represented
+    layouts = {(s["workload"], c["layout"]) for c in cases for s in c["sources"] if c["dtype"] == "bf16"}
+    assert {("prefill", "NT"), ("train", "NT"), ("train", "NN"), ("train", "TN")} <= layouts
+
+
+def test_committed_table_matches_a_fresh_trace(table):
+    """BERT's prefill at full size on meta (~1 s) gives exactly the committed cases of that source."""
+    model, workload, batch, tokens = next(p for p in gs.PLAN if p[:2] == ("bert", "prefill"))
+    recs, _ = gs.collect(model, workload, batch, tokens)
+    fresh = gs.merge([({"model": model, "workload": workload, "batch": batch, "tokens": tokens}, recs)])
+    committed = [dict(c, sources=[s for s in c["sources"] if (s["model"], s["workload"]) == (model, workload)])
+                 for c in table["cases"]]
+    committed = [c for c in committed if c["sources"]]
+    assert fresh == committed, "benchmarks/gemm_cases.json is stale: run python -m benchmarks.gemm_shapes"
+
+
+def test_benchmark_inputs_have_the_recorded_layouts(table):
+    seen = {}
+    for c in table["cases"]:
+        seen.setdefault((c["op"], c["layout"], c.get("bias")), c)
+    for c in seen.values():
+        small = gemm.scaled(c, 8)
+        fn, args, kw = gemm.make_call(small, "cpu", torch.float32)
+        a, b = args[-2:]
+        assert gs.layout(a) + gs.layout(b) == c["layout"]
+        assert (a.shape[-2], a.shape[-1], b.shape[-1]) == (small["M"], small["K"], small["N"])
+        if c.get("bias"):
+            out = fn(*args, **kw)
+            assert gs.bias_kind(args[0], out.shape) == c["bias"]
+
+
+# ------------------------------------------------------------------------------ the benchmark's smoke run
+@pytest.mark.parametrize("filters", [["--model", "bert", "--max-cases", "2"],
+                                     ["--model", "llama-1.1b", "--max-cases", "2"]], ids=["addmm", "bmm+mm"])
+def test_cpu_smoke_run_writes_json(tmp_path, capsys, filters):
+    out = tmp_path / "gemm.json"
+    assert gemm.main(["--device", "cpu", "--quick", *filters, "-o", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["env"]["cap"] == 64 and len(d["rows"]) == 2
+    for r in d["rows"]:
+        assert "error" not in r, r
+        assert max(r["M"], r["N"], r["K"]) <= 64
+        assert r["served"] > 0 and not r["fallback"] and r["correct"], r
+        assert r["ratio"] > 0 and r["aten_TFLOPs"] > 0
+    assert d["summary"]["counted"] == 2 and d["summary"]["geomean_ratio"] > 0
+    assert "geomean ratio" in capsys.readouterr().out
