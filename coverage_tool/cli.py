@@ -1,4 +1,4 @@
-"""``gems-coverage``: trace, report, roadmap, parity, bench, ops.
+"""``gems-coverage``: trace, report, roadmap, parity, bench, bench-plot, ops.
 
 Results go to stdout (or ``--output FILE``), progress to stderr. Exit codes: 0 ok, 1 a gate failed
 (``--fail-under``, parity mismatch), 2 bad input (unknown model, malformed config, bad option; one line on
@@ -8,8 +8,10 @@ traceback).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -63,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     from . import report as R
     p = _Parser(prog=PROG, description="Which ATen ops a model calls, which Gems covers, what is missing, "
                                        "and whether the model gives the same answers with Gems on.")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress, warnings or profiler lines on stderr (errors still)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -77,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--batch", type=_positive_int, default=1)
         sp.add_argument("--seq-len", type=_positive_int, default=None,
                         help="text tokens (default 128 full size, 8 tiny)")
-        sp.add_argument("--new-tokens", type=_positive_int, default=4, help="tokens for --mode generate")
+        sp.add_argument("--new-tokens", type=_positive_int, default=None,
+                        help="tokens for --mode generate (default 4; only with generate)")
 
     def out_opts(sp, formats=R.FORMATS):
         sp.add_argument("--format", choices=formats, default="table")
@@ -85,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("trace", help="trace one model: every ATen op, covered or not, gaps by cost")
     t.add_argument("model", help="built-in name or alias (llama2, bert, llava, aquila), a config.json, a "
-                                 "model folder, or module:function")
+                                 "model folder, or module:function (a function returning (model, inputs), "
+                                 "its module importable: in the current folder, on PYTHONPATH or installed)")
     t.add_argument("--mode", choices=("inference", "generate", "training"), default="inference")
     run_opts(t)
     g = t.add_mutually_exclusive_group()
@@ -115,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--date", default=None, help="snapshot date (default: today, UTC)")
     m.add_argument("--commit", default=None, help="snapshot commit (default: git HEAD)")
     m.add_argument("--models", default=None, help="comma-separated models (default: the four built-ins)")
+    m.add_argument("--gpu-time", action="store_true",
+                   help="also trace each model on CUDA under the profiler and record the share of compute "
+                        "time in ops Gems registers (full size: needs a large GPU)")
 
     pa = sub.add_parser("parity", help="run with and without Gems, compare, name the first divergent op")
     pa.add_argument("model")
@@ -124,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--dtype", default=None)
     pa.add_argument("--batch", type=_positive_int, default=1)
     pa.add_argument("--seq-len", type=_positive_int, default=None)
-    pa.add_argument("--new-tokens", type=_positive_int, default=4)
+    pa.add_argument("--new-tokens", type=_positive_int, default=None,
+                    help="greedy tokens of the generate check of --mode inference/all (default 4)")
     pa.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
                     help="optimizer of the training step (default sgd: its update is linear in the gradient)")
     pa.add_argument("--no-shadow", action="store_true", help="skip the op-by-op shadow comparison")
@@ -147,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch", type=_positive_int, default=1)
     b.add_argument("--seq-len", type=_positive_int, default=None,
                    help="tokens per sequence (decode: the prompt; default 128 full size, 8 tiny)")
-    b.add_argument("--new-tokens", type=_positive_int, default=16, help="decode: tokens generated per run (>= 2)")
+    b.add_argument("--new-tokens", type=_positive_int, default=None,
+                   help="decode: tokens generated per run (>= 2; default 16; only with --workload decode)")
     b.add_argument("--steps", type=_positive_int, default=None,
                    help="timed runs per mode (default 5 on cuda, 1 on cpu)")
     b.add_argument("--warmup", type=_nonneg_int, default=None,
@@ -158,11 +168,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--exclude", default=None, help="comma-separated ATen names left to ATen")
     b.add_argument("--no-attribution", action="store_true", help="skip the profiled per-op attribution")
     b.add_argument("--top", type=_positive_int, default=25, help="attribution rows shown (JSON has all)")
+    b.add_argument("--plot", default=None, metavar="FILE",
+                   help="also draw the attribution as a bar chart (PNG; needs matplotlib: pip install "
+                        "'gems[plot]'); `bench-plot` draws it from a saved JSON")
     out_opts(b, ("table", "json", "markdown"))
+
+    bp = sub.add_parser("bench-plot", help="draw a saved `bench --format json` result as a bar chart (PNG)")
+    bp.add_argument("json", help="a file written by `gems-coverage bench ... --format json -o FILE`")
+    bp.add_argument("--output", "-o", required=True, help="the chart to write (PNG)")
+    bp.add_argument("--top", type=_positive_int, default=25, help="ops shown, largest difference first")
 
     o = sub.add_parser("ops", help="the Gems registry: overload, category, dtypes, backward")
     o.add_argument("--category", default=None, help="only this Gems category")
     out_opts(o)
+    for sp in sub.choices.values():   # -q also after the subcommand
+        sp.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress, warnings or profiler lines on stderr (errors still)")
     return p
 
 
@@ -179,8 +200,8 @@ class _Ctx:
 def _emit(text: str, output: Optional[str], ctx: _Ctx):
     if output:
         path = Path(output)
+        _check_parent(path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
         except OSError as e:
             raise UsageError(f"cannot write {output}: {e.strerror or e}") from None
@@ -190,6 +211,13 @@ def _emit(text: str, output: Optional[str], ctx: _Ctx):
         sys.stdout.flush()
 
 
+def _check_parent(path: Path):
+    """An output's folder must exist: a typo in a path is an error, never a silently created tree."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"cannot write {path}: folder {parent} does not exist (create it first)")
+
+
 def _split(s: Optional[str]):
     if s is None:
         return None
@@ -197,11 +225,21 @@ def _split(s: Optional[str]):
 
 
 # ----------------------------------------------------------------------------------------- commands
+def _new_tokens(a, applies: bool, where: str, default: int = 4) -> int:
+    """--new-tokens where it applies (its default when not given); given where it does not: bad input."""
+    if a.new_tokens is None:
+        return default
+    if not applies:
+        raise UsageError(f"--new-tokens applies to {where} only")
+    return a.new_tokens
+
+
 def cmd_trace(a, ctx):
     from . import report as R
     from . import tracer
+    new_tokens = _new_tokens(a, a.mode == "generate", "--mode generate")
     res = tracer.trace(a.model, mode=a.mode, device=a.device, dtype=a.dtype, batch=a.batch, seq_len=a.seq_len,
-                       size=a.size, new_tokens=a.new_tokens, use_gems=a.gems,
+                       size=a.size, new_tokens=new_tokens, use_gems=a.gems,
                        profile=False if a.no_profile else None, progress=ctx.say)
     d = R.trace_to_dict(res)
     _emit(R.format_trace(d, a.format), a.output, ctx)
@@ -224,7 +262,7 @@ def collect(models_, modes, a, ctx, info=None):
                     continue
             ctx.say(f"{m}: {mode}")
             res = tracer.trace(m, mode=mode, device=a.device, dtype=a.dtype, batch=a.batch, seq_len=a.seq_len,
-                               size=a.size, new_tokens=a.new_tokens, use_gems=False, profile=False,
+                               size=a.size, new_tokens=a.new_tokens or 4, use_gems=False, profile=False,
                                gems_info=info)
             docs.append(R.trace_to_dict(res))
     return docs, info
@@ -244,9 +282,13 @@ def cmd_report(a, ctx):
     import models as M
     from . import report as R
     names = a.models or M.builtin_names()
-    for n in names:
-        M.resolve(n)   # fail fast on a bad name, before tracing anything
-    docs, info = collect(names, _modes(a.modes), a, ctx)
+    recipes = [M.resolve(n) for n in names]   # fail fast on a bad name, before tracing anything
+    modes = _modes(a.modes)
+    _new_tokens(a, "generate" in modes, "--modes with generate")
+    if "generate" in modes and not any(r.kind in ("causal_lm", "llava") for r in recipes):
+        raise UsageError("--modes generate needs a causal LM (or Llava); none of the models is one: "
+                         + ", ".join(f"{r.name} ({r.kind})" for r in recipes))
+    docs, info = collect(names, modes, a, ctx)
     mtx = R.matrix(docs, info, all_ops=a.all_ops)
     header = None
     if a.format == "markdown":
@@ -293,14 +335,26 @@ def cmd_roadmap(a, ctx):
     hist = Path(a.history) if a.history else root / "docs" / "roadmap" / "history.jsonl"
     md = Path(a.markdown) if a.markdown else root / "docs" / "roadmap.md"
     png = Path(a.png) if a.png else root / "docs" / "roadmap" / "coverage.png"
+    if a.root and not root.is_dir():
+        raise UsageError(f"--root {a.root}: no such folder")
+    for given, path in ((a.history, hist), (a.markdown, md), (a.png, png)):
+        if given:
+            _check_parent(path)
+    if a.gpu_time and a.no_record:
+        raise UsageError("--gpu-time records a snapshot: drop --no-record")
     if not a.no_record:
+        from . import gemsinfo
         names = _split(a.models) or M.builtin_names()
         for n in names:
             M.resolve(n)
+        info = gemsinfo.load()
+        # the GPU first: no CUDA device is bad input, found before anything else runs
+        gpu_time = roadmap.gpu_time_coverage(names, info, ctx.say) if a.gpu_time else None
         a.device, a.dtype, a.batch, a.seq_len, a.size, a.new_tokens = "meta", None, 1, None, None, 4
-        docs, info = collect(names, ["inference", "training"], a, ctx)
+        docs, info = collect(names, ["inference", "training"], a, ctx, info)
         mtx = R.matrix(docs, info)
-        snap = roadmap.snapshot(docs, mtx, info, date=a.date, commit=a.commit or roadmap.git_commit(root))
+        snap = roadmap.snapshot(docs, mtx, info, date=a.date, commit=a.commit or roadmap.git_commit(root),
+                                gpu_time=gpu_time)
         roadmap.record(hist, snap)
         ctx.say(f"recorded snapshot {snap['date']} {snap['commit']} in {hist}")
     try:
@@ -309,7 +363,6 @@ def cmd_roadmap(a, ctx):
         raise UsageError(str(e)) from None
     if not history:
         raise UsageError(f"{hist}: no snapshots yet (run without --no-record)")
-    roadmap.write_png(png, history)
     try:
         png_rel = os.path.relpath(png, md.parent)
     except ValueError:
@@ -317,15 +370,25 @@ def cmd_roadmap(a, ctx):
     text = roadmap.render_markdown(history, png_rel)
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text(text)
-    ctx.say(f"wrote {md} and {png}")
+    ctx.say(f"wrote {md}")
+    from . import plot
+    missing = None
+    try:
+        plot.write_roadmap(png, history)
+        ctx.say(f"wrote {png}")
+    except plot.PlotUnavailable as e:   # the page is the result; the picture is optional
+        missing = f"roadmap: {png} not drawn: {e}"
     print(roadmap.latest_line(history))
+    if missing:   # with the result on stdout, where -q (which silences stderr) does not hide it
+        print(missing)
 
 
 def cmd_parity(a, ctx):
     from . import parity as P
     modes = ("inference", "training") if a.mode == "all" else (a.mode,)
+    new_tokens = _new_tokens(a, "inference" in modes, "--mode inference or all (its generate check)")
     r = P.parity(a.model, modes=modes, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
-                 seq_len=a.seq_len, new_tokens=a.new_tokens, shadow=not a.no_shadow,
+                 seq_len=a.seq_len, new_tokens=new_tokens, shadow=not a.no_shadow,
                  include=_split(a.include), exclude=_split(a.exclude), optimizer=a.optimizer,
                  progress=ctx.say)
     _emit(P.format_result(r, a.format), a.output, ctx)
@@ -338,14 +401,57 @@ def cmd_parity(a, ctx):
 
 def cmd_bench(a, ctx):
     from . import bench as B
+    if a.plot:   # before the run: a long GPU run must not end without its chart
+        if a.no_attribution:
+            raise UsageError("--plot draws the per-op attribution: drop --no-attribution")
+        _plot_available()
+    new_tokens = _new_tokens(a, a.workload == "decode", "--workload decode", 16)
     r = B.bench(a.model, workload=a.workload, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
-                seq_len=a.seq_len, new_tokens=a.new_tokens, steps=a.steps, warmup=a.warmup, optimizer=a.optimizer,
+                seq_len=a.seq_len, new_tokens=new_tokens, steps=a.steps, warmup=a.warmup, optimizer=a.optimizer,
                 include=_split(a.include), exclude=_split(a.exclude), attribution=not a.no_attribution,
                 progress=ctx.say)
     _emit(B.format_result(r, a.format, a.top), a.output, ctx)
+    if a.plot:
+        _write_bench_plot(a.plot, r.to_dict(), a.top, ctx)
     if not r.agree:
         raise GateFailed("bench: Gems and ATen disagree: " + "; ".join(
             f"{c['check']}: {c['detail']}" for c in r.agreement if not c["ok"]))
+
+
+def _plot_available():
+    from . import plot
+    try:
+        plot.require()
+    except plot.PlotUnavailable as e:
+        raise UsageError(str(e)) from None
+
+
+def _write_bench_plot(path, d: dict, top: int, ctx):
+    from . import plot
+    try:
+        plot.write_bench(path, d, top)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+    ctx.say(f"wrote {path}")
+
+
+def cmd_bench_plot(a, ctx):
+    import json
+    _plot_available()
+    try:
+        d = json.loads(Path(a.json).read_text())
+    except OSError as e:
+        raise UsageError(f"cannot read {a.json}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{a.json}: not JSON ({e.msg}, line {e.lineno})") from None
+    from . import plot
+    try:
+        plot.check_bench(d)
+    except ValueError as e:
+        raise UsageError(f"{a.json}: {e}") from None
+    _write_bench_plot(a.output, d, a.top, ctx)
 
 
 def cmd_ops(a, ctx):
@@ -353,6 +459,10 @@ def cmd_ops(a, ctx):
     info = gemsinfo.load()
     if not info.available:
         raise UsageError(info.error)
+    if a.category is not None:
+        from gems.registry import CATEGORIES
+        if a.category not in CATEGORIES:
+            raise UsageError(f"unknown category '{a.category}' ({', '.join(CATEGORIES)})")
     rows = []
     for im in info.impls.values():
         if a.category and im.category != a.category:
@@ -377,8 +487,37 @@ def cmd_ops(a, ctx):
     _emit(text, a.output, ctx)
 
 
+@contextlib.contextmanager
+def _quiet_stderr(quiet: bool):
+    """-q: nothing on stderr while a command runs (Python warnings; and the lines torch's profiler and
+    other native code write to file descriptor 2); the tool's own error line comes after, as usual."""
+    if not quiet:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError):   # no usable descriptor 2: Python warnings are silenced at least
+            yield
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        try:
+            yield
+        finally:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 COMMANDS = {"trace": cmd_trace, "report": cmd_report, "roadmap": cmd_roadmap, "parity": cmd_parity,
-            "bench": cmd_bench, "ops": cmd_ops}
+            "bench": cmd_bench, "bench-plot": cmd_bench_plot, "ops": cmd_ops}
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -396,11 +535,19 @@ def main(argv: Optional[list] = None) -> int:
         return int(e.code or 0)
     ctx = _Ctx(args.quiet)
     try:
+        if os.getcwd() not in sys.path:
+            # module:function models: a module in the current folder imports as with `python -m`
+            # (appended, so it never shadows an installed package of the same name)
+            sys.path.append(os.getcwd())
+        for opt in ("output", "plot"):   # before a long run, not after it
+            if getattr(args, opt, None):
+                _check_parent(Path(getattr(args, opt)))
         from . import gemsinfo
         gemsinfo.prepare_interpreter_env()
         import models
         try:
-            COMMANDS[args.command](args, ctx)
+            with _quiet_stderr(args.quiet):
+                COMMANDS[args.command](args, ctx)
         except models.ModelError as e:
             raise UsageError(str(e)) from None
     except UsageError as e:

@@ -68,20 +68,22 @@ def load(need_backend: bool = False) -> GemsInfo:
         return GemsInfo(available=False, error=f"gems cannot be imported: {type(e).__name__}: {e}")
     info = GemsInfo(available=True, version=str(getattr(gems, "__version__", "")))
     try:
-        impls = reg.all_impls()
-    except Exception as e:
-        return GemsInfo(available=False, error=f"gems registry unreadable: {type(e).__name__}: {e}")
-    for im in impls:
-        name = str(getattr(im, "name", im))
-        info.impls[name] = ImplInfo(name=name, category=str(getattr(im, "category", "") or ""),
-                                    dtypes=tuple(getattr(im, "dtypes", ()) or ()),
-                                    backward=bool(getattr(im, "backward", False)))
-    try:
         be = gems.backend()
         info.backend = str(getattr(be, "name", be))
         info.backend_device = str(getattr(be, "device_type", "") or "")
     except Exception as e:
         info.error = f"no Gems backend on this machine ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    try:
+        # the active backend's registrations (what `enable()` registers), all of them without a backend
+        impls = reg.all_impls(info.backend)
+    except Exception as e:
+        return GemsInfo(available=False, error=f"gems registry unreadable: {type(e).__name__}: {e}")
+    dtypes_on = getattr(reg, "dtypes_on", None)
+    for im in impls:
+        name = str(getattr(im, "name", im))
+        dts = dtypes_on(im, info.backend) if dtypes_on else getattr(im, "dtypes", ())
+        info.impls[name] = ImplInfo(name=name, category=str(getattr(im, "category", "") or ""),
+                                    dtypes=tuple(dts or ()), backward=bool(getattr(im, "backward", False)))
     return info
 
 

@@ -11,7 +11,9 @@ Two checks:
   and compares the two outputs element-wise. Because both see identical inputs, errors do not accumulate:
   the first op over tolerance, in call order, is the broken kernel, reported with its shapes and dtypes.
 
-Dropout is set to 0 for parity runs (the two runs cannot share dropout masks otherwise). The training step
+Dropout is set to 0 for parity runs on every dropout module and every `*drop*` probability of the
+model and its config (``no_dropout``), and each run starts from the same seed, so a random draw that
+is left (Gems serves no random op) repeats in both runs. The training step
 uses SGD by default: its update is linear in the gradient, so the parameters differ exactly as much as the
 gradients do. AdamW (``optimizer="adamw"``) divides by the gradient's own magnitude on its first step, which
 turns rounding noise in gradients that are zero in exact arithmetic (attention key biases) into full-size
@@ -263,6 +265,12 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
         if m not in ("inference", "training"):
             raise models.ModelError(f"unknown parity mode '{m}' (inference, training)")
     size, dtype, dt, seq_len = models.run_defaults(dev_type, size, dtype, seq_len)
+    served_dtypes = {d for im in info.impls.values() if im.category != "copy" for d in im.dtypes}
+    if dt not in served_dtypes:
+        what = "; use --device cuda" if dt == torch.bfloat16 and info.backend == "interpreter" else ""
+        raise models.ModelError(f"Gems serves no {short_dtype(dt)} op on the '{info.backend}' backend, so parity "
+                                f"would compare ATen with itself{what} (served: "
+                                f"{', '.join(sorted(short_dtype(d) for d in served_dtypes if d.is_floating_point))})")
     if optimizer not in ("sgd", "adamw"):
         raise models.ModelError(f"unknown optimizer '{optimizer}' (sgd, adamw)")
     lr = 1e-2 if optimizer == "sgd" else 1e-3
@@ -270,10 +278,16 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
         scope = gems.use_gems(include=include, exclude=exclude)
     except ValueError as e:
         raise models.ModelError(str(e)) from None
+    recipe = models.resolve(model)
+    generates = "inference" in modes and recipe.kind in ("causal_lm", "llava")
+    runner.check_model(recipe, size, mode="generate" if generates else "inference", seq_len=seq_len, batch=batch,
+                       new_tokens=new_tokens)
+    runner.check_memory(recipe, size, device, dt, _copies(modes, optimizer, dt), "parity")
 
     say(f"building {model} ({size}, {device}, {short_dtype(dt)}, dropout 0) ...")
-    base = models.build(model, size=size, device=device, dtype=dt, batch=batch, seq_len=seq_len,
+    base = models.build(recipe, size=size, device=device, dtype=dt, batch=batch, seq_len=seq_len,
                         seed=seed, dropout=0.0)
+    no_dropout(base.model)
     res = ParityResult(model=base.recipe.name, size=size, device=device, dtype=str(dt).replace("torch.", ""),
                        backend=info.backend, registered_ops=info.registered_ops)
     names = set(scope.cfg) if shadow else set()
@@ -281,6 +295,7 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
 
     def gems_run(phase, fn):
         sh = ShadowMode(names, res, phase)   # with no names it only lists the compute ops called
+        torch.manual_seed(seed + 1)   # any random draw left (see no_dropout) repeats the ATen run's
         with scope:
             with sh:
                 out = fn()
@@ -290,6 +305,7 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
         return out
 
     def aten_run(fn):
+        torch.manual_seed(seed + 1)
         with gems.use_gems(include=[]):
             return fn()
 
@@ -352,6 +368,39 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
     res.served = gemsinfo.stats_delta(before, gemsinfo.stats())
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _copies(modes, optimizer, dt) -> float:
+    """Peak memory of a parity run in copies of the weights: the base model and the ATen and Gems
+    copies; training adds a gradient per copy, the two stored gradient sets, AdamW's two states, and
+    for bf16/fp16 the fp32 reference's weights and gradients (2x the bytes each)."""
+    copies = 3.0
+    if "training" in modes:
+        lowp = dt in (torch.bfloat16, torch.float16)
+        copies = 7.0 + (4.0 if optimizer == "adamw" else 0.0) + (4.0 if lowp else 0.0)
+    return copies
+
+
+def no_dropout(model):
+    """Put a model in no-dropout mode whatever its architecture: p = 0 on every dropout module and 0.0
+    for every float attribute or config value whose name says drop (`attention_dropout`, GPT-2's
+    `resid_pdrop`, `drop_path_rate`, `layerdrop`, ...). Config keys alone miss the modules that copied
+    them at build time. Whatever random draw is left repeats in both runs (each is seeded alike)."""
+    def zero(obj):
+        for k, v in list(vars(obj).items()):
+            if isinstance(v, float) and not isinstance(v, bool) and 0.0 < v <= 1.0 and "drop" in k.lower():
+                setattr(obj, k, 0.0)
+
+    seen = set()
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+        zero(m)
+        cfg = getattr(m, "config", None)
+        for c in (cfg, getattr(cfg, "text_config", None), getattr(cfg, "vision_config", None)):
+            if c is not None and id(c) not in seen and hasattr(c, "__dict__"):
+                seen.add(id(c))
+                zero(c)
 
 
 def _main_output(out):

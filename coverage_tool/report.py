@@ -133,9 +133,10 @@ def _header_lines(d: dict) -> list[str]:
     lines = [f"model   {d['model']} ({size}, {params} params)",
              f"run     {d['mode']} on {d['device']}, {d['dtype']}, {shape}"]
     if g["available"]:
-        gl = f"gems    {g['registered_ops']} registered overloads"
+        gl = f"gems    {g['registered_ops']} registered overloads" + (
+            f" on backend '{g['backend']}'" if g.get("backend") else " (all backends: no backend here)")
         if g["enabled"]:
-            gl += f", enabled on backend '{g['backend']}' (served / fell back per op)"
+            gl += ", enabled (served / fell back per op)"
         else:
             gl += "; covered = registered" + (f" ({g['note']})" if g["note"] else "")
     else:

@@ -18,6 +18,111 @@ def check_mode(bundle, mode: str) -> None:
         raise ModelError(f"{bundle.recipe.name}: mode 'generate' needs a causal LM (this is {bundle.kind})")
 
 
+# ------------------------------------------------------------------------------------ input checks
+def check_model(recipe, size: str, *, mode: str, seq_len: int, batch: int = 1, new_tokens: int = 0):
+    """Bad input found before anything is built: an architecture the runner has no inputs for, or a
+    sequence longer than the model's maximum. Raises models.ModelError (exit 2, one line)."""
+    from models import ModelError, load_config
+    if recipe.factory is not None:
+        return None   # module:function models bring their own inputs
+    config = load_config(recipe, size)
+    name = f"{recipe.name} ({size})"
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelError(f"{name}: encoder-decoder models ({getattr(config, 'model_type', '?')}) are not "
+                         f"supported: gems-coverage builds inputs for decoder-only causal LMs, BERT-like masked "
+                         f"LMs and Llava; wrap others as module:function returning (model, inputs)")
+    limit = max_positions(config)
+    if limit is not None:
+        image = int(getattr(config, "image_seq_length", 0) or 0) if recipe.kind == "llava" else 0
+        total = seq_len + image + (max(0, new_tokens - 1) if mode == "generate" else 0)
+        if total > limit:
+            parts = f"--seq-len {seq_len}"
+            if image:
+                parts += f" + {image} image tokens"
+            if mode == "generate" and new_tokens > 1:
+                parts += f" + {new_tokens - 1} generated"
+            ask = f"{parts} = {total}" if parts != f"--seq-len {seq_len}" else f"--seq-len {seq_len} asks for more"
+            raise ModelError(f"{name} takes at most {limit} positions; {ask}"
+                             + (" (the tiny variant's limit; --size full has the model's own)"
+                                if size == "tiny" else ""))
+    return config
+
+
+def max_positions(config):
+    """The longest sequence a config's position embeddings (or rope table) are made for, or None."""
+    for c in (getattr(config, "text_config", None), config):
+        if c is None:
+            continue
+        for k in ("max_position_embeddings", "n_positions", "max_seq_len", "n_ctx"):
+            v = getattr(c, k, None)
+            if isinstance(v, int) and v > 0:
+                return v
+    return None
+
+
+def param_count(recipe, size: str) -> int:
+    """Parameters of a recipe, from a build on the meta device (no memory, well under a second)."""
+    import models
+    b = models.build(recipe, size=size, device="meta", dtype="float32", batch=1, seq_len=1)
+    return sum(p.numel() for p in b.model.parameters())
+
+
+def available_memory(device: str) -> "tuple[float, str] | None":
+    """(bytes a new allocation can get on `device`, where the number comes from), or None if unknown.
+
+    CPU: MemAvailable of /proc/meminfo, capped by the cgroup's limit (containers); CUDA: free device
+    memory."""
+    import torch
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(dev)
+        return float(free), "free GPU memory"
+    if dev.type != "cpu":
+        return None
+    avail, src = None, ""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                avail, src = float(line.split()[1]) * 1024, "MemAvailable"
+                break
+    except OSError:
+        pass
+    for lim, cur in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                     ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            raw = open(lim).read().strip()
+            if raw == "max" or int(raw) >= 1 << 60:
+                continue
+            left = float(int(raw) - int(open(cur).read().strip()))
+        except (OSError, ValueError):
+            continue
+        if avail is None or left < avail:
+            avail, src = left, "the cgroup's memory limit"
+        break
+    return None if avail is None else (avail, src)
+
+
+def check_memory(recipe, size: str, device: str, dtype, copies: float, what: str):
+    """Refuse (models.ModelError) a run that needs about `copies` times the weights' bytes when the
+    device has less memory available; on CPU the OOM killer would end it without a word."""
+    import torch
+    from models import ModelError
+    if recipe.factory is not None or torch.device(device).type == "meta":
+        return
+    got = available_memory(device)
+    if got is None:
+        return
+    avail, src = got
+    n = param_count(recipe, size)
+    need = n * torch.tensor([], dtype=dtype).element_size() * copies * 1.1   # +10%: activations, allocator
+    if need > avail:
+        gib = 1024 ** 3
+        hint = " (use --size tiny, the default on cpu)" if size == "full" else ""
+        raise ModelError(f"{recipe.name} ({size}, {n / 1e9:.2f}B parameters) needs about {need / gib:.1f} GiB "
+                         f"for {what} on {device} ({copies:g}x the weights in {str(dtype).replace('torch.', '')}), "
+                         f"but {avail / gib:.1f} GiB is available ({src}){hint}")
+
+
 def forward(bundle, train: bool = False):
     m = bundle.model
     if bundle.custom_args:

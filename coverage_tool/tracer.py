@@ -178,6 +178,9 @@ def trace(model: str, *, mode: str = "inference", device: str = "meta", dtype=No
     if dev_type == "meta":
         profile = False
 
+    runner.check_model(recipe, size, mode=mode, seq_len=seq_len, batch=batch, new_tokens=new_tokens)
+    # one model; training adds gradients and AdamW's two states
+    runner.check_memory(recipe, size, device, dt, 4 if mode == "training" else 1.2, f"a {mode} trace")
     say(f"building {recipe.name} ({size}, {device}, {short_dtype(dt)}) ...")
     bundle = models.build(recipe, size=size, device=device, dtype=dt, batch=batch, seq_len=seq_len,
                           seed=seed)

@@ -6,12 +6,17 @@ Gems registered one small Python kernel per overload. That kernel
 1. goes straight to ATen's original kernel when Gems is off for this thread/op, or when it is entered
    from inside a Gems implementation (the interpreter copies CPU storages with ops Gems may override;
    this guard is what keeps it from recursing into itself);
-2. checks the declared support (first tensor's dtype, strided layout, device) and the op's own check;
-   anything unsupported runs ATen's original kernel and is counted in `stats()` with its reason;
+2. checks the declared support (first tensor's dtype, strided layout, device; a dtype the backend
+   cannot compute exactly anywhere in the call, bf16 on the interpreter; a call with no tensor at all)
+   and the op's own check; anything unsupported runs ATen's original kernel and is counted in
+   `stats()` with its reason;
 3. calls the implementation. If the implementation raises, ATen runs the same call: when ATen raises
    too, ATen's exception propagates (same type and message users would get without Gems); when ATen
-   succeeds, Gems had a bug, the ATen result is returned, and the error is counted and warned about
-   once (`GEMS_STRICT=1` re-raises instead, which the test suite uses).
+   succeeds, Gems had a bug: the ATen result is returned, the error is counted and warned about with
+   the op and the call's signature, and that signature (dtypes, shapes, strides, argument kinds) goes
+   to ATen from then on, while other calls of the op are still served; an overload failing for
+   MAX_BROKEN_SIGNATURES distinct signatures is switched off (`GEMS_STRICT=1` re-raises instead,
+   which the test suite uses).
 
 Registration happens once (first `enable()` or `use_gems()`), so entering a scope only swaps a
 thread-local pointer. `disable()` with no scope active anywhere removes the registrations, which
@@ -28,6 +33,7 @@ import torch
 
 from . import registry
 from .registry import Unsupported
+from .runtime import backends as _backends
 from .runtime import fast as _fastmod
 from .runtime import plan as _plan
 from .runtime.backends import backend
@@ -57,7 +63,6 @@ _lib = None                      # torch.library.Library holding our registratio
 _global_cfg = None               # op set of enable(), or None
 _scopes: list = []               # active use_gems scopes in all threads, innermost last
 _cfg_cache: dict = {}
-_warned: set = set()
 # the C++ fast path (runtime/fast.py, csrc/fastpath.cpp): its module once loaded, or None. It mirrors
 # the state above: config ids stand for op sets, and every state change below is told to it.
 _fast = None
@@ -112,13 +117,21 @@ def _config_for_unscoped_thread():
 def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     name = impl.name
     counts, reasons = impl.counts, impl.reasons
-    dtypes = frozenset(impl.dtypes)
+    # dtypes the backend cannot compute exactly (bf16 on the interpreter) go to ATen whatever the op says
+    unserved = _backends.unserved_dtypes(be)
+    dtypes = frozenset(impl.dtypes) - frozenset(unserved)
+    scan_unserved = _unserved_scanner(unserved) if unserved else None
     check = impl.check
     call_orig = _boxed_with_numbers(impl.name, orig.call_boxed)
     on_cuda = be.device_type == "cuda"
     tls = _TLS
     get_device = torch._C._cuda_getDevice if on_cuda else None
     schema = registry._aten_overload(name)._schema
+    # ATen calls some ops on a wrapped number alone (`_to_copy(2)`): with no tensor there is nothing to
+    # launch on, so such a call goes to ATen
+    from .codegen.numbers import tensor_positions
+    tensor_slots = bool(tensor_positions(schema))
+    broken = impl.broken
     sig = _plan.make_signature(schema, impl.dynamic, on_cuda) if impl.plan and _PLANS else None
     # plans outlive a registration: disable() followed by enable() finds them again
     if sig is not None and impl.plans is None:
@@ -183,13 +196,23 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
                 if first:
                     first = False
                     if a.dtype not in dtypes:
-                        return fallback(f"dtype {a.dtype}", args, kwargs)
+                        return fallback(unserved.get(a.dtype) or f"dtype {a.dtype}", args, kwargs)
                     if on_cuda and a.is_cuda and a.get_device() != get_device():
                         return fallback("tensor on a non-current device", args, kwargs)
                 elif a.is_complex():
                     return fallback("complex", args, kwargs)
                 if on_cuda and not a.is_cuda and a.dim() != 0:
                     return fallback("cpu tensor argument", args, kwargs)
+        if first and tensor_slots:
+            return fallback("Python number as the only tensor argument", args, kwargs)
+        if scan_unserved is not None:
+            reason = scan_unserved(args, kwargs)
+            if reason is not None:
+                return fallback(reason, args, kwargs)
+        if broken:
+            bad = broken.get(_call_signature(args, kwargs))
+            if bad is not None:
+                return fallback(bad, args, kwargs)
         if check is not None:
             reason = check(*args, **kwargs)
             if reason is not None:
@@ -293,6 +316,13 @@ def _boxed_with_numbers(name, call_boxed):
 _NUMBER_DTYPES = {float: torch.float64, int: torch.int64, bool: torch.bool, complex: torch.complex128}
 
 
+# An implementation that raises where ATen succeeds stops serving that call signature (dtypes, shapes,
+# strides, argument kinds) for the rest of the process; other signatures keep being served. After this
+# many distinct failing signatures the overload is switched off altogether (a kernel that does not
+# compile on this GPU at all would otherwise fail once for every new shape).
+MAX_BROKEN_SIGNATURES = 16
+
+
 def _after_error(impl, exc, call_orig, keyset, args, kwargs):
     try:
         out = call_orig(keyset, *args, **kwargs)
@@ -303,19 +333,84 @@ def _after_error(impl, exc, call_orig, keyset, args, kwargs):
     reason = f"gems error: {type(exc).__name__}"
     impl.counts[1] += 1
     impl.reasons[reason] = impl.reasons.get(reason, 0) + 1
-    # A failing implementation (a kernel that does not compile on this GPU, say) would fail, and be
-    # retried, on every call: stop serving this overload for the rest of the process instead.
-    disabled = f"disabled after {type(exc).__name__}"
+    call = describe_call(impl.name, args, kwargs)
+    what = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+    if len(impl.broken) < MAX_BROKEN_SIGNATURES:
+        impl.broken[_call_signature(args, kwargs)] = f"gems error earlier for this signature ({type(exc).__name__})"
+        scope = "calls with this signature go to ATen from now on"
+    else:
+        disabled = f"disabled after {MAX_BROKEN_SIGNATURES} failing signatures"
 
-    def _disabled(*_a, **_k):
-        raise Unsupported(disabled)
-    impl.set_fn(_disabled)
-    if impl.name not in _warned:
-        _warned.add(impl.name)
-        warnings.warn(f"gems: aten::{impl.name} raised {type(exc).__name__}: {str(exc)[:500]}; ATen served the "
-                      f"call and serves aten::{impl.name} from now on (counted in gems.stats()). Please report "
-                      f"this.", RuntimeWarning, stacklevel=3)
+        def _disabled(*_a, **_k):
+            raise Unsupported(disabled)
+        impl.set_fn(_disabled)
+        scope = f"after {MAX_BROKEN_SIGNATURES} failing signatures ATen serves aten::{impl.name} from now on"
+    warnings.warn(f"gems: {call} raised {what}; ATen served the call and {scope} (counted in gems.stats()). "
+                  f"Please report this.", RuntimeWarning, stacklevel=3)
     return out
+
+
+def _call_signature(args, kwargs):
+    """What identifies a call for the error policy: per argument its kind, tensors by dtype, shape,
+    strides and device, small values by value."""
+    return (tuple(_arg_key(a) for a in args), tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items())))
+
+
+def _arg_key(a):
+    if isinstance(a, _Tensor):
+        return ("T", a.dtype, tuple(a.shape), a.stride() if a.layout is _strided else None, a.device, a.layout)
+    if isinstance(a, (list, tuple)):
+        return tuple(_arg_key(v) for v in a)
+    if a is None or isinstance(a, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+                                   torch.memory_format)):
+        return a if not isinstance(a, float) or a == a else "nan"
+    return type(a).__name__
+
+
+def describe_call(name, args, kwargs) -> str:
+    """'aten::add.Tensor(float32[4, 8], float32[8], alpha=2)': an overload and its input signature."""
+    def one(a):
+        if isinstance(a, _Tensor):
+            d = str(a.dtype).replace("torch.", "")
+            nc = "" if a.layout is not _strided or a.is_contiguous() else " non-contiguous"
+            return f"{d}{list(a.shape)}{nc}" + ("" if a.device.type in ("cpu", "cuda") else f" on {a.device}")
+        if isinstance(a, (list, tuple)):
+            return "[" + ", ".join(one(v) for v in a) + "]"
+        if a is None or isinstance(a, (bool, int, float, str, torch.dtype, torch.memory_format, torch.layout,
+                                       torch.device)):
+            return str(a)
+        return type(a).__name__
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    return f"aten::{name}({', '.join(parts)})"
+
+
+def _unserved_scanner(unserved: dict):
+    """A function (args, kwargs) -> reason or None: whether a call involves one of the backend's unserved
+    dtypes anywhere (a tensor, a dtype argument, a list of tensors, or the default dtype)."""
+    def find(v):
+        if isinstance(v, _Tensor):
+            return unserved.get(v.dtype)
+        if isinstance(v, torch.dtype):
+            return unserved.get(v)
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                r = find(x)
+                if r is not None:
+                    return r
+        return None
+
+    def scan(args, kwargs):
+        for a in args:
+            r = find(a)
+            if r is not None:
+                return r
+        for a in kwargs.values():
+            r = find(a)
+            if r is not None:
+                return r
+        # Python floats become the default dtype (int tensor + 1.5)
+        return unserved.get(torch.get_default_dtype())
+    return scan
 
 
 def _ensure_registered():
@@ -380,9 +475,11 @@ def _config(include, exclude) -> frozenset:
     key = (_names_key(include), _names_key(exclude))
     cfg = _cfg_cache.get(key)
     if cfg is None:
+        _backends.check_environment()
         be = backend().name
-        ops = registry.resolve(include, be) if include is not None else {i.name for i in registry.all_impls(be)}
-        cfg = frozenset(ops - registry.resolve(exclude, be))
+        ops = registry.resolve(include, be, "raise") if include is not None else \
+            {i.name for i in registry.all_impls(be)}
+        cfg = frozenset(ops - registry.resolve(exclude, be, "warn"))
         _cfg_cache[key] = cfg
     return cfg
 
@@ -399,6 +496,7 @@ def enable(include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[s
     Process-wide; a thread inside `use_gems()` follows its scope instead.
     """
     global _global_cfg
+    _backends.check_environment()
     cfg = _config(include, exclude)
     _ensure_registered()
     _global_cfg = cfg

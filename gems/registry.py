@@ -56,10 +56,14 @@ class OpImpl:
     # [served, fell back]; a plain list keeps the hot-path increment cheap.
     counts: list = field(default_factory=lambda: [0, 0])
     reasons: dict = field(default_factory=dict)
+    # call signatures the implementation raised on where ATen did not (dispatch._after_error) -> reason
+    broken: dict = field(default_factory=dict)
 
     def set_fn(self, fn: Callable):
-        """Replace the implementation; plans recorded from the old one are dropped."""
+        """Replace the implementation; plans recorded from the old one, and the signatures it failed
+        on, are dropped."""
         self.fn = fn
+        self.broken.clear()
         if self.plans is not None:
             self.plans.plans.clear()
         if self.fast is not None:
@@ -144,6 +148,17 @@ def all_impls(backend: Optional[str] = None) -> list[OpImpl]:
     return [i for _, i in sorted(_IMPLS.items()) if backend is None or backend in i.backends]
 
 
+def dtypes_on(impl: OpImpl, backend: Optional[str] = None) -> tuple:
+    """The dtypes `impl` serves on `backend` (a name): its declared dtypes minus those the backend leaves
+    to ATen (bfloat16 on the interpreter, see runtime/backends.py). All declared ones without a backend."""
+    if backend is None:
+        return impl.dtypes
+    from .runtime.backends import BACKENDS
+    be = BACKENDS.get(backend)
+    skip = set(be.unserved_dtypes) if be is not None else set()
+    return tuple(d for d in impl.dtypes if str(d).replace("torch.", "") not in skip)
+
+
 def get(name: str) -> OpImpl:
     _load_ops()
     try:
@@ -152,11 +167,14 @@ def get(name: str) -> OpImpl:
         raise KeyError(f"Gems does not implement aten::{canonical(name)}") from None
 
 
-def resolve(names: Optional[Iterable[str]], backend: Optional[str] = None) -> set[str]:
+def resolve(names: Optional[Iterable[str]], backend: Optional[str] = None, unknown: str = "ignore") -> set[str]:
     """Expand user-facing names ('add.Tensor' or a base name 'add') to registered overload names.
 
-    A name that is an ATen op Gems does not implement resolves to nothing (excluding it is harmless);
-    a name that is not an ATen op at all is an error, so a typo never silently selects nothing.
+    A name that is not an ATen op at all is an error, so a typo never silently selects nothing. A name
+    that is an ATen op Gems does not implement (on `backend`) selects nothing; `unknown` says what
+    else happens: "ignore", "raise" (ValueError naming what Gems does implement nearby: `include=`
+    uses it, a selection that selects nothing is a mistake) or "warn" (`exclude=`: excluding
+    `softmax` leaves `_softmax`, which it decomposes into, served).
     """
     if names is None:
         return set()
@@ -167,12 +185,38 @@ def resolve(names: Optional[Iterable[str]], backend: Optional[str] = None) -> se
     for n in names:
         if "." in n:
             _aten_overload(n)
-            out.update(i.name for i in impls if i.name == n)
+            found = {i.name for i in impls if i.name == n}
         else:
             if not hasattr(torch.ops.aten, n):
                 raise ValueError(f"aten::{n} is not an ATen op in torch {torch.__version__}")
-            out.update(i.name for i in impls if i.base == n)
+            found = {i.name for i in impls if i.base == n}
+        if not found and unknown != "ignore":
+            msg = _not_implemented(n, impls, backend)
+            if unknown == "raise":
+                raise ValueError(msg)
+            if n not in _WARNED_NAMES:
+                _WARNED_NAMES.add(n)
+                import warnings
+                warnings.warn(msg + "; excluding it changes nothing", UserWarning, stacklevel=4)
+        out.update(found)
     return out
+
+
+_WARNED_NAMES: set = set()
+
+
+def _not_implemented(n: str, impls, backend) -> str:
+    base = n.split(".", 1)[0]
+    msg = f"Gems does not implement aten::{n}"
+    elsewhere = [i for i in _IMPLS.values() if i.name == n or i.base == n]
+    if backend is not None and elsewhere:
+        return msg + f" on the {backend} backend (only on {', '.join(sorted({b for i in elsewhere for b in i.backends}))})"
+    key = base.strip("_")
+    near = sorted({i.base for i in impls if key and key in i.base}, key=lambda b: (b.strip("_") != key, len(b), b))
+    if near:
+        msg += (f"; related ops it implements: {', '.join(near[:5])} (ATen turns some ops into others before "
+                f"the backend kernels Gems replaces: name the one that runs, as `gems-coverage trace` lists it)")
+    return msg
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@
 # - keeps an existing torch (e.g. the CUDA build on a GPU machine); otherwise installs the pinned
 #   CPU build first, because a bare `pip install torch` pulls several GB of CUDA packages;
 # - triton 3.6.0 with numpy < 2.3 (newer numpy breaks triton 3.6's CPU interpreter);
-# - transformers 5.17.0 for the model recipes of gems-coverage.
+# - transformers 5.17.0 for the model recipes of gems-coverage;
+# - Gems in editable mode with its test extra and its plot extra (matplotlib, for gems-coverage's pictures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -14,4 +15,4 @@ if ! $PY -c "import triton" 2>/dev/null; then
   $PY -m pip install -q triton==3.6.0 "numpy<2.3"
 fi
 $PY -m pip install -q "numpy<2.3" transformers==5.17.0
-$PY -m pip install -q -e ".[test]"
+$PY -m pip install -q -e ".[test,plot]"

@@ -71,6 +71,8 @@ _KEEP = (None, torch.preserve_format, torch.contiguous_format)
 def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
     """self.to(dtype) as a fresh tensor (same device; preserve_format keeps dense strides, like ATen)"""
+    if not isinstance(self, torch.Tensor):
+        raise Unsupported("Python number as self")   # ATen converts wrapped numbers with _to_copy
     if device is not None and torch.device(device) != self.device:
         raise Unsupported("device change")
     if layout not in (None, torch.strided):

@@ -87,9 +87,18 @@ def test_names_are_validated():
         gems.use_gems(include=["sofmax"])
     with pytest.raises(ValueError, match="not an ATen"):
         gems.use_gems(exclude=["_softmax.nope"])
-    # a real ATen op Gems does not implement is accepted and selects nothing
-    with gems.use_gems(include=["cholesky"]):
-        assert not gems.is_enabled(SOFTMAX)
+    # a real ATen op Gems does not implement: include= says so (and names what Gems implements nearby)
+    with pytest.raises(ValueError, match="Gems does not implement aten::cholesky"):
+        gems.use_gems(include=["cholesky"])
+    with pytest.raises(ValueError, match=r"does not implement aten::softmax; related ops it implements: _softmax,"):
+        gems.use_gems(include=["softmax"])
+    # exclude= warns (excluding softmax leaves _softmax served) and excludes nothing
+    from gems import registry as reg
+    reg._WARNED_NAMES.discard("softmax")
+    with pytest.warns(UserWarning, match="does not implement aten::softmax"):
+        scope = gems.use_gems(exclude=["softmax"])
+    with scope:
+        assert gems.is_enabled(SOFTMAX)
 
 
 def test_thread_local_scopes():
@@ -153,24 +162,76 @@ def test_aten_errors_keep_their_type():
 
 
 def test_gems_bug_never_returns_a_wrong_answer(monkeypatch):
-    """An implementation that raises on valid input: ATen's result is returned, counted, warned."""
+    """An implementation that raises on valid input: ATen's result is returned, counted, warned with the
+    op and the call's signature; that signature goes to ATen from then on, other signatures are still
+    tried (one error does not switch the op off for the whole process)."""
     from gems import dispatch
     monkeypatch.setattr(dispatch, "_STRICT", False)
+    real = registry.get("_softmax").fn
+
+    def broken_on_6_columns(x, dim, half_to_float, *a, **k):
+        if x.shape[-1] == 6:
+            raise ZeroDivisionError("bug")
+        return real(x, dim, half_to_float, *a, **k)
+
+    gems.reset_stats()
+    x, other = make((2, 6)), make((2, 5))
+    with registry.override_impl("_softmax", broken_on_6_columns), gems.use_gems(), \
+            warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        y = torch.softmax(x, 1)
+        y2 = torch.softmax(x, 1)   # the failing signature is not retried
+        z = torch.softmax(other, 1)  # another signature is still served
+    torch.testing.assert_close(y, torch.softmax(x, 1))
+    torch.testing.assert_close(y2, y)
+    torch.testing.assert_close(z, torch.softmax(other, 1))
+    st = gems.stats()[SOFTMAX]
+    assert st["reasons"] == {"gems error: ZeroDivisionError": 1,
+                             "gems error earlier for this signature (ZeroDivisionError)": 1}
+    assert st["served"] == 1
+    msgs = [str(m.message) for m in w if "ZeroDivisionError" in str(m.message)]
+    assert len(msgs) == 1 and f"aten::{SOFTMAX}(float32[2, 6], 1, False)" in msgs[0], msgs
+
+
+def test_gems_bug_on_many_signatures_switches_the_op_off(monkeypatch):
+    from gems import dispatch
+    monkeypatch.setattr(dispatch, "_STRICT", False)
+    monkeypatch.setattr(dispatch, "MAX_BROKEN_SIGNATURES", 2)
 
     def broken(*a, **k):
         raise ZeroDivisionError("bug")
 
     gems.reset_stats()
-    x = make((2, 6))
     with registry.override_impl("_softmax", broken), gems.use_gems(), warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        y = torch.softmax(x, 1)
-        y2 = torch.softmax(x, 1)   # the broken implementation is not retried
-    torch.testing.assert_close(y, torch.softmax(x, 1))
-    torch.testing.assert_close(y2, y)
-    assert gems.stats()[SOFTMAX]["reasons"] == {"gems error: ZeroDivisionError": 1,
-                                                "disabled after ZeroDivisionError": 1}
-    assert any("ZeroDivisionError" in str(m.message) for m in w)
+        for n in (3, 4, 5, 6):
+            x = make((2, n))
+            torch.testing.assert_close(torch.softmax(x, 1), torch.softmax(x.double(), 1).float())
+    reasons = gems.stats()[SOFTMAX]["reasons"]
+    assert reasons["gems error: ZeroDivisionError"] == 3
+    assert reasons["disabled after 2 failing signatures"] == 1
+    assert any("from now on" in str(m.message) and "ATen serves" in str(m.message) for m in w)
+
+
+def test_python_number_as_the_only_tensor_goes_to_aten():
+    """ATen calls _to_copy on a wrapped number (`out=` of another dtype, `x << 1` on floats): a Gems
+    kernel has nothing to launch on, ATen answers, and _to_copy keeps being served afterwards."""
+    gems.reset_stats()
+    t = make((3,))
+    with gems.use_gems():
+        got = torch.gt(t, 2, out=torch.empty(3, device=DEVICE))
+        with pytest.raises(NotImplementedError) as gems_err:
+            make((3,)) << 1
+        served = registry.get("_to_copy").served
+        h = t.to(torch.float16)
+        assert registry.get("_to_copy").served == served + 1, gems.stats().get("_to_copy.default")
+    torch.testing.assert_close(got, torch.gt(t, 2).float())
+    with pytest.raises(NotImplementedError) as aten_err:
+        make((3,)) << 1
+    assert str(gems_err.value) == str(aten_err.value)
+    assert torch.equal(h, t.to(torch.float16))
+    reasons = gems.stats()["_to_copy.default"]["reasons"]
+    assert not any("error" in r or "disabled" in r for r in reasons), reasons
 
 
 def test_override_impl_is_seen_by_the_dispatcher():

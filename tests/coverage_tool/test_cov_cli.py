@@ -38,6 +38,11 @@ def test_trace_json_markdown_csv_and_output_file(capsys, tmp_path):
     assert rc == 0 and rows and {"name", "calls", "covered", "category"} <= set(rows[0])
     assert all(r["mode"] == "training" for r in rows)
     f = tmp_path / "sub" / "t.json"
+    # -o never creates a missing folder: bad input, found before the run
+    rc, out, err = run(capsys, "trace", "aquila", "--format", "json", "--output", str(f), "--seq-len", "8")
+    assert rc == 2 and "folder" in err and "does not exist" in err and "[gems-coverage]" not in err
+    assert not f.parent.exists()
+    f.parent.mkdir()
     rc, out, err = run(capsys, "trace", "aquila", "--format", "json", "--output", str(f), "--seq-len", "8")
     assert rc == 0 and out == "" and json.loads(f.read_text())["model"] == "BAAI/Aquila-7B"
 
@@ -65,6 +70,19 @@ def test_fail_under_gate(capsys):
     (["report", "nope"], "unknown model"),
     (["frobnicate"], "invalid choice"),
     ([], "required"),
+    (["trace", "bert", "--new-tokens", "3"], "--new-tokens applies to --mode generate only"),
+    (["trace", "llama2", "--mode", "training", "--new-tokens", "3"], "--new-tokens applies to --mode generate"),
+    (["report", "llama2", "--new-tokens", "3"], "--new-tokens applies to --modes with generate"),
+    (["report", "bert", "--modes", "generate"], "--modes generate needs a causal LM"),
+    (["parity", "llama2", "--mode", "training", "--new-tokens", "3"], "--new-tokens applies to --mode inference"),
+    (["bench", "llama2", "--new-tokens", "3"], "--new-tokens applies to --workload decode"),
+    (["ops", "--category", "nonsense"], "unknown category 'nonsense' (pointwise,"),
+    (["roadmap", "--root", "/no/such/folder", "--no-record"], "--root /no/such/folder: no such folder"),
+    (["trace", "bert", "-o", "/no/such/folder/x.txt"], "folder /no/such/folder does not exist"),
+    (["trace", "bert", "--seq-len", "1000"], "bert-base-uncased (full) takes at most 512 positions"),
+    (["trace", "llama2", "--device", "cpu", "--seq-len", "300"], "(tiny) takes at most 256 positions"),
+    (["trace", "llama2", "--mode", "generate", "--seq-len", "4090", "--new-tokens", "10"],
+     "--seq-len 4090 + 9 generated = 4099"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv, msg):
     rc, out, err = run(capsys, *argv)
@@ -104,11 +122,60 @@ def test_report_matrix(capsys):
     assert rc == 0 and "overall:" in out
 
 
+def test_encoder_decoder_config_is_bad_input(capsys, tmp_path):
+    f = tmp_path / "t5.json"
+    f.write_text(json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "vocab_size": 256,
+                             "d_model": 64, "d_kv": 16, "d_ff": 128, "num_layers": 2, "num_heads": 4,
+                             "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1}))
+    for argv in (["trace", str(f)], ["trace", str(f), "--device", "cpu"], ["parity", str(f)]):
+        rc, out, err = run(capsys, *argv)
+        assert rc == 2 and "encoder-decoder models (t5) are not supported" in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1 and "[gems-coverage]" not in err
+
+
+def test_too_large_for_memory_is_refused_before_building(capsys, monkeypatch):
+    """--size full on CPU: the OOM killer would end the run after minutes without a word."""
+    from coverage_tool import runner
+    monkeypatch.setattr(runner, "available_memory", lambda device: (8 * 1024 ** 3, "MemAvailable"))
+    from harness import DEVICE
+    for argv in (["parity", "llama2", "--size", "full", "--device", DEVICE],
+                 ["trace", "llama2", "--device", "cpu", "--size", "full"]):
+        rc, out, err = run(capsys, *argv)
+        assert rc == 2, (argv, err)
+        assert "6.74B parameters) needs about" in err and "8.0 GiB is available (MemAvailable)" in err, err
+        assert "--size tiny" in err and "building" not in err
+
+
+def test_registered_count_is_the_backends(capsys):
+    """The header's count is what the active backend registers (the registry is the only source)."""
+    import gems
+    n = len(gems.registered_ops())
+    rc, out, err = run(capsys, "-q", "trace", "bert", "--seq-len", "8")
+    assert rc == 0 and f"gems    {n} registered overloads on backend '{gems.backend().name}'" in out
+    rc, out, err = run(capsys, "-q", "trace", "bert", "--seq-len", "8", "--format", "json")
+    assert json.loads(out)["gems"]["registered_ops"] == n
+
+
+def test_quiet_after_the_subcommand_silences_stderr():
+    """-q before or after the subcommand: no progress, no warnings, no profiler lines (fd 2 included)."""
+    model = "bert"
+    for argv in (["-q", "trace", model], ["trace", model, "-q"]):
+        p = subprocess.run([sys.executable, "-m", "coverage_tool.cli", *argv, "--device", "cpu", "--seq-len", "8"],
+                           capture_output=True, text=True, env=dict(os.environ), timeout=600)
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert p.stderr == "", p.stderr[-2000:]
+        assert "coverage " in p.stdout
+    # without -q the profiler run is visible: the test above is not vacuous
+    p = subprocess.run([sys.executable, "-m", "coverage_tool.cli", "trace", model, "--device", "cpu", "--seq-len", "8"],
+                       capture_output=True, text=True, env=dict(os.environ), timeout=600)
+    assert p.returncode == 0 and "[gems-coverage]" in p.stderr
+
+
 def test_ops_command(capsys):
     import gems
     rc, out, err = run(capsys, "ops", "--format", "json")
     d = json.loads(out)
-    assert rc == 0 and d["registered_ops"] == len(gems.registry.all_impls())
+    assert rc == 0 and d["registered_ops"] == len(gems.registered_ops()) == len(d["ops"])
     assert all({"name", "category", "dtypes", "backward"} <= set(o) for o in d["ops"])
     rc, out, err = run(capsys, "ops")
     assert rc == 0 and "overload" in out and "category" in out
@@ -121,3 +188,21 @@ def test_subprocess_unknown_model_no_traceback():
     assert p.returncode == 2
     assert p.stderr.strip().startswith("gems-coverage: error: unknown model 'llama3-405b'")
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_module_function_from_the_current_folder(tmp_path):
+    """The console script (unlike `python -m`) has no current folder on sys.path: the CLI adds it, so
+    `gems-coverage trace mymodels:build` works from the folder that holds mymodels.py."""
+    import shutil
+    exe = shutil.which("gems-coverage") or str(__import__("pathlib").Path(sys.executable).with_name("gems-coverage"))
+    if not os.path.exists(exe):
+        pytest.skip("the gems-coverage console script is not installed")
+    (tmp_path / "cov_cli_models.py").write_text(
+        "import torch\n"
+        "def mlp(device='cpu', dtype=torch.float32):\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())\n"
+        "    return m.to(device=device, dtype=dtype), (torch.randn(2, 8, device=device, dtype=dtype),)\n")
+    p = subprocess.run([exe, "-q", "trace", "cov_cli_models:mlp", "--format", "json"], cwd=tmp_path,
+                       capture_output=True, text=True, env=dict(os.environ), timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout)["model"] == "cov_cli_models:mlp"

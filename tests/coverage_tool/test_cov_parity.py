@@ -113,3 +113,48 @@ def test_parity_on_a_module_function_model(tmp_path, monkeypatch, capsys):
     assert main(["parity", "parity_models:mlp"]) == 0
     out = capsys.readouterr().out
     assert "logits" in out and "gradients (4)" in out and "verdict PASS" in out
+
+
+GPT2_TINY = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 256, "n_positions": 64,
+             "n_embd": 64, "n_layer": 2, "n_head": 4, "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1,
+             "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new", "bos_token_id": 1, "eos_token_id": 2}
+
+
+def test_no_dropout_holds_for_any_architecture(tmp_path):
+    """GPT-2 names its dropouts resid_pdrop / embd_pdrop / attn_pdrop: config keys named "dropout" miss
+    them; no_dropout() zeroes every dropout module and every *drop* probability."""
+    import json
+    import models
+    f = tmp_path / "gpt2.json"
+    f.write_text(json.dumps(GPT2_TINY))
+    b = models.build(str(f), size="tiny", device="cpu", dtype="float32", seq_len=8)
+    drops = [m for m in b.model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
+    assert drops and all(m.p > 0 for m in drops)
+    P.no_dropout(b.model)
+    assert all(m.p == 0 for m in drops)
+    b.model.train()
+    x = b.train_inputs["input_ids"]
+    torch.testing.assert_close(b.model(x).logits, b.model(x).logits, rtol=0, atol=0)
+
+
+def test_parity_gpt2_with_pdrop_names(tmp_path, capsys):
+    import json
+    f = tmp_path / "gpt2.json"
+    f.write_text(json.dumps(GPT2_TINY))
+    from harness import DEVICE
+    dtype = "float32"
+    rc = main(["-q", "parity", str(f), "--mode", "training", "--device", DEVICE, "--dtype", dtype, "--seq-len", "8"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "verdict PASS" in out, out + err
+
+
+def test_parity_refuses_a_dtype_gems_does_not_serve(capsys):
+    """float64 (and bf16 on the interpreter, which cannot round it) would compare ATen with itself."""
+    from harness import DEVICE
+    rc = main(["parity", "llama2", "--device", DEVICE, "--dtype", "float64"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Gems serves no f64 op" in err and "compare ATen with itself" in err
+    if DEVICE == "cpu":
+        rc = main(["parity", "llama2", "--dtype", "bfloat16"])
+        err = capsys.readouterr().err
+        assert rc == 2 and "Gems serves no bf16 op on the 'interpreter' backend" in err

@@ -1,45 +1,14 @@
-"""Roadmap: snapshots in a history file, markdown rendering and the dependency-free PNG plot."""
+"""Roadmap: snapshots in a history file and the markdown page (the plot: test_plot.py)."""
 import json
-import struct
-import zlib
+from types import SimpleNamespace
 
-from coverage_tool import png, roadmap
+from coverage_tool import roadmap
 from coverage_tool.cli import main
-
-
-def decode_png(data: bytes):
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, w, h = 8, b"", None, None
-    while pos < len(data):
-        n, = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
-        crc, = struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])
-        assert crc == zlib.crc32(kind + body)
-        if kind == b"IHDR":
-            w, h, depth, ctype = struct.unpack(">IIBB", body[:10])
-            assert (depth, ctype) == (8, 2)
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + n
-    raw = zlib.decompress(idat)
-    stride = 3 * w + 1
-    rows = [raw[i * stride + 1:(i + 1) * stride] for i in range(h)]
-    return w, h, rows
-
-
-def test_png_writer_draws_lines():
-    data = png.line_plot([([0.0, 50.0, 100.0], (255, 0, 0), False), ([None, 20.0, 30.0], (0, 0, 255), True)], 3,
-                         w=200, h=120)
-    w, h, rows = decode_png(data)
-    assert (w, h) == (200, 120)
-    colors = {bytes(r[i:i + 3]) for r in rows for i in range(0, len(r), 3)}
-    assert bytes((255, 0, 0)) in colors and bytes((0, 0, 255)) in colors and bytes((255, 255, 255)) in colors
 
 
 def test_record_and_render(tmp_path, capsys):
     hist = tmp_path / "docs" / "roadmap" / "history.jsonl"
     md = tmp_path / "docs" / "roadmap.md"
-    pngf = tmp_path / "docs" / "roadmap" / "coverage.png"
     common = ["--root", str(tmp_path), "--models", "bert"]
     assert main(["-q", "roadmap", *common, "--date", "2026-01-01", "--commit", "aaaa"]) == 0
     assert main(["-q", "roadmap", *common, "--date", "2026-02-01", "--commit", "bbbb"]) == 0
@@ -56,8 +25,6 @@ def test_record_and_render(tmp_path, capsys):
     assert "![coverage over time](roadmap/coverage.png)" in text
     assert "| 2026-02-01 | `bbbb` |" in text and "| 2026-01-01 | `aaaa` |" in text
     assert text.index("2026-02-01 | `bbbb`") < text.index("2026-01-01 | `aaaa`")   # newest first
-    w, h, _ = decode_png(pngf.read_bytes())
-    assert (w, h) == (720, 360)
     # render only
     assert main(["-q", "roadmap", "--root", str(tmp_path), "--no-record"]) == 0
 
@@ -80,3 +47,51 @@ def test_render_markdown_lists_gaps():
              "coverage": {"m": {"inference": {"coverage_pct": 50.0, "covered": 1, "compute_ops": 2}}}}]
     text = roadmap.render_markdown(hist, "x.png")
     assert "`silu.default`" in text and "| m | inference | 1/2 | 50.0% |" in text
+
+
+def _doc(model, mode, pct):
+    return {"model": model, "mode": mode, "device": "meta",
+            "summary": {"coverage_pct": pct, "covered_compute_ops": 1, "compute_ops": 2}}
+
+
+def test_snapshot_records_gpu_time_and_the_page_shows_it():
+    docs = [_doc("m", "inference", 50.0), _doc("m", "training", 40.0)]
+    mtx = {"overall": {"coverage_pct": 45.0, "covered_compute_ops": 2, "compute_ops": 4}, "ops": []}
+    gpu = {"gpu": "NVIDIA H100", "pct": {("m", "inference"): 97.5, ("m", "training"): None}}
+    snap = roadmap.snapshot(docs, mtx, SimpleNamespace(registered_ops=7), date="2026-03-01", commit="c",
+                            gpu_time=gpu)
+    assert snap["gpu"] == "NVIDIA H100"
+    assert snap["coverage"]["m"]["inference"] == {"coverage_pct": 50.0, "covered": 1, "compute_ops": 2,
+                                                  "time_coverage_pct": 97.5}
+    text = roadmap.render_markdown([snap], "x.png")
+    assert "GPU time covered (NVIDIA H100) |" in text
+    assert "| m | inference | 1/2 | 50.0% | 97.5% |" in text and "| m | training | 1/2 | 40.0% | -- |" in text
+    assert "| 50.0% (time 97.5%) |" in text                      # the history table
+    # a snapshot without GPU time keeps the page as it was
+    plain = roadmap.snapshot(docs, mtx, SimpleNamespace(registered_ops=7), date="2026-03-01", commit="c")
+    assert "gpu" not in plain and "GPU time covered (" not in roadmap.render_markdown([plain], "x.png")
+
+
+def test_plot_data_follows_the_history():
+    hist = [{"date": "2026-01-01", "commit": "0123456789",
+             "coverage": {"bert-base-uncased": {"inference": {"coverage_pct": 30.0}},
+                          "meta-llama/Llama-2-7b": {"training": {"coverage_pct": 20.0}}}},
+            {"date": "2026-01-01", "commit": "abcdef0123",
+             "coverage": {"meta-llama/Llama-2-7b": {"training": {"coverage_pct": 25.0, "time_coverage_pct": 90.0}}}}]
+    # built-in order (Llama first), modes in MODES order; None where a snapshot lacks a value
+    assert roadmap.plot_series(hist) == [
+        {"model": "meta-llama/Llama-2-7b", "mode": "training", "label": "Llama-2-7b training",
+         "ops": [20.0, 25.0], "time": [None, 90.0]},
+        {"model": "bert-base-uncased", "mode": "inference", "label": "bert-base-uncased inference",
+         "ops": [30.0, None], "time": [None, None]}]
+    assert roadmap.plot_xlabels(hist) == ["2026-01-01\n0123456", "2026-01-01\nabcdef0"]
+
+
+def test_gpu_time_needs_cuda_and_a_recorded_snapshot(tmp_path, capsys, monkeypatch):
+    import torch
+    assert main(["-q", "roadmap", "--root", str(tmp_path), "--gpu-time", "--no-record"]) == 2
+    assert "drop --no-record" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["-q", "roadmap", "--root", str(tmp_path), "--gpu-time", "--models", "bert"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "docs").exists()           # nothing traced or written before the check
