@@ -14,7 +14,8 @@ API (stable; op-declaration modules in gems/ops/ build on it)
 
 `pointwise(*names, body, promotion="default", operands=("self", "other"), scalars=(), constexprs=(),
            promote=None, dtypes=FLOATS, operand_dtypes=None, outputs=1, defaults=None,
-           result_dtype=None, category="pointwise", backward=False, check=None, doc=None) -> PointwiseOp`
+           result_dtype=None, category="pointwise", backward=False, check=None, doc=None,
+           divisor=None) -> PointwiseOp`
 
 names        ATen overloads served, all variants of one op: functional (`.Tensor`, `.Scalar`,
              `.default`), `.out`-style (the schema's mutable kwarg-only args are the outputs) and in-place
@@ -40,6 +41,12 @@ promote      operands taking part in promotion (where: ("self", "other"), not co
              keep their dtype (`operand_dtypes={"condition": (torch.bool,)}` declares theirs).
 dtypes       accepted dtypes of tensor operands; anything else goes to ATen (counted in gems.stats()).
 result_dtype optional `f(compute, result) -> result` override.
+divisor      the operand ATen's CPU kernels check for an integer zero (remainder, fmod, div with a
+             rounding mode): on the CPU backend such calls go to ATen, which raises ZeroDivisionError.
+
+Numbers ATen converts with an overflow check (Scalar / float schema arguments) go to ATen when they do
+not fit the common dtype by c10's rule; numbers at Tensor positions when they overflow a floating
+common dtype (`generator.number_misfit`; what decides is part of a call plan's signature).
 
 Per call: a generated per-overload wrapper looks up a prebuilt closure keyed by (operand dtypes or
 number types, scalar types, constexpr values, out dtypes) when every tensor operand is contiguous with

@@ -7,6 +7,7 @@ output allocation/resizing, in-place checks, layout planning) and the kernel cac
 from __future__ import annotations
 
 import threading
+from typing import Optional
 
 import torch
 import torch._prims_common as pc
@@ -57,13 +58,18 @@ class _Overload:
                 raise ValueError(f"{name}: operand {o!r} not in schema {schema}")
         self.args = args
         self.names = names
+        # operands, scalars and constexprs the schema types Scalar or float: ATen converts them to the
+        # common dtype or its opmath type, with an overflow check (see number_misfit); Tensor
+        # positions take wrapped numbers, which ATen converts modularly like Gems' kernels
+        self.numbers = tuple(a.name for a in args if a.name in (*op.operands, *op.scalars, *op.constexprs) and
+                             str(a.type).replace("Optional[", "").rstrip("]") in ("number", "float"))
 
 
 class PointwiseOp:
     """A declared pointwise op; calling it runs the general path (tests use this directly)."""
 
     def __init__(self, names, body, promotion, operands, scalars, constexprs, promote, dtypes, operand_dtypes,
-                 n_out, defaults, result_dtype, category, backward, check, doc):
+                 n_out, defaults, result_dtype, category, backward, check, doc, divisor=None):
         if not callable(promotion) and promotion not in PROMOTIONS:
             raise ValueError(f"promotion {promotion!r}: expected one of {sorted(PROMOTIONS)} or a callable")
         self.name = names[0] if names else getattr(body, "__name__", "op")
@@ -79,9 +85,12 @@ class PointwiseOp:
         self.n_out = n_out
         self.defaults = dict(defaults or {})
         self.result_dtype = result_dtype
+        # the operand ATen's CPU kernels check for an integer zero (ZeroDivisionError), or None
+        self.divisor = None if divisor is None else self.operands.index(divisor)
         self.doc = doc or (getattr(getattr(body, "fn", body), "__doc__", None) or "").strip().split("\n")[0]
         self.ident = f"{getattr(body, '__module__', '?')}.{getattr(getattr(body, 'fn', body), '__qualname__', '?')}"
         self._promo: dict = {}
+        self._common: dict = {}
         self._kernels: dict = {}
         self._lock = threading.Lock()
         self.overloads = {}
@@ -125,6 +134,17 @@ class PointwiseOp:
                 compute = torch.float32   # NO_OPMATH kinds: still compute in fp32, store rounded
             r = (compute, result)
             self._promo[key] = r
+        return r
+
+    def common_dtype(self, operands):
+        """The promoted operands' common dtype (TensorIterator's, before opmath or int-to-float):
+        the dtype ATen converts the call's Scalar arguments to."""
+        key = tuple((a.dtype, a.dim() == 0) if isinstance(a, _T) else a.__class__ for a in operands)
+        r = self._common.get(key)
+        if r is None:
+            promo = [operands[i] for i in self.promote]
+            r = pc.elementwise_dtypes(*promo, type_promotion_kind=_KIND.DEFAULT)[1]
+            self._common[key] = r
         return r
 
     def kernel(self, kind, rank, is_tensor, casts, scalar_cast):
@@ -309,10 +329,17 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
     if ref is None and mode == 0:
         raise Unsupported("no device tensor operand")
     device = ref.device if ref is not None else outs[0].device
-    out_list = _outputs(op, outs, mode, shape, result, device, tens)
+    if ovl is not None and (ovl.numbers or dyn):
+        _check_numbers(op, ovl, operands, scalars, consts)
     numel = 1
     for s in shape:
         numel *= s
+    if op.divisor is not None and numel and device.type == "cpu" and compute in _INTEGRAL:
+        if _has_zero(operands[op.divisor], compute):
+            # ATen's CPU kernels raise ZeroDivisionError; its CUDA kernels return what the hardware's
+            # division gives, which the bodies reproduce (codegen.tlmath.int_div0)
+            raise Unsupported("integer division by zero")
+    out_list = _outputs(op, outs, mode, shape, result, device, tens)
     if numel == 0:
         return _ret(op, out_list)
     _note_dynamic(op, ovl, operands, scalars, dyn)
@@ -351,6 +378,77 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
     k.run((grid,), (*vals, *kscal, *out_list, *sizes, *flat_st, nt_m, nt_n, *cvals, bm, bn, i64),
           ndc["num_warps"], 3)
     return _ret(op, out_list)
+
+
+_INTEGRAL = frozenset([torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8])
+
+
+def number_misfit(v, dtype) -> Optional[str]:
+    """Why ATen may treat Python number `v` otherwise than a kernel computing in `dtype` does (then the
+    call goes to ATen, which raises or answers as it does), or None.
+
+    ATen converts Scalar arguments (alpha, clamp bounds, fill values, pow's exponent, ...) to the
+    common dtype or its opmath type, by op and by device, with c10::checked_convert's overflow check
+    ("value cannot be converted to type int8_t without overflow"). Gems does not model which op
+    converts to what: a number that does not fit the common dtype by c10's rule is left to ATen
+    (ints into an unsigned dtype wrap down to -max; floats into integers must be finite and within
+    [lowest, max]; to bool nothing overflows). What decides is part of a call plan's signature
+    (runtime.plan._dyn_sig: class, sign, NaN-ness and range class), so plans never see such a call.
+    """
+    if dtype is torch.bool or isinstance(v, bool):
+        return None                       # c10: conversions to and from bool never overflow
+    limit = _RANGE_LIMIT.get(dtype)
+    if limit is None:
+        return f"a number with {dtype} tensors"
+    if v != v:                            # NaN: fine for floating dtypes, an overflow for integers
+        return None if dtype.is_floating_point else f"NaN with {dtype} tensors"
+    r = _plan.number_range(v)
+    if dtype.is_floating_point:
+        return None if r <= limit or r == _plan.INF_RANGE else f"out of {dtype}'s range"
+    if dtype is torch.uint8:              # c10: negative ints wrap down to -255, negative floats overflow
+        return None if r <= limit and (isinstance(v, int) or v >= 0) else f"out of {dtype}'s range"
+    return None if r <= limit else f"out of {dtype}'s range"
+
+
+# the widest range class (runtime.plan.NUMBER_RANGES) that converts to each dtype without overflow
+_RANGE_LIMIT = {torch.int8: 0, torch.uint8: 1, torch.int16: 2, torch.int32: 4, torch.int64: 5, torch.float16: 3,
+                torch.bfloat16: 6, torch.float32: 7, torch.float64: 8}
+
+
+def _check_numbers(op, ovl, operands, scalars, consts):
+    """Numbers ATen may convert otherwise than Gems' kernels do go to ATen (Unsupported): those at
+    Scalar / float arguments by number_misfit's rule; those at Tensor positions (wrapped numbers:
+    ATen converts them to the common dtype, or reads them at opmath precision, by op and variant)
+    when they do not fit a floating common dtype -- ints out of range wrap alike in both."""
+    named = [(n, operands[i]) for i, n in enumerate(op.operands) if n in ovl.numbers]
+    named += [(n, scalars[j]) for j, n in enumerate(op.scalars) if n in ovl.numbers]
+    named += [(n, consts[j]) for j, n in enumerate(op.constexprs) if n in ovl.numbers]
+    named = [(n, v) for n, v in named if v is not None and not isinstance(v, _T)]
+    wrapped = [(n, v) for n, v in zip(op.operands, operands)
+               if n not in ovl.numbers and isinstance(v, _NUMBERS) and not isinstance(v, bool)]
+    if not named and not wrapped:
+        return
+    dtype = op.common_dtype(operands)
+    for name, v in named:
+        why = number_misfit(v, dtype)
+        if why is not None:
+            raise Unsupported(f"{name}: {why}")
+    if dtype.is_floating_point:
+        for name, v in wrapped:
+            why = number_misfit(v, dtype)
+            if why is not None:
+                raise Unsupported(f"{name}: {why}")
+
+
+def _has_zero(d, dtype) -> bool:
+    """Whether an integer divisor holds a zero in `dtype` (a number out of its range may wrap to
+    zero: it counts as one). A tensor's values change per call: its signature keeps the full path
+    (on the CPU, the interpreter's test backend; CUDA never reads them)."""
+    if isinstance(d, _T):
+        _plan.taint("integer divisor checked for zeros per call (ATen's CPU kernels raise on one)")
+        with _plan.quiet():
+            return bool((d.to(dtype) == 0).any())     # as the kernel sees it (a wider 0-dim divisor wraps)
+    return d == 0 or number_misfit(d, dtype) is not None
 
 
 def _note_dynamic(op, ovl, operands, scalars, dyn):
@@ -435,9 +533,9 @@ def _has_default(a):
 
 def pointwise(*names, body, promotion="default", operands=("self", "other"), scalars=(), constexprs=(),
               promote=None, dtypes=None, operand_dtypes=None, outputs=1, defaults=None, result_dtype=None,
-              category="pointwise", backward=False, check=None, doc=None) -> PointwiseOp:
+              category="pointwise", backward=False, check=None, doc=None, divisor=None) -> PointwiseOp:
     """Declare a pointwise op; see the package docstring."""
     from ..registry import FLOATS
     return PointwiseOp(names, body, promotion, operands, scalars, constexprs, promote,
                        dtypes if dtypes is not None else FLOATS, operand_dtypes, outputs, defaults, result_dtype,
-                       category, backward, check, doc)
+                       category, backward, check, doc, divisor)

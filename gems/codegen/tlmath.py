@@ -56,3 +56,23 @@ def sigmoid(x):
 @triton.jit
 def trunc(x):
     return tl.where(x < 0, tl.ceil(x), tl.floor(x))
+
+
+@triton.jit
+def int_div0(a, FLOOR: tl.constexpr):
+    """ATen's CUDA answer to an integer division or remainder of `a` by zero (its CPU kernels raise):
+    the GPU's division routine's, all bits set (-1, 255 for uint8; int8/int16 divide in 32 bits),
+    but 0xFFFFFFFF for an int64 `a` in [0, 2**32) (the routine takes a 32-bit unsigned path when
+    both operands fit), and one less (-2) for a floor division of a negative `a`. Seen with torch
+    2.11 on H100; written out so that the answer does not depend on how Triton's division by zero
+    compiles (it differed for int64)."""
+    zero = (a * 0).to(tl.int64)
+    ones = zero - 1                             # -1, then all bits set in a's type
+    if a.dtype == tl.int64:
+        low = ((zero + 1) << 32) - 1            # 2**32 - 1, built without a literal past int32
+        r = tl.where(a >= 0, tl.where(a <= low, low, ones), ones)
+    else:
+        r = ones.to(a.dtype)
+    if FLOOR:
+        r = tl.where(a < 0, r - 1, r)
+    return r

@@ -174,12 +174,40 @@ int64_t bits(double d) {
   return b;
 }
 
-// a number's part of the key; `dynamic`: by class and NaN-ness (ints: what Triton specializes), else by value
+// the range class of a per-call number (runtime/plan.py: number_range, NUMBER_RANGES): the index of the
+// narrowest of nested dtype ranges holding it (int8, uint8 with negative wrap, int16, float16, int32,
+// int64, bfloat16, float32), 8 beyond, 9 for +-inf, so that an op's "does it fit the dtype" check
+// decides alike for every call of a key
+int64_t int_range(int64_t i) {
+  static const int64_t lo[] = {-128, -255, -32768, -65504, INT32_MIN};
+  static const int64_t hi[] = {127, 255, 32767, 65504, INT32_MAX};
+  for (int k = 0; k < 5; k++) {
+    if (i >= lo[k] && i <= hi[k]) return k;
+  }
+  return 5;
+}
+
+int64_t float_range(double d) {
+  static const double hi[] = {127.0, 255.0, 32767.0, 65504.0, 2147483647.0};
+  static const double lo[] = {-128.0, -255.0, -32768.0, -65504.0, -2147483648.0};
+  for (int k = 0; k < 5; k++) {
+    if (d >= lo[k] && d <= hi[k]) return k;
+  }
+  if (d >= -9223372036854775808.0 && d < 9223372036854775808.0) return 5;   // int64 (Python: exact)
+  double a = std::fabs(d);
+  if (a <= 3.3895313892515355e38) return 6;
+  if (a <= 3.4028234663852886e38) return 7;
+  return std::isinf(a) ? 9 : 8;
+}
+
+// a number's part of the key; `dynamic`: by class, sign, range class and NaN-ness (ints: also what
+// Triton specializes), else by value -- the facts plan.py's _dyn_sig keys
 void key_number(std::vector<int64_t>& w, const IValue& v, bool dynamic) {
   if (v.isDouble()) {
+    double d = v.toDouble();
     w.push_back(10);
-    // per-call floats still key their NaN-ness (an op's check may send NaN numbers to ATen)
-    w.push_back(dynamic ? int64_t(std::isnan(v.toDouble())) : bits(v.toDouble()));
+    // per-call floats key NaN-ness, sign and range (an op's check may send such numbers to ATen)
+    w.push_back(!dynamic ? bits(d) : std::isnan(d) ? -1 : (d < 0) | float_range(d) << 1);
   } else if (v.isBool()) {
     w.push_back(11);
     w.push_back(v.toBool());   // passed as 0/1: 1 is specialized
@@ -187,7 +215,7 @@ void key_number(std::vector<int64_t>& w, const IValue& v, bool dynamic) {
     int64_t i = v.toInt();
     w.push_back(12);
     if (dynamic) {
-      w.push_back((i == 1) | ((i & 15) == 0) << 1 | (i >= INT32_MIN && i <= INT32_MAX) << 2);
+      w.push_back((i == 1) | ((i & 15) == 0) << 1 | int_range(i) << 2 | int64_t((i > 0) ? 1 : (i < 0) ? 2 : 0) << 5);
     } else {
       w.push_back(i);
     }

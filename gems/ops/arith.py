@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ..codegen import pointwise
-from ..codegen.tlmath import trunc
+from ..codegen.tlmath import int_div0, trunc
 from ..registry import FLOATS, INTS
 
 NUMERIC = FLOATS + INTS
@@ -63,12 +63,30 @@ def _div(a, b, MODE: tl.constexpr):
             fl = tl.where(d == 0, 0.0 * (a / b), fl)
             return tl.where(b == 0, a / b, fl)
     else:
-        q = a // b
-        r = a - q * b
+        # a zero divisor is replaced (division by zero is undefined behaviour: the compiler may drop
+        # the `b == 0` select below); ATen CUDA's answer for it (its CPU kernels raise: see divisor=)
+        bs = tl.where(b == 0, b + 1, b)
+        q = a // bs
+        r = a - q * bs
         if MODE == "trunc":
-            return tl.where((r != 0) & ((r < 0) != (a < 0)), q + 1, q)
+            q = tl.where((r != 0) & ((r < 0) != (a < 0)), q + 1, q)
         else:
-            return tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
+            q = tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
+        return tl.where(b == 0, int_div0(a, MODE == "floor"), q)
+
+
+def _alpha_kind(self, other, *args, **kwargs):
+    """ATen's alpha_check (add, sub, rsub): "Boolean alpha only supported for Boolean results." and
+    "For integral input tensors, argument alpha must not be a floating point number." -- it raises,
+    so such calls go to ATen. Decided by classes, which a plan's signature keys."""
+    alpha = kwargs["alpha"] if "alpha" in kwargs else args[0] if args else 1
+    if isinstance(alpha, (bool, float)):
+        dt = torch.result_type(self, other)
+        if isinstance(alpha, bool) and dt != torch.bool:
+            return "bool alpha with non-bool tensors"
+        if isinstance(alpha, float) and not (dt.is_floating_point or dt.is_complex):
+            return "float alpha with integer tensors"
+    return None
 
 
 def _no_bool_sub(self, other, *args, **kwargs):
@@ -76,11 +94,11 @@ def _no_bool_sub(self, other, *args, **kwargs):
     for a in (self, other):
         if a.__class__ is bool or (isinstance(a, torch.Tensor) and a.dtype == torch.bool):
             return "bool operand of sub"
-    return None
+    return _alpha_kind(self, other, *args, **kwargs)
 
 
 add = pointwise("add.Tensor", "add.Scalar", "add.out", "add.Scalar_out", "add_.Tensor", "add_.Scalar",
-                body=_add, promotion="default", scalars=("alpha",), dtypes=NUMERIC)
+                body=_add, promotion="default", scalars=("alpha",), dtypes=NUMERIC, check=_alpha_kind)
 sub = pointwise("sub.Tensor", "sub.Scalar", "sub.out", "sub.Scalar_out", "sub_.Tensor", "sub_.Scalar",
                 body=_sub, promotion="default", scalars=("alpha",), dtypes=NUMERIC, check=_no_bool_sub)
 rsub = pointwise("rsub.Tensor", "rsub.Scalar", "rsub.Tensor_out", "rsub.Scalar_out",
@@ -93,5 +111,5 @@ div = pointwise("div.Tensor", "div.Scalar", "div.out", "div.Scalar_out", "div_.T
 div_mode = pointwise("div.Tensor_mode", "div.Scalar_mode", "div.out_mode", "div.Scalar_mode_out",
                      "div_.Tensor_mode", "div_.Scalar_mode",
                      body=_div, promotion=lambda mode: "int_to_float" if mode is None else "default",
-                     constexprs={"rounding_mode": (None, "trunc", "floor")}, dtypes=NUMERIC)
+                     constexprs={"rounding_mode": (None, "trunc", "floor")}, dtypes=NUMERIC, divisor="other")
 neg = pointwise("neg", "neg.out", "neg_", body=_neg, operands=("self",), dtypes=NUMERIC)

@@ -10,7 +10,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..codegen import pointwise
-from ..codegen.tlmath import GPU as _GPU, fmod_f
+from ..codegen.tlmath import GPU as _GPU, fmod_f, int_div0
 from ..registry import FLOATS, INTS, restrict_backends
 
 NUMERIC = FLOATS + INTS
@@ -23,15 +23,27 @@ BITS = INTS + (torch.bool,)
 @triton.jit
 def _remainder(a, b):
     """Python-style remainder: fmod(a, b), moved by b when its sign differs from b's (ATen's rule)."""
-    m = fmod_f(a, b)                            # sign of a
+    if a.dtype.is_floating():
+        m = fmod_f(a, b)                        # sign of a
+    else:
+        # an integer zero divisor is replaced (a division by zero is undefined behaviour: the compiler
+        # may drop the `b == 0` select below); ATen CUDA's answer for it (its CPU raises: see divisor=)
+        m = fmod_f(a, tl.where(b == 0, b + 1, b))
     # nested where, not `&`: a scalar operand's bool cannot be and-ed with a block in the interpreter
-    return tl.where(m != 0, tl.where((m < 0) != (b < 0), m + b, m), m)
+    r = tl.where(m != 0, tl.where((m < 0) != (b < 0), m + b, m), m)
+    if not a.dtype.is_floating():
+        r = tl.where(b == 0, int_div0(a, False), r)
+    return r
 
 
 @triton.jit
 def _fmod(a, b):
     """C fmod / integer remainder with the sign of the dividend"""
-    return fmod_f(a, b)
+    if a.dtype.is_floating():
+        return fmod_f(a, b)
+    else:
+        # a zero divisor replaced first: division by zero is undefined behaviour (see _remainder)
+        return tl.where(b == 0, int_div0(a, False), fmod_f(a, tl.where(b == 0, b + 1, b)))
 
 
 # ---- pow -------------------------------------------------------------------------------------
@@ -230,15 +242,26 @@ def _no_bool(self, other, *args, **kwargs):
     return None
 
 
+def _pow_check(self, exponent, *args, **kwargs):
+    if isinstance(self, torch.Tensor) and not self.is_floating_point() and exponent.__class__ is int \
+            and exponent < 0:
+        # pow.Tensor_Scalar's meta function raises "Integers to negative integer powers are not allowed."
+        # (the exponent's sign is part of a plan's signature, so a plan never sees this call)
+        return "integer tensor to a negative integer power"
+    return _no_bool(self, exponent)
+
+
+# divisor="other": ATen's CPU kernels raise ZeroDivisionError for an integer zero there (Gems checks
+# on the CPU backend and leaves the call to ATen); on CUDA the bodies give ATen's answer
 remainder = pointwise(*_variants("remainder", "Tensor", "Scalar", "Scalar_Tensor", "Tensor_out", "Scalar_out",
                                  "Scalar_Tensor_out", inplace=("Tensor", "Scalar")),
-                      body=_remainder, dtypes=NUMERIC, check=_no_bool)
+                      body=_remainder, dtypes=NUMERIC, check=_no_bool, divisor="other")
 fmod = pointwise(*_variants("fmod", "Tensor", "Scalar", "Tensor_out", "Scalar_out", inplace=("Tensor", "Scalar")),
-                 body=_fmod, dtypes=NUMERIC, check=_no_bool)
+                 body=_fmod, dtypes=NUMERIC, check=_no_bool, divisor="other")
 # pow: floats only (integer pow is served too, but only for integer tensors with integer exponents)
 pow = pointwise(*_variants("pow", "Tensor_Tensor", "Tensor_Scalar", "Scalar", "Tensor_Tensor_out",
                            "Tensor_Scalar_out", "Scalar_out", inplace=("Tensor", "Scalar")),
-                operands=("self", "exponent"), body=_pow, dtypes=NUMERIC, check=_no_bool)
+                operands=("self", "exponent"), body=_pow, dtypes=NUMERIC, check=_pow_check)
 # ATen's CUDA pow.Scalar (`2.0 ** x`) calls pow.Tensor_Tensor with a *CUDA* wrapped-number tensor,
 # which the dispatcher cannot hand to any Python kernel (INTERNAL ASSERT in pybind_utils), even one
 # that would only pass it on: on CUDA these overloads stay unregistered (Tensor ** Tensor runs ATen).

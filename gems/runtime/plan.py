@@ -202,16 +202,51 @@ def _num_sig(v):
 
 
 def _dyn_sig(v):
-    """Signature part of a per-call number: its class, whether it is NaN, and for ints what Triton
-    specializes a binary on (== 1 becomes a constant; divisibility by 16; the 32/64-bit range), so a plan's binary is
-    always the one Triton would pick for the value."""
-    if isinstance(v, bool):
+    """Signature part of a per-call number: its class, sign, NaN-ness and range class (number_range),
+    and for ints what Triton specializes a binary on (== 1 becomes a constant; divisibility by 16;
+    the 32/64-bit range, which the range class holds), so a plan's binary is always the one Triton
+    would pick for the value, and every check that reads a number's sign, zero-ness, NaN-ness or
+    whether it fits a dtype (ATen's overflow check: gems.codegen.generator.number_misfit) decides
+    the same for every call of the signature. csrc/fastpath.cpp's key_number keys the same facts."""
+    c = v.__class__
+    if c is float:
+        if 0.0 <= v <= 127.0:
+            return float            # the common case: non-negative, fits every dtype's range
+        return _float_sig(v)
+    if c is bool:
         return (bool, v)            # passed as 0/1: 1 is specialized
     if isinstance(v, int):
-        return (v.__class__, v == 1, v & 15 == 0, -0x80000000 <= v <= 0x7FFFFFFF, v < 0x8000000000000000)
+        if 2 <= v <= 127:
+            return _SMALL_INT if v & 15 else _SMALL_INT16
+        return (int, v == 1, v & 15 == 0, number_range(v), (v > 0) - (v < 0))
+    return _float_sig(float(v)) if isinstance(v, float) else c   # float subclasses (numpy), complex
+
+
+# A number's range class: the index of the narrowest of these nested ranges holding it (c10's overflow
+# rule compares a number with the target dtype's lowest/max; an unsigned target also takes negative
+# ints down to -max, wrapping, hence [-255, 255]): int8, uint8, int16, float16, int32, int64 (for a
+# float: v < 2**63), bfloat16, float32; then 8: beyond, 9: +-inf.
+NUMBER_RANGES = ((-128, 127), (-255, 255), (-32768, 32767), (-65504, 65504), (-0x80000000, 0x7FFFFFFF),
+                 (-0x8000000000000000, 0x7FFFFFFFFFFFFFFF), (-3.3895313892515355e38, 3.3895313892515355e38),
+                 (-3.4028234663852886e38, 3.4028234663852886e38))
+INF_RANGE = len(NUMBER_RANGES) + 1
+_SMALL_INT = (int, False, False, 0, 1)      # 2 <= v <= 127, v % 16 != 0
+_SMALL_INT16 = (int, False, True, 0, 1)     # 16, 32, ..., 112
+
+
+def number_range(v) -> int:
+    """The range class of a number (not NaN); see NUMBER_RANGES."""
+    for i, (lo, hi) in enumerate(NUMBER_RANGES):
+        if lo <= v <= hi:
+            return i
+    return INF_RANGE if v in (float("inf"), float("-inf")) else len(NUMBER_RANGES)
+
+
+def _float_sig(v):
     if v != v:
         return _NAN_NUMBER          # NaN-ness too: an op's check may send NaN numbers to ATen
-    return v.__class__
+    r, neg = number_range(v), v < 0
+    return float if r == 0 and not neg else (float, r, neg)
 
 
 _NAN_NUMBER = ("nan",)
