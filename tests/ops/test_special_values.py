@@ -56,11 +56,6 @@ KNOWN_BUGS = {
                                    "fmod.Scalar", "fmod.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor",
                                    "remainder.Tensor")},
 }
-# Seen in one of two GPU runs (the order of earlier calls in the worker matters): Gems returned a result
-# for an int32 tensor with alpha=1.0 where ATen raises "argument alpha must not be a floating point
-# number"; likely a cached call signature that does not key alpha's type on CUDA. Not strict.
-KNOWN_ORDER_DEPENDENT = {n: {"cuda": "an int tensor with a float alpha is served instead of raising ATen's error"}
-                         for n in ("add.Scalar", "sub.Scalar", "rsub.Scalar")}
 
 
 # ----------------------------------------------------------------------------- known differences
@@ -202,9 +197,6 @@ def test_special_values_follow_aten(name, request):
     bug = KNOWN_BUGS.get(name, {}).get(DEVICE)
     if bug:
         request.applymarker(pytest.mark.xfail(reason=f"bug (issue 13): {bug}", strict=True))
-    flaky = KNOWN_ORDER_DEPENDENT.get(name, {}).get(DEVICE)
-    if flaky:
-        request.applymarker(pytest.mark.xfail(reason=f"bug (issue 13), order-dependent: {flaky}", strict=False))
     impl = registry.get(name)
     op = registry._aten_overload(name)
     schema = op._schema
