@@ -118,9 +118,10 @@ class PointwiseOp:
         mode = 1 if inplace else (2 if outs is not None else 0)
         return general(self, None, operands, tuple(scalars), tuple(consts), outs, mode)
 
-    # ---- type promotion (cached per operand kind signature)
+    # ---- type promotion (cached per operand kind signature and default dtype: int -> float follows it)
     def promotion(self, operands, consts=()):
         key = tuple((a.dtype, a.dim() == 0) if isinstance(a, _T) else a.__class__ for a in operands) + consts
+        key += (torch.get_default_dtype(),)
         r = self._promo.get(key)
         if r is None:
             promo = [operands[i] for i in self.promote]

@@ -45,7 +45,7 @@ def tanh(x):
     x2 = x * x
     small = ax * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0 + x2 * (62.0 / 2835.0)))))
     r = tl.where(ax < 0.25, small, big)
-    return tl.where(x < 0, -r, r)
+    return tl.where(x == 0, x, tl.where(x < 0, -r, r))      # tanh(-0.0) = -0.0
 
 
 @triton.jit

@@ -13,7 +13,7 @@
 //   2. builds the call's signature from the stack: per tensor dtype, device, sizes, strides,
 //      16-byte alignment; numbers by value (or, for arguments the op declared dynamic, by class,
 //      NaN-ness and what Triton specializes ints on); lists, strings, devices by value; which tensor arguments
-//      are the same tensor; the current device. It is at least as fine as dispatch.py's Python
+//      are the same tensor; the current device; torch's default dtype. It is at least as fine as dispatch.py's Python
 //      signature, so a recipe recorded for a Python plan is valid for every call with this key;
 //   3. on a hit replays the plan's recipe: overlap guards for written arguments, output
 //      allocations, kernel launches (cuLaunchKernel on the recorded CUfunction; under the Triton
@@ -28,6 +28,7 @@
 #include <torch/library.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/DynamicTypes.h>
@@ -601,6 +602,8 @@ struct Op : std::enable_shared_from_this<Op> {
     }
     w.push_back(same);
     w.push_back(current_device());
+    // int -> float promotions (true division, exp of ints, int tensor + 1.5) follow the default dtype
+    w.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
     if (precision_key) {
       w.push_back(static_cast<int64_t>(at::globalContext().float32MatmulPrecision()));
     }

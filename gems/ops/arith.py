@@ -41,8 +41,11 @@ def _mul(a, b):
 
 @triton.jit
 def _neg(a):
-    """-self"""
-    return -a
+    """-self (floats: times -1, since Triton compiles -x as 0 - x, which gives +0.0 for +0.0)"""
+    if a.dtype.is_floating():
+        return a * -1.0
+    else:
+        return -a
 
 
 @triton.jit

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..codegen.generator import number_misfit
 from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
 from ..runtime.autotune import Autotuner, bench_ms
@@ -319,19 +320,31 @@ def mm_dtype(self, mat2, out_dtype, *, out=None):
     return _mm(self, mat2, out, out_dtype)
 
 
-@register("addmm", "addmm.out", category="blas", dtypes=FLOATS, plan_key=_precision_key)
+def _addmm_numbers(self, mat1, mat2, *args, beta=1, alpha=1, **kwargs):
+    # ATen converts alpha/beta with an overflow check (1e40 into fp32 raises): a number that does
+    # not fit goes to ATen, which raises or answers; numbers key plans by value here, so this runs
+    # once per value
+    for v in (beta, alpha):
+        why = number_misfit(v, mat1.dtype)
+        if why is not None:
+            return f"alpha/beta {why}"
+    return None
+
+
+@register("addmm", "addmm.out", category="blas", dtypes=FLOATS, plan_key=_precision_key, check=_addmm_numbers)
 def addmm(self, mat1, mat2, *, beta=1, alpha=1, out=None):
     """beta * self + alpha * (mat1 @ mat2), bias broadcast and scaling fused in the epilogue."""
     return _addmm(self, mat1, mat2, beta, alpha, out)
 
 
-@register("addmm_", category="blas", dtypes=FLOATS, plan_key=_precision_key)
+@register("addmm_", category="blas", dtypes=FLOATS, plan_key=_precision_key, check=_addmm_numbers)
 def addmm_(self, mat1, mat2, *, beta=1, alpha=1):
     """In-place addmm: self = beta * self + alpha * (mat1 @ mat2)."""
     return _addmm(self, mat1, mat2, beta, alpha, inplace=True)
 
 
-@register("addmm.dtype", "addmm.dtype_out", category="blas", dtypes=FLOATS, plan_key=_precision_key, backends=("cuda",))
+@register("addmm.dtype", "addmm.dtype_out", category="blas", dtypes=FLOATS, plan_key=_precision_key, backends=("cuda",),
+          check=_addmm_numbers)
 def addmm_dtype(self, mat1, mat2, out_dtype, *, beta=1, alpha=1, out=None):
     """addmm with an fp32 result for 16-bit inputs (CUDA only, like ATen)."""
     return _addmm(self, mat1, mat2, beta, alpha, out, out_dtype)

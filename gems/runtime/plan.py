@@ -281,8 +281,11 @@ def make_signature(schema, dynamic=frozenset(), on_cuda=False):
         parts.append(f"{a} is {b}")
     if on_cuda:
         parts.append("_cur()")
+    # int -> float promotions (true division, exp of ints, int tensor + 1.5) follow the default dtype
+    parts.append("_ddt()")
     src = f"def sig({params}):\n    return ({', '.join(parts)},)\n"
-    ns.update(_T=_T, _num=_num_sig, _dyn=_dyn_sig, _cur=getattr(torch._C, "_cuda_getDevice", None))
+    ns.update(_T=_T, _num=_num_sig, _dyn=_dyn_sig, _cur=getattr(torch._C, "_cuda_getDevice", None),
+              _ddt=torch.get_default_dtype)
     name = f"<gems signature {schema.name}.{schema.overload_name or 'default'}>"
     return compile_source(src, name, ns)["sig"]
 

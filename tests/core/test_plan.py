@@ -164,3 +164,26 @@ def test_per_call_numbers_key_class_sign_and_range_not_value():
     for a, b in differ:
         assert sig(x, a) != sig(x, b), (a, b)
     assert sig(x, 2, alpha=0.5) != sig(x, 2, alpha=-0.5)
+
+
+def test_default_dtype_is_part_of_the_signature():
+    # int -> float promotions follow torch's default dtype: a plan recorded under float32 must not
+    # answer a call made under float64. Repeat calls reach the C++ key when the fast path is built
+    # (test_fast checks that it answers repeats) and the Python signature otherwise; both carry it.
+    i = torch.arange(1, 7, dtype=torch.int32, device=DEVICE).reshape(2, 3)
+    sig = plan_mod.make_signature(torch.ops.aten.add.Tensor._schema, frozenset(["other", "alpha"]))
+    old = torch.get_default_dtype()
+    try:
+        keys = set()
+        for _ in range(2):
+            for dt in (torch.float32, torch.float64, torch.float32):
+                torch.set_default_dtype(dt)
+                keys.add(sig(i, 1.5))
+                with gems.use_gems():
+                    outs = [torch.add(i, 1.5), torch.exp(i), torch.div(i, 4)]
+                for out, ref in zip(outs, [torch.add(i, 1.5), torch.exp(i), torch.div(i, 4)]):
+                    assert out.dtype == ref.dtype == dt, (out.dtype, ref.dtype, dt)
+                    torch.testing.assert_close(out, ref)
+        assert len(keys) == 2
+    finally:
+        torch.set_default_dtype(old)

@@ -271,7 +271,7 @@ def _number_rows(dtype):
     return rows
 
 
-# overloads whose checks live outside the pointwise generator and are not kept yet (issue 13)
+# overloads whose number checks live outside the pointwise generator (gems/ops/blas.py)
 _KNOWN = ("addmm",)
 
 
@@ -282,7 +282,6 @@ def test_number_arguments_out_of_range(dtype):
     check_table(rows)
 
 
-@pytest.mark.xfail(strict=True, reason="addmm's alpha/beta are not range-checked yet (gems/ops/blas.py)")
 def test_number_arguments_out_of_range_blas():
     rows = [r for r in _number_rows(torch.float32) if r[0].split(".")[0].rstrip("_") in _KNOWN]
     assert rows

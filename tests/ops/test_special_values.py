@@ -37,8 +37,6 @@ FIXED = {"is_result": [False], "self_is_result": [False], "rounding_mode": ["tru
 # document: each is ATen's answer that Gems should give.
 _FTZ = "subnormal inputs are flushed to zero on the GPU (ATen keeps them)"
 KNOWN_BUGS = {
-    "neg.default": {d: "neg(+0.0) gives +0.0 (Triton compiles -x as 0 - x)" for d in ("cpu", "cuda")},
-    "tanh.default": {d: "tanh(-0.0) gives +0.0" for d in ("cpu", "cuda")},
     "relu.default": {"cuda": "relu(-0.0) gives -0.0, ATen's CUDA kernel +0.0"},
     "addcmul.default": {"cpu": "inf + t1 * t2 with an overflowing product: ATen fuses (fma) and gives inf"},
     "addcdiv.default": {"cuda": "inf + value * (t1 / t2) with an overflowing quotient gives inf, ATen NaN"},
