@@ -32,6 +32,7 @@ from typing import Iterable, Optional
 import torch
 
 from . import registry
+from .codegen.numbers import numbers_to_tensors, tensor_positions
 from .registry import Unsupported
 from .runtime import backends as _backends
 from .runtime import fast as _fastmod
@@ -129,7 +130,6 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     schema = registry._aten_overload(name)._schema
     # ATen calls some ops on a wrapped number alone (`_to_copy(2)`): with no tensor there is nothing to
     # launch on, so such a call goes to ATen
-    from .codegen.numbers import tensor_positions
     tensor_slots = bool(tensor_positions(schema))
     broken = impl.broken
     sig = _plan.make_signature(schema, impl.dynamic, on_cuda) if impl.plan and _PLANS else None
@@ -292,7 +292,6 @@ def _snapshot(schema, values):
 
 
 def _boxed_with_numbers(name, call_boxed):
-    from .codegen.numbers import numbers_to_tensors, tensor_positions
     positions = tensor_positions(registry._aten_overload(name)._schema)
     if not positions:
         return call_boxed

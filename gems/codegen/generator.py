@@ -118,10 +118,14 @@ class PointwiseOp:
         mode = 1 if inplace else (2 if outs is not None else 0)
         return general(self, None, operands, tuple(scalars), tuple(consts), outs, mode)
 
-    # ---- type promotion (cached per operand kind signature and default dtype: int -> float follows it)
+    # ---- type promotion (cached per operand kinds and default dtype: int -> float follows it)
+    @staticmethod
+    def _kinds(operands):
+        return tuple((a.dtype, a.dim() == 0) if isinstance(a, _T) else a.__class__ for a in operands) + \
+            (torch.get_default_dtype(),)
+
     def promotion(self, operands, consts=()):
-        key = tuple((a.dtype, a.dim() == 0) if isinstance(a, _T) else a.__class__ for a in operands) + consts
-        key += (torch.get_default_dtype(),)
+        key = self._kinds(operands) + consts
         r = self._promo.get(key)
         if r is None:
             promo = [operands[i] for i in self.promote]
@@ -140,7 +144,7 @@ class PointwiseOp:
     def common_dtype(self, operands):
         """The promoted operands' common dtype (TensorIterator's, before opmath or int-to-float):
         the dtype ATen converts the call's Scalar arguments to."""
-        key = tuple((a.dtype, a.dim() == 0) if isinstance(a, _T) else a.__class__ for a in operands)
+        key = self._kinds(operands)
         r = self._common.get(key)
         if r is None:
             promo = [operands[i] for i in self.promote]
