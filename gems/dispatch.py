@@ -139,7 +139,7 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     cache = impl.plans if sig is not None else None
     plans = cache.plans if cache is not None else None
     extra_key = impl.plan_key
-    MISS, NO_PLAN = _plan.MISS, _plan.NO_PLAN
+    MISS, NO_PLAN, AtenPlan = _plan.MISS, _plan.NO_PLAN, _plan.AtenPlan
     fast_op = impl.fast if _fast is not None and sig is not None else None
     # under the interpreter a launch copies storages with ops Gems may serve: keep the re-entry
     # guard up while a plan runs there; on CUDA a plan calls nothing Gems serves
@@ -167,6 +167,11 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
             except Exception:  # noqa: BLE001 - e.g. stride() of a sparse tensor: the full path decides
                 key = None
             p = plans.get(key)
+            if p.__class__ is AtenPlan:
+                # a recorded signature-level decision for ATen (Unsupported(signature=True))
+                if fast_op is not None:
+                    fast_op.publish_aten(p.reason)
+                return fallback(p.reason, args, kwargs)
             if p is not None and p is not NO_PLAN:
                 if guard_plan:
                     tls.depth += 1
@@ -225,9 +230,15 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
                 out = impl.fn(*args, **kwargs)
         except Unsupported as e:
             tls.depth -= 1
+            reason = str(e) or "unsupported arguments"
             if key is not None:
-                cache.put(key, None, f"unsupported: {e}")
-            return fallback(str(e) or "unsupported arguments", args, kwargs)
+                if e.signature:
+                    cache.put(key, AtenPlan(reason))
+                    if fast_op is not None:
+                        fast_op.publish_aten(reason)
+                else:
+                    cache.put(key, None, f"unsupported: {e}")
+            return fallback(reason, args, kwargs)
         except Exception as e:  # noqa: BLE001 - see module docstring, step 3
             tls.depth -= 1
             return _after_error(impl, e, call_orig, keyset, args, kwargs)
@@ -439,6 +450,10 @@ def _ensure_registered():
                 orig = torch.library.get_kernel(f"aten::{schema_name}", be.dispatch_key)
                 if _fast is not None and impl.plan and impl.fast is None:
                     impl.fast = _new_fast_op(impl)
+                if impl.fast is not None:
+                    # ATen's kernel as it is now, before Gems' goes on top: replays of recorded
+                    # ATen decisions call it from C++
+                    impl.fast.capture_aten(be.dispatch_key)
                 k = _make_kernel(impl, orig, keyset, be)
                 lib.impl(schema_name, k, be.dispatch_key)
                 if _fast is not None and k.__gems_planned__:
@@ -565,9 +580,9 @@ def stats() -> dict:
     """Per overload with any traffic: {'served': n, 'fallback': n, 'reasons': {reason: n}}."""
     out = {}
     for impl in registry.all_impls():
-        s, f = impl.served, impl.counts[1]
+        s, f = impl.served, impl.fell_back
         if s or f:
-            out[impl.name] = {"served": s, "fallback": f, "reasons": dict(impl.reasons)}
+            out[impl.name] = {"served": s, "fallback": f, "reasons": impl.all_reasons()}
     return out
 
 
@@ -590,6 +605,7 @@ def reset_stats():
         impl.reasons.clear()
         if impl.fast is not None:
             impl.fast.hits = 0
+            impl.fast.reset_aten_counts()
 
 
 def registered_ops() -> list[str]:

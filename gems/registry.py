@@ -27,7 +27,17 @@ CATEGORIES = ("pointwise", "reduction", "norm", "blas", "index", "copy", "other"
 
 
 class Unsupported(Exception):
-    """Raised by an implementation, before it writes anything, for inputs it leaves to ATen."""
+    """Raised by an implementation, before it writes anything, for inputs it leaves to ATen.
+
+    `signature=True` says the decision follows from the call's signature alone (shapes, strides,
+    dtypes, argument values: e.g. a GEMM bucket where ATen's kernel was measured faster): the
+    dispatcher then records it as the signature's plan, so repeat calls go straight to ATen (from C++
+    on the fast path) without running the implementation again.
+    """
+
+    def __init__(self, reason: str = "", *, signature: bool = False):
+        super().__init__(reason)
+        self.signature = signature
 
 
 @dataclass
@@ -73,6 +83,19 @@ class OpImpl:
     def served(self) -> int:
         """Calls Gems served: on the Python path plus C++ fast-path plan replays."""
         return self.counts[0] + (self.fast.hits if self.fast is not None else 0)
+
+    @property
+    def fell_back(self) -> int:
+        """Calls that ran ATen: on the Python path plus C++ fast-path replays of recorded fallbacks."""
+        return self.counts[1] + (sum(self.fast.aten_counts().values()) if self.fast is not None else 0)
+
+    def all_reasons(self) -> dict:
+        """Fallback reason -> calls, the Python path's and the C++ fast path's together."""
+        out = dict(self.reasons)
+        if self.fast is not None:
+            for why, n in self.fast.aten_counts().items():
+                out[why] = out.get(why, 0) + n
+        return out
 
     @property
     def base(self) -> str:

@@ -41,6 +41,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <optional>
 #include <limits>
 #include <cstring>
 #include <memory>
@@ -287,6 +288,7 @@ struct Result {
 };
 
 struct Recipe {
+  int aten = -1;   // >= 0: the signature's plan is ATen's kernel, counted under reason `aten`
   std::vector<Guard> guards;
   std::vector<Alloc> allocs;
   std::vector<Launch> launches;
@@ -467,6 +469,12 @@ struct Op : std::enable_shared_from_this<Op> {
   bool precision_key = false;      // GEMM: the key includes the fp32 matmul precision
   std::vector<uint8_t> member = std::vector<uint8_t>(kMaxConfigs, 0);  // config id -> served
   std::atomic<int64_t> hits{0};
+  // ATen's kernel at this key as it was before Gems registered (replays of ATen decisions call it),
+  // the reasons of those decisions and how many calls each sent there
+  std::optional<c10::SafeKernelFunction> aten_kernel;
+  static constexpr int kMaxReasons = 16;
+  std::vector<std::string> aten_reasons;
+  std::atomic<int64_t> aten_counts[kMaxReasons] = {};
   std::mutex mu;
   std::unordered_map<uint64_t, std::vector<std::pair<std::vector<int64_t>, std::shared_ptr<Recipe>>>> plans;
   size_t count = 0;
@@ -826,7 +834,7 @@ struct Kernel final : c10::OperatorKernel {
   std::shared_ptr<Op> op;
   explicit Kernel(std::shared_ptr<Op> o) : op(std::move(o)) {}
 
-  void operator()(const c10::OperatorHandle& h, c10::DispatchKeySet, Stack* stack) {
+  void operator()(const c10::OperatorHandle& h, c10::DispatchKeySet ks, Stack* stack) {
     Op& o = *op;
     if (t_depth > 0 || !o.served()) {
       o.call_python(h, stack, nullptr);
@@ -839,6 +847,11 @@ struct Kernel final : c10::OperatorKernel {
       return;
     }
     if (auto r = o.find(key)) {
+      if (r->aten >= 0) {   // a recorded decision for ATen's kernel (Unsupported(signature=True))
+        o.aten_counts[r->aten].fetch_add(1, std::memory_order_relaxed);
+        o.aten_kernel->callBoxed(h, ks, stack);
+        return;
+      }
       if (o.run(*r, *stack, n)) {
         o.hits.fetch_add(1, std::memory_order_relaxed);
         return;
@@ -886,6 +899,52 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         p.replay = replay;
         p.key = nullptr;
         return true;
+      })
+      // the call this thread's Python kernel is serving goes to ATen for its whole signature
+      // (Unsupported(signature=True)): later calls with this key call ATen's kernel from here
+      .def("publish_aten", [](Op& o, const std::string& reason) {
+        Pending& p = t_pending;
+        if (p.op != &o || p.key == nullptr || !o.aten_kernel) return false;
+        int id = -1;
+        {
+          std::lock_guard<std::mutex> g(o.mu);
+          for (size_t i = 0; i < o.aten_reasons.size(); i++) {
+            if (o.aten_reasons[i] == reason) id = static_cast<int>(i);
+          }
+          if (id < 0) {
+            if (o.aten_reasons.size() >= Op::kMaxReasons) return false;
+            o.aten_reasons.push_back(reason);
+            id = static_cast<int>(o.aten_reasons.size()) - 1;
+          }
+        }
+        auto r = std::make_shared<Recipe>();
+        r->aten = id;
+        o.put(*p.key, std::move(r));
+        p.key = nullptr;
+        return true;
+      })
+      // capture ATen's kernel at `dispatch_key` (call before Gems registers its own there)
+      .def("capture_aten", [](Op& o, const std::string& dispatch_key) {
+        if (o.aten_kernel) return;
+        auto dot = o.name.find('.');
+        std::string base = "aten::" + o.name.substr(0, dot);
+        std::string overload = dot == std::string::npos ? "" : o.name.substr(dot + 1);
+        if (overload == "default") overload = "";
+        auto h = c10::Dispatcher::singleton().findSchemaOrThrow(base.c_str(), overload.c_str());
+        auto key = c10::parseDispatchKey(dispatch_key);
+        if (h.hasComputedKernelForDispatchKey(key)) o.aten_kernel.emplace(h.getComputedKernelForDispatchKey(key));
+      })
+      .def("aten_counts", [](Op& o) {
+        py::dict d;
+        std::lock_guard<std::mutex> g(o.mu);
+        for (size_t i = 0; i < o.aten_reasons.size(); i++) {
+          int64_t c = o.aten_counts[i].load();
+          if (c) d[py::str(o.aten_reasons[i])] = c;
+        }
+        return d;
+      })
+      .def("reset_aten_counts", [](Op& o) {
+        for (auto& c : o.aten_counts) c = 0;
       })
       .def("pending", [](Op& o) { return t_pending.op == &o && t_pending.key != nullptr; })
       .def("clear", &Op::clear)

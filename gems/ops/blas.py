@@ -18,6 +18,8 @@ ignores A @ B (CPU BLAS convention), K == 0 gives beta * bias (or zeros), empty 
 result, shape and dtype mismatches raise RuntimeError (ATen's own kernel raises them: we hand such
 calls to it).
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -140,19 +142,45 @@ def _skinny(N, itemsize):
     return _cfg(16, 64 if wide else 32, bk, 4, 4)
 _TUNE_MIN_MACS = 2**27
 
+# ATen's own kernel (cuBLAS) as one more candidate of a tuned bucket (design decision 12): where it
+# beats every Triton config, the bucket records {"aten": True} and its calls run ATen, counted as
+# fallbacks with reason "aten faster". GEMS_GEMM=triton keeps Triton for every bucket (its own cache).
+_ATEN = {"aten": True}
+ATEN_FASTER = "aten faster"
+
+
+def gemm_policy() -> str:
+    """'auto' (ATen where it was measured faster for a bucket) or 'triton' (GEMS_GEMM=triton)."""
+    v = os.environ.get("GEMS_GEMM", "auto").strip().lower() or "auto"
+    if v not in ("auto", "triton"):
+        raise ValueError(f"GEMS_GEMM={v!r}: expected 'auto' (ATen where measured faster) or 'triton'")
+    return v
+
+
 _TUNERS = {}
 
 
 def _tuner(itemsize):
-    name = "mm16" if itemsize <= 2 else "mm32"
+    triton_only = gemm_policy() == "triton"
+    name = ("mm16" if itemsize <= 2 else "mm32") + ("-triton" if triton_only else "")
     t = _TUNERS.get(name)
     if t is None:
         if backend().name == "interpreter":
             configs = [_INTERP_CONFIG]
         else:
-            configs = _CONFIGS_16 if itemsize <= 2 else _CONFIGS_32
+            configs = (_CONFIGS_16 if itemsize <= 2 else _CONFIGS_32) + ([] if triton_only else [_ATEN])
         t = _TUNERS[name] = Autotuner(name, configs)
     return t
+
+
+def _aten_gemm(a, b, bias, alpha, beta, out):
+    """ATen's GEMM for the same operands into `out` (timed against the Triton configs). Called inside
+    Gems' kernel, so the nested call runs ATen's kernel (the dispatcher's re-entry guard)."""
+    if a.dim() == 3:
+        if bias is None:
+            return torch.bmm(a, b, out=out) if alpha == 1 else torch.baddbmm(out, a, b, beta=0, alpha=alpha, out=out)
+        return torch.baddbmm(bias, a, b, beta=beta, alpha=alpha, out=out)
+    return torch.addmm(out if bias is None else bias, a, b, beta=0 if bias is None else beta, alpha=alpha, out=out)
 
 
 # fp32 GEMMs read torch's matmul precision setting: it is part of every GEMM call plan's signature
@@ -225,9 +253,17 @@ def _launch(a, b, c, bias, alpha, beta, config=None):
     def bench(cfg):
         # time into scratch: `c` may alias the bias (addmm_), which repeated runs would accumulate into
         scratch = torch.empty_like(c)
+        if cfg is _ATEN or cfg.get("aten"):
+            if c.dtype != a.dtype:   # fp32 results of 16-bit inputs (out_dtype): no like-for-like ATen call
+                raise RuntimeError("no ATen candidate")
+            return bench_ms(lambda: _aten_gemm(a, b, bias if has_bias else None, alpha, beta, scratch))
         return bench_ms(lambda: run(cfg, scratch))
 
-    run(tuner.pick(bucket, bench), c)
+    cfg = tuner.pick(bucket, bench)
+    if cfg.get("aten"):
+        # before anything is written; the decision holds for every call of this signature
+        raise Unsupported(ATEN_FASTER, signature=True)
+    run(cfg, c)
     return c
 
 

@@ -592,6 +592,18 @@ def hooks_active() -> bool:
     return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
 
 
+class AtenPlan:
+    """A signature whose plan is ATen's kernel: the implementation decided so for the whole signature
+    (`Unsupported(reason, signature=True)`, e.g. a GEMM bucket where cuBLAS was measured faster), so
+    a repeat call skips the implementation and its checks and goes straight to ATen (counted as a
+    fallback with that reason)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
 class PlanCache:
     """Plans of one overload, keyed by call signature; bounded."""
 
@@ -615,5 +627,7 @@ class PlanCache:
             self.built += 1
 
     def info(self) -> dict:
-        return {"plans": sum(p is not NO_PLAN for p in self.plans.values()), "no_plan": self.declined,
+        aten = sum(p.__class__ is AtenPlan for p in self.plans.values())
+        return {"plans": sum(p is not NO_PLAN for p in self.plans.values()) - aten, "aten": aten,
+                "no_plan": self.declined,
                 "built": self.built, "reasons": dict(self.reasons)}

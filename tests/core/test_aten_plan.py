@@ -1,0 +1,111 @@
+"""Signature-level decisions for ATen (`Unsupported(reason, signature=True)`): recorded as the
+signature's plan, so repeat calls go straight to ATen's kernel (from C++ on the fast path), counted as
+fallbacks with the reason. The GEMM uses it for buckets where cuBLAS was measured faster than every
+Triton config (design decision 12); GEMS_GEMM=triton turns that off."""
+import os
+
+import pytest
+import torch
+
+import gems
+from gems import registry
+from gems.ops import blas
+from harness import DEVICE, assert_close, make, to_ref
+
+_FAST = os.environ.get("GEMS_FAST", "1") not in ("", "0") and os.environ.get("GEMS_PLANS", "1") not in ("", "0")
+
+
+class _Tuner:
+    """Stands in for the GEMM autotuner: every bucket answers `cfg`; counts the picks."""
+
+    def __init__(self, cfg):
+        self.cfg, self.picks = cfg, 0
+
+    def pick(self, bucket, bench):
+        self.picks += 1
+        return self.cfg
+
+
+@pytest.fixture
+def aten_bucket(monkeypatch):
+    tuner = _Tuner({"aten": True})
+    monkeypatch.setattr(blas, "_tuner", lambda itemsize: tuner)
+    # small problems skip tuning on the GPU: make every size a tuned one for this test
+    monkeypatch.setattr(blas, "_TUNE_MIN_MACS", 0)
+    impl = registry.get("mm.default")
+    impl.set_fn(impl.fn)      # drop plans recorded by other tests for these signatures
+    gems.reset_stats()
+    yield tuner
+    impl.set_fn(impl.fn)      # the recorded ATen decisions belonged to the stand-in tuner
+
+
+def test_an_aten_bucket_is_recorded_once_and_replayed(aten_bucket):
+    a, b = make((40, 24)), make((24, 17))     # M > 16: the tuned path on the GPU too
+    with gems.use_gems():
+        outs = [torch.mm(a, b) for _ in range(4)]
+    for o in outs:
+        assert_close(o, to_ref(a) @ to_ref(b), torch.float32)
+    # the implementation decided once; the three repeats never reached it
+    assert aten_bucket.picks == 1
+    st = gems.stats()["mm.default"]
+    assert st["served"] == 0 and st["fallback"] == 4, st
+    assert st["reasons"] == {blas.ATEN_FASTER: 4}, st
+    ps = gems.plan_stats()["mm.default"]
+    assert ps["aten"] == 1 and ps["plans"] == 0, ps
+    if _FAST:
+        assert ps["fast_plans"] == 1, ps   # later calls were replayed as ATen from C++
+
+
+def test_other_signatures_still_decide_for_themselves(aten_bucket):
+    aten_bucket.cfg = blas._INTERP_CONFIG if DEVICE == "cpu" else blas._CONFIGS_16[0]
+    a, b = make((33, 20)), make((20, 9))
+    with gems.use_gems():
+        c = torch.mm(a, b)
+    assert_close(c, to_ref(a) @ to_ref(b), torch.float32)
+    assert gems.stats()["mm.default"]["served"] == 1
+
+
+def test_inplace_addmm_goes_to_aten_untouched(aten_bucket):
+    bias, a, b = make((20, 12)), make((20, 7)), make((7, 12))
+    want = 0.5 * to_ref(bias) + 2.0 * (to_ref(a) @ to_ref(b))
+    with gems.use_gems():
+        bias.addmm_(a, b, beta=0.5, alpha=2.0)
+    assert_close(bias, want, torch.float32)
+    assert gems.stats()["addmm_.default"]["reasons"] == {blas.ATEN_FASTER: 1}
+
+
+@pytest.mark.parametrize("case", ["mm", "addmm", "bmm", "baddbmm_alpha", "bmm_bias"])
+def test_the_aten_candidate_computes_what_the_kernel_computes(case):
+    # the timed ATen candidate must be the same product, or the comparison means nothing
+    batched = case.startswith("b")
+    a = make((3, 9, 5) if batched else (9, 5))
+    b = make((3, 5, 7) if batched else (5, 7))
+    bias = make((3, 9, 7) if batched else (9, 7)) if case in ("addmm", "bmm_bias") else None
+    alpha, beta = (0.5, 1.5) if case in ("addmm", "baddbmm_alpha", "bmm_bias") else (1.0, 1.0)
+    out = torch.empty(a.shape[:-1] + b.shape[-1:], device=a.device)
+    blas._aten_gemm(a, b, bias, alpha, beta, out)
+    want = alpha * (to_ref(a) @ to_ref(b)) + (beta * to_ref(bias) if bias is not None else 0)
+    assert_close(out, want, torch.float32)
+
+
+def test_gemm_policy_env(monkeypatch):
+    monkeypatch.setenv("GEMS_GEMM", "triton")
+    assert blas.gemm_policy() == "triton"
+    monkeypatch.setenv("GEMS_GEMM", "auto")
+    assert blas.gemm_policy() == "auto"
+    monkeypatch.setenv("GEMS_GEMM", "cublas")
+    with pytest.raises(ValueError, match="GEMS_GEMM"):
+        blas.gemm_policy()
+
+
+def test_triton_policy_has_no_aten_candidate(monkeypatch):
+    monkeypatch.setattr(blas, "_TUNERS", {})
+    monkeypatch.setattr(blas, "backend", lambda: type("B", (), {"name": "cuda"})())
+    monkeypatch.setenv("GEMS_GEMM", "triton")
+    t = blas._tuner(2)
+    assert t.name == "mm16-triton" and not any(c.get("aten") for c in t.configs)
+    monkeypatch.setenv("GEMS_GEMM", "auto")
+    t = blas._tuner(2)
+    assert t.name == "mm16" and t.configs[-1] == {"aten": True}
+    # the interpreter cannot time kernels: it takes the first config, never ATen
+    assert not t.configs[0].get("aten")
