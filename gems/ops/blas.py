@@ -11,7 +11,11 @@ in fp32 for every dtype. fp32 inputs honor `torch.get_float32_matmul_precision()
 Program order is grouped ("swizzled"): GROUP_M row-tiles are swept for each column-tile, so the A
 row-panels and B column-panels a wave of programs reads stay in L2. Launch configs are autotuned per
 bucket (M, N, K rounded up to powers of two, dtype, precision, the layouts of A and B, batch, bias) and
-cached on disk; the interpreter takes the first (small) config.
+cached on disk; the interpreter takes the first (small) config. ATen's own GEMM (cuBLAS) is timed as
+one more candidate of each tuned bucket (design decision 12): where it beats every Triton config, the
+bucket's calls run ATen (an ATen plan per signature, replayed from C++), counted in `gems.stats()` as
+fallbacks "aten faster". `GEMS_GEMM=triton` keeps Triton for every bucket. Skinny (decode, M <= 16)
+and small GEMMs are not tuned and always run Triton.
 
 ATen semantics kept here: beta == 0 ignores bias entirely (NaN/inf in it do not propagate), alpha == 0
 ignores A @ B (CPU BLAS convention), K == 0 gives beta * bias (or zeros), empty M/N gives an empty
@@ -162,7 +166,8 @@ _TUNERS = {}
 
 def _tuner(itemsize):
     triton_only = gemm_policy() == "triton"
-    name = ("mm16" if itemsize <= 2 else "mm32") + ("-triton" if triton_only else "")
+    # separate tuning caches: a bucket tuned without the ATen candidate must not answer for 'auto'
+    name = ("mm16" if itemsize <= 2 else "mm32") + ("" if triton_only else "-auto")
     t = _TUNERS.get(name)
     if t is None:
         if backend().name == "interpreter":

@@ -103,9 +103,9 @@ def test_triton_policy_has_no_aten_candidate(monkeypatch):
     monkeypatch.setattr(blas, "backend", lambda: type("B", (), {"name": "cuda"})())
     monkeypatch.setenv("GEMS_GEMM", "triton")
     t = blas._tuner(2)
-    assert t.name == "mm16-triton" and not any(c.get("aten") for c in t.configs)
+    assert t.name == "mm16" and not any(c.get("aten") for c in t.configs)
     monkeypatch.setenv("GEMS_GEMM", "auto")
     t = blas._tuner(2)
-    assert t.name == "mm16" and t.configs[-1] == {"aten": True}
+    assert t.name == "mm16-auto" and t.configs[-1] == {"aten": True}
     # the interpreter cannot time kernels: it takes the first config, never ATen
     assert not t.configs[0].get("aten")
