@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# One command for the GPU machine: the GPU test suite, the kernel benchmarks and the model benchmark,
+# with a short summary printed last. Run it before resolving any issue.
+#
+#   bash scripts/gpu_check.sh                    # everything (about 15-20 min on an H100)
+#   bash scripts/gpu_check.sh suite models       # only some parts
+#
+# Parts: suite (GEMS_TEST_DEVICE=cuda pytest), kernels (benchmarks.run), gemm (benchmarks.gemm on the
+# model GEMMs), host (per-call host cost), fused (gems.fused vs ATen and Liger, when those modules
+# exist), attention (benchmarks.attention, when it exists), models (gems-coverage bench: Llama-2-7B
+# prefill and decode, TinyLlama-1.1B training, BERT training at the sizes of docs/perf.md), patched
+# (the same workloads with gems.patch, when it exists).
+# Results go to $GEMS_CHECK_DIR (default gpu-check-<date>/): logs, JSON, summary.txt.
+# Env: GEMS_CHECK_QUICK=1 for fewer timed runs; GEMS_CHECK_WORKERS (default 8) test processes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUTDIR=${GEMS_CHECK_DIR:-gpu-check-$(date +%Y%m%d-%H%M)}
+mkdir -p "$OUTDIR"
+SUMMARY="$OUTDIR/summary.txt"
+: > "$SUMMARY"
+QUICK=${GEMS_CHECK_QUICK:-0}
+WORKERS=${GEMS_CHECK_WORKERS:-8}
+PARTS=("$@")
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(suite kernels gemm host fused attention models patched)
+T0=$(date +%s)
+want() { local p; for p in "${PARTS[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
+note() { echo "$*" | tee -a "$SUMMARY"; }
+step() { echo "[$(( $(date +%s) - T0 )) s] $*" >&2; }
+
+$PY -c "import torch, sys; assert torch.cuda.is_available(), 'no CUDA device: this script is for the GPU machine'" || exit 2
+note "device: $($PY -c 'import torch; print(torch.cuda.get_device_name())'); torch $($PY -c 'import torch; print(torch.__version__)'); triton $($PY -c 'import triton; print(triton.__version__)'); $(date -u +%F)"
+note "fast path: $($PY -c 'import torch, gems; gems.enable(); from gems.runtime import fast; print(fast.status()[:120])' 2>&1 | tail -1)"
+q() { [ "$QUICK" = 1 ] && echo "$1"; }
+
+if want suite; then
+  step suite
+  GEMS_TEST_DEVICE=cuda $PY -m pytest -n "$WORKERS" -p no:cacheprovider -rfEX tests/core tests/ops tests/codegen \
+    $( [ -d tests/fused ] && echo tests/fused ) > "$OUTDIR/suite.txt" 2>&1
+  note "suite (rc $?): $(tail -1 "$OUTDIR/suite.txt")"
+  grep -E "^(FAILED|ERROR|XPASS)" "$OUTDIR/suite.txt" | cut -c1-200 | head -30 | tee -a "$SUMMARY"
+fi
+if want kernels; then
+  step kernels
+  $PY -m benchmarks.run --json "$OUTDIR/kernels.json" --no-host > "$OUTDIR/kernels.txt" 2>&1
+  note "kernels (rc $?): $(grep -cE " (met|MISS)" "$OUTDIR/kernels.txt") cases with a target, $(grep -c "MISS" "$OUTDIR/kernels.txt") missed, $(grep -cE "FELL BACK|not served" "$OUTDIR/kernels.txt") not served"
+  grep "MISS" "$OUTDIR/kernels.txt" | cut -c1-160 | head -20 | tee -a "$SUMMARY"
+fi
+if want gemm; then
+  step gemm
+  $PY -m benchmarks.gemm --device cuda $(q --quick) -o "$OUTDIR/gemm.json" > "$OUTDIR/gemm.txt" 2>&1
+  note "gemm, Triton kernels alone (rc $?): $(grep -E "^geomean" "$OUTDIR/gemm.txt")"
+fi
+if want host; then
+  step host
+  $PY -m benchmarks.host --device cuda --rounds $( [ "$QUICK" = 1 ] && echo 2 || echo 5 ) --json "$OUTDIR/host.json" \
+    > "$OUTDIR/host.txt" 2>&1
+  note "host (rc $?): $(grep -iE "geomean|geometric" "$OUTDIR/host.txt" | tail -1)"
+fi
+if want fused; then
+  for m in fused_norms fused_rope_loss; do
+    if [ -f "benchmarks/$m.py" ]; then
+      step "$m"
+      $PY -m "benchmarks.$m" --device cuda $(q --quick) -o "$OUTDIR/$m.json" > "$OUTDIR/$m.txt" 2>&1
+      note "$m (rc $?): see $OUTDIR/$m.txt"; tail -25 "$OUTDIR/$m.txt" >> "$SUMMARY"
+    fi
+  done
+fi
+if want attention && [ -f benchmarks/attention.py ]; then
+  step attention
+  $PY -m benchmarks.attention --device cuda $(q --quick) -o "$OUTDIR/attention.json" > "$OUTDIR/attention.txt" 2>&1
+  note "attention (rc $?): see $OUTDIR/attention.txt"; tail -25 "$OUTDIR/attention.txt" >> "$SUMMARY"
+fi
+
+# the model benchmark at the sizes of docs/perf.md (issue 7's)
+bench() {  # tag model workload args...
+  local tag=$1 m=$2 w=$3; shift 3
+  step "bench $tag"
+  $PY -m coverage_tool.cli bench "$m" --device cuda --workload "$w" --top 20 "$@" --format json \
+    -o "$OUTDIR/bench_$tag.json" > "$OUTDIR/bench_$tag.log" 2>&1 || note "bench $tag failed: $(tail -3 "$OUTDIR/bench_$tag.log")"
+}
+workloads() {  # suffix extra-args...
+  local s=$1; shift
+  bench "llama2_prefill$s" llama2 prefill --seq-len 2048 --steps 3 "$@"
+  bench "llama2_decode$s" llama2 decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 "$@"
+  bench "llama1b_train$s" llama-1.1b train --batch 4 --seq-len 1024 --steps 3 "$@"
+  bench "bert_train$s" bert train --batch 32 --seq-len 128 --steps 3 "$@"
+}
+want models && workloads ""
+if want patched && $PY -c "import gems; gems.patch" 2>/dev/null; then
+  workloads "_patched" --patch
+fi
+
+if ls "$OUTDIR"/bench_*.json >/dev/null 2>&1; then
+  $PY - "$OUTDIR" <<'PY' | tee -a "$SUMMARY"
+import glob, json, os, sys
+print(f"{'workload':26s} {'ATen ms':>9s} {'Gems ms':>9s} {'Gems/ATen throughput':>21s}  outputs agree")
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "bench_*.json"))):
+    d = json.load(open(f))
+    a, g = d["aten_ms_median"], d["gems_ms_median"]
+    agree = all(x["ok"] for x in d.get("agreement", []))
+    print(f"{os.path.basename(f)[6:-5]:26s} {a:9.2f} {g:9.2f} {a / g:21.3f}  {agree}")
+PY
+fi
+step done
+echo "----- summary ($SUMMARY) -----"
+cat "$SUMMARY"
