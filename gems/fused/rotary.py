@@ -1,0 +1,242 @@
+"""Rotary position embedding (RoPE) for q and k in one launch: Hugging Face's `apply_rotary_pos_emb`.
+
+    q_embed, k_embed = rope(q, k, cos, sin)                 # q [B, Hq, S, D], k [B, Hkv, S, D], cos/sin [B, S, D]
+    q_embed, k_embed = rope(q, k, cos, sin, unsqueeze_dim=2)  # q [B, S, Hq, D], k [B, S, Hkv, D]
+
+Contract (transformers 5.17, models/llama/modeling_llama.py):
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])
+    q_embed = q * cos + rotate_half(q) * sin;  k_embed likewise
+
+- `cos`/`sin` may have batch 1 (broadcast over the batch, as HF's rotary embedding returns for one
+  row of position ids) or B; they are broadcast over heads. Their two halves need not be equal.
+- q and k may be strided views (HF passes `proj(x).view(B, S, H, D).transpose(1, 2)`): read in place,
+  no copy. Outputs take q's (k's) memory layout when it is dense, else contiguous.
+- Outputs are in q's dtype (HF's result dtype when cos/sin have q's dtype, which HF's rotary
+  embedding returns); arithmetic is fp32.
+- `position_ids` is accepted and ignored, exactly like HF (cos/sin are already gathered per position).
+- Grouped-query attention: k may have fewer heads than q. Partial rotary (cos narrower than D) is
+  rejected with a ValueError.
+- Backward is the rotation by the opposite angle: with c1|c2 and s1|s2 the halves of cos and sin,
+  dx1 = g1*c1 + g2*s2 and dx2 = g2*c2 - g1*s1 (= g*cos + rotate_half^T(g*sin)); one launch for dq and
+  dk. Gradients for cos/sin (which HF computes under no_grad) fall back to plain PyTorch if requested.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import kernel
+from ..runtime.alloc import empty
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _rope_tile(X, O, C, SN, x_row, o_row, c_row, s_row, h0, H,
+               x_sh, x_sd, o_sh, o_sd, c_sd, s_sd,
+               HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BACKWARD: tl.constexpr):
+    """One token's heads h0 .. h0+BLOCK_H of one tensor: both halves loaded, rotated, stored."""
+    hs = h0 + tl.arange(0, BLOCK_H)
+    ds = tl.arange(0, BLOCK_HALF)
+    dmask = ds < HALF
+    mask = (hs < H)[:, None] & dmask[None, :]
+    # cos/sin halves: 4 x D/2 values, read once per program (L2-resident across the token's programs)
+    c1 = tl.load(C + c_row + ds * c_sd, mask=dmask, other=0.0).to(tl.float32)[None, :]
+    c2 = tl.load(C + c_row + (ds + HALF) * c_sd, mask=dmask, other=0.0).to(tl.float32)[None, :]
+    s1 = tl.load(SN + s_row + ds * s_sd, mask=dmask, other=0.0).to(tl.float32)[None, :]
+    s2 = tl.load(SN + s_row + (ds + HALF) * s_sd, mask=dmask, other=0.0).to(tl.float32)[None, :]
+    xp = X + x_row + hs[:, None].to(tl.int64) * x_sh + ds[None, :] * x_sd
+    x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(xp + HALF * x_sd, mask=mask, other=0.0).to(tl.float32)
+    if BACKWARD:
+        o1 = x1 * c1 + x2 * s2
+        o2 = x2 * c2 - x1 * s1
+    else:
+        o1 = x1 * c1 - x2 * s1
+        o2 = x2 * c2 + x1 * s2
+    op = O + o_row + hs[:, None].to(tl.int64) * o_sh + ds[None, :] * o_sd
+    tl.store(op, o1.to(O.dtype.element_ty), mask=mask)
+    tl.store(op + HALF * o_sd, o2.to(O.dtype.element_ty), mask=mask)
+
+
+@kernel
+@triton.jit
+def rope_kernel(Q, K, QO, KO, C, SN, S, HQ, HKV, NQB,
+                q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd,
+                qo_sb, qo_sh, qo_ss, qo_sd, ko_sb, ko_sh, ko_ss, ko_sd,
+                c_sb, c_ss, c_sd, s_sb, s_ss, s_sd,
+                HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BACKWARD: tl.constexpr):
+    """Forward  (BACKWARD=0): o = x*cos + rotate_half(x)*sin, i.e. o1 = x1*c1 - x2*s1, o2 = x2*c2 + x1*s2.
+    Backward (BACKWARD=1): o = g*cos + rotate_half^T(g*sin), i.e. o1 = g1*c1 + g2*s2, o2 = g2*c2 - g1*s1.
+
+    Grid (B*S, NQB + NKB): axis 0 is the token (b, s), axis 1 a block of BLOCK_H heads of q (the first
+    NQB) or of k. Bytes: each element of q and k read once and written once ((Hq+Hkv)*D*2 elements
+    per token), plus 2*D cos/sin values per program (L2 hits after the first).
+    """
+    tok = tl.program_id(0)
+    hb = tl.program_id(1)
+    b = (tok // S).to(tl.int64)
+    s = (tok % S).to(tl.int64)
+    c_row = b * c_sb + s * c_ss
+    s_row = b * s_sb + s * s_ss
+    if hb < NQB:
+        _rope_tile(Q, QO, C, SN, b * q_sb + s * q_ss, b * qo_sb + s * qo_ss, c_row, s_row, hb * BLOCK_H, HQ,
+                   q_sh, q_sd, qo_sh, qo_sd, c_sd, s_sd, HALF, BLOCK_H, BLOCK_HALF, BACKWARD)
+    else:
+        _rope_tile(K, KO, C, SN, b * k_sb + s * k_ss, b * ko_sb + s * ko_ss, c_row, s_row, (hb - NQB) * BLOCK_H,
+                   HKV, k_sh, k_sd, ko_sh, ko_sd, c_sd, s_sd, HALF, BLOCK_H, BLOCK_HALF, BACKWARD)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+_CONFIGS: dict = {}
+
+
+def _config(D: int, HQ: int, HKV: int):
+    """(BLOCK_HALF, BLOCK_H, num_warps), cached per (D, Hq, Hkv): tiles of ~2-4K elements."""
+    key = (D, HQ, HKV)
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        bhalf = _next_pow2(D // 2)
+        bh = max(1, min(_next_pow2(max(HQ, HKV)), 2048 // (2 * bhalf)))
+        warps = 4 if bh * bhalf * 2 >= 2048 else (2 if bh * bhalf * 2 >= 512 else 1)
+        cfg = _CONFIGS[key] = (bhalf, bh, warps)
+    return cfg
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: some permutation of the dims is contiguous."""
+    if t.is_contiguous():
+        return True
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
+
+
+def _alloc_like(t: torch.Tensor) -> torch.Tensor:
+    """An output with t's memory layout when t is dense (HF's transposed views), contiguous otherwise."""
+    return empty(t.shape, t.dtype, t.device, like_strides=t.stride() if _dense(t) else None)
+
+
+def _logical(t, ud):
+    """(b, h, s, d) strides of a q/k tensor whose head dim is `ud`."""
+    st = t.stride()
+    return (st[0], st[1], st[2], st[3]) if ud == 1 else (st[0], st[2], st[1], st[3])
+
+
+def _launch(q, k, qo, ko, c, s, ud, backward):
+    if ud == 1:
+        B, HQ, S, D = q.shape
+        HKV = k.shape[1]
+    else:
+        B, S, HQ, D = q.shape
+        HKV = k.shape[2]
+    if B * S == 0 or HQ + HKV == 0 or D == 0:
+        return
+    bhalf, bh, warps = _config(D, HQ, HKV)
+    nqb = -(-HQ // bh)
+    nkb = -(-HKV // bh)
+    cst, sst = c.stride(), s.stride()
+    # cos/sin [B or 1, S, D]: batch stride 0 when broadcast
+    c_sb = 0 if c.shape[0] == 1 else cst[0]
+    s_sb = 0 if s.shape[0] == 1 else sst[0]
+    rope_kernel[(B * S, nqb + nkb)](
+        q, k, qo, ko, c, s, S, HQ, HKV, nqb,
+        *_logical(q, ud), *_logical(k, ud), *_logical(qo, ud), *_logical(ko, ud),
+        c_sb, cst[1], cst[2], s_sb, sst[1], sst[2],
+        D // 2, bh, bhalf, backward, num_warps=warps)
+
+
+def _check(q, k, cos, sin, unsqueeze_dim):
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"rope: {name} must be a tensor, got {type(t).__name__}")
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"rope: q and k must be 4-D, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    ud = unsqueeze_dim
+    if ud in (-3, -2):
+        ud += 4
+    if ud not in (1, 2):
+        raise ValueError(f"rope: unsqueeze_dim must be 1 (q [B, H, S, D]) or 2 (q [B, S, H, D]), got {unsqueeze_dim}")
+    if q.dtype not in _DTYPES or k.dtype != q.dtype:
+        raise TypeError(f"rope: q and k must share a dtype among float32/float16/bfloat16, got {q.dtype} and {k.dtype}")
+    if not cos.is_floating_point() or not sin.is_floating_point():
+        raise TypeError(f"rope: cos and sin must be floating point, got {cos.dtype} and {sin.dtype}")
+    if not (q.device == k.device == cos.device == sin.device):
+        raise ValueError(f"rope: tensors on different devices: {q.device}, {k.device}, {cos.device}, {sin.device}")
+    sdim = 2 if ud == 1 else 1
+    B, S, D = q.shape[0], q.shape[sdim], q.shape[3]
+    if k.shape[0] != B or k.shape[sdim] != S or k.shape[3] != D:
+        raise ValueError(f"rope: k {tuple(k.shape)} does not match q {tuple(q.shape)} outside the head dim")
+    if D % 2:
+        raise ValueError(f"rope: head dim must be even, got {D}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.dim() != 3 or t.shape[0] not in (1, B) or t.shape[1] != S or t.shape[2] != D:
+            raise ValueError(f"rope: {name} must be [{B} or 1, {S}, {D}] for q {tuple(q.shape)} with "
+                             f"unsqueeze_dim={unsqueeze_dim}, got {tuple(t.shape)}"
+                             + (" (partial rotary is not supported)" if t.dim() == 3 and t.shape[2] != D else ""))
+    return ud
+
+
+class _Rope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, ud):
+        qo, ko = _alloc_like(q), _alloc_like(k)
+        _launch(q, k, qo, ko, cos, sin, ud, False)
+        ctx.ud = ud
+        ctx.layout = (q.shape, qo.stride(), k.shape, ko.stride())
+        ctx.cs_grad = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
+        ctx.save_for_backward(cos, sin, *((q, k) if ctx.cs_grad else ()))
+        return qo, ko
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        cos, sin = ctx.saved_tensors[:2]
+        qs, qst, ks, kst = ctx.layout
+        dq = empty(qs, gq.dtype, gq.device, like_strides=qst)
+        dk = empty(ks, gk.dtype, gk.device, like_strides=kst)
+        _launch(gq, gk, dq, dk, cos, sin, ctx.ud, True)
+        dcos = dsin = None
+        if ctx.cs_grad:   # rare (HF computes cos/sin under no_grad): plain PyTorch
+            q, k = ctx.saved_tensors[2:]
+            hd = ctx.ud
+            c_u = cos.unsqueeze(hd)
+            gq32, gk32 = gq.float(), gk.float()
+            dc = (gq32 * q.float()).sum(hd, keepdim=True) + (gk32 * k.float()).sum(hd, keepdim=True)
+            ds = ((gq32 * _rotate_half(q.float())).sum(hd, keepdim=True)
+                  + (gk32 * _rotate_half(k.float())).sum(hd, keepdim=True))
+            if c_u.shape[0] == 1:
+                dc, ds = dc.sum(0, keepdim=True), ds.sum(0, keepdim=True)
+            dcos = dc.squeeze(hd).to(cos.dtype) if ctx.needs_input_grad[2] else None
+            dsin = ds.squeeze(hd).to(sin.dtype) if ctx.needs_input_grad[3] else None
+        return dq, dk, dcos, dsin, None
+
+
+def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """Hugging Face's `apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)` in one Triton launch.
+
+    q [B, Hq, S, D] and k [B, Hkv, S, D] (unsqueeze_dim=1) or [B, S, H, D] (unsqueeze_dim=2);
+    cos/sin [B or 1, S, D]. Returns (q_embed, k_embed) in q's dtype. `position_ids` is ignored (as in HF).
+    """
+    ud = _check(q, k, cos, sin, unsqueeze_dim)
+    return _Rope.apply(q, k, cos, sin, ud)
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def reference_rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """Plain PyTorch: HF's apply_rotary_pos_emb."""
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
