@@ -10,9 +10,10 @@ Importing gems changes nothing in ATen; `enable()` / `use_gems()` do.
 """
 from . import registry
 from .dispatch import disable, enable, is_enabled, plan_stats, registered_ops, reset_stats, stats, use_gems
+from .patch import patch, patched, unpatch
 from .registry import Unsupported
 from .runtime.backends import backend
 
 __version__ = "0.1.0"
 __all__ = ["enable", "disable", "use_gems", "is_enabled", "registered_ops", "stats", "plan_stats", "reset_stats",
-           "backend", "registry", "Unsupported"]
+           "backend", "registry", "Unsupported", "patch", "unpatch", "patched"]
