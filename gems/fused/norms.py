@@ -1,0 +1,705 @@
+"""Fused normalizations: RMSNorm (Llama and Gemma casting), residual add + RMSNorm, LayerNorm and
+residual add + LayerNorm, each a `torch.autograd.Function` over Triton forward and backward kernels,
+with the plain PyTorch reference beside it (`reference_<name>`).
+
+Layout. The input is read as M rows of N = x.shape[-1] elements. Rows may have any stride as long as
+the last dim is contiguous (a view of every second row, a slice of a wider tensor: no copy); other
+layouts are copied once. Outputs are new contiguous tensors of the input's shape.
+
+Forward. For N <= max_n (16384 on the GPU) a program holds BLOCK_M whole rows in registers
+(BLOCK_N = next_power_of_2(N), BLOCK_M = rows filling a 4096-element tile, num_warps from the tile
+size), so x (and residual) is read once and every output written once: the minimum traffic. Wider
+rows loop over the row in BLOCK_N = max_n chunks: one pass for the statistics, one to write (x read
+twice; with a residual, the sum is written in the first pass and read back in the second).
+
+Backward. Each program owns a contiguous range of rows (2 programs per SM on the GPU, 1 for rows
+wider than 8192), recomputes the normalized row from x and the saved fp32 rstd (and mean), writes dx,
+and keeps its dweight (dbias) partial sums in fp32 registers; they are written once to a workspace
+[programs, N] and a column-sum kernel adds them up in a fixed order. No atomics: results are
+deterministic run to run.
+
+Statistics and all arithmetic are fp32 (fp64 for fp64 inputs on the reference path). Served dtypes:
+fp32, fp16, bf16 for x (weight and bias: any of these, see the casting rules). float64 inputs, and
+tensors on a device the active Gems backend does not run on (CPU without the interpreter, `meta`),
+run the PyTorch reference, which has the same semantics and autograd. Other dtypes raise ValueError.
+
+Casting rules (`casting=`):
+- "llama" (Hugging Face LlamaRMSNorm; also Mistral, Qwen2, Aquila): h = x.float() * rstd;
+  y = (weight + offset) * h.to(x.dtype), multiplied in fp32 and rounded once to
+  promote_types(x.dtype, weight.dtype) -- the dtype HF's `weight * h.to(input_dtype)` gives (a bf16
+  model: bf16; fp32 weight with bf16 x: fp32). With offset=0 this is HF's result bit for bit up to
+  rsqrt's rounding.
+- "gemma": y = (x.float() * rstd * (offset + weight.float())).to(x.dtype) (Gemma: offset=1.0); the
+  result has x's dtype.
+LayerNorm: y = ((x - mean) * rstd * weight + bias).to(x.dtype), statistics in fp32 (two-pass
+variance from registers), weight/bias in any served float dtype, either may be None.
+Residual variants: new_residual = (x + residual) rounded to the input dtype (HF's
+`hidden_states = residual + hidden_states`), and the norm normalizes that rounded sum.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import backend, kernel
+from ..runtime.utils import cdiv, empty, next_pow2, zeros
+
+_SERVED = (torch.float32, torch.float16, torch.bfloat16)
+
+# max_n: widest row held in registers (wider rows loop); tile: elements per forward program for short
+# rows; elems_per_warp: sets num_warps (capped by max_warps); bwd_per_sm: backward programs per SM
+_CONFIGS = {
+    "cuda": dict(max_n=16384, tile=4096, elems_per_warp=512, bwd_elems_per_warp=256, max_warps=16,
+                 bwd_per_sm=2),
+    # the interpreter runs a program instance in Python: few wide programs; a small max_n so that the
+    # tests reach the looping path with small rows
+    "interpreter": dict(max_n=128, tile=1024, elems_per_warp=512, bwd_elems_per_warp=512, max_warps=1,
+                        programs=3),
+}
+
+
+# --------------------------------------------------------------------------------------------- helpers
+def _cfg():
+    return _CONFIGS[backend().name]
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(dev):
+    return torch.cuda.get_device_properties(dev).multi_processor_count
+
+
+def _warps(elems, key, cfg):
+    return max(1, min(cfg["max_warps"], next_pow2(max(elems // cfg[key], 1))))
+
+
+@functools.lru_cache(maxsize=1024)
+def _fwd_config(M, N, name):
+    """(grid, SINGLE, BLOCK_M, BLOCK_N, num_warps) of a forward launch; cached by shape."""
+    cfg = _CONFIGS[name]
+    block_n = next_pow2(N)
+    if block_n <= cfg["max_n"]:
+        block_m = min(next_pow2(M), max(1, cfg["tile"] // block_n))
+        return (cdiv(M, block_m),), 1, block_m, block_n, _warps(block_m * block_n, "elems_per_warp", cfg)
+    block_n = cfg["max_n"]
+    return (M,), 0, 1, block_n, _warps(block_n, "elems_per_warp", cfg)
+
+
+@functools.lru_cache(maxsize=1024)
+def _bwd_config(M, N, name, dev):
+    """(programs, rows per program, SINGLE, BLOCK_N, num_warps) of a backward launch."""
+    cfg = _CONFIGS[name]
+    block_n = next_pow2(N)
+    single = int(block_n <= cfg["max_n"])
+    if not single:
+        block_n = cfg["max_n"]
+    if "programs" in cfg:
+        target = cfg["programs"]
+    else:
+        target = _sm_count(dev) * (cfg["bwd_per_sm"] if block_n <= 8192 else 1)
+    rows = cdiv(M, max(1, min(target, M)))
+    return cdiv(M, rows), rows, single, block_n, _warps(block_n, "bwd_elems_per_warp", cfg)
+
+
+def _rows(t, M, N):
+    """(t as an (M, N) matrix with unit column stride, its row stride); copies only when needed."""
+    if t.dim() == 2 and (t.stride(1) == 1 or N == 1):
+        v = t
+    else:
+        try:
+            v = t.view(M, N)
+        except RuntimeError:
+            v = None
+        if v is None or (N > 1 and v.stride(1) != 1):
+            v = t.contiguous().view(M, N)
+    return v, (v.stride(0) if M > 1 else N)
+
+
+def _use_kernels(*ts):
+    """Whether the Triton kernels serve these tensors (else the PyTorch reference runs)."""
+    x = ts[0]
+    if x.dtype not in _SERVED:
+        if x.dtype == torch.float64:
+            return False
+        raise ValueError(f"gems.fused norms: input dtype {x.dtype} is not supported (float32, float16, bfloat16; "
+                         f"float64 runs the PyTorch reference)")
+    for t in ts[1:]:
+        if t is not None and t.dtype not in _SERVED:
+            if t.dtype == torch.float64:
+                return False
+            raise ValueError(f"gems.fused norms: parameter dtype {t.dtype} is not supported")
+    try:
+        dev_type = backend().device_type
+    except RuntimeError:
+        return False
+    return x.device.type == dev_type
+
+
+def _check(x, residual, weight, bias, what):
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise ValueError(f"{what}: x must be a floating-point tensor, got "
+                         f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if x.dim() == 0:
+        raise ValueError(f"{what}: x must have at least one dimension (the normalized one)")
+    N = x.shape[-1]
+    if N == 0:
+        raise ValueError(f"{what}: the normalized (last) dimension is empty")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None:
+            continue
+        if not p.is_floating_point():
+            raise ValueError(f"{what}: {name} must be floating point, got {p.dtype}")
+        if tuple(p.shape) != (N,):
+            raise ValueError(f"{what}: {name} shape {tuple(p.shape)} must be ({N},), the last dim of x "
+                             f"{tuple(x.shape)}")
+        if p.device != x.device:
+            raise ValueError(f"{what}: {name} is on {p.device}, x on {x.device}")
+    if residual is not None:
+        if tuple(residual.shape) != tuple(x.shape):
+            raise ValueError(f"{what}: residual shape {tuple(residual.shape)} differs from x {tuple(x.shape)}")
+        if residual.dtype != x.dtype:
+            raise ValueError(f"{what}: residual dtype {residual.dtype} differs from x {x.dtype}")
+        if residual.device != x.device:
+            raise ValueError(f"{what}: residual is on {residual.device}, x on {x.device}")
+
+
+def _acc(t):
+    """The reference's compute dtype: fp32, or fp64 for fp64 tensors (tests run it in fp64)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
+# ------------------------------------------------------------------------------------------ references
+def reference_rms_norm(x, weight, eps=1e-6, *, offset=0.0, casting="llama"):
+    """RMSNorm in plain PyTorch, Hugging Face's code (LlamaRMSNorm / GemmaRMSNorm)."""
+    h = _acc(x)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if casting == "gemma":
+        return (h * (offset + _acc(weight))).to(x.dtype)
+    w = weight + offset if offset else weight
+    return w * h.to(x.dtype)
+
+
+def reference_add_rms_norm(x, residual, weight, eps=1e-6, *, offset=0.0, casting="llama"):
+    """new_residual = residual + x (input dtype); (rms_norm(new_residual), new_residual)."""
+    s = residual + x
+    return reference_rms_norm(s, weight, eps, offset=offset, casting=casting), s
+
+
+def reference_layer_norm(x, weight, bias, eps=1e-5):
+    """LayerNorm over the last dim with fp32 statistics, result in x's dtype."""
+    h = _acc(x)
+    mean = h.mean(-1, keepdim=True)
+    var = (h - mean).pow(2).mean(-1, keepdim=True)
+    y = (h - mean) * torch.rsqrt(var + eps)
+    if weight is not None:
+        y = y * _acc(weight)
+    if bias is not None:
+        y = y + _acc(bias)
+    return y.to(x.dtype)
+
+
+def reference_add_layer_norm(x, residual, weight, bias, eps=1e-5):
+    """BERT's `LayerNorm(hidden_states + input_tensor)`: (layer_norm(x + residual), x + residual)."""
+    s = x + residual
+    return reference_layer_norm(s, weight, bias, eps), s
+
+
+# ------------------------------------------------------------------------------------------- kernels
+@kernel
+@triton.jit
+def _rms_fwd(X, R, W, Y, S, RSTD, M, N, sX, sR, eps, offset,
+             HAS_RES: tl.constexpr, GEMMA: tl.constexpr, SINGLE: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """s = x + r (rounded to x's dtype; HAS_RES), rstd = 1/sqrt(sum(s^2)/N + eps) (fp32, saved),
+    llama: y = (w + offset) * round_x(s * rstd);  gemma: y = s * rstd * (offset + w).
+    Bytes per element: read x (+ r), write y (+ s); w once per program; 4 bytes of rstd per row."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = (rows < M)[:, None]
+    r64 = rows.to(tl.int64)[:, None]
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    if SINGLE:
+        mask = rmask & (cols < N)
+        x = tl.load(X + r64 * sX + cols, mask=mask, other=0.0)
+        if HAS_RES:
+            x = (x.to(tl.float32) + tl.load(R + r64 * sR + cols, mask=mask, other=0.0).to(tl.float32))
+            x = x.to(S.dtype.element_ty)
+            tl.store(S + r64 * N + cols, x, mask=mask)
+        xf = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(xf * xf, 1) / N + eps)
+        h = xf * rstd[:, None]
+        w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset
+        if GEMMA:
+            y = h * w
+        else:
+            y = h.to(X.dtype.element_ty).to(tl.float32) * w
+        tl.store(Y + r64 * N + cols, y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for start in range(0, N, BLOCK_N):
+            c = cols + start
+            mask = rmask & (c < N)
+            x = tl.load(X + r64 * sX + c, mask=mask, other=0.0)
+            if HAS_RES:
+                x = (x.to(tl.float32) + tl.load(R + r64 * sR + c, mask=mask, other=0.0).to(tl.float32))
+                x = x.to(S.dtype.element_ty)
+                tl.store(S + r64 * N + c, x, mask=mask)
+            xf = x.to(tl.float32)
+            acc += xf * xf
+        rstd = tl.rsqrt(tl.sum(acc, 1) / N + eps)
+        for start in range(0, N, BLOCK_N):
+            c = cols + start
+            mask = rmask & (c < N)
+            if HAS_RES:   # the rounded sum written above, by this same thread
+                xf = tl.load(S + r64 * N + c, mask=mask, other=0.0).to(tl.float32)
+            else:
+                xf = tl.load(X + r64 * sX + c, mask=mask, other=0.0).to(tl.float32)
+            h = xf * rstd[:, None]
+            w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32) + offset
+            if GEMMA:
+                y = h * w
+            else:
+                y = h.to(X.dtype.element_ty).to(tl.float32) * w
+            tl.store(Y + r64 * N + c, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + rows, rstd, mask=rows < M)
+
+
+@kernel
+@triton.jit
+def _rms_bwd(DY, DS, X, W, RSTD, DX, WS, M, N, sDY, sDS, sX, rows_per_prog, offset,
+             GEMMA: tl.constexpr, HAS_DS: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
+             SINGLE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """h = x * rstd, dh = dy * (w + offset):  dx = rstd * (dh - h * sum(dh * h) / N) (+ ds, the
+    gradient of the residual output); WS[program] = sum over its rows of dy * hh, hh = round_x(h)
+    (llama) or h (gemma), fp32. Bytes per element: read dy, x (+ ds), write dx; the workspace is
+    programs * N * 4 bytes (zeroed by the caller on the looping path)."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    row0 = pid * rows_per_prog
+    row_end = tl.minimum(M, row0 + rows_per_prog)
+    row0_l = row0.to(tl.int64)
+    ws_off = pid.to(tl.int64) * N
+    if SINGLE:
+        cmask = cols < N
+        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
+        dw = tl.zeros([BLOCK_N], tl.float32)
+        for row in range(row0, row_end):
+            r = row0_l + (row - row0)   # int64 row index (a loop variable may be a plain int)
+            dy = tl.load(DY + r * sDY + cols, mask=cmask, other=0.0).to(tl.float32)
+            x = tl.load(X + r * sX + cols, mask=cmask, other=0.0)
+            rstd = tl.load(RSTD + row)
+            h = x.to(tl.float32) * rstd
+            if DO_DX:
+                dh = dy * w
+                c = tl.sum(dh * h, 0) / N
+                dx = rstd * (dh - h * c)
+                if HAS_DS:
+                    dx += tl.load(DS + r * sDS + cols, mask=cmask, other=0.0).to(tl.float32)
+                tl.store(DX + r * N + cols, dx.to(DX.dtype.element_ty), mask=cmask)
+            if DO_DW:
+                if GEMMA:
+                    dw += dy * h
+                else:
+                    dw += dy * h.to(X.dtype.element_ty).to(tl.float32)
+        if DO_DW:
+            tl.store(WS + ws_off + cols, dw, mask=cmask)
+    else:
+        for row in range(row0, row_end):
+            r = row0_l + (row - row0)   # int64 row index (a loop variable may be a plain int)
+            rstd = tl.load(RSTD + row)
+            if DO_DX:
+                acc = tl.zeros([BLOCK_N], tl.float32)
+                for start in range(0, N, BLOCK_N):
+                    c = cols + start
+                    cmask = c < N
+                    dy = tl.load(DY + r * sDY + c, mask=cmask, other=0.0).to(tl.float32)
+                    h = tl.load(X + r * sX + c, mask=cmask, other=0.0).to(tl.float32) * rstd
+                    w = tl.load(W + c, mask=cmask, other=0.0).to(tl.float32) + offset
+                    acc += dy * w * h
+                s = tl.sum(acc, 0) / N
+            for start in range(0, N, BLOCK_N):
+                c = cols + start
+                cmask = c < N
+                dy = tl.load(DY + r * sDY + c, mask=cmask, other=0.0).to(tl.float32)
+                x = tl.load(X + r * sX + c, mask=cmask, other=0.0)
+                h = x.to(tl.float32) * rstd
+                if DO_DX:
+                    w = tl.load(W + c, mask=cmask, other=0.0).to(tl.float32) + offset
+                    dx = rstd * (dy * w - h * s)
+                    if HAS_DS:
+                        dx += tl.load(DS + r * sDS + c, mask=cmask, other=0.0).to(tl.float32)
+                    tl.store(DX + r * N + c, dx.to(DX.dtype.element_ty), mask=cmask)
+                if DO_DW:   # this program's own workspace row: read-modify-write, no races
+                    if GEMMA:
+                        g = dy * h
+                    else:
+                        g = dy * h.to(X.dtype.element_ty).to(tl.float32)
+                    p = WS + ws_off + c
+                    tl.store(p, tl.load(p, mask=cmask, other=0.0) + g, mask=cmask)
+
+
+@kernel
+@triton.jit
+def _ln_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
+            HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, SINGLE: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """s = x + r (rounded to x's dtype; HAS_RES), mean = sum(s)/N, rstd = 1/sqrt(sum((s-mean)^2)/N + eps)
+    (fp32, saved), y = (s - mean) * rstd * w + b. Bytes per element: read x (+ r), write y (+ s)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = (rows < M)[:, None]
+    r64 = rows.to(tl.int64)[:, None]
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    if SINGLE:
+        mask = rmask & (cols < N)
+        x = tl.load(X + r64 * sX + cols, mask=mask, other=0.0)
+        if HAS_RES:
+            x = (x.to(tl.float32) + tl.load(R + r64 * sR + cols, mask=mask, other=0.0).to(tl.float32))
+            x = x.to(S.dtype.element_ty)
+            tl.store(S + r64 * N + cols, x, mask=mask)
+        xf = x.to(tl.float32)
+        mean = tl.sum(xf, 1) / N
+        xc = tl.where(mask, xf - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(xc * xc, 1) / N + eps)
+        y = xc * rstd[:, None]
+        if HAS_W:
+            y = y * tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+        if HAS_B:
+            y = y + tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)
+        tl.store(Y + r64 * N + cols, y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for start in range(0, N, BLOCK_N):
+            c = cols + start
+            mask = rmask & (c < N)
+            x = tl.load(X + r64 * sX + c, mask=mask, other=0.0)
+            if HAS_RES:
+                x = (x.to(tl.float32) + tl.load(R + r64 * sR + c, mask=mask, other=0.0).to(tl.float32))
+                x = x.to(S.dtype.element_ty)
+                tl.store(S + r64 * N + c, x, mask=mask)
+            acc += x.to(tl.float32)
+        mean = tl.sum(acc, 1) / N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for start in range(0, N, BLOCK_N):
+            c = cols + start
+            mask = rmask & (c < N)
+            if HAS_RES:
+                xf = tl.load(S + r64 * N + c, mask=mask, other=0.0).to(tl.float32)
+            else:
+                xf = tl.load(X + r64 * sX + c, mask=mask, other=0.0).to(tl.float32)
+            xc = tl.where(mask, xf - mean[:, None], 0.0)
+            acc += xc * xc
+        rstd = tl.rsqrt(tl.sum(acc, 1) / N + eps)
+        for start in range(0, N, BLOCK_N):
+            c = cols + start
+            mask = rmask & (c < N)
+            if HAS_RES:
+                xf = tl.load(S + r64 * N + c, mask=mask, other=0.0).to(tl.float32)
+            else:
+                xf = tl.load(X + r64 * sX + c, mask=mask, other=0.0).to(tl.float32)
+            y = (xf - mean[:, None]) * rstd[:, None]
+            if HAS_W:
+                y = y * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
+            if HAS_B:
+                y = y + tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)
+            tl.store(Y + r64 * N + c, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(MEAN + rows, mean, mask=rows < M)
+    tl.store(RSTD + rows, rstd, mask=rows < M)
+
+
+@kernel
+@triton.jit
+def _ln_bwd(DY, DS, X, W, MEAN, RSTD, DX, WS_W, WS_B, M, N, sDY, sDS, sX, rows_per_prog,
+            HAS_W: tl.constexpr, HAS_DS: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
+            DO_DB: tl.constexpr, SINGLE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """xhat = (x - mean) * rstd, wg = dy * w:  dx = rstd * (wg - xhat * sum(wg * xhat)/N - sum(wg)/N)
+    (+ ds); WS_W[program] = sum over its rows of dy * xhat, WS_B[program] = sum of dy (fp32).
+    Bytes per element: read dy, x (+ ds), write dx."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    row0 = pid * rows_per_prog
+    row_end = tl.minimum(M, row0 + rows_per_prog)
+    row0_l = row0.to(tl.int64)
+    ws_off = pid.to(tl.int64) * N
+    if SINGLE:
+        cmask = cols < N
+        if HAS_W:
+            w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+        dw = tl.zeros([BLOCK_N], tl.float32)
+        db = tl.zeros([BLOCK_N], tl.float32)
+        for row in range(row0, row_end):
+            r = row0_l + (row - row0)   # int64 row index (a loop variable may be a plain int)
+            dy = tl.load(DY + r * sDY + cols, mask=cmask, other=0.0).to(tl.float32)
+            x = tl.load(X + r * sX + cols, mask=cmask, other=0.0).to(tl.float32)
+            mean = tl.load(MEAN + row)
+            rstd = tl.load(RSTD + row)
+            xhat = tl.where(cmask, (x - mean) * rstd, 0.0)
+            if DO_DX:
+                if HAS_W:
+                    wg = dy * w
+                else:
+                    wg = dy
+                c1 = tl.sum(wg * xhat, 0) / N
+                c2 = tl.sum(wg, 0) / N
+                dx = rstd * (wg - xhat * c1 - c2)
+                if HAS_DS:
+                    dx += tl.load(DS + r * sDS + cols, mask=cmask, other=0.0).to(tl.float32)
+                tl.store(DX + r * N + cols, dx.to(DX.dtype.element_ty), mask=cmask)
+            if DO_DW:
+                dw += dy * xhat
+            if DO_DB:
+                db += dy
+        if DO_DW:
+            tl.store(WS_W + ws_off + cols, dw, mask=cmask)
+        if DO_DB:
+            tl.store(WS_B + ws_off + cols, db, mask=cmask)
+    else:
+        for row in range(row0, row_end):
+            r = row0_l + (row - row0)   # int64 row index (a loop variable may be a plain int)
+            mean = tl.load(MEAN + row)
+            rstd = tl.load(RSTD + row)
+            if DO_DX:
+                a1 = tl.zeros([BLOCK_N], tl.float32)
+                a2 = tl.zeros([BLOCK_N], tl.float32)
+                for start in range(0, N, BLOCK_N):
+                    c = cols + start
+                    cmask = c < N
+                    dy = tl.load(DY + r * sDY + c, mask=cmask, other=0.0).to(tl.float32)
+                    x = tl.load(X + r * sX + c, mask=cmask, other=0.0).to(tl.float32)
+                    xhat = tl.where(cmask, (x - mean) * rstd, 0.0)
+                    if HAS_W:
+                        dy = dy * tl.load(W + c, mask=cmask, other=0.0).to(tl.float32)
+                    a1 += dy * xhat
+                    a2 += dy
+                c1 = tl.sum(a1, 0) / N
+                c2 = tl.sum(a2, 0) / N
+            for start in range(0, N, BLOCK_N):
+                c = cols + start
+                cmask = c < N
+                dy = tl.load(DY + r * sDY + c, mask=cmask, other=0.0).to(tl.float32)
+                x = tl.load(X + r * sX + c, mask=cmask, other=0.0).to(tl.float32)
+                xhat = tl.where(cmask, (x - mean) * rstd, 0.0)
+                if DO_DX:
+                    if HAS_W:
+                        wg = dy * tl.load(W + c, mask=cmask, other=0.0).to(tl.float32)
+                    else:
+                        wg = dy
+                    dx = rstd * (wg - xhat * c1 - c2)
+                    if HAS_DS:
+                        dx += tl.load(DS + r * sDS + c, mask=cmask, other=0.0).to(tl.float32)
+                    tl.store(DX + r * N + c, dx.to(DX.dtype.element_ty), mask=cmask)
+                if DO_DW:
+                    p = WS_W + ws_off + c
+                    tl.store(p, tl.load(p, mask=cmask, other=0.0) + dy * xhat, mask=cmask)
+                if DO_DB:
+                    p = WS_B + ws_off + c
+                    tl.store(p, tl.load(p, mask=cmask, other=0.0) + dy, mask=cmask)
+
+
+@kernel
+@triton.jit
+def _col_sum(WS, OUT, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """OUT[n] = sum_p WS[p, n] in fp32, in a fixed order (deterministic), rounded once to OUT's dtype.
+    Reads the [P, N] fp32 workspace once, coalesced along N."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    acc = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        acc += tl.load(WS + p.to(tl.int64)[:, None] * N + cols[None, :],
+                       mask=(p < P)[:, None] & cmask[None, :], other=0.0)
+    tl.store(OUT + cols, tl.sum(acc, 0).to(OUT.dtype.element_ty), mask=cmask)
+
+
+def _col_sum_into(ws, out, P, N):
+    block_n = min(256, next_pow2(N))
+    block_p = min(32, next_pow2(P))
+    _col_sum[(cdiv(N, block_n),)](ws, out, P, N, block_p, block_n, num_warps=4)
+
+
+def _pair(ctx, dx):
+    """(grad of x, grad of residual): the same tensor for both (ATen's add backward also returns one
+    tensor for both operands; autograd copies before accumulating into a shared one)."""
+    ni = ctx.needs_input_grad
+    return (dx if ni[0] else None, dx if ctx.has_res and ni[1] else None)
+
+
+def _grad_rows(g, M, N):
+    return _rows(g, M, N) if g is not None else (None, N)
+
+
+# ------------------------------------------------------------------------------------------- RMSNorm
+class _RMSNormFn(torch.autograd.Function):
+    """rms_norm (residual None) and add_rms_norm (returns (y, new_residual))."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps, offset, gemma):
+        shape, N = x.shape, x.shape[-1]
+        M = x.numel() // N
+        dev = x.device
+        y_dtype = x.dtype if gemma else torch.promote_types(x.dtype, weight.dtype)
+        y = empty(shape, y_dtype, dev)
+        s = empty(shape, x.dtype, dev) if residual is not None else None
+        rstd = empty((M,), torch.float32, dev)
+        if M:
+            xv, sx = _rows(x, M, N)
+            rv, sr = _rows(residual, M, N) if residual is not None else (None, N)
+            w = weight.contiguous()
+            grid, single, bm, bn, nw = _fwd_config(M, N, backend().name)
+            _rms_fwd[grid](xv, rv, w, y, s, rstd, M, N, sx, sr, float(eps), float(offset),
+                           int(residual is not None), int(gemma), single, bm, bn, num_warps=nw)
+        ctx.gemma, ctx.offset, ctx.has_res = gemma, float(offset), residual is not None
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(s if residual is not None else x, weight, rstd)
+        if residual is not None:
+            return y, s
+        return y
+
+    @staticmethod
+    def backward(ctx, dy, ds=None):
+        x, weight, rstd = ctx.saved_tensors
+        need_x = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        need_w = ctx.needs_input_grad[2]
+        shape, N = x.shape, x.shape[-1]
+        M = x.numel() // N
+        dx = dw = None
+        if dy is None:       # only the residual output reached the loss
+            if need_w:
+                dw = torch.zeros_like(weight)
+            if need_x:
+                dx = ds if ds is not None else torch.zeros_like(x)
+            return _pair(ctx, dx) + (dw, None, None, None)
+        if need_x:
+            dx = empty(shape, x.dtype, x.device)
+        if need_w:
+            dw = empty(weight.shape, weight.dtype, weight.device)
+        if M == 0:
+            if need_w:
+                dw.zero_()
+            return _pair(ctx, dx) + (dw, None, None, None)
+        xv, sx = _rows(x, M, N)
+        dyv, sdy = _rows(dy, M, N)
+        dsv, sds = _grad_rows(ds, M, N)
+        P, rows, single, bn, nw = _bwd_config(M, N, backend().name, x.device.index or 0)
+        ws = (empty if single else zeros)((P, N), torch.float32, x.device) if need_w else None
+        _rms_bwd[(P,)](dyv, dsv, xv, weight.contiguous(), rstd, dx, ws, M, N, sdy, sds, sx, rows, ctx.offset,
+                       int(ctx.gemma), int(ds is not None), int(need_x), int(need_w), single, bn, num_warps=nw)
+        if need_w:
+            _col_sum_into(ws, dw, P, N)
+        return _pair(ctx, dx) + (dw, None, None, None)
+
+
+def _casting(casting):
+    if casting not in ("llama", "gemma"):
+        raise ValueError(f"casting must be 'llama' or 'gemma', got {casting!r}")
+    return casting == "gemma"
+
+
+def rms_norm(x, weight, eps=1e-6, *, offset=0.0, casting="llama"):
+    """RMSNorm over the last dim: Llama's casting rule (HF LlamaRMSNorm) or Gemma's (offset=1.0).
+
+    llama: y = (weight + offset) * (x.float() * rstd).to(x.dtype), in promote_types(x, weight) dtype;
+    gemma: y = (x.float() * rstd * (offset + weight.float())).to(x.dtype). rstd = rsqrt(mean(x^2) + eps).
+    """
+    gemma = _casting(casting)
+    _check(x, None, weight, None, "rms_norm")
+    if not _use_kernels(x, weight):
+        return reference_rms_norm(x, weight, eps, offset=offset, casting=casting)
+    return _RMSNormFn.apply(x, None, weight, eps, offset, gemma)
+
+
+def add_rms_norm(x, residual, weight, eps=1e-6, *, offset=0.0, casting="llama"):
+    """(rms_norm(residual + x), residual + x) in one kernel reading x and residual once."""
+    gemma = _casting(casting)
+    _check(x, residual, weight, None, "add_rms_norm")
+    if not _use_kernels(x, weight):
+        return reference_add_rms_norm(x, residual, weight, eps, offset=offset, casting=casting)
+    return _RMSNormFn.apply(x, residual, weight, eps, offset, gemma)
+
+
+# ----------------------------------------------------------------------------------------- LayerNorm
+class _LayerNormFn(torch.autograd.Function):
+    """layer_norm (residual None) and add_layer_norm (returns (y, new_residual))."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, eps):
+        shape, N = x.shape, x.shape[-1]
+        M = x.numel() // N
+        dev = x.device
+        y = empty(shape, x.dtype, dev)
+        s = empty(shape, x.dtype, dev) if residual is not None else None
+        mean = empty((M,), torch.float32, dev)
+        rstd = empty((M,), torch.float32, dev)
+        if M:
+            xv, sx = _rows(x, M, N)
+            rv, sr = _rows(residual, M, N) if residual is not None else (None, N)
+            w = weight.contiguous() if weight is not None else None
+            b = bias.contiguous() if bias is not None else None
+            grid, single, bm, bn, nw = _fwd_config(M, N, backend().name)
+            _ln_fwd[grid](xv, rv, w, b, y, s, mean, rstd, M, N, sx, sr, float(eps),
+                          int(residual is not None), int(w is not None), int(b is not None), single, bm, bn,
+                          num_warps=nw)
+        ctx.has_res = residual is not None
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(s if residual is not None else x, weight, bias, mean, rstd)
+        if residual is not None:
+            return y, s
+        return y
+
+    @staticmethod
+    def backward(ctx, dy, ds=None):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        need_x = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        need_w = ctx.needs_input_grad[2] and weight is not None
+        need_b = ctx.needs_input_grad[3] and bias is not None
+        shape, N = x.shape, x.shape[-1]
+        M = x.numel() // N
+        dx = dw = db = None
+        if dy is None:
+            dw = torch.zeros_like(weight) if need_w else None
+            db = torch.zeros_like(bias) if need_b else None
+            if need_x:
+                dx = ds if ds is not None else torch.zeros_like(x)
+            return _pair(ctx, dx) + (dw, db, None)
+        if need_x:
+            dx = empty(shape, x.dtype, x.device)
+        if need_w:
+            dw = empty(weight.shape, weight.dtype, weight.device)
+        if need_b:
+            db = empty(bias.shape, bias.dtype, bias.device)
+        if M == 0:
+            for t in (dw, db):
+                if t is not None:
+                    t.zero_()
+            return _pair(ctx, dx) + (dw, db, None)
+        xv, sx = _rows(x, M, N)
+        dyv, sdy = _rows(dy, M, N)
+        dsv, sds = _grad_rows(ds, M, N)
+        P, rows, single, bn, nw = _bwd_config(M, N, backend().name, x.device.index or 0)
+        alloc = empty if single else zeros
+        ws_w = alloc((P, N), torch.float32, x.device) if need_w else None
+        ws_b = alloc((P, N), torch.float32, x.device) if need_b else None
+        _ln_bwd[(P,)](dyv, dsv, xv, weight.contiguous() if weight is not None else None, mean, rstd, dx,
+                      ws_w, ws_b, M, N, sdy, sds, sx, rows, int(weight is not None), int(ds is not None),
+                      int(need_x), int(need_w), int(need_b), single, bn, num_warps=nw)
+        if need_w:
+            _col_sum_into(ws_w, dw, P, N)
+        if need_b:
+            _col_sum_into(ws_b, db, P, N)
+        return _pair(ctx, dx) + (dw, db, None)
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    """LayerNorm over the last dim (F.layer_norm(x, (N,), weight, bias, eps)), fp32 statistics."""
+    _check(x, None, weight, bias, "layer_norm")
+    if not _use_kernels(x, weight, bias):
+        return reference_layer_norm(x, weight, bias, eps)
+    return _LayerNormFn.apply(x, None, weight, bias, eps)
+
+
+def add_layer_norm(x, residual, weight, bias, eps=1e-5):
+    """(layer_norm(x + residual), x + residual): BERT's `LayerNorm(hidden_states + input_tensor)`."""
+    _check(x, residual, weight, bias, "add_layer_norm")
+    if not _use_kernels(x, weight, bias):
+        return reference_add_layer_norm(x, residual, weight, bias, eps)
+    return _LayerNormFn.apply(x, residual, weight, bias, eps)
