@@ -1,0 +1,379 @@
+"""gems.patch / unpatch / patched on tiny Hugging Face models (CPU, fp32).
+
+Wiring tests run with PyTorch stand-ins for gems.fused (the reference formulas, counted): they prove that
+the patch routes each model's computation to gems.fused, that the patched model computes what the
+unpatched one does (forward, loss, gradients, generate), and that unpatch restores the exact objects.
+Integration tests at the end run the real Triton kernels (interpreter) in patched models.
+"""
+import collections
+import contextlib
+import copy
+import importlib
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import gems
+import gems.fused
+import models
+
+P = sys.modules["gems.patch"]   # the module (gems.patch is the function)
+FUSED = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "silu_and_mul", "gelu_and_mul", "rope",
+         "cross_entropy", "fused_linear_cross_entropy")
+
+
+# ------------------------------------------------------------------------------------------ stand-ins
+def _rms(x, w, eps, offset=0.0, casting="llama"):
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if casting == "gemma":
+        return (y * (offset + w.float())).to(x.dtype)
+    return (w + offset) * y.to(x.dtype)
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def _standins():
+    def rms_norm(x, weight, eps=1e-6, *, offset=0.0, casting="llama"):
+        return _rms(x, weight, eps, offset, casting)
+
+    def add_rms_norm(x, residual, weight, eps=1e-6, *, offset=0.0, casting="llama"):
+        s = residual + x
+        return _rms(s, weight, eps, offset, casting), s
+
+    def layer_norm(x, weight, bias, eps=1e-5):
+        return TF.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+    def add_layer_norm(x, residual, weight, bias, eps=1e-5):
+        s = x + residual
+        return TF.layer_norm(s, (s.shape[-1],), weight, bias, eps), s
+
+    def silu_and_mul(gate, up):
+        return TF.silu(gate) * up
+
+    def gelu_and_mul(gate, up, approximate="none"):
+        return TF.gelu(gate, approximate=approximate) * up
+
+    def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+    def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+        return TF.cross_entropy(logits.float(), target, ignore_index=ignore_index,
+                                label_smoothing=label_smoothing, reduction=reduction)
+
+    def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100, label_smoothing=0.0,
+                                   reduction="mean"):
+        return TF.cross_entropy(TF.linear(hidden, weight, bias).float(), target, ignore_index=ignore_index,
+                                label_smoothing=label_smoothing, reduction=reduction)
+
+    return {k: v for k, v in locals().items() if k in FUSED}
+
+
+@contextlib.contextmanager
+def _fused_as(fns: dict):
+    """gems.fused's public names bound to `fns` for the block (counted), then exactly as before."""
+    calls = collections.Counter()
+    ns = gems.fused.__dict__
+    saved = {k: ns[k] for k in fns if k in ns}
+
+    def counted(name, fn):
+        def f(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+        return f
+    ns.update({k: counted(k, v) for k, v in fns.items()})
+    try:
+        yield calls
+    finally:
+        for k in fns:
+            ns.pop(k, None)
+        ns.update(saved)
+
+
+@pytest.fixture
+def standins():
+    with _fused_as(_standins()) as calls:
+        yield calls
+
+
+# ------------------------------------------------------------------------------------------ models
+_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)
+
+
+def _build(name, dropout=0.0):
+    """(model, inference kwargs, training kwargs) of a tiny fp32 CPU model."""
+    if name in ("mistral", "qwen2"):
+        import transformers
+        cfg_cls = {"mistral": transformers.MistralConfig, "qwen2": transformers.Qwen2Config}[name]
+        mdl_cls = {"mistral": transformers.MistralForCausalLM, "qwen2": transformers.Qwen2ForCausalLM}[name]
+        cfg = cfg_cls(**_TINY, attention_dropout=dropout)
+        torch.manual_seed(0)
+        m = mdl_cls(cfg).eval()
+        inf, tr = models.make_inputs("causal_lm", cfg, batch=2, seq_len=8, device="cpu", dtype=torch.float32)
+        return m, inf, tr
+    b = models.build(name, size="tiny", device="cpu", dtype="float32", batch=2, seq_len=8, dropout=dropout)
+    return b.model, b.inputs, b.train_inputs
+
+
+# model -> fused ops its report must list (with every option on)
+EXPECT = {
+    "llama2": {"rms_norm": 5, "add_rms_norm": 2, "silu_and_mul": 2, "rope": 2, "cross_entropy": 1,
+               "fused_linear_cross_entropy": 1},
+    "bert": {"layer_norm": 6, "add_layer_norm": 4, "cross_entropy": 1},
+    "llava": {"rms_norm": 5, "add_rms_norm": 2, "silu_and_mul": 2, "rope": 2, "layer_norm": 6,
+              "add_layer_norm": 2, "cross_entropy": 1, "fused_linear_cross_entropy": 1},
+}
+EXPECT["aquila"] = EXPECT["mistral"] = EXPECT["qwen2"] = EXPECT["llama2"]
+# fused ops a training step must call (eval forward: the loss ops differ)
+CALLED_TRAIN = {
+    "llama2": {"rms_norm", "add_rms_norm", "silu_and_mul", "rope", "fused_linear_cross_entropy"},
+    "bert": {"layer_norm", "add_layer_norm", "cross_entropy"},
+    "llava": {"rms_norm", "add_rms_norm", "silu_and_mul", "rope", "layer_norm", "add_layer_norm",
+              "fused_linear_cross_entropy"},
+}
+CALLED_TRAIN["aquila"] = CALLED_TRAIN["mistral"] = CALLED_TRAIN["qwen2"] = CALLED_TRAIN["llama2"]
+NAMES = ["llama2", "aquila", "mistral", "qwen2", "bert", "llava"]
+
+
+def _snapshot(model):
+    """Everything unpatch must restore: module objects by name, instance attributes, parameters."""
+    mods = dict(model.named_modules())
+    inst = {n: dict(m.__dict__) for n, m in mods.items()}
+    return mods, inst, dict(model.named_parameters())
+
+
+def _assert_restored(model, snap):
+    mods, inst, params = snap
+    now = dict(model.named_modules())
+    assert list(now) == list(mods)
+    for n, m in now.items():
+        assert m is mods[n], n
+        assert set(m.__dict__) == set(inst[n]), (n, set(m.__dict__) ^ set(inst[n]))
+        assert "forward" not in m.__dict__ or inst[n].get("forward") is m.__dict__["forward"]
+        for k in ("_modules", "_parameters", "_buffers"):
+            assert m.__dict__[k] == inst[n][k], (n, k)
+    assert all(p is params[n] for n, p in model.named_parameters())
+
+
+def _run(model, inf, tr, seed=0):
+    """(eval logits, training loss, grads by name, training output) of one model."""
+    model.eval()
+    with torch.no_grad():
+        logits = model(**inf).logits
+    model.train()
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    out = model(**tr)
+    out.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    return logits, out.loss.detach(), grads, out
+
+
+def _assert_same(got, ref, atol=1e-5, rtol=1e-5):
+    lg, loss, grads, _ = got
+    lr, lossr, gradsr, _ = ref
+    torch.testing.assert_close(lg, lr, atol=atol, rtol=rtol)
+    torch.testing.assert_close(loss, lossr, atol=atol, rtol=rtol)
+    assert set(grads) == set(gradsr)
+    for n in gradsr:
+        torch.testing.assert_close(grads[n], gradsr[n], atol=atol, rtol=rtol, msg=lambda m: f"grad {n}: {m}")
+
+
+# --------------------------------------------------------------------------------------- wiring tests
+@pytest.mark.parametrize("name", NAMES)
+def test_patch_routes_to_fused_and_agrees(name, standins):
+    model, inf, tr = _build(name)
+    rope_global = importlib.import_module(type(model).__module__).__dict__.get("apply_rotary_pos_emb")
+    ref = _run(model, inf, tr)
+    keys = list(model.state_dict())
+    snap = _snapshot(model)
+
+    report = gems.patch(model)
+    assert report.counts() == EXPECT[name], report.summary()
+    assert model._gems_patch is report
+    assert list(model.state_dict()) == keys                                   # same keys ...
+    assert all(p is snap[2][n] for n, p in model.named_parameters())          # ... same Parameter objects
+    assert not report.notes, report.notes
+    standins.clear()
+    got = _run(model, inf, tr)
+    _assert_same(got, ref)
+    assert CALLED_TRAIN[name] <= set(standins), dict(standins)
+    if name != "bert":
+        assert got[3].logits is None            # training with labels: the logits are never computed
+    # unpatched: the same objects as before, and no module global was ever touched
+    assert gems.unpatch(model) is report
+    _assert_restored(model, snap)
+    assert not hasattr(model, "_gems_patch")
+    assert importlib.import_module(type(model).__module__).__dict__.get("apply_rotary_pos_emb") is rope_global
+    standins.clear()
+    _assert_same(_run(model, inf, tr), ref)
+    assert not standins                         # nothing routes to gems.fused any more
+
+
+@pytest.mark.parametrize("name", ["llama2", "qwen2", "llava"])
+def test_generate_patched(name, standins):
+    model, inf, _ = _build(name)
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    ref = model.generate(**inf, **kw)
+    with gems.patched(model) as report:
+        assert report.counts()["rope"] == 2
+        got = model.generate(**inf, **kw)
+    assert standins["rope"] >= 2 * 4 and standins["add_rms_norm"] >= 2 * 4   # every decode step
+    assert torch.equal(got, ref)
+
+
+def test_options_select_what_is_replaced(standins):
+    model, inf, tr = _build("llama2")
+    ref = _run(model, inf, tr)
+    r = gems.patch(model, rms_norm=False, rope=True, swiglu=False, cross_entropy=True,
+                   fused_linear_cross_entropy=False)
+    assert r.counts() == {"rope": 2, "cross_entropy": 1}
+    standins.clear()
+    got = _run(model, inf, tr)
+    _assert_same(got, ref)
+    assert got[3].logits is not None            # no fused linear CE: logits computed, loss by cross_entropy
+    assert set(standins) == {"rope", "cross_entropy"}
+    gems.unpatch(model)
+
+
+def test_causal_lm_loss_contract(standins):
+    """num_items_in_batch, ignore_index, shift_labels, return_dict=False and eval-mode labels like HF."""
+    model, inf, tr = _build("llama2")
+    labels = tr["labels"].clone()
+    labels[0, :3] = -100
+    n = torch.tensor(11)
+    shift = torch.roll(labels, -1, dims=1)
+    sevens = tr["labels"].clone()
+    sevens[1, 2:5] = 7
+    model.train()
+    calls = [dict(labels=labels), dict(labels=labels, num_items_in_batch=n),
+             dict(labels=labels, shift_labels=shift), dict(labels=sevens, ignore_index=7)]
+    ref = [model(input_ids=tr["input_ids"], **c).loss for c in calls]
+    ref_tuple = model(input_ids=tr["input_ids"], labels=labels, return_dict=False)
+    model.eval()
+    ref_eval = model(input_ids=tr["input_ids"], labels=labels)
+    with gems.patched(model):
+        model.train()
+        for c, r in zip(calls, ref):
+            torch.testing.assert_close(model(input_ids=tr["input_ids"], **c).loss, r)
+        t = model(input_ids=tr["input_ids"], labels=labels, return_dict=False)
+        assert isinstance(t, tuple) and len(t) == len(ref_tuple) - 1   # (loss, past_key_values): no logits
+        torch.testing.assert_close(t[0], ref_tuple[0])
+        assert standins["fused_linear_cross_entropy"] == len(calls) + 1 and not standins["cross_entropy"]
+        model.eval()                            # eval with labels: logits computed, loss by cross_entropy
+        e = model(input_ids=tr["input_ids"], labels=labels)
+        torch.testing.assert_close(e.loss, ref_eval.loss)
+        torch.testing.assert_close(e.logits, ref_eval.logits)
+        assert standins["cross_entropy"] == 1
+
+
+def test_bert_dropout_semantics_kept(standins):
+    """Training with dropout on: the patched BERT draws the same dropout masks in the same order."""
+    model, _, tr = _build("bert", dropout=0.1)
+    model.train()
+    torch.manual_seed(3)
+    ref = model(**tr).loss
+    with gems.patched(model):
+        torch.manual_seed(3)
+        got = model(**tr).loss
+        torch.manual_seed(4)
+        other = model(**tr).loss
+    torch.testing.assert_close(got, ref)
+    assert not torch.equal(other, ref)          # dropout is really active
+    assert standins["add_layer_norm"] == 2 * 2 * 2
+
+
+def test_unknown_model_type():
+    import transformers
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
+    m = transformers.GPT2LMHeadModel(cfg)
+    with pytest.raises(ValueError, match=r"model type 'gpt2' is not supported; supported: bert, llama, llava, "
+                                         r"mistral, qwen2"):
+        gems.patch(m)
+    assert not hasattr(m, "_gems_patch")
+    with pytest.raises(TypeError, match="no config.model_type"):
+        gems.patch(torch.nn.Linear(2, 2))
+
+
+def test_patch_twice_and_unpatch_twice(standins):
+    model, inf, tr = _build("llama2")
+    r1 = gems.patch(model)
+    fwd = model.model.layers[0].forward
+    assert gems.patch(model) is r1                                  # same options: a no-op
+    assert model.model.layers[0].forward == fwd
+    with pytest.raises(RuntimeError, match="already patched with other options"):
+        gems.patch(model, rope=False)
+    with gems.patched(model) as r:                                  # already patched: left patched on exit
+        assert r is r1
+    assert model._gems_patch is r1
+    assert gems.unpatch(model) is r1
+    assert gems.unpatch(model) is None
+
+
+def test_context_manager_restores_on_exception(standins):
+    model, inf, tr = _build("llava")
+    snap = _snapshot(model)
+    with pytest.raises(KeyError):
+        with gems.patched(model):
+            assert model._gems_patch.counts()
+            raise KeyError("boom")
+    _assert_restored(model, snap)
+
+
+def test_deepcopy_of_patched_model(standins):
+    model, inf, tr = _build("llama2")
+    ref = _run(model, inf, tr)
+    gems.patch(model)
+    twin = copy.deepcopy(model)
+    snap_twin = None
+    standins.clear()
+    _assert_same(_run(twin, inf, tr), ref)
+    assert standins["add_rms_norm"] and standins["fused_linear_cross_entropy"]
+    gems.unpatch(twin)
+    assert type(twin.model.norm).__name__ == "LlamaRMSNorm" and type(model.model.norm) is P.GemsRMSNorm
+    assert "forward" not in twin.__dict__ and "forward" in model.__dict__
+    _assert_same(_run(twin, inf, tr), ref)
+    del snap_twin
+    gems.unpatch(model)
+
+
+def test_missing_fused_op_is_a_clear_error(monkeypatch, standins):
+    model, _, _ = _build("llama2")
+    monkeypatch.delitem(gems.fused.__dict__, "rope")
+    monkeypatch.setitem(gems.fused._WHERE, "rope", "no_such_module")
+    snap = _snapshot(model)
+    with pytest.raises(RuntimeError, match=r"not available: rope .*Pass the option"):
+        gems.patch(model)
+    _assert_restored(model, snap)
+    assert gems.patch(model, rope=False).counts().get("rope") is None
+    gems.unpatch(model)
+
+
+def test_report_summary_and_dict(standins):
+    model, _, _ = _build("bert")
+    r = gems.patch(model)
+    d = r.to_dict()
+    assert d["model_type"] == "bert" and d["replaced"] == EXPECT["bert"]
+    assert "bert.encoder.layer.0.attention.output" in d["modules"]["add_layer_norm"]
+    assert r.summary().startswith("gems.patch(bert): ")
+    gems.unpatch(model)
+
+
+# ----------------------------------------------------------------------------- real kernels (interpreter)
+def _available(names):
+    out = {}
+    for n in names:
+        try:
+            out[n] = getattr(gems.fused, n)
+        except (AttributeError, ImportError):
+            pass
+    return out
