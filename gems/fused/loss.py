@@ -1,0 +1,425 @@
+"""Cross-entropy over a large vocabulary, and the LM head fused with it (no full logits in memory).
+
+    loss = cross_entropy(logits, target)                       # logits [N, V], target [N] (int64/int32)
+    loss = fused_linear_cross_entropy(hidden, lm_head.weight, target)   # hidden [N, H], weight [V, H]
+
+Semantics are torch.nn.functional.cross_entropy's for class-index targets: `ignore_index` rows
+contribute nothing, `label_smoothing` eps mixes in the uniform distribution
+    loss_i = (1 - eps) * (lse_i - x_i[t_i]) + eps * (lse_i - mean_j x_ij),   lse_i = log sum_j exp(x_ij)
+and `reduction` is "mean" (sum over rows / number of non-ignored rows; all ignored gives nan, like
+torch), "sum" or "none" (one value per row, 0 for ignored rows). Class weights (`weight=`) are not
+supported: NotImplementedError (use torch's). A target outside [0, V) that is not `ignore_index`
+gives a nan loss (and nan gradient row) instead of torch's error or device assert.
+
+Dtypes: logits fp32/fp16/bf16; all arithmetic in fp32 (online logsumexp over V in blocks, so any V
+works). The loss has the logits' dtype like torch's (`out_dtype=torch.float32` returns the fp32 value
+computed internally, as Hugging Face's loss gets by upcasting the logits, without the fp32 copy).
+The gradient has the logits' (hidden's / weight's) dtype.
+
+Memory contracts:
+- `cross_entropy`: forward reads the logits once and keeps them (by reference) with one fp32
+  log-sum-exp per row; backward reads them once more and writes d(logits) (one new [N, V] tensor).
+  Nothing is written into the caller's logits.
+- `fused_linear_cross_entropy`: the gradients are computed in the forward, chunk by chunk over
+  tokens (`chunk_rows(N, H, V)` rows at a time, or `chunk_size`): logits_c = hidden_c @ weight.T
+  (+ bias) through torch.matmul (Gems' mm under gems.enable()), loss and d(logits_c) in one Triton
+  kernel written over logits_c in place, then grad_hidden_c = d(logits_c) @ weight and
+  grad_weight += d(logits_c).T @ hidden_c (addmm_ into a buffer of the weight's dtype: cuBLAS
+  accumulates each chunk in fp32 and rounds once per chunk), grad_bias += column sums (fp32). Peak
+  extra memory: one chunk of logits [C, V] plus grad_hidden [N, H] and grad_weight [V, H]. Backward
+  only scales the stored gradients by the incoming scalar gradient, in place: it may run once
+  (a second backward through the same graph raises). reduction="none" raises NotImplementedError
+  (per-row output gradients would need the logits recomputed in backward).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import kernel
+from ..runtime.alloc import empty, zeros
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
+
+
+# ----------------------------------------------------------------------------------------- kernels
+@kernel
+@triton.jit
+def ce_fwd_kernel(X, TGT, LOSS, LSE, CNT, V, x_sr, x_sv, t_s, ignore_index, eps,
+                  HAS_LS: tl.constexpr, STORE_LSE: tl.constexpr, WRITE_GRAD: tl.constexpr,
+                  MEAN: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One program per row i, x = X[i, :], t = TGT[i]:
+        lse  = log sum_j exp(x_j)                        (online: running max m, running sum d)
+        loss = (1-eps)*(lse - x_t) + eps*(lse - sum_j x_j / V);  0 if t == ignore_index
+    WRITE_GRAD (fused linear CE): d(loss)/dx_j = (exp(x_j - lse) - eps/V - (1-eps)*[j == t]) * scale,
+    scale = 1/CNT[0] (MEAN) or 1, written over X in place (0 for an ignored row).
+    Bytes per row: V reads (plus V reads + V writes with WRITE_GRAD), 4-8 bytes written.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    xrow = X + row * x_sr
+    t = tl.load(TGT + row * t_s).to(tl.int64)
+    offs = tl.arange(0, BLOCK_V)
+    if t == ignore_index:
+        tl.store(LOSS + row, tl.full((), 0.0, tl.float32).to(LOSS.dtype.element_ty))
+        if STORE_LSE:
+            tl.store(LSE + row, tl.full((), 0.0, tl.float32))
+        if WRITE_GRAD:
+            for v0 in range(0, V, BLOCK_V):
+                cols = v0 + offs
+                tl.store(xrow + cols * x_sv, tl.zeros((BLOCK_V,), tl.float32).to(X.dtype.element_ty),
+                         mask=cols < V)
+    else:
+        m = -float("inf")
+        d = 0.0
+        sx = 0.0
+        for v0 in range(0, V, BLOCK_V):
+            cols = v0 + offs
+            x = tl.load(xrow + cols * x_sv, mask=cols < V, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, 0))
+            d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
+            m = m_new
+            if HAS_LS:
+                sx += tl.sum(tl.where(cols < V, x, 0.0), 0)
+        lse = m + tl.log(d)
+        valid = (t >= 0) & (t < V)
+        x_t = tl.load(xrow + tl.where(valid, t, 0) * x_sv).to(tl.float32)
+        loss = lse - x_t
+        if HAS_LS:
+            loss = (1.0 - eps) * loss + eps * (lse - sx / V)
+        loss = tl.where(valid, loss, float("nan"))
+        tl.store(LOSS + row, loss.to(LOSS.dtype.element_ty))
+        if STORE_LSE:
+            tl.store(LSE + row, lse)
+        if WRITE_GRAD:
+            scale = 1.0
+            if MEAN:
+                scale = 1.0 / tl.load(CNT)
+            smooth = eps / V
+            for v0 in range(0, V, BLOCK_V):
+                cols = v0 + offs
+                mask = cols < V
+                x = tl.load(xrow + cols * x_sv, mask=mask, other=0.0).to(tl.float32)
+                g = tl.exp(x - lse) - smooth - tl.where(cols == t, 1.0 - eps, 0.0)
+                g = tl.where(valid, g, float("nan")) * scale
+                tl.store(xrow + cols * x_sv, g.to(X.dtype.element_ty), mask=mask)
+
+
+@kernel
+@triton.jit
+def ce_reduce_kernel(LOSS, TGT, OUT, CNT, N, t_s, ignore_index,
+                     MEAN: tl.constexpr, COUNT: tl.constexpr, BLOCK: tl.constexpr):
+    """One program: OUT = sum_i LOSS[i] (/ CNT for MEAN), CNT = #{i: TGT[i] != ignore_index}
+    (computed when COUNT, else read from CNT). Bytes: 4N (+ 8N when COUNT)."""
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), tl.float32)
+    cnt = tl.zeros((BLOCK,), tl.float32)
+    for i0 in range(0, N, BLOCK):
+        rows = i0 + offs
+        mask = rows < N
+        acc += tl.load(LOSS + rows, mask=mask, other=0.0)
+        if COUNT:
+            t = tl.load(TGT + rows.to(tl.int64) * t_s, mask=mask, other=ignore_index)
+            cnt += tl.where(t != ignore_index, 1.0, 0.0)
+    total = tl.sum(acc, 0)
+    if COUNT:
+        c = tl.sum(cnt, 0)
+        tl.store(CNT, c)
+    else:
+        c = tl.load(CNT)
+    if MEAN:
+        total = total / c
+    tl.store(OUT, total.to(OUT.dtype.element_ty))
+
+
+@kernel
+@triton.jit
+def ce_count_kernel(TGT, CNT, N, t_s, ignore_index, BLOCK: tl.constexpr):
+    """CNT[0] = #{i: TGT[i] != ignore_index} (fp32). Bytes: 8N."""
+    offs = tl.arange(0, BLOCK)
+    cnt = tl.zeros((BLOCK,), tl.float32)
+    for i0 in range(0, N, BLOCK):
+        rows = i0 + offs
+        t = tl.load(TGT + rows.to(tl.int64) * t_s, mask=rows < N, other=ignore_index)
+        cnt += tl.where(t != ignore_index, 1.0, 0.0)
+    tl.store(CNT, tl.sum(cnt, 0))
+
+
+@kernel
+@triton.jit
+def ce_bwd_kernel(X, TGT, LSE, G, CNT, DX, V, x_sr, x_sv, t_s, g_s, ignore_index, eps,
+                  MODE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Grid (N, cdiv(V, BLOCK_V)); row i, columns of block j:
+        DX[i, c] = (exp(x_c - lse_i) - eps/V - (1-eps)*[c == t_i]) * s_i,   0 for an ignored row
+        s_i = G[i] (MODE 0, none), G[0] (1, sum), G[0] / CNT[0] (2, mean)
+    Bytes: V reads + V writes per row (the logits read once, the gradient written once)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask = cols < V
+    t = tl.load(TGT + row * t_s).to(tl.int64)
+    dxp = DX + row * V + cols
+    if t == ignore_index:
+        tl.store(dxp, tl.zeros((BLOCK_V,), tl.float32).to(DX.dtype.element_ty), mask=mask)
+    else:
+        if MODE == 0:
+            s = tl.load(G + row * g_s).to(tl.float32)
+        else:
+            s = tl.load(G).to(tl.float32)
+            if MODE == 2:
+                s = s / tl.load(CNT)
+        lse = tl.load(LSE + row)
+        x = tl.load(X + row * x_sr + cols * x_sv, mask=mask, other=0.0).to(tl.float32)
+        g = tl.exp(x - lse) - eps / V - tl.where(cols == t, 1.0 - eps, 0.0)
+        valid = (t >= 0) & (t < V)
+        g = tl.where(valid, g, float("nan")) * s
+        tl.store(dxp, g.to(DX.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------------------------ host side
+def _next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+_CONFIGS: dict = {}
+
+
+def _config(V: int, dtype):
+    """(fwd BLOCK_V, fwd warps, bwd BLOCK_V, bwd warps), cached per (V, dtype).
+
+    Forward: one program per row streams V in blocks of up to 4096 (fp32) / 8192 (16-bit) elements,
+    16 elements per thread; backward: one program per (row, block of 4096), 8-16 per thread."""
+    key = (V, dtype)
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        cap = 4096 if dtype == torch.float32 else 8192
+        fb = min(_next_pow2(V), cap)
+        fw = max(1, min(16, fb // 512))
+        bb = min(_next_pow2(V), 4096)
+        bw = max(1, min(8, bb // 512))
+        cfg = _CONFIGS[key] = (fb, fw, bb, bw)
+    return cfg
+
+
+def _check_common(name, target, N, ignore_index, label_smoothing, reduction, device):
+    if not isinstance(target, torch.Tensor) or target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name}: target must be an int64 (or int32) tensor of class indices, got "
+                        f"{getattr(target, 'dtype', type(target).__name__)} (probability targets are not supported)")
+    if target.dim() != 1 or target.shape[0] != N:
+        raise ValueError(f"{name}: target must be 1-D with {N} elements, got shape {tuple(target.shape)}")
+    if target.device != device:
+        raise ValueError(f"{name}: target on {target.device}, input on {device}")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(f"{name}: label_smoothing must be between 0.0 and 1.0, got {label_smoothing}")
+    if not isinstance(ignore_index, int):
+        raise TypeError(f"{name}: ignore_index must be an int, got {type(ignore_index).__name__}")
+
+
+def _empty_result(N, reduction, dtype, device):
+    if reduction == "none":
+        return torch.empty(0, dtype=dtype, device=device)
+    return torch.full((), float("nan") if reduction == "mean" else 0.0, dtype=dtype, device=device)
+
+
+class _CrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index, eps, reduction, out_dtype):
+        N, V = logits.shape
+        mode = _REDUCTIONS[reduction]
+        fb, fw, _, _ = _config(V, logits.dtype)
+        dev = logits.device
+        need_grad = ctx.needs_input_grad[0]
+        # per-row loss: fp32 workspace for mean/sum, the result itself for none
+        rows = empty((N,), out_dtype if mode == 0 else torch.float32, dev)
+        lse = empty((N,), torch.float32, dev) if need_grad else rows
+        cnt = empty((1,), torch.float32, dev)
+        ce_fwd_kernel[(N,)](logits, target, rows, lse, cnt, V, logits.stride(0), logits.stride(1),
+                            target.stride(0), ignore_index, eps, eps > 0.0, need_grad, False, False, fb,
+                            num_warps=fw)
+        if mode == 0:
+            out = rows
+        else:
+            out = empty((), out_dtype, dev)
+            ce_reduce_kernel[(1,)](rows, target, out, cnt, N, target.stride(0), ignore_index,
+                                   mode == 2, True, 1024, num_warps=4)
+        if need_grad:
+            ctx.save_for_backward(logits, target, lse, cnt)
+            ctx.args = (ignore_index, eps, mode)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, target, lse, cnt = ctx.saved_tensors
+        ignore_index, eps, mode = ctx.args
+        N, V = logits.shape
+        _, _, bb, bw = _config(V, logits.dtype)
+        dx = empty((N, V), logits.dtype, logits.device)
+        g_s = grad.stride(0) if mode == 0 else 0
+        ce_bwd_kernel[(N, -(-V // bb))](logits, target, lse, grad, cnt, dx, V, logits.stride(0), logits.stride(1),
+                                        target.stride(0), g_s, ignore_index, eps, mode, bb, num_warps=bw)
+        return dx, None, None, None, None, None
+
+
+def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean",
+                  out_dtype=None):
+    """torch.nn.functional.cross_entropy(logits, target, ...) for logits [N, V] and class-index targets [N].
+
+    Online log-sum-exp in fp32 over V; backward writes d(logits) in one pass. The loss has the logits'
+    dtype unless `out_dtype` (e.g. torch.float32) is given. `weight` raises NotImplementedError.
+    """
+    if weight is not None:
+        raise NotImplementedError("gems.fused.cross_entropy: class weights (weight=) are not supported; "
+                                  "use torch.nn.functional.cross_entropy")
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError(f"cross_entropy: logits must be a 2-D tensor [N, V], got "
+                         f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
+    if logits.dtype not in _DTYPES:
+        raise TypeError(f"cross_entropy: logits dtype must be float32, float16 or bfloat16, got {logits.dtype}")
+    N, V = logits.shape
+    _check_common("cross_entropy", target, N, ignore_index, label_smoothing, reduction, logits.device)
+    out_dtype = logits.dtype if out_dtype is None else out_dtype
+    if V == 0:
+        raise ValueError("cross_entropy: logits have 0 classes")
+    if N == 0:
+        return _empty_result(N, reduction, out_dtype, logits.device) + logits.sum() * 0
+    return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), reduction, out_dtype)
+
+
+def reference_cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0,
+                            reduction="mean", out_dtype=None):
+    """Plain PyTorch, written out: log_softmax, gather, smoothing, masked reduction."""
+    logp = torch.log_softmax(logits.float() if logits.dtype != torch.float64 else logits, dim=-1)
+    valid = target != ignore_index
+    t = torch.where(valid, target, torch.zeros_like(target))
+    nll = -logp.gather(1, t[:, None].long())[:, 0]
+    loss = (1 - label_smoothing) * nll - label_smoothing * logp.mean(-1)
+    loss = torch.where(valid, loss, torch.zeros_like(loss))
+    if reduction == "sum":
+        loss = loss.sum()
+    elif reduction == "mean":
+        loss = loss.sum() / valid.sum()
+    return loss.to(out_dtype or logits.dtype)
+
+
+# ------------------------------------------------------------------------ fused linear + CE
+def chunk_rows(N: int, H: int, V: int) -> int:
+    """Rows of hidden per chunk: a chunk's logits about the size of the whole hidden (C*V ~ N*H),
+    rounded up to a power of two and kept within [min(N, 1024), 4096] (GEMMs of at least 1024 rows
+    stay efficient; more than 4096 rows buys nothing)."""
+    c = _next_pow2(max(1, -(-N * H // V)))
+    return max(1, min(N, max(1024, min(c, 4096))))
+
+
+class _FusedLinearCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, ignore_index, eps, reduction, chunk, out_dtype):
+        N, H = hidden.shape
+        V = weight.shape[0]
+        dev = hidden.device
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3]
+        need = need_h or need_w or need_b
+        mode = _REDUCTIONS[reduction]
+        fb, fw, _, _ = _config(V, hidden.dtype)
+        rows = empty((N,), torch.float32, dev)
+        cnt = empty((1,), torch.float32, dev)
+        ce_count_kernel[(1,)](target, cnt, N, target.stride(0), ignore_index, 1024, num_warps=4)
+        gh = empty((N, H), hidden.dtype, dev) if need_h else None
+        gw = zeros((V, H), weight.dtype, dev) if need_w else None
+        gb = zeros((V,), torch.float32, dev) if need_b else None
+        wt = weight.t()
+        for c0 in range(0, N, chunk):
+            c1 = min(N, c0 + chunk)
+            h = hidden[c0:c1]
+            # [C, V] logits of this chunk: the only V-wide tensor alive (2 bytes x C x V in bf16)
+            logits = torch.addmm(bias, h, wt) if bias is not None else torch.mm(h, wt)
+            t = target[c0:c1]
+            ce_fwd_kernel[(c1 - c0,)](logits, t, rows[c0:c1], rows, cnt, V, logits.stride(0), logits.stride(1),
+                                      t.stride(0), ignore_index, eps, eps > 0.0, False, need, mode == 2, fb,
+                                      num_warps=fw)
+            if need_h:   # d(hidden_c) = d(logits_c) @ W: [C, V] x [V, H]
+                torch.mm(logits, weight, out=gh[c0:c1])
+            if need_w:   # dW += d(logits_c)^T @ hidden_c: [V, C] x [C, H]
+                gw.addmm_(logits.t(), h)
+            if need_b:
+                gb += logits.sum(0, dtype=torch.float32)
+            del logits
+        out = empty((), out_dtype, dev)
+        ce_reduce_kernel[(1,)](rows, target, out, cnt, N, target.stride(0), ignore_index, mode == 2, False, 1024,
+                               num_warps=4)
+        if need:
+            ctx.save_for_backward(gh, gw, gb.to(bias.dtype) if gb is not None else None)
+            ctx.used = False
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.used:
+            raise RuntimeError("fused_linear_cross_entropy: backward through the same graph twice is not supported "
+                               "(the gradients computed in forward are scaled in place)")
+        ctx.used = True
+        gh, gw, gb = ctx.saved_tensors
+        # scale in place by the incoming scalar gradient (1.0 for loss.backward()): one pass over
+        # grad_hidden (N*H) and grad_weight (V*H); no extra memory
+        g = grad.to(torch.float32)
+        if gh is not None:
+            gh.mul_(g)
+        if gw is not None:
+            gw.mul_(g)
+        if gb is not None:
+            gb.mul_(g)
+        return gh, gw, None, gb, None, None, None, None, None
+
+
+def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100, label_smoothing=0.0,
+                               reduction="mean", chunk_size=None, out_dtype=None):
+    """cross_entropy(hidden @ weight.T + bias, target) without the [N, V] logits in memory.
+
+    hidden [N, H], weight [V, H] (nn.Linear's), bias [V] or None, target [N]. Chunks of
+    `chunk_size` rows (default `chunk_rows(N, H, V)`); gradients computed in forward (see the module
+    docstring for the memory contract). reduction "mean" or "sum"; "none" raises NotImplementedError.
+    """
+    for name, t in (("hidden", hidden), ("weight", weight)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"fused_linear_cross_entropy: {name} must be a 2-D tensor, got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if hidden.dtype not in _DTYPES or weight.dtype != hidden.dtype:
+        raise TypeError(f"fused_linear_cross_entropy: hidden and weight must share a dtype among float32/float16/"
+                        f"bfloat16, got {hidden.dtype} and {weight.dtype}")
+    N, H = hidden.shape
+    V = weight.shape[0]
+    if weight.shape[1] != H:
+        raise ValueError(f"fused_linear_cross_entropy: weight {tuple(weight.shape)} does not match hidden "
+                         f"{tuple(hidden.shape)} (weight is [V, H] like nn.Linear's)")
+    if bias is not None and (bias.shape != (V,) or bias.dtype != hidden.dtype):
+        raise ValueError(f"fused_linear_cross_entropy: bias must be [{V}] of {hidden.dtype}, got "
+                         f"{tuple(bias.shape)} {bias.dtype}")
+    if weight.device != hidden.device or (bias is not None and bias.device != hidden.device):
+        raise ValueError("fused_linear_cross_entropy: hidden, weight and bias must be on one device")
+    _check_common("fused_linear_cross_entropy", target, N, ignore_index, label_smoothing, reduction, hidden.device)
+    if reduction == "none":
+        raise NotImplementedError("fused_linear_cross_entropy: reduction='none' is not supported (per-row output "
+                                  "gradients need the logits recomputed in backward); use 'mean' or 'sum'")
+    if V == 0:
+        raise ValueError("fused_linear_cross_entropy: weight has 0 classes")
+    out_dtype = hidden.dtype if out_dtype is None else out_dtype
+    if N == 0:
+        z = hidden.sum() * 0 + weight.sum() * 0 + (bias.sum() * 0 if bias is not None else 0)
+        return _empty_result(N, reduction, out_dtype, hidden.device) + z
+    chunk = chunk_rows(N, H, V) if chunk_size is None else int(chunk_size)
+    if chunk < 1:
+        raise ValueError(f"fused_linear_cross_entropy: chunk_size must be >= 1, got {chunk_size}")
+    return _FusedLinearCE.apply(hidden, weight, target, bias, ignore_index, float(label_smoothing), reduction,
+                                chunk, out_dtype)
+
+
+def reference_fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100,
+                                         label_smoothing=0.0, reduction="mean", chunk_size=None, out_dtype=None):
+    """Plain PyTorch: the full logits, then the cross-entropy."""
+    logits = hidden @ weight.t()
+    if bias is not None:
+        logits = logits + bias
+    return torch.nn.functional.cross_entropy(logits, target, ignore_index=ignore_index,
+                                             label_smoothing=label_smoothing, reduction=reduction).to(
+                                                 out_dtype or hidden.dtype)
