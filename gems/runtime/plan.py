@@ -252,11 +252,28 @@ def _float_sig(v):
 _NAN_NUMBER = ("nan",)
 
 
+def _tensor_list_sig(ts):
+    """Signature part of a tensor list: per element what a tensor argument keys (the length too)."""
+    return tuple((t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device()) for t in ts)
+
+
+def _alias_sig(tensors, lists):
+    """Which of the call's tensors (top-level tensor arguments, then each list's elements) are the same
+    object: None when all are distinct, else per tensor the position of its first occurrence."""
+    objs = [t for t in tensors if isinstance(t, _T)] + [t for ts in lists for t in ts]
+    ids = [id(t) for t in objs]
+    if len(set(ids)) == len(ids):
+        return None
+    first = {}
+    return tuple(first.setdefault(i, j) for j, i in enumerate(ids))
+
+
 def make_signature(schema, dynamic=frozenset(), on_cuda=False):
     """A function of the overload's arguments returning a hashable signature, or None when the schema
-    has arguments a plan cannot key (tensor lists, generators)."""
+    has arguments a plan cannot key (lists of optional tensors, generators). A tensor list (`Tensor[]`)
+    keys each element like a tensor argument; its elements join the aliasing pattern."""
     params, info, ns = _params(schema)
-    parts, tensors = [], []
+    parts, tensors, lists = [], [], []
     for name, ty, _ in info:
         opt = ty.startswith("Optional[")
         base = ty[9:-1] if opt else ty
@@ -273,19 +290,27 @@ def make_signature(schema, dynamic=frozenset(), on_cuda=False):
             parts.append(f"(None if {name} is None else tuple({name}))")
         elif base in ("str", "Device"):
             parts.append(name)
+        elif ty == "List[Tensor]":
+            # a tensor list (cat's `tensors`): per element what a tensor argument keys
+            parts.append(f"_tlist({name})")
+            lists.append(name)
         else:
-            return None   # tensor lists, generators, ...: no plan for this overload
+            return None   # optional-tensor lists, generators, ...: no plan for this overload
     # aliasing between tensor arguments changes what a kernel may do (x + x vs x + y is harmless,
     # but a plan maps kernel arguments to argument positions, so the pattern is part of the key)
-    for a, b in itertools.combinations(tensors, 2):
-        parts.append(f"{a} is {b}")
+    if lists:
+        # list elements count as tensor arguments: one identity pattern over all of them
+        parts.append(f"_alias(({''.join(t + ', ' for t in tensors)}), ({', '.join(lists)},))")
+    else:
+        for a, b in itertools.combinations(tensors, 2):
+            parts.append(f"{a} is {b}")
     if on_cuda:
         parts.append("_cur()")
     # int -> float promotions (true division, exp of ints, int tensor + 1.5) follow the default dtype
     parts.append("_ddt()")
     src = f"def sig({params}):\n    return ({', '.join(parts)},)\n"
     ns.update(_T=_T, _num=_num_sig, _dyn=_dyn_sig, _cur=getattr(torch._C, "_cuda_getDevice", None),
-              _ddt=torch.get_default_dtype)
+              _ddt=torch.get_default_dtype, _tlist=_tensor_list_sig, _alias=_alias_sig)
     name = f"<gems signature {schema.name}.{schema.overload_name or 'default'}>"
     return compile_source(src, name, ns)["sig"]
 
@@ -341,6 +366,10 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
     params, info, ns = _params(schema)
     values = named_args(schema, args, kwargs)
     inputs = [(n, values[n]) for n, ty, _ in info if isinstance(values[n], _T)]
+    # elements of tensor lists are inputs too, named by their position (`tensors[1]`): the signature
+    # keys the list's length and aliasing, so the position names the same tensor on every call
+    inputs += [(f"{n}[{i}]", t) for n, ty, _ in info if ty == "List[Tensor]" and values[n] is not None
+               for i, t in enumerate(values[n])]
     allocs = [(f"o{j}", t) for j, (t, _, _) in enumerate(rec.allocs)]
     known = inputs + allocs
     lines = []
@@ -495,6 +524,8 @@ def _recipe(schema, rec, guards, launches, refs, direct):
     """The plan as data for the C++ fast path (the layout fastpath.cpp's parse_recipe reads):
     (guards, allocations, launches, results), every tensor named by (0, schema argument index) or
     (1, allocation index)."""
+    if any(str(a.type) == "List[Tensor]" for a in schema.arguments):
+        raise _NoRecipe   # the C++ key and recipes have no tensor lists (yet): the Python plan serves
     index = {a.name: i for i, a in enumerate(schema.arguments)}
 
     def src(name):

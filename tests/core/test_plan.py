@@ -187,3 +187,41 @@ def test_default_dtype_is_part_of_the_signature():
         assert len(keys) == 2
     finally:
         torch.set_default_dtype(old)
+
+
+def test_tensor_list_signature_keys_each_element_and_aliasing():
+    # a Tensor[] argument (cat's `tensors`): per element dtype, shape, strides, alignment and device,
+    # the list's length, and which elements are the same tensor
+    sig = plan_mod.make_signature(torch.ops.aten.cat.default._schema)
+    assert sig is not None
+    x, y = make((2, 3)), make((2, 3))
+    assert sig([x, y], 1) == sig([make((2, 3)), make((2, 3))], 1)
+    assert sig([x, y], 1) != sig([x, y], 0)
+    assert sig([x, y], 1) != sig([x, y, y.clone()], 1)
+    assert sig([x, y], 1) != sig([x, make((3, 2)).t()], 1)
+    assert sig([x, y], 1) != sig([x, y.half()], 1)
+    assert sig([x, x], 1) != sig([x, y], 1)
+    assert sig([x, y, x], 1) != sig([x, y, y], 1)
+    sig_out = plan_mod.make_signature(torch.ops.aten.cat.out._schema)
+    o = make((2, 6))
+    assert sig_out([x, y], 1, out=o) != sig_out([x, o], 1, out=o)
+
+
+def test_tensor_list_plans_replay_with_new_tensors():
+    # elements are substituted per call (their data pointers), never baked into the plan
+    name = "cat.default"
+    info = _twice(lambda a, b: torch.cat([a, b.t()], 1), lambda i: (make((3, 4)), make((5, 3))), name)
+    assert info["plans"] >= 1
+    plans = [p for p in _plans(name).plans.values() if p is not plan_mod.NO_PLAN]
+    assert any("tensors[1]" in p.__gems_source__ for p in plans)
+
+
+def test_tensor_list_out_overlap_declines_the_plan():
+    x = make((2, 3))
+    with gems.use_gems():
+        for _ in range(2):
+            o = torch.empty(4, 3, device=DEVICE)
+            torch.cat([x, make((2, 3))], out=o)       # records a plan for cat.out
+        big = make((4, 3))
+        with pytest.raises(RuntimeError, match="single memory location"):
+            torch.cat([big[:2], x], out=big)          # same signature, out overlaps an input
