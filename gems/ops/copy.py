@@ -105,3 +105,26 @@ def _non_overlapping_dense(t):
         expect *= n
     return True
 
+
+
+_CLONE_FORMATS = (None, torch.preserve_format, torch.contiguous_format, torch.channels_last,
+                  torch.channels_last_3d)
+
+
+@register("clone", category="copy", dtypes=ALL)
+def clone(self, *, memory_format=None):
+    """A copy of self (preserve_format keeps dense strides, else the suggested format; contiguous,
+    channels_last, channels_last_3d as asked), through copy_'s kernel."""
+    if memory_format not in _CLONE_FORMATS:
+        raise Unsupported(f"memory_format {memory_format}")
+    if self.is_neg() or self.is_conj():
+        raise Unsupported("negative or conjugate view")
+    mf = torch.preserve_format if memory_format is None else memory_format
+    # ATen's empty_like decides the strides (dense strides kept, suggested format, channels_last's
+    # rank check raising like ATen); on the meta device it allocates nothing
+    meta = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta")
+    strides = torch.empty_like(meta, memory_format=mf).stride()
+    out = alloc.empty(self.shape, self.dtype, self.device, strides)
+    if self.numel():
+        _copy_fn(out, self)
+    return out
