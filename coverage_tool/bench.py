@@ -79,6 +79,8 @@ class BenchResult:
     meaningful: bool = True
     notes: list = field(default_factory=list)
     versions: dict = field(default_factory=dict)
+    patched: bool = False                             # --patch: the Gems turns run gems.patch(model) too
+    patch: Optional[dict] = None                      # gems.patch's report (what was replaced)
 
     @property
     def agree(self) -> bool:
@@ -117,11 +119,11 @@ def _r(x, n):
 class _Workload:
     """One built model and its workload; each method runs in the mode it is given (False: ATen, True: Gems)."""
 
-    def __init__(self, bundle, kind: str, new_tokens: int, optimizer: str, include, exclude):
+    def __init__(self, bundle, kind: str, new_tokens: int, optimizer: str, include, exclude, patch: bool = False):
         import torch
         import gems
         self.torch, self.gems, self.b, self.kind, self.new_tokens = torch, gems, bundle, kind, new_tokens
-        self.include, self.exclude = include, exclude
+        self.include, self.exclude, self.patch = include, exclude, patch
         dev = torch.device(bundle.device)
         self.on_cuda = dev.type == "cuda"
         self.sync = (lambda: torch.cuda.synchronize(dev)) if self.on_cuda else (lambda: None)
@@ -136,9 +138,16 @@ class _Workload:
             bundle.model.eval()
 
     def mode(self, on: bool):
-        """The context of one run: Gems' scope, or ATen with Gems unregistered (see the module docstring)."""
+        """The context of one run: Gems' scope (and with --patch the model patched by gems.patch for the
+        run), or ATen with Gems unregistered and the model unpatched (see the module docstring)."""
         if on:
-            return self.gems.use_gems(include=self.include, exclude=self.exclude)
+            scope = self.gems.use_gems(include=self.include, exclude=self.exclude)
+            if not self.patch:
+                return scope
+            stack = contextlib.ExitStack()
+            stack.enter_context(self.gems.patched(self.b.model))
+            stack.enter_context(scope)
+            return stack
         self.gems.disable()
         return contextlib.nullcontext()
 
@@ -310,11 +319,14 @@ def _mark_prompt(model, after: Callable = lambda: None):
             out = orig(*a, **k)
         after()
         return out
+    had, prev = "forward" in model.__dict__, model.__dict__.get("forward")   # gems.patch's forward, if any
     model.forward = forward
     try:
         yield
     finally:
         del model.forward
+        if had:
+            model.forward = prev
 
 
 def outermost_ops(events, with_device: bool):
@@ -397,9 +409,12 @@ def _validate(model, workload, device, optimizer, new_tokens, include, exclude):
 def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: Optional[str] = None,
           dtype: Optional[str] = None, batch: int = 1, seq_len: Optional[int] = None, new_tokens: int = 16,
           steps: Optional[int] = None, warmup: Optional[int] = None, optimizer: str = "adamw",
-          include=None, exclude=None, attribution: bool = True,
+          include=None, exclude=None, attribution: bool = True, patch: bool = False,
           progress: Callable[[str], None] = lambda s: None) -> BenchResult:
-    """Run `workload` with ATen and with Gems on one model and compare (see the module docstring)."""
+    """Run `workload` with ATen and with Gems on one model and compare (see the module docstring).
+
+    patch: the Gems turns also run the model patched by `gems.patch` (fused ops); the ATen turns run it
+    unpatched, Gems unregistered."""
     import torch
     import gems
     import models as M
@@ -425,7 +440,11 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
         torch.cuda.set_device(torch.device(device))
     bundle = M.build(recipe, size=size, device=device, dtype=dtype_name, batch=batch, seq_len=seq_len, seed=0,
                      dropout=0.0 if workload == "train" else None)
-    wl = _Workload(bundle, workload, new_tokens, optimizer, include, exclude)
+    if patch:
+        res.patched = True
+        res.patch = _patch_report(bundle.model)
+        res.notes.append("Gems turns: gems.patch(model) + Gems' ATen ops; ATen turns: the unpatched model")
+    wl = _Workload(bundle, workload, new_tokens, optimizer, include, exclude, patch)
     try:
         res.agreement = _agreement(wl, dt, progress)
         wl.start = None   # the training start weights are not needed any more
@@ -454,6 +473,18 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
     finally:
         gems.disable()   # leave the process as it was: nothing registered
     return res
+
+
+def _patch_report(model) -> dict:
+    """What gems.patch replaces in this model (patched and unpatched at once; bad input -> ModelError)."""
+    import gems
+    import models as M
+    try:
+        report = gems.patch(model)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise M.ModelError(f"--patch: {e}") from None
+    gems.unpatch(model)
+    return report.to_dict()
 
 
 def _agreement(wl: _Workload, dtype, progress) -> list:
@@ -554,6 +585,9 @@ def format_result(res: BenchResult, fmt: str = "table", top: int = 25) -> str:
     lines = [("### " if md else "bench    ") + what, ""]
     for n in res.notes:
         lines.append(("- " if md else "note     ") + n)
+    if res.patched and res.patch:
+        lines.append(("- " if md else "patched  ") + ("patched: " if md else "") + ", ".join(
+            f"{k} x{v}" for k, v in res.patch["replaced"].items()) + "".join(f"; {n}" for n in res.patch["notes"]))
     summary = []
     for mode, label in (("aten", "ATen"), ("gems", "Gems")):
         peak = d[f"{mode}_peak_mib"]

@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--no-shadow", action="store_true", help="skip the op-by-op shadow comparison")
     pa.add_argument("--include", default=None, help="comma-separated ATen names Gems serves (default all)")
     pa.add_argument("--exclude", default=None, help="comma-separated ATen names left to ATen")
+    pa.add_argument("--patch", action="store_true",
+                    help="the Gems run also patches the model with gems.patch (fused RMSNorm, RoPE, SwiGLU, "
+                         "losses, ...); the ATen run stays unpatched")
     out_opts(pa, ("table", "json", "markdown"))
 
     b = sub.add_parser("bench", help="a workload with ATen and with Gems: time, tokens/s, peak memory, "
@@ -167,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--include", default=None, help="comma-separated ATen names Gems serves (default all)")
     b.add_argument("--exclude", default=None, help="comma-separated ATen names left to ATen")
     b.add_argument("--no-attribution", action="store_true", help="skip the profiled per-op attribution")
+    b.add_argument("--patch", action="store_true",
+                   help="the Gems turns also run the model patched by gems.patch (fused ops); the ATen turns "
+                        "run it unpatched")
     b.add_argument("--top", type=_positive_int, default=25, help="attribution rows shown (JSON has all)")
     b.add_argument("--plot", default=None, metavar="FILE",
                    help="also draw the attribution as a bar chart (PNG; needs matplotlib: pip install "
@@ -390,7 +396,7 @@ def cmd_parity(a, ctx):
     r = P.parity(a.model, modes=modes, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
                  seq_len=a.seq_len, new_tokens=new_tokens, shadow=not a.no_shadow,
                  include=_split(a.include), exclude=_split(a.exclude), optimizer=a.optimizer,
-                 progress=ctx.say)
+                 patch=a.patch, progress=ctx.say)
     _emit(P.format_result(r, a.format), a.output, ctx)
     if not r.ok:
         if r.divergences:
@@ -409,7 +415,7 @@ def cmd_bench(a, ctx):
     r = B.bench(a.model, workload=a.workload, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
                 seq_len=a.seq_len, new_tokens=new_tokens, steps=a.steps, warmup=a.warmup, optimizer=a.optimizer,
                 include=_split(a.include), exclude=_split(a.exclude), attribution=not a.no_attribution,
-                progress=ctx.say)
+                patch=a.patch, progress=ctx.say)
     _emit(B.format_result(r, a.format, a.top), a.output, ctx)
     if a.plot:
         _write_bench_plot(a.plot, r.to_dict(), a.top, ctx)

@@ -85,6 +85,8 @@ class ParityResult:
     compute_ops: set = field(default_factory=set)   # compute ops the Gems run called
     seconds: float = 0.0
     notes: list = field(default_factory=list)
+    patched: bool = False                           # --patch: the Gems run's model was gems.patch'ed
+    patch: Optional[dict] = None                    # gems.patch's report (what was replaced)
 
     @property
     def ok(self) -> bool:
@@ -106,6 +108,7 @@ class ParityResult:
             "compute_ops_called": len(self.compute_ops),
             "served_compute_ops": self.served_compute_ops,
             "served": self.served, "seconds": round(self.seconds, 2), "notes": self.notes,
+            "patched": self.patched, "patch": self.patch,
         }
 
 
@@ -243,7 +246,8 @@ def _clone(x):
 def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", size: Optional[str] = None,
            dtype=None, batch: int = 1, seq_len: Optional[int] = None, new_tokens: int = 4,
            shadow: bool = True, include=None, exclude=None, seed: int = 0, optimizer: str = "sgd",
-           progress: Optional[Callable[[str], None]] = None) -> ParityResult:
+           patch: bool = False, progress: Optional[Callable[[str], None]] = None) -> ParityResult:
+    """patch: the Gems run's model copy is also patched by `gems.patch` (fused ops); the ATen run's is not."""
     import gems
     import models
     from . import runner
@@ -293,6 +297,17 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
     names = set(scope.cfg) if shadow else set()
     before = gemsinfo.stats()
 
+    def gems_copy():
+        """A copy of the base model for the Gems run (patched with --patch)."""
+        b = copy.deepcopy(base)
+        if patch:
+            try:
+                res.patch = gems.patch(b.model).to_dict()
+            except (ValueError, TypeError, RuntimeError) as e:
+                raise models.ModelError(f"--patch: {e}") from None
+            res.patched = True
+        return b
+
     def gems_run(phase, fn):
         sh = ShadowMode(names, res, phase)   # with no names it only lists the compute ops called
         torch.manual_seed(seed + 1)   # any random draw left (see no_dropout) repeats the ATen run's
@@ -329,7 +344,7 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
             hi_logits = _main_output(aten_run(lambda: runner.run_inference(hb)))
             del hb
         say("inference: ATen ...")
-        ref_b, gem_b = copy.deepcopy(base), copy.deepcopy(base)
+        ref_b, gem_b = copy.deepcopy(base), gems_copy()
         ref_logits = _main_output(aten_run(lambda: runner.run_inference(ref_b)))
         say("inference: Gems ...")
         gem_logits = _main_output(gems_run("inference", lambda: runner.run_inference(gem_b)))
@@ -350,7 +365,7 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
             hi = (hi_loss, hi_grads, {k: v.detach() for k, v in hb.model.named_parameters()})
             del hb
         say("training step: ATen ...")
-        ref_b, gem_b = copy.deepcopy(base), copy.deepcopy(base)
+        ref_b, gem_b = copy.deepcopy(base), gems_copy()
         ref_grads, gem_grads = {}, {}
         ref_loss = aten_run(lambda: runner.run_training(ref_b, optimizer, lr,
                                                         after_backward=_grab(ref_grads)))
@@ -428,11 +443,14 @@ def _generate(bundle, n, steps: list):
         out = orig(*a, **k)
         steps.append(out.logits[:, -1, :].detach().clone())
         return out
+    had, prev = "forward" in bundle.model.__dict__, bundle.model.__dict__.get("forward")   # gems.patch's
     bundle.model.forward = fwd
     try:
         return runner.run_generate(bundle, n)
     finally:
         del bundle.model.forward
+        if had:
+            bundle.model.forward = prev
 
 
 LOWP_FLOOR = 1e-4
@@ -514,6 +532,9 @@ def format_result(r: ParityResult, fmt: str = "table") -> str:
     md = fmt == "markdown"
     lines = [f"parity  {r.model} ({r.size}, {r.device}, {r.dtype}); Gems backend '{r.backend}', "
              f"{r.registered_ops} registered overloads"]
+    if r.patched and r.patch:
+        lines.append("patched gems.patch on the Gems run: " + ", ".join(
+            f"{k} x{v}" for k, v in r.patch["replaced"].items()) + "".join(f"; {n}" for n in r.patch["notes"]))
     phase = None
     for c in r.checks:
         if c.phase != phase:

@@ -1,0 +1,114 @@
+"""gems-coverage bench/parity --patch: the Gems run uses gems.patch(model), the ATen run the unpatched model,
+and the result records it. gems.fused is bound to PyTorch stand-ins here (fast, and independent of the
+kernels); tests/fused/test_patch.py covers the patch itself."""
+import contextlib
+import json
+
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import gems.fused
+from coverage_tool import cli
+
+
+def _rot(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def _rms(x, w, eps, offset=0.0, casting="llama"):
+    xf = x.float()
+    return (w + offset) * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+CALLS = []
+STANDINS = {
+    "rms_norm": lambda x, w, eps=1e-6, **k: _rms(x, w, eps, **k),
+    "add_rms_norm": lambda x, r, w, eps=1e-6, **k: (_rms(r + x, w, eps, **k), r + x),
+    "layer_norm": lambda x, w, b, eps=1e-5: TF.layer_norm(x, (x.shape[-1],), w, b, eps),
+    "add_layer_norm": lambda x, r, w, b, eps=1e-5: (TF.layer_norm(x + r, (x.shape[-1],), w, b, eps), x + r),
+    "silu_and_mul": lambda g, u: TF.silu(g) * u,
+    "gelu_and_mul": lambda g, u, approximate="none": TF.gelu(g, approximate=approximate) * u,
+    "rope": lambda q, k, c, s, position_ids=None, unsqueeze_dim=1: (
+        q * c.unsqueeze(unsqueeze_dim) + _rot(q) * s.unsqueeze(unsqueeze_dim),
+        k * c.unsqueeze(unsqueeze_dim) + _rot(k) * s.unsqueeze(unsqueeze_dim)),
+    "cross_entropy": lambda x, t, **k: TF.cross_entropy(x.float(), t, **k),
+    "fused_linear_cross_entropy": lambda h, w, t, bias=None, **k: TF.cross_entropy(TF.linear(h, w, bias).float(),
+                                                                                   t, **k),
+}
+
+
+@pytest.fixture(autouse=True)
+def standins():
+    ns = gems.fused.__dict__
+    saved = {k: ns[k] for k in STANDINS if k in ns}
+
+    def counted(name, fn):
+        def f(*a, **k):
+            CALLS.append(name)
+            return fn(*a, **k)
+        return f
+    ns.update({k: counted(k, v) for k, v in STANDINS.items()})
+    CALLS.clear()
+    try:
+        yield
+    finally:
+        for k in STANDINS:
+            ns.pop(k, None)
+        ns.update(saved)
+
+
+def _run(tmp_path, *args):
+    out = tmp_path / "out.json"
+    rc = cli.main(["-q", *args, "--format", "json", "-o", str(out)])
+    return rc, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def test_flag_parses():
+    p = cli.build_parser()
+    assert p.parse_args(["bench", "llama2", "--patch"]).patch is True
+    assert p.parse_args(["bench", "llama2"]).patch is False
+    assert p.parse_args(["parity", "bert", "--patch"]).patch is True
+    assert p.parse_args(["parity", "bert"]).patch is False
+
+
+def test_bench_train_patch_is_recorded(tmp_path):
+    rc, d = _run(tmp_path, "bench", "llama2", "--device", "cpu", "--steps", "1", "--warmup", "0", "--seq-len", "6",
+                 "--include", "rsqrt", "--workload", "train", "--no-attribution", "--patch")
+    assert rc == 0, d
+    assert d["patched"] is True and d["agree"]
+    assert d["patch"]["model_type"] == "llama"
+    assert d["patch"]["replaced"] == {"add_rms_norm": 2, "rope": 2, "silu_and_mul": 2, "rms_norm": 5,
+                                      "cross_entropy": 1, "fused_linear_cross_entropy": 1}
+    # the Gems turns (agreement + timed) ran patched: one fused linear CE per training step
+    assert CALLS.count("fused_linear_cross_entropy") == 2
+
+
+def test_bench_decode_patch_with_attribution(tmp_path):
+    rc, d = _run(tmp_path, "bench", "llama2", "--device", "cpu", "--steps", "1", "--warmup", "0", "--seq-len", "4",
+                 "--include", "rsqrt", "--workload", "decode", "--new-tokens", "2", "--patch")
+    assert rc == 0, d
+    assert d["patched"] and d["agree"] and d["profiled_units"] == 1 and "rope" in CALLS
+    rc, d = _run(tmp_path, "bench", "bert", "--device", "cpu", "--steps", "1", "--warmup", "0", "--seq-len", "6",
+                 "--include", "rsqrt", "--no-attribution")
+    assert rc == 0 and d["patched"] is False and d["patch"] is None
+
+
+def test_parity_patch_is_recorded(tmp_path, capsys):
+    rc, d = _run(tmp_path, "parity", "bert", "--include", "rsqrt", "--patch", "--no-shadow")
+    assert rc == 0, d
+    assert d["patched"] is True and d["verdict"] == "PASS"
+    assert d["patch"]["replaced"] == {"add_layer_norm": 4, "layer_norm": 6, "cross_entropy": 1}
+    assert "add_layer_norm" in CALLS and "cross_entropy" in CALLS
+    rc = cli.main(["-q", "parity", "bert", "--include", "rsqrt", "--patch", "--no-shadow", "--mode", "inference"])
+    assert rc == 0 and "patched gems.patch on the Gems run: add_layer_norm x4" in capsys.readouterr().out
+
+
+def test_patch_of_an_unsupported_model_is_bad_input(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 1,
+                               "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 32}))
+    rc = cli.main(["-q", "bench", str(cfg), "--device", "cpu", "--include", "rsqrt", "--patch"])
+    assert rc == 2
+    assert "--patch: gems.patch: model type 'gpt2' is not supported" in capsys.readouterr().err
