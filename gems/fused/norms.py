@@ -550,6 +550,8 @@ class _RMSNormFn(torch.autograd.Function):
                            int(residual is not None), int(gemma), single, bm, bn, num_warps=nw)
         ctx.gemma, ctx.offset, ctx.has_res = gemma, float(offset), residual is not None
         ctx.set_materialize_grads(False)
+        if s is not None and not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+            ctx.mark_non_differentiable(s)      # residual + x needs no graph when neither does
         ctx.save_for_backward(s if residual is not None else x, weight, rstd)
         if residual is not None:
             return y, s
@@ -641,6 +643,8 @@ class _LayerNormFn(torch.autograd.Function):
                           num_warps=nw)
         ctx.has_res = residual is not None
         ctx.set_materialize_grads(False)
+        if s is not None and not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+            ctx.mark_non_differentiable(s)
         ctx.save_for_backward(s if residual is not None else x, weight, bias, mean, rstd)
         if residual is not None:
             return y, s
