@@ -1,0 +1,437 @@
+"""Triton kernels of Gems' fused attention (no `register` here: gems/ops/attention.py wraps them).
+
+Notation: q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] (Hq = GROUP * Hkv; query head h reads KV head
+h // GROUP, so grouped-query attention never materializes repeated K/V), an optional bias broadcast
+to [B, Hq, Sq, Sk] read through its strides (0 on broadcast dims; float = additive, bool = keep where
+True), `is_causal` top-left aligned like SDPA's math (key j visible to query i iff j <= i).
+
+    S = scale * q k^T + bias,   P = softmax(S) (a row with no visible key gives P = 0, out = 0),
+    out = P v,                  lse = logsumexp(S) in natural log (0 for a row with no visible key)
+
+Forward (`attn_fwd`): one program per (BLOCK_M queries, batch*head[, KV split]); online softmax in base 2
+(scores pre-multiplied by scale*log2(e), so exp2 is one MUFU op), fp32 accumulators; the key blocks that
+need no mask (below the causal diagonal and inside Sk) run in a loop without masks, the diagonal and
+the ragged last block in a second, masked loop; blocks above the diagonal are never visited.
+Split-KV (decode, few programs): each program also takes one slice of the keys and writes its partial
+(out / l, m, l) in fp32; `attn_combine` merges the slices (flash-decoding).
+Backward: `attn_bwd_pre` delta = rowsum(dO * O); `attn_bwd_dkdv` one program per (BLOCK_N keys, batch *
+KV head) walks every query block of every query head of its group (deterministic: no atomics, GQA
+gradients summed in registers); `attn_bwd_dq` one program per (BLOCK_M queries, batch*head) walks the keys.
+"""
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+NEG_INF = tl.constexpr(float("-inf"))
+POS_INF = tl.constexpr(float("inf"))
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    # fp32 inputs: full fp32 products (ATen's fp32 attention is not tf32); fp16/bf16: tensor cores
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _bias_tile(b_ptrs, mask, BIAS_BOOL: tl.constexpr):
+    """A bias tile in the log2 domain (fp32)."""
+    if BIAS_BOOL:
+        keep = tl.load(b_ptrs, mask=mask, other=1)
+        return tl.where(keep != 0, 0.0, NEG_INF)
+    else:
+        return tl.load(b_ptrs, mask=mask, other=0.0).to(tl.float32) * LOG2E
+
+
+@triton.jit
+def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_base, start_n, offs_m, offs_n, offs_d,
+               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D, qk_scale,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr,
+               EVEN_D: tl.constexpr, IEEE: tl.constexpr):
+    n = start_n + offs_n
+    kt_ptrs = k_base + n[None, :] * stride_kn + offs_d[:, None] * stride_kd     # [BLOCK_D, BLOCK_N]
+    v_ptrs = v_base + n[:, None] * stride_vn + offs_d[None, :] * stride_vd      # [BLOCK_N, BLOCK_D]
+    if MASKED:
+        if EVEN_D:
+            kt = tl.load(kt_ptrs, mask=n[None, :] < Sk, other=0.0)
+            v = tl.load(v_ptrs, mask=n[:, None] < Sk, other=0.0)
+        else:
+            kt = tl.load(kt_ptrs, mask=(n[None, :] < Sk) & (offs_d[:, None] < D), other=0.0)
+            v = tl.load(v_ptrs, mask=(n[:, None] < Sk) & (offs_d[None, :] < D), other=0.0)
+    else:
+        if EVEN_D:
+            kt = tl.load(kt_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
+    s = _dot(q, kt, IEEE) * qk_scale
+    if HAS_BIAS:
+        b_ptrs = b_base + offs_m[:, None] * stride_bm + n[None, :] * stride_bn
+        if MASKED:
+            bmask = (offs_m[:, None] < Sq) & (n[None, :] < Sk)
+        else:
+            bmask = offs_m[:, None] < Sq
+        s += _bias_tile(b_ptrs, bmask, BIAS_BOOL)
+    if MASKED:
+        valid = n[None, :] < Sk
+        if CAUSAL:
+            valid = valid & (n[None, :] <= offs_m[:, None])
+        s = tl.where(valid, s, NEG_INF)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a row with nothing visible yet keeps m = -inf: shift by 0 so exp2 gives 0, not NaN
+    m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
+    p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def attn_fwd(Q, K, V, Bias, O, LSE, ML,
+             stride_qb, stride_qh, stride_qm, stride_qd,
+             stride_kb, stride_kh, stride_kn, stride_kd,
+             stride_vb, stride_vh, stride_vn, stride_vd,
+             stride_bb, stride_bh, stride_bm, stride_bn,
+             stride_ob, stride_oh, stride_om, stride_od, stride_os,
+             stride_lb, stride_lh, stride_lm, stride_ls,
+             Hq, GROUP, Sq, Sk, D, qk_scale, SPLIT_LEN,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+             CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr, EVEN_D: tl.constexpr,
+             IEEE: tl.constexpr, SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, REVERSE: tl.constexpr):
+    """out/lse of one query block (SPLIT: the partial out/l, m of one key slice, fp32)."""
+    if REVERSE:   # causal: the longest rows first, so the last wave is short
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hq).to(tl.int64)
+    h = pid_bh % Hq
+    hk = (h // GROUP).to(tl.int64)
+    h = h.to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    if EVEN_D:
+        q = tl.load(q_ptrs, mask=offs_m[:, None] < Sq, other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=(offs_m[:, None] < Sq) & (offs_d[None, :] < D), other=0.0)
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
+    b_base = Bias + b * stride_bb + h * stride_bh
+    # keys [0, hi) are visible to some row of this block; [0, hi_full) to every row, without a mask
+    if CAUSAL:
+        hi = tl.minimum(Sk, start_m + BLOCK_M)
+        hi_full = tl.minimum((start_m // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
+    else:
+        hi = Sk
+        hi_full = (Sk // BLOCK_N) * BLOCK_N
+    if SPLIT:
+        lo = tl.program_id(2) * SPLIT_LEN
+        end = lo + SPLIT_LEN
+        hi_full_s = tl.minimum(hi_full, end)
+        lo2 = tl.maximum(lo, hi_full)
+        hi_s = tl.minimum(hi, end)
+    else:
+        lo = 0
+        hi_full_s = hi_full
+        lo2 = hi_full
+        hi_s = hi
+    m_i = tl.full([BLOCK_M], NEG_INF, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(lo, hi_full_s, BLOCK_N):
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_base, start_n, offs_m, offs_n, offs_d,
+                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D,
+                                   qk_scale, False, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
+    for start_n in range(lo2, hi_s, BLOCK_N):
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_base, start_n, offs_m, offs_n, offs_d,
+                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D,
+                                   qk_scale, True, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    split_off = 0
+    if SPLIT:
+        split_off = tl.program_id(2).to(tl.int64)
+    o_ptrs = (O + b * stride_ob + h * stride_oh + split_off * stride_os + offs_m[:, None] * stride_om
+              + offs_d[None, :] * stride_od)
+    if EVEN_D:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=offs_m[:, None] < Sq)
+    else:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m[:, None] < Sq) & (offs_d[None, :] < D))
+    l_ptrs = LSE + b * stride_lb + h * stride_lh + split_off * stride_ls + offs_m * stride_lm
+    if SPLIT:
+        # partial statistics: m (log2 domain) in LSE, l in ML
+        tl.store(l_ptrs, m_i, mask=offs_m < Sq)
+        ml_ptrs = ML + b * stride_lb + h * stride_lh + split_off * stride_ls + offs_m * stride_lm
+        tl.store(ml_ptrs, l_i, mask=offs_m < Sq)
+    elif STORE_LSE:
+        lse = tl.where(empty, 0.0, (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+        tl.store(l_ptrs, lse, mask=offs_m < Sq)
+
+
+@triton.jit
+def attn_combine(OP, MP, LP, O, LSE, NSPLIT, Hq, Sq, D,
+                 stride_ps, stride_pb, stride_ph, stride_pm,
+                 stride_ms, stride_mb, stride_mh, stride_mm,
+                 stride_ob, stride_oh, stride_om, stride_od,
+                 stride_lb, stride_lh, stride_lm,
+                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr):
+    """Merge the split partials: out = sum_s w_s out_s / sum_s w_s, w_s = l_s 2^(m_s - max m)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hq).to(tl.int64)
+    h = (pid_bh % Hq).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    rmask = offs_m < Sq
+    mask = rmask[:, None] & (offs_d[None, :] < D)
+    m_tot = tl.full([BLOCK_M], NEG_INF, tl.float32)
+    w_tot = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for s in range(0, NSPLIT):
+        st = s * stride_ms
+        mp = MP + st + b * stride_mb + h * stride_mh + offs_m * stride_mm
+        m_s = tl.load(mp, mask=rmask, other=NEG_INF)
+        l_s = tl.load(LP + st + b * stride_mb + h * stride_mh + offs_m * stride_mm, mask=rmask, other=0.0)
+        o_s = tl.load(OP + s * stride_ps + b * stride_pb + h * stride_ph + offs_m[:, None] * stride_pm
+                      + offs_d[None, :], mask=mask, other=0.0)
+        m_new = tl.maximum(m_tot, m_s)
+        m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
+        alpha = tl.math.exp2(m_tot - m_use)
+        w = tl.where(l_s == 0.0, 0.0, l_s * tl.math.exp2(m_s - m_use))
+        acc = acc * alpha[:, None] + w[:, None] * o_s
+        w_tot = w_tot * alpha + w
+        m_tot = m_new
+    empty = w_tot == 0.0
+    out = acc / tl.where(empty, 1.0, w_tot)[:, None]
+    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+             out.to(O.dtype.element_ty), mask=mask)
+    if STORE_LSE:
+        lse = tl.where(empty, 0.0, (m_tot + tl.math.log2(tl.where(empty, 1.0, w_tot))) * LN2)
+        tl.store(LSE + b * stride_lb + h * stride_lh + offs_m * stride_lm, lse, mask=rmask)
+
+
+@triton.jit
+def attn_bwd_pre(O, DO, Delta, Hq, Sq, D,
+                 stride_ob, stride_oh, stride_om, stride_od,
+                 stride_gb, stride_gh, stride_gm, stride_gd,
+                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """delta[b, h, m] = sum_d dO * O (fp32), Delta contiguous [B, Hq, Sq]."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hq).to(tl.int64)
+    h = (pid_bh % Hq).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < Sq) & (offs_d[None, :] < D)
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(DO + b * stride_gb + h * stride_gh + offs_m[:, None] * stride_gm + offs_d[None, :] * stride_gd,
+                mask=mask, other=0.0).to(tl.float32)
+    tl.store(Delta + pid_bh.to(tl.int64) * Sq + offs_m, tl.sum(o * g, 1), mask=offs_m < Sq)
+
+
+@triton.jit
+def _lse2(LSE_row_ptrs, mask):
+    """lse (natural log) -> log2 domain; a missing row (or an lse of -inf from a row with no visible
+    key) becomes +inf, which makes P = 0 for it without a separate mask."""
+    lse = tl.load(LSE_row_ptrs, mask=mask, other=POS_INF).to(tl.float32) * LOG2E
+    return tl.where(lse == NEG_INF, POS_INF, lse)
+
+
+@triton.jit
+def _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, start_m, offs_n, offs_m0, offs_d,
+                stride_qm, stride_qd, stride_gm, stride_gd, stride_bm, stride_bn, stride_lm,
+                Sq, Sk, D, qk_scale, DIAG: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                BIAS_BOOL: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr):
+    offs_m = start_m + offs_m0
+    rmask = offs_m < Sq
+    if EVEN_D:
+        lmask = rmask[:, None]
+    else:
+        lmask = rmask[:, None] & (offs_d[None, :] < D)
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=lmask, other=0.0)
+    do = tl.load(do_base + offs_m[:, None] * stride_gm + offs_d[None, :] * stride_gd, mask=lmask, other=0.0)
+    lse2 = _lse2(lse_base + offs_m * stride_lm, rmask)
+    delta = tl.load(delta_base + offs_m, mask=rmask, other=0.0)
+    st = _dot(k, tl.trans(q), IEEE) * qk_scale                     # [BLOCK_N, BLOCK_M], log2 domain
+    if HAS_BIAS:
+        b_ptrs = b_base + offs_n[:, None] * stride_bn + offs_m[None, :] * stride_bm
+        st += _bias_tile(b_ptrs, (offs_n[:, None] < Sk) & rmask[None, :], BIAS_BOOL)
+    pt = tl.math.exp2(st - lse2[None, :])      # masked keys (-inf) and missing rows (lse2 = +inf) give 0
+    if DIAG:
+        pt = tl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
+    dv += _dot(pt.to(do.dtype), do, IEEE)
+    dpt = _dot(v, tl.trans(do), IEEE)
+    dst = pt * (dpt - delta[None, :])
+    dk += _dot(dst.to(q.dtype), q, IEEE)
+    return dk, dv
+
+
+@triton.jit
+def attn_bwd_dkdv(Q, K, V, Bias, DO, LSE, Delta, DK, DV,
+                  stride_qb, stride_qh, stride_qm, stride_qd,
+                  stride_kb, stride_kh, stride_kn, stride_kd,
+                  stride_vb, stride_vh, stride_vn, stride_vd,
+                  stride_bb, stride_bh, stride_bm, stride_bn,
+                  stride_gb, stride_gh, stride_gm, stride_gd,
+                  stride_lb, stride_lh, stride_lm,
+                  stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                  stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+                  Hq, Hkv, GROUP, Sq, Sk, D, qk_scale, scale,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                  CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr, EVEN_D: tl.constexpr,
+                  IEEE: tl.constexpr):
+    """dV = sum over the group's heads of P^T dO; dK = scale * sum dS^T Q, dS = P (dP - delta)."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hkv).to(tl.int64)
+    hk = (pid_bh % Hkv).to(tl.int64)
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    if EVEN_D:
+        kmask = offs_n[:, None] < Sk
+    else:
+        kmask = (offs_n[:, None] < Sk) & (offs_d[None, :] < D)
+    k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                mask=kmask, other=0.0)
+    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=kmask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    if CAUSAL:
+        # query rows < start_n see none of these keys; rows >= start_n + BLOCK_N - 1 see all of them
+        lo = (start_n // BLOCK_M) * BLOCK_M
+        mid = tl.minimum(((start_n + BLOCK_N + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, Sq)
+    else:
+        lo = 0
+        mid = 0
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_gb + h * stride_gh
+        b_base = Bias + b * stride_bb + h * stride_bh
+        lse_base = LSE + b * stride_lb + h * stride_lh
+        delta_base = Delta + (b * Hq + h) * Sq
+        for start_m in range(lo, mid, BLOCK_M):
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, start_m, offs_n,
+                                 offs_m0, offs_d, stride_qm, stride_qd, stride_gm, stride_gd, stride_bm, stride_bn,
+                                 stride_lm, Sq, Sk, D, qk_scale, True, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
+        for start_m in range(tl.maximum(mid, lo), Sq, BLOCK_M):
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, start_m, offs_n,
+                                 offs_m0, offs_d, stride_qm, stride_qd, stride_gm, stride_gd, stride_bm, stride_bn,
+                                 stride_lm, Sq, Sk, D, qk_scale, False, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
+    dk = dk * scale
+    tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+             dk.to(DK.dtype.element_ty), mask=kmask)
+    tl.store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+             dv.to(DV.dtype.element_ty), mask=kmask)
+
+
+@triton.jit
+def _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, offs_n0, offs_d,
+              stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D, qk_scale,
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr,
+              EVEN_D: tl.constexpr, IEEE: tl.constexpr):
+    n = start_n + offs_n0
+    kt_ptrs = k_base + n[None, :] * stride_kn + offs_d[:, None] * stride_kd     # [BLOCK_D, BLOCK_N]
+    vt_ptrs = v_base + n[None, :] * stride_vn + offs_d[:, None] * stride_vd
+    if MASKED:
+        if EVEN_D:
+            mk = n[None, :] < Sk
+        else:
+            mk = (n[None, :] < Sk) & (offs_d[:, None] < D)
+        kt = tl.load(kt_ptrs, mask=mk, other=0.0)
+        vt = tl.load(vt_ptrs, mask=mk, other=0.0)
+    else:
+        if EVEN_D:
+            kt = tl.load(kt_ptrs)
+            vt = tl.load(vt_ptrs)
+        else:
+            kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
+            vt = tl.load(vt_ptrs, mask=offs_d[:, None] < D, other=0.0)
+    s = _dot(q, kt, IEEE) * qk_scale
+    if HAS_BIAS:
+        b_ptrs = b_base + offs_m[:, None] * stride_bm + n[None, :] * stride_bn
+        if MASKED:
+            bmask = (offs_m[:, None] < Sq) & (n[None, :] < Sk)
+        else:
+            bmask = offs_m[:, None] < Sq
+        s += _bias_tile(b_ptrs, bmask, BIAS_BOOL)
+    p = tl.math.exp2(s - lse2[:, None])
+    if MASKED:
+        valid = n[None, :] < Sk
+        if CAUSAL:
+            valid = valid & (n[None, :] <= offs_m[:, None])
+        p = tl.where(valid, p, 0.0)
+    dp = _dot(do, vt, IEEE)
+    ds = p * (dp - delta[:, None])
+    dq += _dot(ds.to(kt.dtype), tl.trans(kt), IEEE)
+    return dq
+
+
+@triton.jit
+def attn_bwd_dq(Q, K, V, Bias, DO, LSE, Delta, DQ,
+                stride_qb, stride_qh, stride_qm, stride_qd,
+                stride_kb, stride_kh, stride_kn, stride_kd,
+                stride_vb, stride_vh, stride_vn, stride_vd,
+                stride_bb, stride_bh, stride_bm, stride_bn,
+                stride_gb, stride_gh, stride_gm, stride_gd,
+                stride_lb, stride_lh, stride_lm,
+                stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+                Hq, GROUP, Sq, Sk, D, qk_scale, scale,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr, EVEN_D: tl.constexpr,
+                IEEE: tl.constexpr):
+    """dQ = scale * dS K, dS = P (dP - delta), dP = dO V^T."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hq).to(tl.int64)
+    h = pid_bh % Hq
+    hk = (h // GROUP).to(tl.int64)
+    h = h.to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    rmask = offs_m < Sq
+    if EVEN_D:
+        lmask = rmask[:, None]
+    else:
+        lmask = rmask[:, None] & (offs_d[None, :] < D)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=lmask, other=0.0)
+    do = tl.load(DO + b * stride_gb + h * stride_gh + offs_m[:, None] * stride_gm + offs_d[None, :] * stride_gd,
+                 mask=lmask, other=0.0)
+    lse2 = _lse2(LSE + b * stride_lb + h * stride_lh + offs_m * stride_lm, rmask)
+    delta = tl.load(Delta + (b * Hq + h) * Sq + offs_m, mask=rmask, other=0.0)
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
+    b_base = Bias + b * stride_bb + h * stride_bh
+    if CAUSAL:
+        hi = tl.minimum(Sk, start_m + BLOCK_M)
+        hi_full = tl.minimum((start_m // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
+    else:
+        hi = Sk
+        hi_full = (Sk // BLOCK_N) * BLOCK_N
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, hi_full, BLOCK_N):
+        dq = _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, offs_n0, offs_d,
+                       stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D, qk_scale,
+                       False, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
+    for start_n in range(hi_full, hi, BLOCK_N):
+        dq = _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, offs_n0, offs_d,
+                       stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D, qk_scale,
+                       True, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
+    dq = dq * scale
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+             dq.to(DQ.dtype.element_ty), mask=lmask)

@@ -1,0 +1,401 @@
+"""Fused attention (flash-attention style) behind `F.scaled_dot_product_attention`.
+
+How SDPA reaches Gems. `scaled_dot_product_attention` is a composite op: it asks `_fused_sdp_choice`
+for a backend and calls that backend's overload, whose autograd formula calls the matching
+`_backward` overload. Gems registers those overloads at the backend key, below Autograd, so SDPA's
+own backend choice is untouched (with Gems off, or for an input Gems leaves to ATen, SDPA runs
+exactly what it runs without Gems) and ATen's derivative formulas call Gems' backward:
+
+  CUDA        `_scaled_dot_product_cudnn_attention` (+ `_backward`): what torch 2.11 picks on H100/H200
+              `_scaled_dot_product_flash_attention` (+ `_backward`)
+              `_scaled_dot_product_efficient_attention` (+ `_backward`): masks, fp32
+  CPU (the Triton interpreter backend)
+              `_scaled_dot_product_flash_attention_for_cpu` (+ `_backward`)
+
+The math fallback (`_scaled_dot_product_attention_math`: what SDPA picks for dropout on CPU, nested
+tensors, ...) is not a fused op and stays ATen's (its pieces, bmm / softmax, are Gems ops).
+
+Each overload keeps ATen's output contract, so a forward from one side and a backward from the
+other (a backward outside a `use_gems` scope) agree: the output in the layout ATen allocates (cuDNN:
+query's dim order; flash: like query; efficient: [B, S, H, D] transposed; CPU: like query),
+logsumexp in fp32 and natural log (flash [B, H, Sq]; cuDNN [B, H, Sq, 1]; efficient [B, H,
+ceil(Sq/32)*32] or [B, H, 0] when not requested; CPU [B, Sq, H] transposed), philox seed/offset as
+empty-state tensors (dropout is never served), undefined tensors where ATen returns them.
+Semantics follow SDPA's math reference: `is_causal` is top-left aligned when Sq != Sk (key j visible
+to query i iff j <= i); a float `attn_bias`/`attn_mask` is added to the scaled scores, a bool one
+keeps where True (SDPA converts bool masks to float before the fused ops; cuDNN's conversion uses
+-65504, with which a fully masked row attends uniformly, as in ATen); a row with no visible key gives
+0 (out) and 0 (lse), ATen's CPU answer (and SDPA's math convention). GQA: a key/value with fewer heads
+(Hq % Hkv == 0) is indexed per query head as h // (Hq / Hkv), never repeated in memory. Masks are
+read through their strides, broadcast dims with stride 0, never expanded in memory.
+
+Left to ATen (counted in `gems.stats()` with the reason): dropout_p > 0 ("dropout"), head dim > 256,
+value head dim != query head dim, varlen (cum_seq) backward, debug masks, a bias that needs its
+gradient, empty sequences, inputs that are not 4-d.
+
+Kernels and the math of each: gems/ops/_attention_kernels.py. Launch configs: `_config` (per kind,
+padded head dim, fp32-or-not; decode and split-KV decided from the shapes and the SM count), cached.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from ..registry import FLOATS, Unsupported, register
+from ..runtime import backend, kernel
+from ..runtime.alloc import empty, zeros
+from ..runtime.utils import cdiv, next_pow2
+from . import _attention_kernels as K
+
+_fwd = kernel(K.attn_fwd)
+_combine = kernel(K.attn_combine)
+_pre = kernel(K.attn_bwd_pre)
+_dkdv = kernel(K.attn_bwd_dkdv)
+_dq = kernel(K.attn_bwd_dq)
+
+_LOG2E = 1.4426950408889634
+MAX_HEAD_DIM = 256
+
+# Launch configs: kind -> (BLOCK_M, BLOCK_N, num_warps, num_stages). `set_config` overrides one
+# (benchmarks/attention.py --sweep uses it to try others on the GPU).
+_OVERRIDES: dict = {}
+
+
+def set_config(kind: str, block_d: int, ieee: bool, cfg):
+    """Force the launch config of one (kind, padded head dim, fp32) bucket; cfg None restores the table."""
+    if cfg is None:
+        _OVERRIDES.pop((kind, block_d, ieee), None)
+    else:
+        _OVERRIDES[(kind, block_d, ieee)] = tuple(cfg)
+    _config.cache_clear()
+
+
+@functools.lru_cache(maxsize=256)
+def _config(kind: str, block_d: int, ieee: bool, interp: bool):
+    o = _OVERRIDES.get((kind, block_d, ieee))
+    if o is not None:
+        return o
+    if interp:
+        # the interpreter runs one program at a time: few, wide programs; several blocks per test shape
+        return {"fwd": (32, 16, 1, 1), "decode": (16, 16, 1, 1), "dkdv": (16, 32, 1, 1),
+                "dq": (32, 16, 1, 1)}[kind]
+    if ieee:   # fp32: register- and shared-memory-hungry full-precision dots
+        return {"fwd": (64, 32, 4, 2), "decode": (16, 32, 4, 2), "dkdv": (32, 32, 4, 2), "dq": (32, 32, 4, 2)}[kind]
+    if block_d <= 64:
+        return {"fwd": (128, 64, 4, 3), "decode": (16, 64, 4, 3), "dkdv": (32, 128, 4, 3), "dq": (64, 64, 4, 3)}[kind]
+    if block_d <= 128:
+        return {"fwd": (128, 64, 8, 3), "decode": (16, 64, 4, 3), "dkdv": (32, 64, 8, 3), "dq": (64, 32, 8, 3)}[kind]
+    return {"fwd": (64, 32, 4, 2), "decode": (16, 32, 4, 2), "dkdv": (16, 32, 8, 2), "dq": (32, 16, 8, 2)}[kind]
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device_type: str, index) -> int:
+    if device_type != "cuda":
+        return 4     # the interpreter: small enough that test shapes exercise split-KV
+    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
+                                            ).multi_processor_count
+
+
+def _interp(t) -> bool:
+    return t.device.type != "cuda"
+
+
+def _matching_strides(shape, ref):
+    """Dense strides for `shape` with `ref`'s dim order (ATen's alloc_with_matching_layout/empty_like)."""
+    order = sorted(range(len(shape)), key=lambda i: ref.stride(i), reverse=True)
+    strides = [0] * len(shape)
+    s = 1
+    for i in reversed(order):
+        strides[i] = s
+        s *= max(shape[i], 1)
+    return tuple(strides)
+
+
+def _alloc_like(shape, ref, dtype=None):
+    return empty(tuple(shape), dtype or ref.dtype, ref.device, _matching_strides(shape, ref))
+
+
+def _alloc_permuted(shape, perm, dtype, device):
+    """torch.empty_permuted: memory in `perm` order, logical `shape`."""
+    phys = [shape[p] for p in perm]
+    strides_phys = [0] * len(phys)
+    s = 1
+    for i in reversed(range(len(phys))):
+        strides_phys[i] = s
+        s *= max(phys[i], 1)
+    strides = [0] * len(shape)
+    for j, p in enumerate(perm):
+        strides[p] = strides_phys[j]
+    return empty(tuple(shape), dtype, device, tuple(strides))
+
+
+def _validate(q, k, v, bias, dropout_p):
+    """Raise Unsupported for inputs the kernels leave to ATen; returns (B, Hq, Hkv, Sq, Sk, D)."""
+    if dropout_p and dropout_p > 0.0:
+        raise Unsupported("dropout")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise Unsupported("not 4-d")
+    if q.is_nested or k.is_nested or v.is_nested:
+        raise Unsupported("nested tensor")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in FLOATS:
+        raise Unsupported("dtype mix")
+    B, Hq, Sq, D = q.shape
+    Bk, Hkv, Sk, Dk = k.shape
+    if tuple(v.shape[:3]) != (Bk, Hkv, Sk) or Bk != B or Dk != D:
+        raise Unsupported("shape mismatch")
+    if v.shape[3] != D:
+        raise Unsupported("value head dim differs")
+    if D > MAX_HEAD_DIM:
+        raise Unsupported(f"head dim > {MAX_HEAD_DIM}")
+    if Hkv == 0 or Hq % Hkv:
+        raise Unsupported("query heads not a multiple of key heads")
+    if B * Hq * Sq * D == 0 or Sk == 0:
+        raise Unsupported("empty")
+    if bias is not None:
+        if bias.dim() > 4 or not (bias.dtype == torch.bool or bias.dtype.is_floating_point):
+            raise Unsupported("attn_bias shape/dtype")
+        try:
+            torch.broadcast_shapes(tuple(bias.shape), (B, Hq, Sq, Sk))
+        except RuntimeError:
+            raise Unsupported("attn_bias not broadcastable") from None
+    return B, Hq, Hkv, Sq, Sk, D
+
+
+def _bias_args(bias, q, B, Hq, Sq, Sk):
+    if bias is None:
+        return q, (0, 0, 0, 0), False, False
+    b = bias.expand(B, Hq, Sq, Sk)
+    st = tuple(b.stride(i) if b.shape[i] > 1 else 0 for i in range(4))
+    return b, st, True, bias.dtype == torch.bool
+
+
+def _scale(q, scale):
+    return float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+
+
+def _strides4(t):
+    return tuple(t.stride(i) if t.shape[i] > 1 else 0 for i in range(4))
+
+
+def _splits(progs, Sk, sk_eff, BN, interp, device):
+    """(number of KV splits, keys per split): split-KV when one program per query block leaves SMs
+    idle and the keys are long (decode); each split keeps >= 256 keys on the GPU."""
+    sms = _sm_count(device.type, device.index)
+    min_chunk = 2 * BN if interp else 256
+    if progs >= sms or sk_eff < 2 * min_chunk:
+        return 1, Sk
+    ns = min(cdiv(2 * sms, progs), sk_eff // min_chunk)
+    split_len = cdiv(cdiv(sk_eff, ns), BN) * BN
+    ns = cdiv(sk_eff, split_len)
+    return (ns, split_len) if ns > 1 else (1, Sk)
+
+
+def num_splits(B, Hq, Sq, Sk, D, dtype, causal, device) -> int:
+    """How many KV splits the forward uses for these shapes (tests, benchmarks)."""
+    BD = max(16, next_pow2(D))
+    interp = device.type != "cuda"
+    BM, BN, _, _ = _config("decode" if Sq <= 16 else "fwd", BD, dtype == torch.float32, interp)
+    nm = cdiv(Sq, BM)
+    return _splits(B * Hq * nm, Sk, min(Sk, nm * BM) if causal else Sk, BN, interp, device)[0]
+
+
+def _forward(q, k, v, bias, causal, scale, o, lse):
+    """o [B, Hq, Sq, D] and lse [B, Hq, Sq] (or None) are written; any strides."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    BD = max(16, next_pow2(D))
+    ieee = q.dtype == torch.float32
+    interp = _interp(q)
+    decode = Sq <= 16
+    BM, BN, W, ST = _config("decode" if decode else "fwd", BD, ieee, interp)
+    qk_scale = scale * _LOG2E
+    bt, bst, has_bias, bias_bool = _bias_args(bias, q, B, Hq, Sq, Sk)
+    nm = cdiv(Sq, BM)
+    ns, split_len = _splits(B * Hq * nm, Sk, min(Sk, nm * BM) if causal else Sk, BN, interp, q.device)
+    common = (*_strides4(q), *_strides4(k), *_strides4(v), *bst)
+    if ns > 1:
+        op = empty((ns, B, Hq, Sq, D), torch.float32, q.device)
+        mp = empty((ns, B, Hq, Sq), torch.float32, q.device)
+        lp = empty((ns, B, Hq, Sq), torch.float32, q.device)
+        ost = (op.stride(1), op.stride(2), op.stride(3), op.stride(4), op.stride(0))
+        lst = (mp.stride(1), mp.stride(2), mp.stride(3), mp.stride(0))
+        _fwd.run((nm, B * Hq, ns),
+                 (q, k, v, bt, op, mp, lp, *common, *ost, *lst, Hq, group, Sq, Sk, D, qk_scale, split_len,
+                  BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, True, False, False), W, ST)
+        BMc = min(next_pow2(Sq), 16)
+        store = lse is not None
+        lt = lse if store else o
+        lst2 = (lse.stride(0), lse.stride(1), lse.stride(2)) if store else (0, 0, 0)
+        _combine.run((cdiv(Sq, BMc), B * Hq),
+                     (op, mp, lp, o, lt, ns, Hq, Sq, D, op.stride(0), op.stride(1), op.stride(2), op.stride(3),
+                      mp.stride(0), mp.stride(1), mp.stride(2), mp.stride(3), *_strides4(o), *lst2,
+                      BMc, BD, store), 4, 1)
+        return
+    store = lse is not None
+    lt = lse if store else o
+    lst = (lse.stride(0), lse.stride(1), lse.stride(2), 0) if store else (0, 0, 0, 0)
+    _fwd.run((nm, B * Hq, 1),
+             (q, k, v, bt, o, lt, o, *common, *_strides4(o), 0, *lst, Hq, group, Sq, Sk, D, qk_scale, Sk,
+              BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, False, store, bool(causal) and nm > 1), W, ST)
+
+
+def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv):
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    BD = max(16, next_pow2(D))
+    ieee = q.dtype == torch.float32
+    interp = _interp(q)
+    qk_scale = scale * _LOG2E
+    bt, bst, has_bias, bias_bool = _bias_args(bias, q, B, Hq, Sq, Sk)
+    delta = empty((B, Hq, Sq), torch.float32, q.device)
+    BMp = 32 if interp else 64
+    _pre.run((cdiv(Sq, BMp), B * Hq), (o, do, delta, Hq, Sq, D, *_strides4(o), *_strides4(do), BMp, BD), 4, 1)
+    lst = (lse.stride(0) if lse.shape[0] > 1 else 0, lse.stride(1) if lse.shape[1] > 1 else 0, lse.stride(2))
+    common = (*_strides4(q), *_strides4(k), *_strides4(v), *bst, *_strides4(do), *lst)
+    even = D == BD
+    BM1, BN1, W1, S1 = _config("dkdv", BD, ieee, interp)
+    _dkdv.run((cdiv(Sk, BN1), B * Hkv),
+              (q, k, v, bt, do, lse, delta, dk, dv, *common, *_strides4(dk), *_strides4(dv),
+               Hq, Hkv, group, Sq, Sk, D, qk_scale, scale, BM1, BN1, BD, causal, has_bias, bias_bool, even, ieee),
+              W1, S1)
+    BM2, BN2, W2, S2 = _config("dq", BD, ieee, interp)
+    _dq.run((cdiv(Sq, BM2), B * Hq),
+            (q, k, v, bt, do, lse, delta, dq, *common, *_strides4(dq),
+             Hq, group, Sq, Sk, D, qk_scale, scale, BM2, BN2, BD, causal, has_bias, bias_bool, even, ieee),
+            W2, S2)
+
+
+def _grads_like(q, k, v, perm=None):
+    if perm is not None:
+        return (_alloc_permuted(q.shape, perm, q.dtype, q.device), _alloc_permuted(k.shape, perm, k.dtype, k.device),
+                _alloc_permuted(v.shape, perm, v.dtype, v.device))
+    return _alloc_like(q.shape, q), _alloc_like(k.shape, k), _alloc_like(v.shape, v)
+
+
+# ---------------------------------------------------------------------------------------------------
+# CPU (interpreter backend): the overload SDPA picks on CPU
+
+@register("_scaled_dot_product_flash_attention_for_cpu", category="other", dtypes=FLOATS,
+          backends=("interpreter",))
+def sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """Fused attention forward (SDPA on CPU): causal, masks, GQA, online softmax."""
+    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_mask, dropout_p)
+    if is_causal and attn_mask is not None:
+        raise Unsupported("is_causal with attn_mask")
+    out = _alloc_like(query.shape, query)
+    lse = _alloc_permuted((B, Hq, Sq), (0, 2, 1), torch.float32, query.device)
+    _forward(query, key, value, attn_mask, bool(is_causal), _scale(query, scale), out, lse)
+    return out, lse
+
+
+@register("_scaled_dot_product_flash_attention_for_cpu_backward", category="other", dtypes=FLOATS, backward=True,
+          backends=("interpreter",))
+def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,
+                            scale=None):
+    """Fused attention backward (dQ, dK, dV; deterministic, no atomics)."""
+    _validate(query, key, value, attn_mask, dropout_p)
+    if is_causal and attn_mask is not None:
+        raise Unsupported("is_causal with attn_mask")
+    if logsumexp.dtype != torch.float32:
+        raise Unsupported("logsumexp dtype")
+    dq, dk, dv = _grads_like(query, key, value, (0, 2, 1, 3))
+    _backward(grad_out, query, key, value, out, logsumexp, attn_mask, bool(is_causal), _scale(query, scale),
+              dq, dk, dv)
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------------------------------
+# CUDA: the three fused overloads SDPA may pick
+
+def _seed_offset(device, dtype=torch.int64, seed_shape=()):
+    return zeros(seed_shape, dtype, device), zeros((), dtype, device)
+
+
+@register("_scaled_dot_product_cudnn_attention", category="other", dtypes=FLOATS, backends=("cuda",))
+def sdpa_cudnn(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+               return_debug_mask=False, *, scale=None):
+    """Fused attention forward in place of cuDNN's (SDPA's choice on H100/H200 with torch 2.11)."""
+    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p)
+    if return_debug_mask:
+        raise Unsupported("debug mask")
+    out = _alloc_like((B, Hq, Sq, D), query)
+    lse = empty((B, Hq, Sq, 1), torch.float32, query.device)
+    _forward(query, key, value, attn_bias, bool(is_causal), _scale(query, scale), out, lse[..., 0])
+    seed, offset = _seed_offset(query.device)
+    return out, lse, None, None, Sq, Sk, seed, offset, None
+
+
+@register("_scaled_dot_product_cudnn_attention_backward", category="other", dtypes=FLOATS, backward=True,
+          backends=("cuda",))
+def sdpa_cudnn_backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias,
+                        cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *, scale=None):
+    """Fused attention backward in place of cuDNN's."""
+    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p)
+    if cum_seq_q is not None and cum_seq_q.numel() or cum_seq_k is not None and cum_seq_k.numel():
+        raise Unsupported("varlen")
+    lse = logsumexp.reshape(B, Hq, Sq) if logsumexp.dim() == 4 else logsumexp
+    if lse.dtype != torch.float32 or tuple(lse.shape) != (B, Hq, Sq):
+        raise Unsupported("logsumexp layout")
+    dq, dk, dv = _grads_like(query, key, value)
+    _backward(grad_out, query, key, value, out, lse, attn_bias, bool(is_causal), _scale(query, scale), dq, dk, dv)
+    return dq, dk, dv
+
+
+@register("_scaled_dot_product_flash_attention", category="other", dtypes=FLOATS, backends=("cuda",))
+def sdpa_flash(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    """Fused attention forward in place of FlashAttention's."""
+    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, None, dropout_p)
+    if return_debug_mask:
+        raise Unsupported("debug mask")
+    out = _alloc_like((B, Hq, Sq, D), query)
+    lse = empty((B, Hq, Sq), torch.float32, query.device)
+    _forward(query, key, value, None, bool(is_causal), _scale(query, scale), out, lse)
+    rng, unused = zeros((2,), torch.uint64, query.device), zeros((), torch.uint64, query.device)
+    return out, lse, None, None, Sq, Sk, rng, unused, empty((0,), query.dtype, query.device)
+
+
+@register("_scaled_dot_product_flash_attention_backward", category="other", dtypes=FLOATS, backward=True,
+          backends=("cuda",))
+def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                        is_causal, philox_seed, philox_offset, *, scale=None):
+    """Fused attention backward in place of FlashAttention's."""
+    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, None, dropout_p)
+    if cum_seq_q is not None and cum_seq_q.numel() or cum_seq_k is not None and cum_seq_k.numel():
+        raise Unsupported("varlen")
+    if logsumexp.dtype != torch.float32 or tuple(logsumexp.shape) != (B, Hq, Sq):
+        raise Unsupported("logsumexp layout")
+    dq, dk, dv = _grads_like(query, key, value)
+    _backward(grad_out, query, key, value, out, logsumexp, None, bool(is_causal), _scale(query, scale), dq, dk, dv)
+    return dq, dk, dv
+
+
+@register("_scaled_dot_product_efficient_attention", category="other", dtypes=FLOATS, backends=("cuda",))
+def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
+    """Fused attention forward in place of the memory-efficient kernel's (masks, fp32)."""
+    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p)
+    out = _alloc_permuted((B, Hq, Sq, D), (0, 2, 1, 3), query.dtype, query.device)
+    lse = empty((B, Hq, cdiv(Sq, 32) * 32 if compute_log_sumexp else 0), torch.float32, query.device)
+    _forward(query, key, value, attn_bias, bool(is_causal), _scale(query, scale), out,
+             lse[:, :, :Sq] if compute_log_sumexp else None)
+    seed, offset = _seed_offset(query.device)
+    return out, lse, seed, offset
+
+
+@register("_scaled_dot_product_efficient_attention_backward", category="other", dtypes=FLOATS, backward=True,
+          backends=("cuda",))
+def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset,
+                            dropout_p, grad_input_mask, is_causal=False, *, scale=None):
+    """Fused attention backward in place of the memory-efficient kernel's."""
+    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p)
+    if attn_bias is not None and len(grad_input_mask) > 3 and grad_input_mask[3]:
+        raise Unsupported("attn_bias gradient")
+    if logsumexp.dtype != torch.float32 or logsumexp.dim() != 3 or logsumexp.shape[2] < Sq:
+        raise Unsupported("logsumexp layout")
+    dq, dk, dv = _grads_like(query, key, value)
+    _backward(grad_out_, query, key, value, out, logsumexp[:, :, :Sq], attn_bias, bool(is_causal),
+              _scale(query, scale), dq, dk, dv)
+    return dq, dk, dv, None

@@ -1,0 +1,344 @@
+"""Fused attention behind F.scaled_dot_product_attention (gems/ops/attention.py).
+
+Reference: SDPA's math in float64 on CPU (softmax(q k^T * scale + mask) v; a row with no visible key
+gives 0, SDPA's convention); low precision by the flash-attention rule (error <= 2x ATen's own error in
+that dtype + atol). Every SDPA test asserts Gems served the fused overload ATen picks on the device
+(CPU: _scaled_dot_product_flash_attention_for_cpu; CUDA: cuDNN / flash / efficient).
+"""
+import contextlib
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import gems
+from gems.ops import attention as A
+from harness import DEVICE, DTYPES, ON_GPU, assert_close, dtype_params, make
+
+FUSED = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+         "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+HEAD_DIMS = (64, 80, 96, 128) if ON_GPU else (16, 32, 64)
+ATOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def ref_attention(q, k, v, mask=None, causal=False, scale=None):
+    """SDPA's math in the inputs' dtype (use float64): GQA by repeating heads, top-left causal."""
+    Hq, Hk = q.shape[1], k.shape[1]
+    if Hq != Hk:
+        k = k.repeat_interleave(Hq // Hk, 1)
+        v = v.repeat_interleave(Hq // Hk, 1)
+    s = q @ k.transpose(-1, -2) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if causal:
+        L, S = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool, device=s.device).tril(), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.to(s.dtype)
+    p = torch.softmax(s, -1)
+    p = torch.where(torch.isnan(p), torch.zeros_like(p), p)    # fully masked rows: 0
+    return p @ v
+
+
+def aten_choice(fn):
+    """The fused overload ATen itself runs for fn() (Gems off), or None (math path)."""
+    seen = []
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Mode():
+        fn()
+    return next((n for n in seen if n in FUSED), None)
+
+
+@contextlib.contextmanager
+def served_attention(fn):
+    """Assert Gems served the fused forward ATen picks for fn (skip if ATen takes the math path)."""
+    name = aten_choice(fn)
+    if name is None:
+        pytest.skip("ATen runs SDPA's math path for this input here: no fused overload to serve")
+    impl = gems.registry.get(name)
+    before = impl.served
+    yield name
+    assert impl.served > before, f"Gems did not serve aten::{name}: {gems.stats().get(name + '.default')}"
+
+
+def qkv(B, Hq, Hk, Sq, Sk, D, dtype, requires_grad=False, low=-2.0, high=2.0):
+    return (make((B, Hq, Sq, D), dtype, low=low, high=high, requires_grad=requires_grad),
+            make((B, Hk, Sk, D), dtype, low=low, high=high, requires_grad=requires_grad),
+            make((B, Hk, Sk, D), dtype, low=low, high=high, requires_grad=requires_grad))
+
+
+def make_mask(kind, B, H, Sq, Sk, dtype):
+    if kind is None:
+        return None
+    g = torch.Generator().manual_seed(Sq * 31 + Sk)
+    if kind == "bool_pad":        # BERT: [B, 1, 1, Sk] padding, the last keys of batch 1 masked
+        m = torch.ones(B, 1, 1, Sk, dtype=torch.bool)
+        m[-1, ..., Sk - Sk // 3:] = False
+    elif kind == "bool_full":     # [B, 1, Sq, Sk] random keep (at least key 0 kept)
+        m = torch.rand(B, 1, Sq, Sk, generator=g) > 0.4
+        m[..., 0] = True
+    elif kind == "add_pad":       # additive [B, 1, 1, Sk] with -inf padding, broadcast over heads and rows
+        m = torch.zeros(B, 1, 1, Sk)
+        m[-1, ..., Sk - Sk // 3:] = float("-inf")
+        m = m.to(dtype)
+    elif kind == "add_head":      # additive [1, H, Sq, Sk] (ALiBi-like), broadcast over batch
+        m = (torch.randn(1, H, Sq, Sk, generator=g) * 2).to(dtype)
+    else:
+        raise ValueError(kind)
+    return m.to(DEVICE)
+
+
+# (B, Hq, Hk, Sq, Sk, causal, mask, scale): ragged lengths (not multiples of any block), Sq != Sk both ways
+CASES = {
+    "plain": (1, 2, 2, 24, 24, False, None, None),
+    "causal_ragged": (2, 2, 2, 37, 37, True, None, None),
+    "causal_sq<sk": (1, 2, 2, 19, 40, True, None, None),
+    "causal_sq>sk": (1, 2, 2, 40, 19, True, None, None),
+    "gqa": (1, 4, 2, 21, 33, False, None, None),
+    "gqa_causal": (1, 4, 1, 33, 33, True, None, None),
+    "bool_pad": (2, 2, 2, 17, 17, False, "bool_pad", None),
+    "bool_full": (2, 2, 2, 20, 29, False, "bool_full", None),
+    "add_pad": (2, 2, 2, 23, 23, False, "add_pad", None),
+    "add_head": (1, 3, 3, 18, 26, False, "add_head", None),
+    "scale": (1, 2, 2, 20, 31, False, None, 0.37),
+}
+if ON_GPU:   # real sizes too: several blocks of the GPU configs
+    CASES.update({
+        "big_causal": (2, 8, 8, 300, 300, True, None, None),
+        "big_gqa": (1, 8, 2, 257, 513, False, None, None),
+        "big_pad": (4, 4, 4, 200, 200, False, "bool_pad", None),
+    })
+
+
+def _run(case, D, dtype, grads):
+    B, Hq, Hk, Sq, Sk, causal, mkind, scale = CASES[case]
+    q, k, v = qkv(B, Hq, Hk, Sq, Sk, D, dtype, requires_grad=grads)
+    mask = make_mask(mkind, B, Hq, Sq, Sk, dtype)
+    kw = dict(attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=Hq != Hk)
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+    g = make((B, Hq, Sq, D), dtype)
+    with served_attention(lambda: sdpa(q, k, v)), gems.use_gems():
+        out = sdpa(q, k, v)
+        got = torch.autograd.grad(out, (q, k, v), g) if grads else ()
+    r = [t.detach().cpu().double().requires_grad_(grads) for t in (q, k, v)]
+    rmask = mask.cpu() if mask is not None else None
+    ref = ref_attention(*r, mask=rmask, causal=causal, scale=scale)
+    refg = torch.autograd.grad(ref, r, g.cpu().double()) if grads else ()
+    aten, ateng = None, None
+    if dtype != torch.float32:
+        aout = sdpa(q, k, v)
+        aten = aout
+        ateng = torch.autograd.grad(aout, (q, k, v), g) if grads else ()
+    assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg=f"out {case}")
+    if grads:
+        assert_close(list(got), list(refg), dtype, list(ateng) if ateng is not None else None, atol=ATOL[dtype],
+                     rtol=1e-5 if dtype == torch.float32 else None, msg=f"grad {case}")
+
+
+@dtype_params()
+@pytest.mark.parametrize("case", list(CASES))
+def test_sdpa_forward(case, dtype):
+    _run(case, HEAD_DIMS[0] if not ON_GPU else 128, dtype, grads=False)
+
+
+@dtype_params()
+@pytest.mark.parametrize("D", HEAD_DIMS)
+def test_sdpa_head_dims(D, dtype):
+    _run("causal_ragged", D, dtype, grads=False)
+
+
+BWD_CASES = ["plain", "causal_ragged", "causal_sq<sk", "causal_sq>sk", "gqa_causal", "add_head", "bool_pad", "scale"]
+if ON_GPU:
+    BWD_CASES += ["big_causal", "big_gqa", "big_pad"]
+
+
+@dtype_params()
+@pytest.mark.parametrize("case", BWD_CASES)
+def test_sdpa_backward(case, dtype):
+    D = 128 if ON_GPU else 32
+    _run(case, D, dtype, grads=True)
+
+
+@pytest.mark.parametrize("D", HEAD_DIMS)
+def test_sdpa_backward_head_dims(D):
+    _run("gqa_causal", D, DTYPES[-1] if ON_GPU else torch.float16, grads=True)
+
+
+@dtype_params()
+@pytest.mark.parametrize("Sk", [150, 1000] if ON_GPU else [150])
+def test_decode_split_kv(Sk, dtype):
+    """One query against a long KV cache: split-KV (several programs per head) and the combine kernel."""
+    B, H, D = 1, 2, HEAD_DIMS[-1] if ON_GPU else 32
+    assert A.num_splits(B, H, 1, Sk, D, dtype, False, torch.device(DEVICE)) > 1
+    q, k, v = qkv(B, H, H, 1, Sk, D, dtype)
+    with served_attention(lambda: F.scaled_dot_product_attention(q, k, v)), gems.use_gems():
+        out = F.scaled_dot_product_attention(q, k, v)
+    ref = ref_attention(*(t.cpu().double() for t in (q, k, v)))
+    aten = F.scaled_dot_product_attention(q, k, v) if dtype != torch.float32 else None
+    assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg="decode")
+    # GQA decode with a padding mask and a few query rows (speculative decoding)
+    q, k, v = qkv(2, 4, 2, 3, Sk, D, dtype)
+    mask = make_mask("bool_pad", 2, 4, 3, Sk, dtype)
+    kw = dict(attn_mask=mask, enable_gqa=True)
+    with served_attention(lambda: F.scaled_dot_product_attention(q, k, v, **kw)), gems.use_gems():
+        out = F.scaled_dot_product_attention(q, k, v, **kw)
+    ref = ref_attention(*(t.cpu().double() for t in (q, k, v)), mask=mask.cpu())
+    aten = F.scaled_dot_product_attention(q, k, v, **kw) if dtype != torch.float32 else None
+    assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg="decode gqa mask")
+
+
+def test_fully_masked_rows_match_aten():
+    """A row with no visible key: ATen's own answer for the overload it picks (0 on CPU, efficient,
+    flash; cuDNN's bool conversion uses -65504, i.e. uniform attention) -- same values as ATen."""
+    dtype = DTYPES[-1] if ON_GPU else torch.float32
+    B, H, Sq, Sk, D = 2, 2, 12, 20, HEAD_DIMS[0]
+    q, k, v = qkv(B, H, H, Sq, Sk, D, dtype)
+    for mask in (torch.ones(B, 1, Sq, Sk, dtype=torch.bool), torch.zeros(B, 1, Sq, Sk, dtype=dtype)):
+        if mask.dtype == torch.bool:
+            mask[:, :, 3] = False
+            mask[1, :, 7] = False
+        else:
+            mask[:, :, 3] = float("-inf")
+            mask[1, :, 7] = float("-inf")
+        mask = mask.to(DEVICE)
+        fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # noqa: E731
+        with served_attention(fn), gems.use_gems():
+            out = fn()
+        aten = fn()
+        assert torch.equal(torch.isnan(out), torch.isnan(aten))
+        torch.testing.assert_close(out, aten, atol=ATOL[dtype] * 2, rtol=2e-2 if dtype != torch.float32 else 1e-5,
+                                   equal_nan=True)
+        assert (out[:, :, 3] == 0).all() or not (aten[:, :, 3] == 0).all()
+
+
+def test_dropout_falls_back_with_reason():
+    q, k, v = qkv(1, 2, 2, 16, 16, HEAD_DIMS[0], DTYPES[-1] if ON_GPU else torch.float32)
+    name = "_scaled_dot_product_efficient_attention" if ON_GPU else "_scaled_dot_product_flash_attention_for_cpu"
+    impl = gems.registry.get(name)
+    before = impl.all_reasons().get("dropout", 0)
+    with gems.use_gems():
+        try:
+            if ON_GPU:
+                torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, False, 0.2)
+            else:
+                torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.2)
+        except RuntimeError:
+            pass    # ATen's own answer to the call (whatever it is) is what the user gets
+    assert impl.all_reasons().get("dropout", 0) == before + 1
+    # SDPA with dropout: whatever ATen picks, Gems never serves a fused overload with dropout > 0
+    with gems.use_gems():
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    assert y.shape == q.shape
+
+
+@pytest.mark.parametrize("direction", ["gems_fwd_aten_bwd", "aten_fwd_gems_bwd"])
+def test_mixed_forward_backward(direction):
+    """ATen's backward accepts Gems' forward outputs (out, logsumexp layout) and the other way round:
+    a backward run outside the use_gems scope of its forward."""
+    dtype = DTYPES[-1] if ON_GPU else torch.float32
+    B, Hq, Hk, S, D = 1, 4, 2 if not ON_GPU else 4, 29, HEAD_DIMS[0]
+    q, k, v = qkv(B, Hq, Hk, S, S, D, dtype, requires_grad=True)
+    g = make((B, Hq, S, D), dtype)
+    kw = dict(is_causal=True, enable_gqa=Hq != Hk)
+    fwd_ctx = gems.use_gems() if direction == "gems_fwd_aten_bwd" else contextlib.nullcontext()
+    bwd_ctx = gems.use_gems() if direction == "aten_fwd_gems_bwd" else contextlib.nullcontext()
+    with served_attention(lambda: F.scaled_dot_product_attention(q, k, v, **kw)) if direction.startswith("gems") \
+            else contextlib.nullcontext():
+        with fwd_ctx:
+            out = F.scaled_dot_product_attention(q, k, v, **kw)
+    with bwd_ctx:
+        got = torch.autograd.grad(out, (q, k, v), g)
+    r = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    ref = ref_attention(*r, causal=True)
+    refg = torch.autograd.grad(ref, r, g.cpu().double())
+    aten = None
+    if dtype != torch.float32:
+        aout = F.scaled_dot_product_attention(q, k, v, **kw)
+        aten = list(torch.autograd.grad(aout, (q, k, v), g))
+    assert_close(list(got), list(refg), dtype, aten, atol=ATOL[dtype], rtol=1e-5 if dtype == torch.float32 else None,
+                 msg=direction)
+
+
+# The CUDA overloads' wrappers run on CPU tensors too (through the interpreter): their output
+# contracts (shapes, strides, dtypes of ATen's meta functions) and values are checked here on every
+# machine; on the GPU the same wrappers are reached through SDPA above.
+def _meta(op, *args, **kw):
+    def m(a):
+        return a.to("meta") if isinstance(a, torch.Tensor) else a
+    return op(*[m(a) for a in args], **{k: m(v) for k, v in kw.items()})
+
+
+@pytest.mark.parametrize("which", ["cudnn", "flash", "efficient"])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_cuda_overload_contracts(which, layout):
+    dtype = torch.float32
+    B, H, Sq, Sk, D = 2, 2, 21, 27, 32
+    if layout == "bshd":    # HF's layout: [B, S, H, D] transposed to [B, H, S, D]
+        q, k, v = (make((B, s, H, D), dtype).transpose(1, 2) for s in (Sq, Sk, Sk))
+    else:
+        q, k, v = qkv(B, H, H, Sq, Sk, D, dtype)
+    bias = make_mask("add_pad", B, H, Sq, Sk, dtype) if which != "flash" else None
+    scale = 0.3
+    if which == "cudnn":
+        op, fwd, bwd = torch.ops.aten._scaled_dot_product_cudnn_attention, A.sdpa_cudnn, A.sdpa_cudnn_backward
+        args = (q, k, v, bias, True, 0.0, False, False)
+    elif which == "flash":
+        op, fwd, bwd = torch.ops.aten._scaled_dot_product_flash_attention, A.sdpa_flash, A.sdpa_flash_backward
+        args = (q, k, v, 0.0, False, False)
+    else:
+        op, fwd, bwd = (torch.ops.aten._scaled_dot_product_efficient_attention, A.sdpa_efficient,
+                        A.sdpa_efficient_backward)
+        args = (q, k, v, bias, True, 0.0, False)
+    res = fwd(*args, scale=scale)
+    meta = _meta(op, *args, scale=scale)
+    assert len(res) == len(meta)
+    for i, (a, b) in enumerate(zip(res, meta)):
+        if isinstance(b, torch.Tensor) and i < 2:
+            assert a.shape == b.shape and a.dtype == b.dtype, (which, i, a.shape, b.shape)
+            assert a.stride() == b.stride(), (which, i, a.stride(), b.stride())
+        elif isinstance(b, int):
+            assert a == b
+        elif b is None:
+            assert a is None
+    out, lse = res[0], res[1]
+    rq, rk, rv = (t.double().requires_grad_() for t in (q, k, v))
+    ref = ref_attention(rq, rk, rv, mask=bias, scale=scale)
+    assert_close(out, ref, dtype, None, rtol=1e-4, atol=1e-4, msg=which)
+    s = (rq @ rk.transpose(-1, -2) * scale + (bias.double() if bias is not None else 0)).detach()
+    want_lse = torch.logsumexp(s, -1)
+    got_lse = lse.reshape(B, H, -1)[:, :, :Sq]
+    fin = torch.isfinite(want_lse)
+    assert (got_lse.double()[fin] - want_lse[fin]).abs().max() < 1e-4
+    g = make(out.shape, dtype)
+    refg = torch.autograd.grad(ref, (rq, rk, rv), g.double())
+    if which == "cudnn":
+        grads = bwd(g, q, k, v, out, lse, res[6], res[7], bias, None, None, Sq, Sk, 0.0, False, scale=scale)
+    elif which == "flash":
+        grads = bwd(g, q, k, v, out, lse, None, None, Sq, Sk, 0.0, False, res[6], res[7], scale=scale)
+    else:
+        grads = bwd(g, q, k, v, bias, out, lse, res[2], res[3], 0.0, [True, True, True, False], False, scale=scale)
+        assert grads[3] is None
+    assert_close(list(grads[:3]), list(refg), dtype, None, rtol=1e-4, atol=1e-4, msg=which + " grads")
+    for gr, t in zip(grads[:3], (q, k, v)):
+        assert gr.shape == t.shape and gr.dtype == t.dtype
+
+
+def test_unsupported_inputs_fall_back():
+    """Head dim > 256 and a value head dim different from the query's go to ATen, counted."""
+    name = "_scaled_dot_product_flash_attention_for_cpu" if not ON_GPU else None
+    if name is None:
+        pytest.skip("CPU overload; on CUDA SDPA does not pick a fused kernel for these")
+    impl = gems.registry.get(name)
+    q = make((1, 1, 4, 272), torch.float32)
+    with gems.use_gems():
+        y = F.scaled_dot_product_attention(q, q, q)
+    assert impl.all_reasons().get("head dim > 256", 0) >= 1
+    assert_close(y, ref_attention(*(q.double(),) * 3), torch.float32)
