@@ -282,6 +282,9 @@ struct Guard {
   int64_t written_bytes, other_bytes;
 };
 
+// a guard's `other` at or above this names a tensor-list element: kListRef + (arg << 20 | element)
+constexpr int kListRef = 1 << 30;
+
 struct Result {
   int src = 0, idx = 0;
   View view;
@@ -532,6 +535,24 @@ struct Op : std::enable_shared_from_this<Op> {
     return cfg >= 0 && cfg < kMaxConfigs && member[cfg];
   }
 
+  // a tensor's part of the key: dtype, device, sizes, strides, 16-byte alignment
+  static bool key_tensor(std::vector<int64_t>& w, const at::Tensor& t, c10::TensorImpl** impls, int& n_impls) {
+    c10::TensorImpl* ti = t.unsafeGetTensorImpl();
+    if (t.layout() != c10::kStrided || t.is_conj() || t.is_neg() || ti->has_symbolic_sizes_strides()) return false;
+    w.push_back(1);
+    w.push_back(static_cast<int64_t>(t.scalar_type()));
+    w.push_back(static_cast<int64_t>(t.device().type()) << 16 | (t.device().index() + 1));
+    auto sizes = t.sizes();
+    auto strides = t.strides();
+    w.push_back(static_cast<int64_t>(sizes.size()));
+    w.insert(w.end(), sizes.begin(), sizes.end());
+    w.insert(w.end(), strides.begin(), strides.end());
+    w.push_back(reinterpret_cast<uintptr_t>(t.const_data_ptr()) & 15);
+    if (n_impls == 16) return false;
+    impls[n_impls++] = ti;
+    return true;
+  }
+
   bool make_key(const Stack& stack, size_t n, Key& key) const {
     auto& w = key.words;
     w.clear();
@@ -554,18 +575,19 @@ struct Op : std::enable_shared_from_this<Op> {
           key_number(w, num, dyn);
           continue;
         }
-        if (t.layout() != c10::kStrided || t.is_conj() || t.is_neg() || ti->has_symbolic_sizes_strides()) return false;
-        w.push_back(1);
-        w.push_back(static_cast<int64_t>(t.scalar_type()));
-        w.push_back(static_cast<int64_t>(t.device().type()) << 16 | (t.device().index() + 1));
-        auto sizes = t.sizes();
-        auto strides = t.strides();
-        w.push_back(static_cast<int64_t>(sizes.size()));
-        w.insert(w.end(), sizes.begin(), sizes.end());
-        w.insert(w.end(), strides.begin(), strides.end());
-        w.push_back(reinterpret_cast<uintptr_t>(t.const_data_ptr()) & 15);
-        if (n_impls == 16) return false;
-        impls[n_impls++] = ti;
+        if (!key_tensor(w, t, impls, n_impls)) return false;
+      } else if (v.isTensorList()) {
+        // a tensor list (cat's `tensors`): its length, then each element as a tensor argument; the
+        // elements join the aliasing pattern after the tensors before them (dispatch.py's order:
+        // top-level tensors first, then list elements — the pattern only needs to be a function of
+        // the call, and this one is finer than or equal to Python's)
+        auto l = v.toListRef();
+        w.push_back(7);
+        w.push_back(static_cast<int64_t>(l.size()));
+        for (const auto& e : l) {
+          if (!e.isTensor() || !e.toTensor().defined()) return false;
+          if (!key_tensor(w, e.toTensor(), impls, n_impls)) return false;
+        }
       } else if (v.isNone()) {
         w.push_back(2);
       } else if (v.isDouble() || v.isInt() || v.isBool()) {
@@ -619,6 +641,11 @@ struct Op : std::enable_shared_from_this<Op> {
     return true;
   }
 
+  // a tensor-list element named in a recipe: (schema argument index << 20) | element index
+  static const IValue& list_element(const IValue* args, int ref) {
+    return args[ref >> 20].toListRef()[ref & 0xFFFFF];
+  }
+
   static int64_t current_device() {
     static const bool has_cuda = c10::impl::hasDeviceGuardImpl(c10::kCUDA);
     if (!has_cuda) return -1;
@@ -631,7 +658,7 @@ struct Op : std::enable_shared_from_this<Op> {
     const IValue* args = stack.data() + stack.size() - n;
     for (const auto& g : r.guards) {
       const auto& a = args[g.written];
-      const auto& b = args[g.other];
+      const IValue& b = g.other >= kListRef ? list_element(args, g.other - kListRef) : args[g.other];
       if (!a.isTensor() || !b.isTensor() || !a.toTensor().defined() || !b.toTensor().defined()) continue;
       auto pa = reinterpret_cast<uintptr_t>(a.toTensor().const_data_ptr());
       auto pb = reinterpret_cast<uintptr_t>(b.toTensor().const_data_ptr());
@@ -658,6 +685,7 @@ struct Op : std::enable_shared_from_this<Op> {
       outs.push_back(std::move(t));
     }
     auto source = [&](int src, int idx) -> const at::Tensor& {
+      if (src == 3) return list_element(args, idx).toTensor();
       return src == 0 ? args[idx].toTensor() : outs[idx];
     };
     for (const auto& L : r.launches) {

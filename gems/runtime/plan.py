@@ -520,20 +520,31 @@ def _pack(value, ty: str) -> int:
     return int(value) & 0xFFFFFFFFFFFFFFFF
 
 
+_LIST_REF = 1 << 30   # fastpath.cpp's kListRef
+
+
 def _recipe(schema, rec, guards, launches, refs, direct):
     """The plan as data for the C++ fast path (the layout fastpath.cpp's parse_recipe reads):
     (guards, allocations, launches, results), every tensor named by (0, schema argument index) or
-    (1, allocation index)."""
-    if any(str(a.type) == "List[Tensor]" for a in schema.arguments):
-        raise _NoRecipe   # the C++ key and recipes have no tensor lists (yet): the Python plan serves
+    (1, allocation index), or (3, argument index << 20 | element index) for a tensor-list element
+    (`tensors[2]`); a guard's other tensor is an argument index, or _LIST_REF + that code."""
     index = {a.name: i for i, a in enumerate(schema.arguments)}
 
     def src(name):
         if name in index:
             return 0, index[name]
+        if name.endswith("]"):
+            arg, _, elem = name[:-1].partition("[")
+            if int(elem) >= 1 << 20:
+                raise _NoRecipe
+            return 3, index[arg] << 20 | int(elem)
         return 1, int(name[1:])
 
-    g = tuple((index[m], index[n], em, ev) for m, n, em, ev in guards)
+    def other(name):
+        kind, i = src(name)
+        return i if kind == 0 else _LIST_REF + i
+
+    g = tuple((index[m], other(n), em, ev) for m, n, em, ev in guards)
     allocs = []
     for t, zero, poison in rec.allocs:
         allocs.append((tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device), 1 if zero else 2 if poison else 0))

@@ -226,3 +226,39 @@ def test_stats_count_cpp_hits():
             torch.tanh(x)
     assert gems.stats()["tanh.default"]["served"] == 5
     assert gems.plan_stats()["tanh.default"]["fast_plans"] >= 1
+
+
+def test_tensor_lists_are_keyed_and_replayed_in_cpp():
+    # cat's `tensors`: the C++ key holds each element (and the aliasing among all tensors), a recipe
+    # names elements by (argument, position); new data per call, [x, x] apart from [x, y]
+    before = _hits("cat.default")
+    with gems.use_gems():
+        for _ in range(3):
+            past, new = make((1, 2, 5, 8)), make((1, 1, 2, 8)).transpose(1, 2)
+            assert_close(torch.cat([past, new], 2), torch.cat([to_ref(past), to_ref(new)], 2), torch.float32)
+        x = make((2, 3))
+        for _ in range(3):
+            y = make((2, 3))
+            assert_close(torch.cat([x, x], 1), torch.cat([to_ref(x), to_ref(x)], 1), torch.float32)
+            assert_close(torch.cat([x, y], 1), torch.cat([to_ref(x), to_ref(y)], 1), torch.float32)
+    assert _hits("cat.default") - before >= 6
+
+
+def test_tensor_list_out_overlap_declines_and_raises_like_aten():
+    # the plan is recorded on calls without overlap; a call of the same signature whose list element
+    # lies inside out= must be declined by the recipe's guard and raise ATen's error
+    y = make((8, 4))
+    before = _hits("cat.out")
+    with gems.use_gems():
+        for _ in range(3):
+            o = torch.empty(16, 4, device=DEVICE)
+            a = make((8, 4))
+            torch.cat([a, y], 0, out=o)
+            assert_close(o, torch.cat([to_ref(a), to_ref(y)], 0), torch.float32)
+    assert _hits("cat.out") - before >= 2
+    for _ in range(2):
+        o = torch.empty(16, 4, device=DEVICE)
+        o[:8].copy_(y)
+        with pytest.raises(RuntimeError, match="unsupported operation"):
+            with gems.use_gems():
+                torch.cat([o[:8], y], 0, out=o)
