@@ -12,8 +12,9 @@ Implementations:
 - rope: HF's apply_rotary_pos_emb (ATen, ~8 kernels) / gems.fused.rope / liger_rotary_pos_emb; q and k
   as HF makes them (proj output viewed [B, S, H, D] and transposed), cos/sin [1, S, D].
 - cross_entropy: F.cross_entropy on the bf16 logits (aten), HF's ForCausalLMLoss path with the fp32
-  upcast (aten-hf), gems.fused.cross_entropy, LigerCrossEntropyFunction (it overwrites its input
-  with the gradient; given its own copy of the logits).
+  upcast (aten-hf), gems.fused.cross_entropy (and gems-2pass: its forward forced to stream each row
+  twice instead of holding it in registers, to choose the default), LigerCrossEntropyFunction (it
+  overwrites its input with the gradient; given its own copy of the logits).
 - fused linear CE: logits = hidden @ W.T then the above (aten, aten-hf) / gems.fused.fused_linear_cross_entropy /
   LigerFusedLinearCrossEntropyFunction. "fwd" runs under torch.no_grad() (an eval loss); "fwd+bwd"
   asks for d(hidden) and d(W).
@@ -160,6 +161,20 @@ def main(argv=None):
             "aten-hf": mk_ce(lambda x, t: F.cross_entropy(x.float(), t)),
             "gems": mk_ce(lambda x, t: gloss.cross_entropy(x, t)),
         }
+        # the other forward strategy, for comparison: rows streamed in blocks and read twice
+        # (the default keeps a row of <= 32768 16-bit elements in registers: one read)
+        key = (V, dtype)
+        default = gloss._config(V, dtype)
+        if default[2]:
+            stream = (8192 if dtype != torch.float32 else 4096, 16, False) + default[3:]
+
+            def two_pass(x, t, key=key, default=default, stream=stream):
+                gloss._CONFIGS[key] = stream
+                try:
+                    return gloss.cross_entropy(x, t)
+                finally:
+                    gloss._CONFIGS[key] = default
+            impls["gems-2pass"] = mk_ce(two_pass)
         if liger:
             own = logits.detach().clone().requires_grad_()   # Liger writes the gradient into its input
             impls["liger"] = mk_ce(lambda x, t: liger["ce"].apply(x, t, None, -100, 0.0, 0.0, "mean")[0], logits=own)
@@ -225,19 +240,19 @@ _HEADER_DONE = []
 
 def _print_row(name, mode, res):
     if not _HEADER_DONE:
-        print(f"{'case':40s} {'mode':8s} {'impl':8s} {'ms':>9s} {'/aten':>7s} {'/liger':>7s} {'peak MiB':>9s}")
+        print(f"{'case':40s} {'mode':8s} {'impl':10s} {'ms':>9s} {'/aten':>7s} {'/liger':>7s} {'peak MiB':>9s}")
         _HEADER_DONE.append(1)
     a = res.get("aten", {}).get("ms")
     lg = res.get("liger", {}).get("ms")
     for impl, r in res.items():
         if "error" in r:
-            print(f"{name:40s} {mode:8s} {impl:8s} error: {r['error'][:80]}")
+            print(f"{name:40s} {mode:8s} {impl:10s} error: {r['error'][:80]}")
             continue
         ms = r["ms"]
         ra = f"{ms / a:7.2f}" if a else "      -"
         rl = f"{ms / lg:7.2f}" if lg else "      -"
         pk = f"{r['peak_mib']:9.0f}" if r.get("peak_mib") is not None else "        -"
-        print(f"{name:40s} {mode:8s} {impl:8s} {ms:9.3f} {ra} {rl} {pk}")
+        print(f"{name:40s} {mode:8s} {impl:10s} {ms:9.3f} {ra} {rl} {pk}")
 
 
 if __name__ == "__main__":

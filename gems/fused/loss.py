@@ -17,9 +17,16 @@ computed internally, as Hugging Face's loss gets by upcasting the logits, withou
 The gradient has the logits' (hidden's / weight's) dtype.
 
 Memory contracts:
-- `cross_entropy`: forward reads the logits once and keeps them (by reference) with one fp32
-  log-sum-exp per row; backward reads them once more and writes d(logits) (one new [N, V] tensor).
-  Nothing is written into the caller's logits.
+- `cross_entropy`, reduction "mean"/"sum" with grad: the forward writes d(logits) for
+  grad_output = 1 into a new [N, V] tensor (logits dtype; mean: already divided by the count) and
+  keeps no reference to the logits; a row of up to 32768 16-bit (16384 fp32) elements is read once
+  and kept in registers, longer rows are streamed twice. Backward returns that tensor, scaled in place
+  only when grad_output != 1 (decided on the device: no host sync; one extra read+write then); it may
+  run once (a second backward through the same graph raises). Traffic: 2 x N x V for
+  loss.backward(), like the unfused lower bound of one read and one write.
+  reduction "none" with grad: the forward keeps the logits (by reference) and an fp32 log-sum-exp per
+  row; backward reads them once and writes d(logits) scaled per row (3 x N x V in all).
+  Without grad: one read of the logits. The caller's logits are never written.
 - `fused_linear_cross_entropy`: the gradients are computed in the forward, chunk by chunk over
   tokens (`chunk_rows(N, H, V)` rows at a time, or `chunk_size`): logits_c = hidden_c @ weight.T
   (+ bias) through torch.matmul (Gems' mm under gems.enable()), loss and d(logits_c) in one Triton
@@ -45,20 +52,30 @@ _REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
 
 
 # ----------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _ce_grad(x, cols, t, lse, eps, V, scale, valid):
+    """d(loss)/dx_j = (exp(x_j - lse) - eps/V - (1-eps)*[j == t]) * scale (nan for an invalid target)."""
+    g = tl.exp(x - lse) - eps / V - tl.where(cols == t, 1.0 - eps, 0.0)
+    return tl.where(valid, g, float("nan")) * scale
+
+
 @kernel
 @triton.jit
-def ce_fwd_kernel(X, TGT, LOSS, LSE, CNT, V, x_sr, x_sv, t_s, ignore_index, eps,
+def ce_fwd_kernel(X, TGT, LOSS, LSE, CNT, DX, V, x_sr, x_sv, dx_sr, t_s, ignore_index, eps,
                   HAS_LS: tl.constexpr, STORE_LSE: tl.constexpr, WRITE_GRAD: tl.constexpr,
-                  MEAN: tl.constexpr, BLOCK_V: tl.constexpr):
+                  MEAN: tl.constexpr, SINGLE: tl.constexpr, BLOCK_V: tl.constexpr):
     """One program per row i, x = X[i, :], t = TGT[i]:
         lse  = log sum_j exp(x_j)                        (online: running max m, running sum d)
         loss = (1-eps)*(lse - x_t) + eps*(lse - sum_j x_j / V);  0 if t == ignore_index
-    WRITE_GRAD (fused linear CE): d(loss)/dx_j = (exp(x_j - lse) - eps/V - (1-eps)*[j == t]) * scale,
-    scale = 1/CNT[0] (MEAN) or 1, written over X in place (0 for an ignored row).
-    Bytes per row: V reads (plus V reads + V writes with WRITE_GRAD), 4-8 bytes written.
+    WRITE_GRAD: DX[i, j] = (exp(x_j - lse) - eps/V - (1-eps)*[j == t]) * scale, scale = 1/CNT[0] (MEAN)
+    or 1; 0 for an ignored row. DX may be X itself (fused linear CE writes over its logits chunk).
+    SINGLE (BLOCK_V >= V): the row is loaded once and kept in registers.
+    Bytes per row: V reads; with WRITE_GRAD + V writes (SINGLE) or + V reads + V writes (the second
+    read of the row mostly from L2); 4-8 bytes of loss/lse.
     """
     row = tl.program_id(0).to(tl.int64)
     xrow = X + row * x_sr
+    dxrow = DX + row * dx_sr
     t = tl.load(TGT + row * t_s).to(tl.int64)
     offs = tl.arange(0, BLOCK_V)
     if t == ignore_index:
@@ -68,23 +85,44 @@ def ce_fwd_kernel(X, TGT, LOSS, LSE, CNT, V, x_sr, x_sv, t_s, ignore_index, eps,
         if WRITE_GRAD:
             for v0 in range(0, V, BLOCK_V):
                 cols = v0 + offs
-                tl.store(xrow + cols * x_sv, tl.zeros((BLOCK_V,), tl.float32).to(X.dtype.element_ty),
-                         mask=cols < V)
+                tl.store(dxrow + cols, tl.zeros((BLOCK_V,), tl.float32).to(DX.dtype.element_ty), mask=cols < V)
     else:
-        m = -float("inf")
-        d = 0.0
-        sx = 0.0
-        for v0 in range(0, V, BLOCK_V):
-            cols = v0 + offs
-            x = tl.load(xrow + cols * x_sv, mask=cols < V, other=-float("inf")).to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, 0))
-            d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
-            m = m_new
-            if HAS_LS:
-                sx += tl.sum(tl.where(cols < V, x, 0.0), 0)
-        lse = m + tl.log(d)
         valid = (t >= 0) & (t < V)
         x_t = tl.load(xrow + tl.where(valid, t, 0) * x_sv).to(tl.float32)
+        scale = 1.0
+        if MEAN:
+            scale = 1.0 / tl.load(CNT)
+        if SINGLE:
+            mask = offs < V
+            x = tl.load(xrow + offs * x_sv, mask=mask, other=-float("inf")).to(tl.float32)
+            m = tl.max(x, 0)
+            lse = m + tl.log(tl.sum(tl.exp(x - m), 0))
+            sx = 0.0
+            if HAS_LS:
+                sx = tl.sum(tl.where(mask, x, 0.0), 0)
+            if WRITE_GRAD:
+                g = _ce_grad(x, offs, t, lse, eps, V, scale, valid)
+                tl.store(dxrow + offs, g.to(DX.dtype.element_ty), mask=mask)
+        else:
+            m = -float("inf")
+            d = 0.0
+            sx = 0.0
+            for v0 in range(0, V, BLOCK_V):
+                cols = v0 + offs
+                x = tl.load(xrow + cols * x_sv, mask=cols < V, other=-float("inf")).to(tl.float32)
+                m_new = tl.maximum(m, tl.max(x, 0))
+                d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
+                m = m_new
+                if HAS_LS:
+                    sx += tl.sum(tl.where(cols < V, x, 0.0), 0)
+            lse = m + tl.log(d)
+            if WRITE_GRAD:
+                for v0 in range(0, V, BLOCK_V):
+                    cols = v0 + offs
+                    mask = cols < V
+                    x = tl.load(xrow + cols * x_sv, mask=mask, other=0.0).to(tl.float32)
+                    g = _ce_grad(x, cols, t, lse, eps, V, scale, valid)
+                    tl.store(dxrow + cols, g.to(DX.dtype.element_ty), mask=mask)
         loss = lse - x_t
         if HAS_LS:
             loss = (1.0 - eps) * loss + eps * (lse - sx / V)
@@ -92,18 +130,19 @@ def ce_fwd_kernel(X, TGT, LOSS, LSE, CNT, V, x_sr, x_sv, t_s, ignore_index, eps,
         tl.store(LOSS + row, loss.to(LOSS.dtype.element_ty))
         if STORE_LSE:
             tl.store(LSE + row, lse)
-        if WRITE_GRAD:
-            scale = 1.0
-            if MEAN:
-                scale = 1.0 / tl.load(CNT)
-            smooth = eps / V
-            for v0 in range(0, V, BLOCK_V):
-                cols = v0 + offs
-                mask = cols < V
-                x = tl.load(xrow + cols * x_sv, mask=mask, other=0.0).to(tl.float32)
-                g = tl.exp(x - lse) - smooth - tl.where(cols == t, 1.0 - eps, 0.0)
-                g = tl.where(valid, g, float("nan")) * scale
-                tl.store(xrow + cols * x_sv, g.to(X.dtype.element_ty), mask=mask)
+
+
+@kernel
+@triton.jit
+def ce_scale_kernel(DX, G, NUMEL, BLOCK: tl.constexpr):
+    """DX *= G[0] in place, unless G[0] == 1 (then every program returns after one scalar load: the
+    usual loss.backward() costs a launch, no pass over DX and no host sync). Bytes: 2 * NUMEL or 0."""
+    g = tl.load(G).to(tl.float32)
+    if g != 1.0:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < NUMEL
+        x = tl.load(DX + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(DX + offs, (x * g).to(DX.dtype.element_ty), mask=mask)
 
 
 @kernel
@@ -177,6 +216,10 @@ def ce_bwd_kernel(X, TGT, LSE, G, CNT, DX, V, x_sr, x_sv, t_s, g_s, ignore_index
 
 
 # ------------------------------------------------------------------------------------ host side
+def _autocast_on(t) -> bool:
+    return torch.is_autocast_enabled(t.device.type)
+
+
 def _next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
@@ -184,20 +227,26 @@ def _next_pow2(n: int) -> int:
 _CONFIGS: dict = {}
 
 
-def _config(V: int, dtype):
-    """(fwd BLOCK_V, fwd warps, bwd BLOCK_V, bwd warps), cached per (V, dtype).
+# a row of up to this many elements is kept in registers by the forward (one read of the logits)
+_SINGLE_MAX = {torch.float32: 16384, torch.float16: 32768, torch.bfloat16: 32768}
 
-    Forward: one program per row streams V in blocks of up to 4096 (fp32) / 8192 (16-bit) elements,
-    16 elements per thread; backward: one program per (row, block of 4096), 8-16 per thread."""
+
+def _config(V: int, dtype):
+    """(fwd BLOCK_V, fwd warps, fwd SINGLE, bwd BLOCK_V, bwd warps), cached per (V, dtype).
+
+    Forward, one program per row: a row of up to 32768 16-bit (16384 fp32) elements in one block of
+    next_pow2(V) (32 elements per thread at 16-32 warps), else streamed in blocks of 8192 (16-bit) /
+    4096 (fp32), 16 elements per thread. Backward: one program per (row, block of 4096)."""
     key = (V, dtype)
     cfg = _CONFIGS.get(key)
     if cfg is None:
-        cap = 4096 if dtype == torch.float32 else 8192
-        fb = min(_next_pow2(V), cap)
-        fw = max(1, min(16, fb // 512))
-        bb = min(_next_pow2(V), 4096)
+        p2 = _next_pow2(V)
+        single = p2 <= _SINGLE_MAX[dtype]
+        fb = p2 if single else (4096 if dtype == torch.float32 else 8192)
+        fw = max(1, min(32 if single else 16, fb // (32 * 32 if single else 512)))
+        bb = min(p2, 4096)
         bw = max(1, min(8, bb // 512))
-        cfg = _CONFIGS[key] = (fb, fw, bb, bw)
+        cfg = _CONFIGS[key] = (fb, fw, single, bb, bw)
     return cfg
 
 
@@ -224,37 +273,61 @@ def _empty_result(N, reduction, dtype, device):
 
 
 class _CrossEntropy(torch.autograd.Function):
+    """mean/sum with grad: the forward writes d(logits) for grad_output = 1 (the logits read once when
+    a row fits in registers) and backward scales it in place only if grad_output != 1 (checked on the
+    device). "none" with grad: the forward keeps the logits and lse, backward writes d(logits) in one
+    pass. Without grad: one read of the logits."""
+
     @staticmethod
     def forward(ctx, logits, target, ignore_index, eps, reduction, out_dtype):
         N, V = logits.shape
         mode = _REDUCTIONS[reduction]
-        fb, fw, _, _ = _config(V, logits.dtype)
+        fb, fw, single, _, _ = _config(V, logits.dtype)
         dev = logits.device
         need_grad = ctx.needs_input_grad[0]
+        eager = need_grad and mode != 0
         # per-row loss: fp32 workspace for mean/sum, the result itself for none
         rows = empty((N,), out_dtype if mode == 0 else torch.float32, dev)
-        lse = empty((N,), torch.float32, dev) if need_grad else rows
+        lse = empty((N,), torch.float32, dev) if need_grad and not eager else rows
         cnt = empty((1,), torch.float32, dev)
-        ce_fwd_kernel[(N,)](logits, target, rows, lse, cnt, V, logits.stride(0), logits.stride(1),
-                            target.stride(0), ignore_index, eps, eps > 0.0, need_grad, False, False, fb,
-                            num_warps=fw)
+        if eager and mode == 2:   # the count first: the gradient is written already divided by it
+            ce_count_kernel[(1,)](target, cnt, N, target.stride(0), ignore_index, 1024, num_warps=4)
+        dx = empty((N, V), logits.dtype, dev) if eager else logits
+        ce_fwd_kernel[(N,)](logits, target, rows, lse, cnt, dx, V, logits.stride(0), logits.stride(1), V,
+                            target.stride(0), ignore_index, eps, eps > 0.0, need_grad and not eager, eager,
+                            eager and mode == 2, single, fb, num_warps=fw)
         if mode == 0:
             out = rows
         else:
             out = empty((), out_dtype, dev)
             ce_reduce_kernel[(1,)](rows, target, out, cnt, N, target.stride(0), ignore_index,
-                                   mode == 2, True, 1024, num_warps=4)
-        if need_grad:
+                                   mode == 2, not eager, 1024, num_warps=4)
+        ctx.eager = eager
+        if eager:
+            ctx.save_for_backward(dx)
+            ctx.used = False
+        elif need_grad:
             ctx.save_for_backward(logits, target, lse, cnt)
             ctx.args = (ignore_index, eps, mode)
         return out
 
     @staticmethod
     def backward(ctx, grad):
+        if ctx.eager:
+            if ctx.used:
+                raise RuntimeError("gems.fused.cross_entropy: backward through the same graph twice is not "
+                                   "supported with reduction 'mean'/'sum' (the gradient computed in forward is "
+                                   "scaled in place)")
+            ctx.used = True
+            (dx,) = ctx.saved_tensors
+            n = dx.numel()
+            if n:
+                ce_scale_kernel[(-(-n // 4096),)](dx, grad, n, 4096, num_warps=8)
+            return dx, None, None, None, None, None
         logits, target, lse, cnt = ctx.saved_tensors
         ignore_index, eps, mode = ctx.args
         N, V = logits.shape
-        _, _, bb, bw = _config(V, logits.dtype)
+        _, _, _, bb, bw = _config(V, logits.dtype)
         dx = empty((N, V), logits.dtype, logits.device)
         g_s = grad.stride(0) if mode == 0 else 0
         ce_bwd_kernel[(N, -(-V // bb))](logits, target, lse, grad, cnt, dx, V, logits.stride(0), logits.stride(1),
@@ -266,8 +339,9 @@ def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoot
                   out_dtype=None):
     """torch.nn.functional.cross_entropy(logits, target, ...) for logits [N, V] and class-index targets [N].
 
-    Online log-sum-exp in fp32 over V; backward writes d(logits) in one pass. The loss has the logits'
-    dtype unless `out_dtype` (e.g. torch.float32) is given. `weight` raises NotImplementedError.
+    Log-sum-exp in fp32 over V (see the module docstring for when d(logits) is written). The loss has
+    the logits' dtype (fp32 under autocast, like torch) unless `out_dtype` (e.g. torch.float32) is
+    given. `weight` raises NotImplementedError.
     """
     if weight is not None:
         raise NotImplementedError("gems.fused.cross_entropy: class weights (weight=) are not supported; "
@@ -279,7 +353,10 @@ def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoot
         raise TypeError(f"cross_entropy: logits dtype must be float32, float16 or bfloat16, got {logits.dtype}")
     N, V = logits.shape
     _check_common("cross_entropy", target, N, ignore_index, label_smoothing, reduction, logits.device)
-    out_dtype = logits.dtype if out_dtype is None else out_dtype
+    if out_dtype is None:
+        # under autocast torch computes cross_entropy in fp32 (its result is fp32): same result dtype here,
+        # without the fp32 copy of the logits
+        out_dtype = torch.float32 if _autocast_on(logits) else logits.dtype
     if V == 0:
         raise ValueError("cross_entropy: logits have 0 classes")
     if N == 0:
@@ -312,6 +389,30 @@ def chunk_rows(N: int, H: int, V: int) -> int:
     return max(1, min(N, max(1024, min(c, 4096))))
 
 
+def _flce_chunks(hidden, weight, wt, target, bias, rows, cnt, gh, gw, gb, chunk, ignore_index, eps, mode,
+                 need, need_h, need_w, need_b, fb, fw, single):
+    """The chunk loop of fused_linear_cross_entropy's forward (autocast off)."""
+    N, V = hidden.shape[0], weight.shape[0]
+    for c0 in range(0, N, chunk):
+        c1 = min(N, c0 + chunk)
+        h = hidden[c0:c1]
+        # [C, V] logits of this chunk: the only V-wide tensor alive (2 bytes x C x V in bf16)
+        logits = torch.addmm(bias, h, wt) if bias is not None else torch.mm(h, wt)
+        if logits.stride(1) != 1:   # the kernel writes d(logits) over it with unit column stride
+            logits = logits.contiguous()
+        t = target[c0:c1]
+        ce_fwd_kernel[(c1 - c0,)](logits, t, rows[c0:c1], rows, cnt, logits, V, logits.stride(0), logits.stride(1),
+                                  logits.stride(0), t.stride(0), ignore_index, eps, eps > 0.0, False, need,
+                                  mode == 2, single, fb, num_warps=fw)
+        if need_h:   # d(hidden_c) = d(logits_c) @ W: [C, V] x [V, H]
+            torch.mm(logits, weight, out=gh[c0:c1])
+        if need_w:   # dW += d(logits_c)^T @ hidden_c: [V, C] x [C, H]
+            gw.addmm_(logits.t(), h)
+        if need_b:
+            gb += logits.sum(0, dtype=torch.float32)
+        del logits
+
+
 class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, ignore_index, eps, reduction, chunk, out_dtype):
@@ -321,7 +422,7 @@ class _FusedLinearCE(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3]
         need = need_h or need_w or need_b
         mode = _REDUCTIONS[reduction]
-        fb, fw, _, _ = _config(V, hidden.dtype)
+        fb, fw, single, _, _ = _config(V, hidden.dtype)
         rows = empty((N,), torch.float32, dev)
         cnt = empty((1,), torch.float32, dev)
         ce_count_kernel[(1,)](target, cnt, N, target.stride(0), ignore_index, 1024, num_warps=4)
@@ -329,22 +430,9 @@ class _FusedLinearCE(torch.autograd.Function):
         gw = zeros((V, H), weight.dtype, dev) if need_w else None
         gb = zeros((V,), torch.float32, dev) if need_b else None
         wt = weight.t()
-        for c0 in range(0, N, chunk):
-            c1 = min(N, c0 + chunk)
-            h = hidden[c0:c1]
-            # [C, V] logits of this chunk: the only V-wide tensor alive (2 bytes x C x V in bf16)
-            logits = torch.addmm(bias, h, wt) if bias is not None else torch.mm(h, wt)
-            t = target[c0:c1]
-            ce_fwd_kernel[(c1 - c0,)](logits, t, rows[c0:c1], rows, cnt, V, logits.stride(0), logits.stride(1),
-                                      t.stride(0), ignore_index, eps, eps > 0.0, False, need, mode == 2, fb,
-                                      num_warps=fw)
-            if need_h:   # d(hidden_c) = d(logits_c) @ W: [C, V] x [V, H]
-                torch.mm(logits, weight, out=gh[c0:c1])
-            if need_w:   # dW += d(logits_c)^T @ hidden_c: [V, C] x [C, H]
-                gw.addmm_(logits.t(), h)
-            if need_b:
-                gb += logits.sum(0, dtype=torch.float32)
-            del logits
+        with torch.autocast(dev.type, enabled=False):
+            _flce_chunks(hidden, weight, wt, target, bias, rows, cnt, gh, gw, gb, chunk, ignore_index, eps, mode,
+                         need, need_h, need_w, need_b, fb, fw, single)
         out = empty((), out_dtype, dev)
         ce_reduce_kernel[(1,)](rows, target, out, cnt, N, target.stride(0), ignore_index, mode == 2, False, 1024,
                                num_warps=4)
@@ -384,6 +472,12 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_inde
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise ValueError(f"fused_linear_cross_entropy: {name} must be a 2-D tensor, got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if _autocast_on(hidden):
+        # autocast would run the LM head in its low-precision dtype: cast like it does (differentiable,
+        # outside the Function, so fp32 master weights get fp32 gradients)
+        ad = torch.get_autocast_dtype(hidden.device.type)
+        hidden, weight = hidden.to(ad), weight.to(ad)
+        bias = bias.to(ad) if bias is not None else None
     if hidden.dtype not in _DTYPES or weight.dtype != hidden.dtype:
         raise TypeError(f"fused_linear_cross_entropy: hidden and weight must share a dtype among float32/float16/"
                         f"bfloat16, got {hidden.dtype} and {weight.dtype}")
@@ -403,7 +497,8 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_inde
                                   "gradients need the logits recomputed in backward); use 'mean' or 'sum'")
     if V == 0:
         raise ValueError("fused_linear_cross_entropy: weight has 0 classes")
-    out_dtype = hidden.dtype if out_dtype is None else out_dtype
+    if out_dtype is None:
+        out_dtype = torch.float32 if _autocast_on(hidden) else hidden.dtype
     if N == 0:
         z = hidden.sum() * 0 + weight.sum() * 0 + (bias.sum() * 0 if bias is not None else 0)
         return _empty_result(N, reduction, out_dtype, hidden.device) + z

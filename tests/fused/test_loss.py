@@ -63,10 +63,31 @@ def test_ce_label_smoothing(dtype, reduction):
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_ce_many_blocks(reduction, monkeypatch):
     # force small blocks: the online log-sum-exp crosses 4 blocks of 256 (the last one ragged)
-    monkeypatch.setitem(L._CONFIGS, (1000, torch.float32), (256, 2, 256, 2))
+    monkeypatch.setitem(L._CONFIGS, (1000, torch.float32), (256, 2, False, 256, 2))
     x = make((5, 1000))
     t = _target(5, 1000, ignored=(1,), ignore_index=7)
     _check_ce(x, t, torch.float32, reduction=reduction, ignore_index=7, label_smoothing=0.1)
+
+
+@pytest.mark.parametrize("single", [True, False])
+def test_ce_grad_output_one_and_backward_twice(single, monkeypatch):
+    # mean/sum: the gradient is written in forward; backward with grad_output == 1 leaves it as is
+    monkeypatch.setitem(L._CONFIGS, (300, torch.float32), (512, 1, True, 128, 1) if single else (128, 1, False, 128, 1))
+    x = make((5, 300), requires_grad=True)
+    t = _target(5, 300, ignored=(0,))
+    for red in ("mean", "sum"):
+        out = cross_entropy(x, t, reduction=red, label_smoothing=0.05)
+        (g,) = torch.autograd.grad(out, x, retain_graph=True)
+        x2 = x.detach().double().requires_grad_()
+        (w,) = torch.autograd.grad(F.cross_entropy(x2, t, reduction=red, label_smoothing=0.05), x2)
+        assert_close(g, w, torch.float32)
+        with pytest.raises(RuntimeError, match="twice"):
+            torch.autograd.grad(out, x)
+    # "none" keeps the logits: backward may run twice
+    out = cross_entropy(x, t, reduction="none")
+    a = torch.autograd.grad(out.sum(), x, retain_graph=True)[0]
+    b = torch.autograd.grad(out.sum(), x)[0]
+    assert torch.equal(a, b)
 
 
 def test_ce_llama_vocab():
@@ -251,3 +272,26 @@ def test_flce_never_materializes_full_logits():
     with _Sizes() as mode2:
         F.cross_entropy(h @ w.t() + b, t).backward()
     assert any(s == (N, V) for _, s in mode2.shapes)
+
+
+def test_autocast_result_dtype_and_grads():
+    # under autocast torch runs the LM head in the autocast dtype and cross_entropy in fp32
+    dt = torch.float16 if DEVICE == "cpu" else torch.bfloat16
+    N, H, V = 10, 8, 64
+    h, w = make((N, H), low=-1, high=1, requires_grad=True), make((V, H), low=-1, high=1, requires_grad=True)
+    t = _target(N, V, ignored=(4,))
+    with torch.autocast(DEVICE, dtype=dt):
+        out = fused_linear_cross_entropy(h, w, t, chunk_size=4)
+        ref = F.cross_entropy(torch.nn.functional.linear(h, w), t)
+        assert out.dtype == ref.dtype == torch.float32
+        logits = (h @ w.t()).detach().requires_grad_()
+        assert logits.dtype == dt
+        ce = cross_entropy(logits, t)
+        assert ce.dtype == torch.float32
+    gh, gw = torch.autograd.grad(out, (h, w))
+    rh, rw = torch.autograd.grad(ref, (h, w))
+    assert gh.dtype == gw.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(gh, rh, rtol=1e-2, atol=2e-3)
+    torch.testing.assert_close(gw, rw, rtol=1e-2, atol=2e-3)
+    torch.testing.assert_close(ce, F.cross_entropy(logits.float(), t), rtol=1e-5, atol=1e-5)
