@@ -214,7 +214,8 @@ def test_flce_default_chunk_and_frozen_weight():
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(g, g2, rtol=1e-5, atol=1e-6)
     assert L.chunk_rows(N, H, V) == N
-    assert L.chunk_rows(4096, 4096, 32000) == 1024
+    assert L.chunk_rows(4096, 4096, 32000) == 512
+    assert L.chunk_rows(1024, 4096, 128256) == 256
     assert L.chunk_rows(65536, 4096, 32000) == 4096
 
 
