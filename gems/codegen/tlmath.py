@@ -76,3 +76,12 @@ def int_div0(a, FLOOR: tl.constexpr):
     if FLOOR:
         r = tl.where(a < 0, r - 1, r)
     return r
+
+
+@triton.jit
+def subnormal32(x):
+    """(x is an fp32 subnormal, x's sign bit), read from the bits: Triton compiles fp32 with
+    flush-to-zero on the GPU, so compares and arithmetic there see a subnormal as 0 (ATen's kernels
+    keep them: floor(-1e-40) is -1, rsqrt(1e-40) is 1e20). Bodies select their exact answer with it."""
+    b = x.to(tl.int32, bitcast=True)
+    return ((b & 0x7F800000) == 0) & ((b & 0x007FFFFF) != 0), b < 0

@@ -18,7 +18,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..codegen import pointwise
-from ..codegen.tlmath import GPU, sigmoid, tanh, trunc
+from ..codegen.tlmath import GPU, sigmoid, subnormal32, tanh, trunc
 from ..registry import FLOATS, INTS, Unsupported, register
 
 NUMERIC = FLOATS + INTS
@@ -199,16 +199,29 @@ def _sqrt(x):
     return tl.sqrt_rn(x)
 
 
+# 2^74.5: a subnormal x = m * 2^-149 (m its 23-bit mantissa) has rsqrt(x) = rsqrt(m) * 2^74.5
+_RSQRT_SUB = tl.constexpr(2.671373890628154e22)
+
+
 @triton.jit
 def _rsqrt(x):
-    """1 / sqrt(self)"""
-    return tl.rsqrt(x)
+    """1 / sqrt(self); fp32 subnormals through their mantissa (the GPU would flush them: inf)"""
+    y = tl.rsqrt(x)
+    if x.dtype == tl.float32:
+        sub, neg = subnormal32(x)
+        m = (x.to(tl.int32, bitcast=True) & 0x007FFFFF).to(tl.float32)
+        y = tl.where(sub, tl.where(neg, float("nan"), tl.rsqrt(m) * _RSQRT_SUB), y)
+    return y
 
 
 @triton.jit
 def _sin(x):
-    """sin(self)"""
-    return tl.sin(x)
+    """sin(self); sin(x) = x for fp32 subnormals (the GPU would flush them to 0)"""
+    y = tl.sin(x)
+    if x.dtype == tl.float32:
+        sub, _neg = subnormal32(x)
+        y = tl.where(sub, x, y)
+    return y
 
 
 @triton.jit
@@ -219,8 +232,12 @@ def _cos(x):
 
 @triton.jit
 def _tan(x):
-    """sin(self) / cos(self)"""
-    return tl.math.div_rn(tl.sin(x), tl.cos(x))
+    """sin(self) / cos(self); tan(x) = x for fp32 subnormals (the GPU would flush them to 0)"""
+    y = tl.math.div_rn(tl.sin(x), tl.cos(x))
+    if x.dtype == tl.float32:
+        sub, _neg = subnormal32(x)
+        y = tl.where(sub, x, y)
+    return y
 
 
 @triton.jit
@@ -297,18 +314,28 @@ def _erfinv(x):
 
 @triton.jit
 def _floor(x):
-    """floor(self); integers: self"""
+    """floor(self); integers: self. fp32 subnormals: -1 below zero, +0 above (the GPU would flush)"""
     if x.dtype.is_floating():
-        return tl.floor(x)
+        y = tl.floor(x)
+        if x.dtype == tl.float32:
+            sub, neg = subnormal32(x)
+            # a flushed positive subnormal floors to +0 as it should; a negative one to -0, not -1
+            y = tl.where(sub & neg, -1.0, y)
+        return y
     else:
         return x
 
 
 @triton.jit
 def _ceil(x):
-    """ceil(self); integers: self"""
+    """ceil(self); integers: self. fp32 subnormals: 1 above zero, -0 below (the GPU would flush)"""
     if x.dtype.is_floating():
-        return tl.ceil(x)
+        y = tl.ceil(x)
+        if x.dtype == tl.float32:
+            sub, neg = subnormal32(x)
+            # a flushed negative subnormal ceils to -0 as it should; a positive one to +0, not 1
+            y = tl.where(sub & ~neg, 1.0, y)
+        return y
     else:
         return x
 

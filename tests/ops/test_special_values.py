@@ -50,8 +50,7 @@ KNOWN_BUGS = {
     "pow.Tensor_Scalar": {"cpu": "(-inf) ** -1.5 gives NaN, ATen 0"},
     "pow.Tensor_Tensor": {"cpu": "(-inf) ** y and signs of zero differ; int32 overflow does not wrap like ATen"},
     "lerp.Tensor": {"cpu": "fp16 sign of zero at weight 1"},
-    **{n: {"cuda": _FTZ} for n in ("ceil.default", "floor.default", "rsqrt.default", "sin.default", "tan.default",
-                                   "fmod.Scalar", "fmod.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor",
+    **{n: {"cuda": _FTZ} for n in ("fmod.Scalar", "fmod.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor",
                                    "remainder.Tensor")},
 }
 
