@@ -10,15 +10,19 @@ import triton
 import triton.language as tl
 
 from ..codegen import pointwise
-from ..codegen.tlmath import sigmoid, tanh
+from ..codegen.tlmath import GPU, sigmoid, tanh
 from ..registry import FLOATS, INTS
 from .unary import expm1_f, log1p_f
 
 
 @triton.jit
 def _relu(x):
-    """max(self, 0); NaN stays NaN (ATen's clamp_min)"""
-    return tl.where(x < 0, 0, x)
+    """max(self, 0); NaN stays NaN (ATen's clamp_min). The sign of a zero result follows ATen on each
+    device: its CUDA kernel gives relu(-0.0) = +0.0, its CPU kernel -0.0."""
+    if GPU:
+        return tl.where(x <= 0, 0, x)
+    else:
+        return tl.where(x < 0, 0, x)
 
 
 @triton.jit

@@ -37,7 +37,6 @@ FIXED = {"is_result": [False], "self_is_result": [False], "rounding_mode": ["tru
 # document: each is ATen's answer that Gems should give.
 _FTZ = "subnormal inputs are flushed to zero on the GPU (ATen keeps them)"
 KNOWN_BUGS = {
-    "relu.default": {"cuda": "relu(-0.0) gives -0.0, ATen's CUDA kernel +0.0"},
     "addcmul.default": {"cpu": "inf + t1 * t2 with an overflowing product: ATen fuses (fma) and gives inf"},
     "addcdiv.default": {"cuda": "inf + value * (t1 / t2) with an overflowing quotient gives inf, ATen NaN"},
     "elu_backward.default": {"cpu": "a NaN input with an inf gradient gives inf, ATen NaN"},
