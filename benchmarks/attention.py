@@ -1,0 +1,238 @@
+"""Attention benchmark: ATen's SDPA (whatever backend it picks, named per row) vs Gems' fused kernels.
+
+    python -m benchmarks.attention                      # all cases, bf16, on the GPU
+    python -m benchmarks.attention --quick -o att.json  # a few cases per family
+    python -m benchmarks.attention --only decode        # case names containing 'decode'
+    python -m benchmarks.attention --sweep              # try launch configs per kernel kind, print the best
+    python -m benchmarks.attention --device cpu         # tiny shapes through the Triton interpreter (smoke run)
+
+Cases (issue 10): Llama-2-7B (32 heads x 128, causal; batch 1-4, sequence 512-4096), BERT (batch 32,
+12 x 64, sequence 128-512, boolean padding mask [B, 1, 1, S] with a quarter of the keys masked in
+half the batch), GQA 32/4 (sequence 2048, causal, enable_gqa), decode (one query, KV 128-8192,
+32 x 128, batch 1). Forward, and forward+backward where training uses it. Per row: ATen's backend
+(the fused overload it dispatched to), median ms of each (`triton.testing.do_bench`), TFLOP/s
+(forward 4*B*H*Sq*Sk*D, half of it under a square causal mask; backward 2.5x the forward), Gems/ATen
+ratio, Gems' max abs difference to ATen, and whether Gems served the call (gems.stats()). ATen runs
+with Gems unregistered (`gems.disable()`), i.e. exactly what users without Gems run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1:][:1] == ["cpu"]:
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import gems  # noqa: E402
+
+FUSED = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention",
+         "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu")
+BACKWARD_OF = {n: n + "_backward" for n in FUSED}
+
+
+def cases(quick: bool, cpu: bool):
+    """(name, B, Hq, Hkv, Sq, Sk, D, causal, mask, training)."""
+    out = []
+    if cpu:
+        return [("llama-tiny causal", 1, 2, 2, 64, 64, 32, True, False, True),
+                ("bert-tiny pad", 2, 2, 2, 48, 48, 32, False, True, True),
+                ("gqa-tiny", 1, 4, 1, 64, 64, 32, True, False, True),
+                ("decode-tiny", 1, 2, 2, 1, 256, 32, False, False, False)]
+    llama = [(1, 512), (1, 2048), (4, 2048), (1, 4096)] if quick else \
+        [(b, s) for b in (1, 2, 4) for s in (512, 1024, 2048, 4096)]
+    for b, s in llama:
+        out.append((f"llama2-7b B{b} S{s}", b, 32, 32, s, s, 128, True, False, True))
+    for s in ((128, 512) if quick else (128, 256, 384, 512)):
+        out.append((f"bert-base B32 S{s} pad", 32, 12, 12, s, s, 64, False, True, True))
+    out.append(("gqa 32/4 B1 S2048", 1, 32, 4, 2048, 2048, 128, True, False, True))
+    for kv in ((128, 2048, 8192) if quick else (128, 256, 512, 1024, 2048, 4096, 8192)):
+        out.append((f"decode llama2-7b KV{kv}", 1, 32, 32, 1, kv, 128, False, False, False))
+    return out
+
+
+def flops(B, Hq, Sq, Sk, D, causal):
+    f = 4.0 * B * Hq * Sq * Sk * D
+    return f / 2 if causal and Sq == Sk else f
+
+
+def aten_choice(fn):
+    seen = []
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Mode():
+        fn()
+    return next((n for n in seen if n in FUSED), "math")
+
+
+def bench(fn, device):
+    if device == "cuda":
+        from triton.testing import do_bench
+        return do_bench(fn, warmup=25, rep=100, return_mode="median")
+    ts = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return sorted(ts)[1]
+
+
+def make_inputs(B, Hq, Hkv, Sq, Sk, D, mask, dtype, device, grad):
+    # HF's layout: [B, S, H, D] projections viewed as [B, H, S, D]
+    q = torch.randn(B, Sq, Hq, D, device=device, dtype=dtype).transpose(1, 2)
+    k = torch.randn(B, Sk, Hkv, D, device=device, dtype=dtype).transpose(1, 2)
+    v = torch.randn(B, Sk, Hkv, D, device=device, dtype=dtype).transpose(1, 2)
+    if grad:
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    m = None
+    if mask:
+        m = torch.ones(B, 1, 1, Sk, dtype=torch.bool, device=device)
+        m[B // 2:, ..., Sk - Sk // 4:] = False
+    return q, k, v, m
+
+
+def served(names):
+    st = gems.stats()
+    return {n: st.get(n + ".default", {}).get("served", 0) for n in names}
+
+
+def run_case(c, dtype, device):
+    name, B, Hq, Hkv, Sq, Sk, D, causal, mask, training = c
+    q, k, v, m = make_inputs(B, Hq, Hkv, Sq, Sk, D, mask, dtype, device, training)
+    kw = dict(attn_mask=m, is_causal=causal, enable_gqa=Hq != Hkv)
+    fwd = lambda: F.scaled_dot_product_attention(q, k, v, **kw)  # noqa: E731
+    g = torch.randn(B, Hq, Sq, D, device=device, dtype=dtype)
+
+    def fwd_bwd():
+        out = fwd()
+        torch.autograd.grad(out, (q, k, v), g)
+
+    f = flops(B, Hq, Sq, Sk, D, causal)
+    rows = []
+    gems.disable()
+    with torch.no_grad():
+        backend = aten_choice(fwd)
+        ref = fwd()
+    passes = [("fwd", fwd, f, torch.no_grad)]
+    if training:
+        passes.append(("fwd+bwd", fwd_bwd, 3.5 * f, torch.enable_grad))
+    for kind, fn, fl, ctx in passes:
+        gems.disable()
+        with ctx():
+            t_aten = bench(fn, device)
+        gems.enable()
+        gems.reset_stats()
+        try:
+            with ctx():
+                t_gems = bench(fn, device)
+                out = fwd() if kind == "fwd" else None
+            names = [backend] + ([BACKWARD_OF.get(backend, "")] if kind != "fwd" else [])
+            s = served([n for n in names if n])
+            ok = all(v > 0 for v in s.values()) and backend != "math"
+            err = (out.float() - ref.float()).abs().max().item() if out is not None else None
+            reasons = {n: d["reasons"] for n, d in gems.stats().items() if d["fallback"] and "dot_product" in n}
+        finally:
+            gems.disable()
+        rows.append(dict(case=name, pass_=kind, aten_backend=backend, aten_ms=t_aten, gems_ms=t_gems,
+                         ratio=t_gems / t_aten, aten_tflops=fl / t_aten / 1e9, gems_tflops=fl / t_gems / 1e9,
+                         max_abs_diff=err, served=ok, fallback_reasons=reasons))
+    return rows
+
+
+def sweep(dtype, device):
+    """Try launch configs per kernel kind on representative shapes; print the best of each."""
+    from gems.ops import attention as A
+    import itertools
+    shapes = {"fwd": ("llama2-7b B1 S4096", 1, 32, 32, 4096, 4096, 128, True, False, False),
+              "decode": ("decode KV4096", 1, 32, 32, 1, 4096, 128, False, False, False)}
+    bwd_shape = ("llama2-7b B1 S2048", 1, 32, 32, 2048, 2048, 128, True, False, True)
+    grid = {"fwd": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))],
+            "decode": [(16, bn, w, s) for bn, w, s in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4))],
+            "dkdv": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((16, 32, 64), (64, 128), (4, 8), (2, 3))],
+            "dq": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (16, 32, 64), (4, 8), (2, 3))]}
+    gems.enable()
+    try:
+        for kind, cfgs in grid.items():
+            c = shapes.get(kind, bwd_shape)
+            name, B, Hq, Hkv, Sq, Sk, D, causal, mask, training = c
+            q, k, v, m = make_inputs(B, Hq, Hkv, Sq, Sk, D, mask, dtype, device, kind in ("dkdv", "dq"))
+            g = torch.randn(B, Hq, Sq, D, device=device, dtype=dtype)
+            if kind in ("dkdv", "dq"):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                fn = lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True)  # noqa: E731
+            else:
+                fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+            results = []
+            for cfg in cfgs:
+                A.set_config(kind, 128, False, cfg)
+                try:
+                    results.append((bench(fn, device), cfg))
+                except Exception as e:  # noqa: BLE001 - out of shared memory / registers
+                    results.append((float("inf"), cfg))
+                    print(f"  {kind} {cfg}: {type(e).__name__}", file=sys.stderr)
+            A.set_config(kind, 128, False, None)
+            base = bench(fn, device)
+            results.sort()
+            print(f"{kind:7s} on {name}: table config {base:.3f} ms; best " +
+                  ", ".join(f"{cfg} {t:.3f} ms" for t, cfg in results[:4]))
+    finally:
+        gems.disable()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--dtype", default=None, choices=("bf16", "fp16"))
+    ap.add_argument("--sweep", action="store_true", help="try launch configs (GPU) and print the best per kernel")
+    ap.add_argument("-o", "--json", default=None)
+    a = ap.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device (use --device cpu for the interpreter smoke run)", file=sys.stderr)
+        return 2
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[a.dtype]
+    if dtype is None:   # the interpreter backend leaves bf16 to ATen
+        dtype = torch.float16 if a.device == "cpu" else torch.bfloat16
+    if a.sweep:
+        sweep(dtype, a.device)
+        return 0
+    env = dict(torch=torch.__version__, device=torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+               dtype=str(dtype), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    print(" ".join(f"{k}={v}" for k, v in env.items()))
+    hdr = f"{'case':30s} {'pass':8s} {'aten backend':44s} {'aten ms':>9s} {'gems ms':>9s} {'ratio':>6s} " \
+          f"{'aten TF/s':>9s} {'gems TF/s':>9s} {'maxdiff':>8s} served"
+    print(hdr)
+    rows = []
+    for c in cases(a.quick, a.device == "cpu"):
+        if a.only and a.only not in c[0]:
+            continue
+        for r in run_case(c, dtype, a.device):
+            rows.append(r)
+            d = "" if r["max_abs_diff"] is None else f"{r['max_abs_diff']:.1e}"
+            print(f"{r['case']:30s} {r['pass_']:8s} {r['aten_backend']:44s} {r['aten_ms']:9.3f} {r['gems_ms']:9.3f} "
+                  f"{r['ratio']:6.2f} {r['aten_tflops']:9.1f} {r['gems_tflops']:9.1f} {d:>8s} "
+                  f"{'yes' if r['served'] else 'NO ' + json.dumps(r['fallback_reasons'])}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(env=env, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
