@@ -108,51 +108,80 @@ def _config(D: int, HQ: int, HKV: int):
     return cfg
 
 
-def _dense(t: torch.Tensor) -> bool:
+def _dense(shape, stride) -> bool:
     """Non-overlapping and dense: some permutation of the dims is contiguous."""
-    if t.is_contiguous():
-        return True
     expected = 1
-    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
+    for size, st in sorted(zip(shape, stride), key=lambda p: p[1]):
         if size != 1:
-            if stride != expected:
+            if st != expected:
                 return False
             expected *= size
     return True
 
 
-def _alloc_like(t: torch.Tensor) -> torch.Tensor:
-    """An output with t's memory layout when t is dense (HF's transposed views), contiguous otherwise."""
-    return empty(t.shape, t.dtype, t.device, like_strides=t.stride() if _dense(t) else None)
+def _contiguous_strides(shape):
+    out, acc = [], 1
+    for size in reversed(shape):
+        out.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(out))
 
 
-def _logical(t, ud):
-    """(b, h, s, d) strides of a q/k tensor whose head dim is `ud`."""
-    st = t.stride()
+def _logical(st, ud):
+    """(b, h, s, d) strides of a q/k stride tuple whose head dim is `ud`."""
     return (st[0], st[1], st[2], st[3]) if ud == 1 else (st[0], st[2], st[1], st[3])
 
 
-def _launch(q, k, qo, ko, c, s, ud, backward):
+_PLANS: dict = {}
+
+
+def _plan(q, k, cos, sin, unsqueeze_dim, out_strides=None):
+    """Everything a launch needs that follows from the call's signature, computed once per signature
+    (shapes, strides, dtypes, devices, unsqueeze_dim, output strides): the checks, the output
+    layouts, the grid and the kernel's integer arguments. A hit is one dict lookup."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), cos.shape, cos.stride(), sin.shape, sin.stride(),
+           q.dtype, k.dtype, cos.dtype, sin.dtype, q.device, k.device, cos.device, sin.device, unsqueeze_dim,
+           out_strides)
+    p = _PLANS.get(key)
+    if p is None:
+        p = _make_plan(q, k, cos, sin, unsqueeze_dim, out_strides)
+        if len(_PLANS) >= 512:
+            _PLANS.clear()
+        _PLANS[key] = p
+    return p
+
+
+def _make_plan(q, k, cos, sin, unsqueeze_dim, out_strides):
+    ud = _check(q, k, cos, sin, unsqueeze_dim)
+    if out_strides is None:   # q's (k's) layout when dense (HF's transposed views), contiguous otherwise
+        out_strides = tuple(t.stride() if _dense(t.shape, t.stride()) else _contiguous_strides(t.shape)
+                            for t in (q, k))
+    qo_st, ko_st = out_strides
     if ud == 1:
         B, HQ, S, D = q.shape
         HKV = k.shape[1]
     else:
         B, S, HQ, D = q.shape
         HKV = k.shape[2]
-    if B * S == 0 or HQ + HKV == 0 or D == 0:
-        return
     bhalf, bh, warps = _config(D, HQ, HKV)
-    nqb = -(-HQ // bh)
-    nkb = -(-HKV // bh)
-    cst, sst = c.stride(), s.stride()
+    nqb, nkb = -(-HQ // bh), -(-HKV // bh)
+    cst, sst = cos.stride(), sin.stride()
     # cos/sin [B or 1, S, D]: batch stride 0 when broadcast
-    c_sb = 0 if c.shape[0] == 1 else cst[0]
-    s_sb = 0 if s.shape[0] == 1 else sst[0]
-    rope_kernel[(B * S, nqb + nkb)](
-        q, k, qo, ko, c, s, S, HQ, HKV, nqb,
-        *_logical(q, ud), *_logical(k, ud), *_logical(qo, ud), *_logical(ko, ud),
-        c_sb, cst[1], cst[2], s_sb, sst[1], sst[2],
-        D // 2, bh, bhalf, backward, num_warps=warps)
+    ints = (S, HQ, HKV, nqb, *_logical(q.stride(), ud), *_logical(k.stride(), ud), *_logical(qo_st, ud),
+            *_logical(ko_st, ud), 0 if cos.shape[0] == 1 else cst[0], cst[1], cst[2],
+            0 if sin.shape[0] == 1 else sst[0], sst[1], sst[2], D // 2, bh, bhalf)
+    grid = (B * S, nqb + nkb) if B * S and HQ + HKV and D else None
+    return ud, qo_st, ko_st, grid, ints, warps
+
+
+def _run(q, k, cos, sin, unsqueeze_dim, backward, out_strides=None):
+    """(q_out, k_out) = the rotation (or its inverse) of q and k; out_strides None = q's/k's layout."""
+    ud, qo_st, ko_st, grid, ints, warps = _plan(q, k, cos, sin, unsqueeze_dim, out_strides)
+    qo = empty(q.shape, q.dtype, q.device, like_strides=qo_st)
+    ko = empty(k.shape, k.dtype, k.device, like_strides=ko_st)
+    if grid is not None:
+        rope_kernel[grid](q, k, qo, ko, cos, sin, *ints, backward, num_warps=warps)
+    return qo, ko
 
 
 def _check(q, k, cos, sin, unsqueeze_dim):
@@ -188,11 +217,10 @@ def _check(q, k, cos, sin, unsqueeze_dim):
 
 class _Rope(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, ud):
-        qo, ko = _alloc_like(q), _alloc_like(k)
-        _launch(q, k, qo, ko, cos, sin, ud, False)
-        ctx.ud = ud
-        ctx.layout = (q.shape, qo.stride(), k.shape, ko.stride())
+    def forward(ctx, q, k, cos, sin, unsqueeze_dim):
+        qo, ko = _run(q, k, cos, sin, unsqueeze_dim, False)
+        ctx.ud = unsqueeze_dim if unsqueeze_dim > 0 else unsqueeze_dim + 4
+        ctx.out_strides = (qo.stride(), ko.stride())
         ctx.cs_grad = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
         ctx.save_for_backward(cos, sin, *((q, k) if ctx.cs_grad else ()))
         return qo, ko
@@ -200,10 +228,8 @@ class _Rope(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gq, gk):
         cos, sin = ctx.saved_tensors[:2]
-        qs, qst, ks, kst = ctx.layout
-        dq = empty(qs, gq.dtype, gq.device, like_strides=qst)
-        dk = empty(ks, gk.dtype, gk.device, like_strides=kst)
-        _launch(gq, gk, dq, dk, cos, sin, ctx.ud, True)
+        # d(q), d(k) in the layouts of the forward's outputs (q's own when dense)
+        dq, dk = _run(gq, gk, cos, sin, ctx.ud, True, ctx.out_strides)
         dcos = dsin = None
         if ctx.cs_grad:   # rare (HF computes cos/sin under no_grad): plain PyTorch
             q, k = ctx.saved_tensors[2:]
@@ -225,9 +251,13 @@ def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
 
     q [B, Hq, S, D] and k [B, Hkv, S, D] (unsqueeze_dim=1) or [B, S, H, D] (unsqueeze_dim=2);
     cos/sin [B or 1, S, D]. Returns (q_embed, k_embed) in q's dtype. `position_ids` is ignored (as in HF).
+    Without autograd (inference, decode) the call skips torch.autograd.Function: one dict lookup, two
+    allocations and a launch on a repeated signature.
     """
-    ud = _check(q, k, cos, sin, unsqueeze_dim)
-    return _Rope.apply(q, k, cos, sin, ud)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad):
+        _plan(q, k, cos, sin, unsqueeze_dim)    # checks before autograd sees the call
+        return _Rope.apply(q, k, cos, sin, unsqueeze_dim)
+    return _run(q, k, cos, sin, unsqueeze_dim, False)
 
 
 def _rotate_half(x):

@@ -124,3 +124,16 @@ def test_rope_config_cached():
     rope(q, k, cos, sin)
     assert list(rotary._CONFIGS) == [(64, 2, 2)]
     assert DEVICE in str(q.device)
+
+
+def test_rope_no_grad_path_matches_and_plans_cached():
+    q, k, cos, sin = _inputs(2, 4, 2, 3, 64, torch.float32)
+    with torch.no_grad():
+        a = rope(q, k, cos, sin)
+        n = len(rotary._PLANS)
+        b = rope(q, k, cos, sin)
+        assert len(rotary._PLANS) == n          # the repeated signature hit its plan
+    c = rope(q.clone().requires_grad_(), k.clone().requires_grad_(), cos, sin)
+    for x, y, z in zip(a, b, c):
+        assert torch.equal(x, y) and torch.equal(x, z.detach())
+        assert x.stride() == y.stride()
