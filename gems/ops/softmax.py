@@ -194,14 +194,28 @@ def log_softmax(x, dim, half_to_float, *, out=None):
     return _launch_fwd(x, dim, _fwd_dtype(x, half_to_float), True, out)
 
 
-@register("_softmax_backward_data", "_softmax_backward_data.out", category="norm", dtypes=FLOATS, backward=True)
+def _bwd_dtypes(grad, output, dim, input_dtype, **_):
+    # served: one dtype throughout, or CUDA's half_to_float backward (fp32 grad and output of a 16-bit
+    # input, the result in the input's dtype). ATen's other answers differ by device (its CPU kernel
+    # keeps grad's dtype where input_dtype is wider and raises for fp32 grad of a half input): it decides
+    if output.dtype != grad.dtype:
+        return f"grad {grad.dtype} with output {output.dtype}"
+    if grad.dtype == input_dtype:
+        return None
+    if grad.is_cuda and grad.dtype == torch.float32 and input_dtype in (torch.float16, torch.bfloat16):
+        return None
+    return f"grad {grad.dtype} with input_dtype {input_dtype}"
+
+
+@register("_softmax_backward_data", "_softmax_backward_data.out", category="norm", dtypes=FLOATS, backward=True,
+          check=_bwd_dtypes)
 def softmax_backward(grad, y, dim, input_dtype, *, grad_input=None):
     """dX = Y * (dY - sum(dY * Y))."""
     return _launch_bwd(grad, y, dim, input_dtype, False, grad_input)
 
 
 @register("_log_softmax_backward_data", "_log_softmax_backward_data.out", category="norm", dtypes=FLOATS,
-          backward=True)
+          backward=True, check=_bwd_dtypes)
 def log_softmax_backward(grad, y, dim, input_dtype, *, out=None):
     """dX = dY - exp(Y) * sum(dY)."""
     return _launch_bwd(grad, y, dim, input_dtype, True, out)

@@ -67,3 +67,27 @@ def test_out_variant_and_errors():
         if DEVICE == "cpu":  # ATen rejects half_to_float on CPU; so must Gems
             with pytest.raises(RuntimeError):
                 torch._softmax(x.half(), 1, True)
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_backward_dtype_combinations_answer_or_raise_like_aten(log):
+    # the result dtype (or the error) of a grad/input_dtype mismatch differs between ATen's CPU and
+    # CUDA kernels: whatever ATen does on this device, Gems must do
+    op = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
+    x = make((3, 5))
+    y = torch.log_softmax(x, -1) if log else torch.softmax(x, -1)
+    g = make((3, 5))
+    for gdt in (torch.float32, torch.float16):
+        for idt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            args = (g.to(gdt), y.to(gdt), -1, idt)
+            try:
+                want = op(*args)
+            except RuntimeError:
+                with pytest.raises(RuntimeError):
+                    with gems.use_gems():
+                        op(*args)
+                continue
+            with gems.use_gems():
+                got = op(*args)
+            assert got.dtype == want.dtype, (gdt, idt, got.dtype, want.dtype)
+            torch.testing.assert_close(got.double(), want.double(), rtol=2e-3, atol=2e-3)
