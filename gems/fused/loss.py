@@ -34,8 +34,9 @@ Memory contracts:
   grad_weight += d(logits_c).T @ hidden_c (addmm_ into a buffer of the weight's dtype: cuBLAS
   accumulates each chunk in fp32 and rounds once per chunk), grad_bias += column sums (fp32). Peak
   extra memory: one chunk of logits [C, V] plus grad_hidden [N, H] and grad_weight [V, H]. Backward
-  only scales the stored gradients by the incoming scalar gradient, in place: it may run once
-  (a second backward through the same graph raises). reduction="none" raises NotImplementedError
+  only scales the stored gradients by the incoming scalar gradient, in place and only when it is not 1
+  (decided on the device, no host sync): it may run once (a second backward through the same graph
+  raises). reduction="none" raises NotImplementedError
   (per-row output gradients would need the logits recomputed in backward).
 """
 from __future__ import annotations
@@ -450,15 +451,12 @@ class _FusedLinearCE(torch.autograd.Function):
                                "(the gradients computed in forward are scaled in place)")
         ctx.used = True
         gh, gw, gb = ctx.saved_tensors
-        # scale in place by the incoming scalar gradient (1.0 for loss.backward()): one pass over
-        # grad_hidden (N*H) and grad_weight (V*H); no extra memory
-        g = grad.to(torch.float32)
-        if gh is not None:
-            gh.mul_(g)
-        if gw is not None:
-            gw.mul_(g)
-        if gb is not None:
-            gb.mul_(g)
+        # scaled in place by the incoming scalar gradient, only when it is not 1 (decided on the
+        # device: loss.backward() costs three launches and no pass): then one read+write of
+        # grad_hidden (N*H), grad_weight (V*H) and grad_bias (V); no extra memory
+        for t in (gh, gw, gb):
+            if t is not None and t.numel():
+                ce_scale_kernel[(-(-t.numel() // 4096),)](t, grad, t.numel(), 4096, num_warps=8)
         return gh, gw, None, gb, None, None, None, None, None
 
 
