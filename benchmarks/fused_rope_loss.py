@@ -9,8 +9,9 @@ Per case and mode (forward; forward+backward): median ms (`triton.testing.do_ben
 median of a few wall-clock runs), ratio to ATen and to Liger, and for the losses the peak memory
 of one forward+backward above what the inputs hold (torch.cuda.max_memory_allocated).
 Implementations:
-- rope: HF's apply_rotary_pos_emb (ATen, ~8 kernels) / gems.fused.rope / liger_rotary_pos_emb; q and k
-  as HF makes them (proj output viewed [B, S, H, D] and transposed), cos/sin [1, S, D].
+- rope: HF's apply_rotary_pos_emb (ATen, ~8 kernels) / gems.fused.rope / liger_rotary_pos_emb (in
+  place, on its own copies); q and k as HF makes them (proj output viewed [B, S, H, D] and
+  transposed), cos/sin [1, S, D] from Llama's rotary embedding.
 - cross_entropy: F.cross_entropy on the bf16 logits (aten), HF's ForCausalLMLoss path with the fp32
   upcast (aten-hf), gems.fused.cross_entropy (and gems-2pass: its forward forced to stream each row
   twice instead of holding it in registers, to choose the default), LigerCrossEntropyFunction (it
@@ -115,13 +116,17 @@ def main(argv=None):
         rope_shapes = [(1, 4, 8, 64), (1, 4, 1, 64)]
     for B, H, S, D in rope_shapes:
         qp, kp = randn(B, S, H * D, grad=True), randn(B, S, H * D, grad=True)
-        cos, sin = randn(1, S, D), randn(1, S, D)
+        # HF's Llama rotary embedding: emb = cat(freqs, freqs), freqs = pos * 10000^(-2i/D)
+        inv = 1.0 / (10000 ** (torch.arange(0, D, 2, device=dev, dtype=torch.float32) / D))
+        pos = torch.arange(4096 - S, 4096, device=dev, dtype=torch.float32)   # decode: the last position
+        emb = torch.cat([pos[:, None] * inv[None], pos[:, None] * inv[None]], -1)[None]
+        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
         gq, gk = randn(B, H, S, D), randn(B, H, S, D)
 
-        def views(qp=qp, kp=kp, B=B, S=S, H=H, D=D):
-            return qp.view(B, S, H, D).transpose(1, 2), kp.view(B, S, H, D).transpose(1, 2)
+        def mk(f, qp=qp, kp=kp, cos=cos, sin=sin, gq=gq, gk=gk, B=B, S=S, H=H, D=D):
+            def views():
+                return qp.view(B, S, H, D).transpose(1, 2), kp.view(B, S, H, D).transpose(1, 2)
 
-        def mk(f, views=views, cos=cos, sin=sin, qp=qp, kp=kp, gq=gq, gk=gk):
             def fwd():
                 with torch.no_grad():
                     q, k = views()
@@ -133,8 +138,9 @@ def main(argv=None):
                 return torch.autograd.grad((qe, ke), (qp, kp), (gq, gk))
             return fwd, fwdbwd
         impls = {"aten": mk(hf_rope), "gems": mk(grot.rope)}
-        if liger:
-            impls["liger"] = mk(liger["rope"])
+        if liger:   # Liger rotates q and k in place: its own copies
+            impls["liger"] = mk(liger["rope"], qp=qp.detach().clone().requires_grad_(),
+                                kp=kp.detach().clone().requires_grad_())
         cases.append((f"rope q,k [{B},{H},{S},{D}]", impls, False))
 
     # ---------------------------------------------------------------- cross-entropy
