@@ -218,6 +218,8 @@ def main(argv=None):
     for name, impls, mem in cases:
         if args.only and args.only not in name:
             continue
+        err = _max_err(impls["gems"][1](), impls["aten"][1]())   # outputs of fwd+bwd: the gradients
+        print(f"{name}: max |gems - aten| over the gradients, relative to max |aten|: {err:.2e}")
         for mode, idx in (("fwd", 0), ("fwd+bwd", 1)):
             res = {}
             for impl, fns in impls.items():
@@ -229,7 +231,7 @@ def main(argv=None):
                     res[impl] = dict(error=f"{type(e).__name__}: {e}")
                 if not cpu:
                     torch.cuda.empty_cache()
-            rows.append(dict(case=name, mode=mode, results=res))
+            rows.append(dict(case=name, mode=mode, results=res, grad_rel_err=err))
             _print_row(name, mode, res)
     if args.output:
         meta = dict(device=(torch.cuda.get_device_name() if not cpu else "cpu (Triton interpreter)"),
@@ -239,6 +241,16 @@ def main(argv=None):
             json.dump(dict(meta=meta, rows=rows), fh, indent=1)
         print(f"wrote {args.output}")
     return 0
+
+
+def _max_err(a, b):
+    a = a if isinstance(a, (tuple, list)) else (a,)
+    b = b if isinstance(b, (tuple, list)) else (b,)
+    worst = 0.0
+    for x, y in zip(a, b):
+        x, y = x.double(), y.double()
+        worst = max(worst, ((x - y).abs().max() / y.abs().max().clamp_min(1e-30)).item())
+    return worst
 
 
 _HEADER_DONE = []
