@@ -24,6 +24,7 @@ bert                   every ``nn.LayerNorm`` -> ``gems.fused.layer_norm``; Bert
 llava                  the language model as its own type (above), the CLIP vision tower: every
                        ``nn.LayerNorm`` and each encoder layer's residual add + second norm
                        (``layer_norm``); the loss as for causal LMs
+clip_vision_model      as Llava's vision tower
 causal LMs             with labels in training mode: the loss from the last hidden state with
                        ``fused_linear_cross_entropy``, **logits are not computed (``logits=None``)**;
                        otherwise (eval, or ``fused_linear_cross_entropy=False``) the loss of the
@@ -63,7 +64,7 @@ _DECODERS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
 _ENCODERS = {"bert": "Bert"}
 _VISION = {"clip_vision_model": "CLIP", "clip": "CLIP"}
 _TOP = {"llava": "Llava"}
-SUPPORTED = tuple(sorted({*_DECODERS, *_ENCODERS, *_TOP}))
+SUPPORTED = tuple(sorted({*_DECODERS, *_ENCODERS, *_TOP, "clip_vision_model"}))
 _ATTR = "_gems_patch"
 
 
@@ -581,6 +582,9 @@ def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
                     report.notes.append(f"vision tower '{vis_mt}' is not supported: left as is")
             if causal:
                 p.patch_causal_lm_loss(mt, "LlavaCausalLMOutputWithPast")
+        elif mt == "clip_vision_model":     # a CLIP vision tower on its own (Llava's)
+            _check_ops(opts, _needed(opts, clip=True))
+            p.patch_clip(model, "")
         else:
             raise _unsupported(mt)
     except BaseException:

@@ -294,6 +294,22 @@ def test_bert_dropout_semantics_kept(standins):
     assert standins["add_layer_norm"] == 2 * 2 * 2
 
 
+def test_clip_vision_tower_alone(standins):
+    import transformers
+    cfg = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, image_size=28, patch_size=14)
+    torch.manual_seed(0)
+    m = transformers.CLIPVisionModel(cfg).to(DEVICE).eval()
+    pix = torch.randn(2, 3, 28, 28, device=DEVICE)
+    ref = m(pixel_values=pix)
+    with gems.patched(m) as r:
+        assert r.counts() == {"add_layer_norm": 2, "layer_norm": 6}
+        got = m(pixel_values=pix)
+    torch.testing.assert_close(got.last_hidden_state, ref.last_hidden_state)
+    torch.testing.assert_close(got.pooler_output, ref.pooler_output)
+    assert standins["add_layer_norm"] == 2 and standins["layer_norm"] == 4
+
+
 def test_gradient_checkpointing(standins):
     model, inf, tr = _build("qwen2")
     model.gradient_checkpointing_enable()
@@ -310,8 +326,8 @@ def test_unknown_model_type():
     import transformers
     cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
     m = transformers.GPT2LMHeadModel(cfg)
-    with pytest.raises(ValueError, match=r"model type 'gpt2' is not supported; supported: bert, llama, llava, "
-                                         r"mistral, qwen2"):
+    with pytest.raises(ValueError, match=r"model type 'gpt2' is not supported; supported: bert, "
+                                         r"clip_vision_model, llama, llava, mistral, qwen2"):
         gems.patch(m)
     assert not hasattr(m, "_gems_patch")
     with pytest.raises(TypeError, match="no config.model_type"):
