@@ -13,7 +13,7 @@ rows loop over the row in BLOCK_N = max_n chunks: one pass for the statistics, o
 twice; with a residual, the sum is written in the first pass and read back in the second).
 
 Backward. Each program owns a contiguous range of rows (2 programs per SM on the GPU, 1 for rows
-wider than 8192), recomputes the normalized row from x and the saved fp32 rstd (and mean), writes dx,
+wider than 8192; one row per program when no weight gradient is needed), recomputes the normalized row from x and the saved fp32 rstd (and mean), writes dx,
 and keeps its dweight (dbias) partial sums in fp32 registers; they are written once to a workspace
 [programs, N] and a column-sum kernel adds them up in a fixed order. No atomics: results are
 deterministic run to run.
@@ -88,8 +88,10 @@ def _fwd_config(M, N, name):
 
 
 @functools.lru_cache(maxsize=1024)
-def _bwd_config(M, N, name, dev):
-    """(programs, rows per program, SINGLE, BLOCK_N, num_warps) of a backward launch."""
+def _bwd_config(M, N, name, dev, need_w):
+    """(programs, rows per program, SINGLE, BLOCK_N, num_warps) of a backward launch: a few programs
+    per SM each looping over a range of rows when weight gradients are accumulated, one row per
+    program when only dx is needed (frozen weights)."""
     cfg = _CONFIGS[name]
     block_n = next_pow2(N)
     single = int(block_n <= cfg["max_n"])
@@ -97,6 +99,8 @@ def _bwd_config(M, N, name, dev):
         block_n = cfg["max_n"]
     if "programs" in cfg:
         target = cfg["programs"]
+    elif not need_w:
+        target = M
     else:
         target = _sm_count(dev) * (cfg["bwd_per_sm"] if block_n <= 8192 else 1)
     rows = cdiv(M, max(1, min(target, M)))
@@ -512,7 +516,7 @@ def _col_sum(WS, OUT, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 def _col_sum_into(ws, out, P, N):
-    block_n = min(256, next_pow2(N))
+    block_n = min(128, next_pow2(N))     # 32 programs for N = 4096: the workspace is read in parallel
     block_p = min(32, next_pow2(P))
     _col_sum[(cdiv(N, block_n),)](ws, out, P, N, block_p, block_n, num_warps=4)
 
@@ -582,7 +586,7 @@ class _RMSNormFn(torch.autograd.Function):
         xv, sx = _rows(x, M, N)
         dyv, sdy = _rows(dy, M, N)
         dsv, sds = _grad_rows(ds, M, N)
-        P, rows, single, bn, nw = _bwd_config(M, N, backend().name, x.device.index or 0)
+        P, rows, single, bn, nw = _bwd_config(M, N, backend().name, x.device.index or 0, bool(need_w))
         ws = (empty if single else zeros)((P, N), torch.float32, x.device) if need_w else None
         _rms_bwd[(P,)](dyv, dsv, xv, weight.contiguous(), rstd, dx, ws, M, N, sdy, sds, sx, rows, ctx.offset,
                        int(ctx.gemma), int(ds is not None), int(need_x), int(need_w), single, bn, num_warps=nw)
@@ -679,7 +683,7 @@ class _LayerNormFn(torch.autograd.Function):
         xv, sx = _rows(x, M, N)
         dyv, sdy = _rows(dy, M, N)
         dsv, sds = _grad_rows(ds, M, N)
-        P, rows, single, bn, nw = _bwd_config(M, N, backend().name, x.device.index or 0)
+        P, rows, single, bn, nw = _bwd_config(M, N, backend().name, x.device.index or 0, bool(need_w or need_b))
         alloc = empty if single else zeros
         ws_w = alloc((P, N), torch.float32, x.device) if need_w else None
         ws_b = alloc((P, N), torch.float32, x.device) if need_b else None
