@@ -251,7 +251,7 @@ class _Workload:
                     wall = (time.perf_counter() - t0) * 1e3
                 stats = self.gems.stats() if on else {}
             events = prof.events()
-        ops, inner = outermost_ops(events, self.on_cuda)
+        ops, inner = outermost_ops(events, self.on_cuda, fused_event_names() if on and self.patch else None)
         return {"ops": ops, "inner": inner, "wall_ms": wall,
                 "stats": {k: {"served": v["served"], "fallback": v["fallback"]} for k, v in stats.items()}}
 
@@ -329,26 +329,51 @@ def _mark_prompt(model, after: Callable = lambda: None):
             model.forward = prev
 
 
-def outermost_ops(events, with_device: bool):
+def fused_event_names() -> dict:
+    """{profiler event name: row name} of gems.fused's autograd Functions (forward: the class name;
+    backward: the class name + "Backward"): with --patch their kernels are launched outside any ATen op."""
+    import importlib
+    import torch
+    from gems import fused
+    names = {}
+    for mod in sorted(set(fused._WHERE.values())):
+        try:
+            m = importlib.import_module(f"gems.fused.{mod}")
+        except ImportError:
+            continue
+        for v in vars(m).values():
+            if isinstance(v, type) and issubclass(v, torch.autograd.Function) and v.__module__ == m.__name__:
+                names[v.__name__] = f"fused::{v.__name__}"
+                names[v.__name__ + "Backward"] = f"fused::{v.__name__}Backward"
+    return names
+
+
+def outermost_ops(events, with_device: bool, fused: Optional[dict] = None):
     """From profiler events: ({op: [calls, host us, device us]} over the outermost ATen ops of each
     thread, {outermost op: {ATen op under it, itself included: calls}}). Events inside the
     PROMPT_MARK annotation are left out. Host time is the outermost event's CPU time (its children
-    included); device time is the profiler's attribution of the kernels launched under it."""
+    included); device time is the profiler's attribution of the kernels launched under it. `fused`
+    ({event name: row name}, see fused_event_names) counts those events as ops too."""
+    fused = fused or {}
+
+    def op_of(name):
+        return name[6:] if name.startswith("aten::") else fused.get(name)
+
     ops: dict = {}
     inner: dict = {}
     for e in events:
-        if not e.name.startswith("aten::"):
+        if op_of(e.name) is None:
             continue
         outer, p = e, e.cpu_parent
         while p is not None and p.name != PROMPT_MARK:
-            if p.name.startswith("aten::"):
+            if op_of(p.name) is not None:
                 outer = p
             p = p.cpu_parent
         if p is not None:       # inside the prompt
             continue
-        name = outer.name[6:]
+        name = op_of(outer.name)
         below = inner.setdefault(name, {})
-        below[e.name[6:]] = below.get(e.name[6:], 0) + 1
+        below[op_of(e.name)] = below.get(op_of(e.name), 0) + 1
         if outer is e:
             r = ops.setdefault(name, [0, 0.0, 0.0])
             r[0] += 1
@@ -443,7 +468,8 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
     if patch:
         res.patched = True
         res.patch = _patch_report(bundle.model)
-        res.notes.append("Gems turns: gems.patch(model) + Gems' ATen ops; ATen turns: the unpatched model")
+        res.notes.append("Gems turns: gems.patch(model) + Gems' ATen ops; ATen turns: the unpatched model; "
+                         "attribution rows fused::<Function> are gems.fused's kernels (forward and Backward)")
     wl = _Workload(bundle, workload, new_tokens, optimizer, include, exclude, patch)
     try:
         res.agreement = _agreement(wl, dt, progress)

@@ -105,6 +105,27 @@ def test_parity_patch_is_recorded(tmp_path, capsys):
     assert rc == 0 and "patched gems.patch on the Gems run: add_layer_norm x4" in capsys.readouterr().out
 
 
+def test_attribution_counts_fused_functions_as_ops():
+    """With --patch, gems.fused's autograd Functions are rows of their own (their kernels launch outside
+    any ATen op), and the ATen calls inside them are not outermost ops."""
+    import importlib
+    from torch.profiler import ProfilerActivity, profile
+    from coverage_tool.bench import fused_event_names, outermost_ops
+    norms, gated = importlib.import_module("gems.fused.norms"), importlib.import_module("gems.fused.gated")
+    x = torch.randn(4, 64, requires_grad=True)
+    w = torch.ones(64, requires_grad=True)
+    u = torch.randn(4, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        y = gated.silu_and_mul(norms.rms_norm(x, w, 1e-6), u)
+        (y * 2).sum().backward()
+    ops, inner = outermost_ops(prof.events(), False, fused_event_names())
+    fused = {k for k in ops if k.startswith("fused::")}
+    assert len(fused) == 4 and sum(k.endswith("Backward") for k in fused) == 2, ops
+    assert {"mul", "sum"} <= set(ops) and "empty" not in ops and "set_" not in ops
+    plain, _ = outermost_ops(prof.events(), False)       # without --patch: as before, ATen events only
+    assert not any(k.startswith("fused::") for k in plain)
+
+
 def test_patch_of_an_unsupported_model_is_bad_input(tmp_path, capsys):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 1,
