@@ -37,7 +37,7 @@ from ..runtime import backend, kernel
 from ..runtime.utils import cdiv, empty, next_pow2
 
 _SERVED = (torch.float32, torch.float16, torch.bfloat16)
-_ACTS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
+# activation codes (the kernels' ACT constexpr): 0 silu, 1 gelu (erf), 2 gelu (tanh)
 
 _SQRT1_2: tl.constexpr = tl.constexpr(0.7071067811865476)
 _INV_SQRT_2PI: tl.constexpr = tl.constexpr(0.3989422804014327)
@@ -198,22 +198,30 @@ def _check(gate, up, what):
                      f"PyTorch reference)")
 
 
-class _GatedFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gate, up, act):
-        shape = gate.shape
-        y = empty(shape, gate.dtype, gate.device)
-        ctx.act = act
-        ctx.save_for_backward(gate, up)
-        if y.numel() == 0:
-            return y
+def _gated_forward(gate, up, act):
+    shape = gate.shape
+    y = empty(shape, gate.dtype, gate.device)
+    if y.numel():
         N = shape[-1]
         M = gate.numel() // N
         gv, uv = _rows(gate, M, N), _rows(up, M, N)
         rows, n, (sg, su) = _plan(shape, gv, uv)
         grid, ncb, block, nw = _geometry(rows, n, backend().name, gate.device.index or 0)
         _gated_fwd[grid](gv[0], uv[0], y, n, sg, su, ncb, act, block, num_warps=nw)
-        return y
+    return y
+
+
+def _no_graph(gate, up):
+    """No graph recorded (inference): launch without the autograd.Function and its host cost."""
+    return not torch.is_grad_enabled() or not (gate.requires_grad or up.requires_grad)
+
+
+class _GatedFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, act):
+        ctx.act = act
+        ctx.save_for_backward(gate, up)
+        return _gated_forward(gate, up, act)
 
     @staticmethod
     def backward(ctx, dy):
@@ -238,7 +246,9 @@ def silu_and_mul(gate, up):
     """silu(gate) * up in one kernel (forward and backward); gate and up may be row-strided views."""
     if not _check(gate, up, "silu_and_mul"):
         return reference_silu_and_mul(gate, up)
-    return _GatedFn.apply(gate, up, _ACTS["silu"])
+    if _no_graph(gate, up):
+        return _gated_forward(gate, up, 0)
+    return _GatedFn.apply(gate, up, 0)
 
 
 swiglu = silu_and_mul
@@ -250,4 +260,7 @@ def gelu_and_mul(gate, up, approximate="none"):
         raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
     if not _check(gate, up, "gelu_and_mul"):
         return reference_gelu_and_mul(gate, up, approximate)
-    return _GatedFn.apply(gate, up, _ACTS["gelu" if approximate == "none" else "gelu_tanh"])
+    act = 1 if approximate == "none" else 2
+    if _no_graph(gate, up):
+        return _gated_forward(gate, up, act)
+    return _GatedFn.apply(gate, up, act)

@@ -169,6 +169,14 @@ def _check(x, residual, weight, bias, what):
             raise ValueError(f"{what}: residual is on {residual.device}, x on {x.device}")
 
 
+def _no_graph(*ts):
+    """No autograd graph will be recorded (inference, decode): launch without the autograd.Function
+    (its apply costs more host time than the rest of the call)."""
+    if not torch.is_grad_enabled():
+        return True
+    return not any(t is not None and t.requires_grad for t in ts)
+
+
 def _acc(t):
     """The reference's compute dtype: fp32, or fp64 for fp64 tensors (tests run it in fp64)."""
     return t if t.dtype == torch.float64 else t.float()
@@ -533,25 +541,30 @@ def _grad_rows(g, M, N):
 
 
 # ------------------------------------------------------------------------------------------- RMSNorm
+def _rms_forward(x, residual, weight, eps, offset, gemma):
+    """(y, new residual or None, rstd): one forward launch."""
+    shape, N = x.shape, x.shape[-1]
+    M = x.numel() // N
+    dev = x.device
+    y_dtype = x.dtype if gemma else torch.promote_types(x.dtype, weight.dtype)
+    y = empty(shape, y_dtype, dev)
+    s = empty(shape, x.dtype, dev) if residual is not None else None
+    rstd = empty((M,), torch.float32, dev)
+    if M:
+        xv, sx = _rows(x, M, N)
+        rv, sr = _rows(residual, M, N) if residual is not None else (None, N)
+        grid, single, bm, bn, nw = _fwd_config(M, N, backend().name)
+        _rms_fwd[grid](xv, rv, weight.contiguous(), y, s, rstd, M, N, sx, sr, float(eps), float(offset),
+                       int(residual is not None), int(gemma), single, bm, bn, num_warps=nw)
+    return y, s, rstd
+
+
 class _RMSNormFn(torch.autograd.Function):
     """rms_norm (residual None) and add_rms_norm (returns (y, new_residual))."""
 
     @staticmethod
     def forward(ctx, x, residual, weight, eps, offset, gemma):
-        shape, N = x.shape, x.shape[-1]
-        M = x.numel() // N
-        dev = x.device
-        y_dtype = x.dtype if gemma else torch.promote_types(x.dtype, weight.dtype)
-        y = empty(shape, y_dtype, dev)
-        s = empty(shape, x.dtype, dev) if residual is not None else None
-        rstd = empty((M,), torch.float32, dev)
-        if M:
-            xv, sx = _rows(x, M, N)
-            rv, sr = _rows(residual, M, N) if residual is not None else (None, N)
-            w = weight.contiguous()
-            grid, single, bm, bn, nw = _fwd_config(M, N, backend().name)
-            _rms_fwd[grid](xv, rv, w, y, s, rstd, M, N, sx, sr, float(eps), float(offset),
-                           int(residual is not None), int(gemma), single, bm, bn, num_warps=nw)
+        y, s, rstd = _rms_forward(x, residual, weight, eps, offset, gemma)
         ctx.gemma, ctx.offset, ctx.has_res = gemma, float(offset), residual is not None
         ctx.set_materialize_grads(False)
         if s is not None and not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
@@ -611,6 +624,8 @@ def rms_norm(x, weight, eps=1e-6, *, offset=0.0, casting="llama"):
     _check(x, None, weight, None, "rms_norm")
     if not _use_kernels(x, weight):
         return reference_rms_norm(x, weight, eps, offset=offset, casting=casting)
+    if _no_graph(x, weight):
+        return _rms_forward(x, None, weight, eps, offset, gemma)[0]
     return _RMSNormFn.apply(x, None, weight, eps, offset, gemma)
 
 
@@ -620,31 +635,39 @@ def add_rms_norm(x, residual, weight, eps=1e-6, *, offset=0.0, casting="llama"):
     _check(x, residual, weight, None, "add_rms_norm")
     if not _use_kernels(x, weight):
         return reference_add_rms_norm(x, residual, weight, eps, offset=offset, casting=casting)
+    if _no_graph(x, residual, weight):
+        return _rms_forward(x, residual, weight, eps, offset, gemma)[:2]
     return _RMSNormFn.apply(x, residual, weight, eps, offset, gemma)
 
 
 # ----------------------------------------------------------------------------------------- LayerNorm
+def _ln_forward(x, residual, weight, bias, eps):
+    """(y, new residual or None, mean, rstd): one forward launch."""
+    shape, N = x.shape, x.shape[-1]
+    M = x.numel() // N
+    dev = x.device
+    y = empty(shape, x.dtype, dev)
+    s = empty(shape, x.dtype, dev) if residual is not None else None
+    mean = empty((M,), torch.float32, dev)
+    rstd = empty((M,), torch.float32, dev)
+    if M:
+        xv, sx = _rows(x, M, N)
+        rv, sr = _rows(residual, M, N) if residual is not None else (None, N)
+        w = weight.contiguous() if weight is not None else None
+        b = bias.contiguous() if bias is not None else None
+        grid, single, bm, bn, nw = _fwd_config(M, N, backend().name)
+        _ln_fwd[grid](xv, rv, w, b, y, s, mean, rstd, M, N, sx, sr, float(eps),
+                      int(residual is not None), int(w is not None), int(b is not None), single, bm, bn,
+                      num_warps=nw)
+    return y, s, mean, rstd
+
+
 class _LayerNormFn(torch.autograd.Function):
     """layer_norm (residual None) and add_layer_norm (returns (y, new_residual))."""
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps):
-        shape, N = x.shape, x.shape[-1]
-        M = x.numel() // N
-        dev = x.device
-        y = empty(shape, x.dtype, dev)
-        s = empty(shape, x.dtype, dev) if residual is not None else None
-        mean = empty((M,), torch.float32, dev)
-        rstd = empty((M,), torch.float32, dev)
-        if M:
-            xv, sx = _rows(x, M, N)
-            rv, sr = _rows(residual, M, N) if residual is not None else (None, N)
-            w = weight.contiguous() if weight is not None else None
-            b = bias.contiguous() if bias is not None else None
-            grid, single, bm, bn, nw = _fwd_config(M, N, backend().name)
-            _ln_fwd[grid](xv, rv, w, b, y, s, mean, rstd, M, N, sx, sr, float(eps),
-                          int(residual is not None), int(w is not None), int(b is not None), single, bm, bn,
-                          num_warps=nw)
+        y, s, mean, rstd = _ln_forward(x, residual, weight, bias, eps)
         ctx.has_res = residual is not None
         ctx.set_materialize_grads(False)
         if s is not None and not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
@@ -702,6 +725,8 @@ def layer_norm(x, weight, bias, eps=1e-5):
     _check(x, None, weight, bias, "layer_norm")
     if not _use_kernels(x, weight, bias):
         return reference_layer_norm(x, weight, bias, eps)
+    if _no_graph(x, weight, bias):
+        return _ln_forward(x, None, weight, bias, eps)[0]
     return _LayerNormFn.apply(x, None, weight, bias, eps)
 
 
@@ -710,4 +735,6 @@ def add_layer_norm(x, residual, weight, bias, eps=1e-5):
     _check(x, residual, weight, bias, "add_layer_norm")
     if not _use_kernels(x, weight, bias):
         return reference_add_layer_norm(x, residual, weight, bias, eps)
+    if _no_graph(x, residual, weight, bias):
+        return _ln_forward(x, residual, weight, bias, eps)[:2]
     return _LayerNormFn.apply(x, residual, weight, bias, eps)
