@@ -16,7 +16,9 @@ Split-KV (decode, few programs): each program also takes one slice of the keys a
 (out / l, m, l) in fp32; `attn_combine` merges the slices (flash-decoding).
 Backward: `attn_bwd_pre` delta = rowsum(dO * O); `attn_bwd_dkdv` one program per (BLOCK_N keys, batch *
 KV head) walks every query block of every query head of its group (deterministic: no atomics, GQA
-gradients summed in registers); `attn_bwd_dq` one program per (BLOCK_M queries, batch*head) walks the keys.
+gradients summed in registers; when that leaves SMs idle the group is spread over programs writing fp32
+partials that `attn_bwd_group_sum` adds, still deterministic); `attn_bwd_dq` one program per (BLOCK_M
+queries, batch*head) walks the keys. dQ and dK/dV recompute P from the saved logsumexp.
 """
 import triton
 import triton.language as tl
@@ -283,17 +285,23 @@ def attn_bwd_dkdv(Q, K, V, Bias, DO, LSE, Delta, DK, DV,
                   stride_bb, stride_bh, stride_bm, stride_bn,
                   stride_gb, stride_gh, stride_gm, stride_gd,
                   stride_lb, stride_lh, stride_lm,
-                  stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-                  stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-                  Hq, Hkv, GROUP, Sq, Sk, D, qk_scale, scale,
+                  stride_dkb, stride_dkh, stride_dkn, stride_dkd, stride_dkg,
+                  stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_dvg,
+                  Hq, Hkv, GROUP, NG, Sq, Sk, D, qk_scale, scale,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr, EVEN_D: tl.constexpr,
                   IEEE: tl.constexpr):
-    """dV = sum over the group's heads of P^T dO; dK = scale * sum dS^T Q, dS = P (dP - delta)."""
+    """dV = sum over the group's heads of P^T dO; dK = scale * sum dS^T Q, dS = P (dP - delta).
+
+    NG > 1 (GQA with too few programs otherwise): the group's heads are split over NG programs, each
+    writing an fp32 partial at DK/DV + gi * stride_g, summed by `attn_bwd_group_sum`."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
+    gi = pid_bh % NG
+    pid_bh = pid_bh // NG
     b = (pid_bh // Hkv).to(tl.int64)
     hk = (pid_bh % Hkv).to(tl.int64)
+    gpp = GROUP // NG
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -315,7 +323,7 @@ def attn_bwd_dkdv(Q, K, V, Bias, DO, LSE, Delta, DK, DV,
     else:
         lo = 0
         mid = 0
-    for g in range(0, GROUP):
+    for g in range(gi * gpp, gi * gpp + gpp):
         h = hk * GROUP + g
         q_base = Q + b * stride_qb + h * stride_qh
         do_base = DO + b * stride_gb + h * stride_gh
@@ -331,10 +339,32 @@ def attn_bwd_dkdv(Q, K, V, Bias, DO, LSE, Delta, DK, DV,
                                  offs_m0, offs_d, stride_qm, stride_qd, stride_gm, stride_gd, stride_bm, stride_bn,
                                  stride_lm, Sq, Sk, D, qk_scale, False, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
     dk = dk * scale
-    tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
-             dk.to(DK.dtype.element_ty), mask=kmask)
-    tl.store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
-             dv.to(DV.dtype.element_ty), mask=kmask)
+    gi64 = gi.to(tl.int64)
+    tl.store(DK + b * stride_dkb + hk * stride_dkh + gi64 * stride_dkg + offs_n[:, None] * stride_dkn
+             + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty), mask=kmask)
+    tl.store(DV + b * stride_dvb + hk * stride_dvh + gi64 * stride_dvg + offs_n[:, None] * stride_dvn
+             + offs_d[None, :] * stride_dvd, dv.to(DV.dtype.element_ty), mask=kmask)
+
+
+@triton.jit
+def attn_bwd_group_sum(P, OUT, NG, Hkv, Sk, D,
+                       stride_pb, stride_ph, stride_pg, stride_pn,
+                       stride_ob, stride_oh, stride_on, stride_od,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """OUT[b, hk, n, :] = sum_g P[b, hk, g, n, :] (fp32 partials of a GQA group, D contiguous)."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hkv).to(tl.int64)
+    hk = (pid_bh % Hkv).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_n[:, None] < Sk) & (offs_d[None, :] < D)
+    base = P + b * stride_pb + hk * stride_ph + offs_n[:, None] * stride_pn + offs_d[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for g in range(0, NG):
+        acc += tl.load(base + g * stride_pg, mask=mask, other=0.0)
+    tl.store(OUT + b * stride_ob + hk * stride_oh + offs_n[:, None] * stride_on + offs_d[None, :] * stride_od,
+             acc.to(OUT.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -54,6 +54,7 @@ _combine = kernel(K.attn_combine)
 _pre = kernel(K.attn_bwd_pre)
 _dkdv = kernel(K.attn_bwd_dkdv)
 _dq = kernel(K.attn_bwd_dq)
+_gsum = kernel(K.attn_bwd_group_sum)
 
 _LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
@@ -258,10 +259,30 @@ def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv):
     common = (*_strides4(q), *_strides4(k), *_strides4(v), *bst, *_strides4(do), *lst)
     even = D == BD
     BM1, BN1, W1, S1 = _config("dkdv", BD, ieee, interp)
-    _dkdv.run((cdiv(Sk, BN1), B * Hkv),
-              (q, k, v, bt, do, lse, delta, dk, dv, *common, *_strides4(dk), *_strides4(dv),
-               Hq, Hkv, group, Sq, Sk, D, qk_scale, scale, BM1, BN1, BD, causal, has_bias, bias_bool, even, ieee),
-              W1, S1)
+    nkb = cdiv(Sk, BN1)
+    # GQA: one program per (key block, KV head) walks all GROUP query heads; with too few such
+    # programs to fill the GPU, the group is split over programs writing fp32 partials, summed after
+    ng = 1
+    if group > 1 and nkb * B * Hkv < _sm_count(q.device.type, q.device.index):
+        ng = group
+    if ng == 1:
+        _dkdv.run((nkb, B * Hkv),
+                  (q, k, v, bt, do, lse, delta, dk, dv, *common, *_strides4(dk), 0, *_strides4(dv), 0,
+                   Hq, Hkv, group, 1, Sq, Sk, D, qk_scale, scale, BM1, BN1, BD, causal, has_bias, bias_bool, even,
+                   ieee), W1, S1)
+    else:
+        pk = empty((B, Hkv, ng, Sk, D), torch.float32, q.device)
+        pv = empty((B, Hkv, ng, Sk, D), torch.float32, q.device)
+        pst = (pk.stride(0), pk.stride(1), pk.stride(3), pk.stride(4), pk.stride(2))
+        _dkdv.run((nkb, B * Hkv * ng),
+                  (q, k, v, bt, do, lse, delta, pk, pv, *common, *pst, *pst,
+                   Hq, Hkv, group, ng, Sq, Sk, D, qk_scale, scale, BM1, BN1, BD, causal, has_bias, bias_bool, even,
+                   ieee), W1, S1)
+        BNs = 32
+        for part, out in ((pk, dk), (pv, dv)):
+            _gsum.run((cdiv(Sk, BNs), B * Hkv),
+                      (part, out, ng, Hkv, Sk, D, part.stride(0), part.stride(1), part.stride(2), part.stride(3),
+                       *_strides4(out), BNs, BD), 4, 1)
     BM2, BN2, W2, S2 = _config("dq", BD, ieee, interp)
     _dq.run((cdiv(Sq, BM2), B * Hq),
             (q, k, v, bt, do, lse, delta, dq, *common, *_strides4(dq),

@@ -101,6 +101,7 @@ CASES = {
     "causal_sq>sk": (1, 2, 2, 40, 19, True, None, None),
     "gqa": (1, 4, 2, 21, 33, False, None, None),
     "gqa_causal": (1, 4, 1, 33, 33, True, None, None),
+    "gqa_wide": (2, 4, 2, 20, 70, False, None, None),
     "bool_pad": (2, 2, 2, 17, 17, False, "bool_pad", None),
     "bool_full": (2, 2, 2, 20, 29, False, "bool_full", None),
     "add_pad": (2, 2, 2, 23, 23, False, "add_pad", None),
@@ -155,7 +156,8 @@ def test_sdpa_head_dims(D, dtype):
     _run("causal_ragged", D, dtype, grads=False)
 
 
-BWD_CASES = ["plain", "causal_ragged", "causal_sq<sk", "causal_sq>sk", "gqa_causal", "add_head", "bool_pad", "scale"]
+BWD_CASES = ["plain", "causal_ragged", "causal_sq<sk", "causal_sq>sk", "gqa_causal", "gqa_wide", "add_head", "bool_pad",
+             "scale"]
 if ON_GPU:
     BWD_CASES += ["big_causal", "big_gqa", "big_pad"]
 
