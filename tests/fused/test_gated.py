@@ -109,6 +109,19 @@ def test_large_gate_values(act):
     check(act, [g, make((4, 64), torch.float32)], torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("act", list(ACTS))
+def test_forward_without_graph(dtype, act):
+    """Inputs that need no gradient launch without the autograd.Function: same results."""
+    y, _ = check(act, [make((3, 5, 100), dtype), make((3, 5, 100), dtype)], dtype, need=[False, False])
+    assert not y.requires_grad
+
+
+def test_sum_backward():
+    """y.sum().backward(): the incoming gradient is an expanded (stride 0) tensor."""
+    check("silu", [make((4, 37), torch.float32), make((4, 37), torch.float32)], torch.float32, post=lambda y: y.sum())
+
+
 def test_swiglu_is_silu_and_mul():
     assert F.swiglu is F.silu_and_mul
 

@@ -208,6 +208,26 @@ def test_grad_of_shared_input():
     check(lambda o, x, w: o["add_rms_norm"](x, x, w), [(x, True), (w, True)], torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(3, 5, 64), (7, 300)], ids=str)
+def test_forward_without_graph(dtype, shape):
+    """Inputs that need no gradient launch without the autograd.Function: same results."""
+    n = shape[-1]
+    x, r, w, b = make(shape, dtype), make(shape, dtype), _w(n, dtype), make((n,), dtype)
+    ins = [(x, False), (r, False), (w, False), (b, False)]
+    got = check(lambda o, x, r, w, b: (o["rms_norm"](x, w, offset=0.5),) + o["add_rms_norm"](x, r, w, casting="gemma")
+                + (o["layer_norm"](x, w, b),) + o["add_layer_norm"](x, r, w, b), ins, dtype)[0]
+    assert not any(t.requires_grad for t in got)
+
+
+def test_sum_backward():
+    """y.sum().backward(): the incoming gradient is an expanded (stride 0) tensor."""
+    x, r, w, b = make((4, 37), torch.float32), make((4, 37), torch.float32), _w(37, torch.float32), make((37,))
+    check(lambda o, x, r, w: o["add_rms_norm"](x, r, w)[0].sum() + o["rms_norm"](x, w).sum(),
+          [(x, True), (r, True), (w, True)], torch.float32)
+    check(lambda o, x, w, b: o["layer_norm"](x, w, b).sum(), [(x, True), (w, True), (b, True)], torch.float32)
+
+
 def test_no_grad_and_empty():
     x, w = make((3, 37), torch.float32), _w(37, torch.float32)
     with torch.no_grad():
