@@ -7,7 +7,8 @@ Semantics are torch.nn.functional.cross_entropy's for class-index targets: `igno
 contribute nothing, `label_smoothing` eps mixes in the uniform distribution
     loss_i = (1 - eps) * (lse_i - x_i[t_i]) + eps * (lse_i - mean_j x_ij),   lse_i = log sum_j exp(x_ij)
 and `reduction` is "mean" (sum over rows / number of non-ignored rows; all ignored gives nan, like
-torch), "sum" or "none" (one value per row, 0 for ignored rows). Class weights (`weight=`) are not
+torch), "sum" or "none" (one value per row, 0 for ignored rows). `divisor=` with "sum" gives
+sum / divisor (Hugging Face's `num_items_in_batch`), folded into the gradient written in forward. Class weights (`weight=`) are not
 supported: NotImplementedError (use torch's). A target outside [0, V) that is not `ignore_index`
 gives a nan loss (and nan gradient row) instead of torch's error or device assert.
 
@@ -92,7 +93,7 @@ def ce_fwd_kernel(X, TGT, LOSS, LSE, CNT, DX, V, x_sr, x_sv, dx_sr, t_s, ignore_
         x_t = tl.load(xrow + tl.where(valid, t, 0) * x_sv).to(tl.float32)
         scale = 1.0
         if MEAN:
-            scale = 1.0 / tl.load(CNT)
+            scale = 1.0 / tl.load(CNT).to(tl.float32)
         if SINGLE:
             mask = offs < V
             x = tl.load(xrow + offs * x_sv, mask=mask, other=-float("inf")).to(tl.float32)
@@ -167,7 +168,7 @@ def ce_reduce_kernel(LOSS, TGT, OUT, CNT, N, t_s, ignore_index,
         c = tl.sum(cnt, 0)
         tl.store(CNT, c)
     else:
-        c = tl.load(CNT)
+        c = tl.load(CNT).to(tl.float32)
     if MEAN:
         total = total / c
     tl.store(OUT, total.to(OUT.dtype.element_ty))
@@ -207,7 +208,7 @@ def ce_bwd_kernel(X, TGT, LSE, G, CNT, DX, V, x_sr, x_sv, t_s, g_s, ignore_index
         else:
             s = tl.load(G).to(tl.float32)
             if MODE == 2:
-                s = s / tl.load(CNT)
+                s = s / tl.load(CNT).to(tl.float32)
         lse = tl.load(LSE + row)
         x = tl.load(X + row * x_sr + cols * x_sv, mask=mask, other=0.0).to(tl.float32)
         g = tl.exp(x - lse) - eps / V - tl.where(cols == t, 1.0 - eps, 0.0)
@@ -280,29 +281,31 @@ class _CrossEntropy(torch.autograd.Function):
     pass. Without grad: one read of the logits."""
 
     @staticmethod
-    def forward(ctx, logits, target, ignore_index, eps, reduction, out_dtype):
+    def forward(ctx, logits, target, ignore_index, eps, reduction, out_dtype, divisor):
         N, V = logits.shape
         mode = _REDUCTIONS[reduction]
         fb, fw, single, _, _ = _config(V, logits.dtype)
         dev = logits.device
         need_grad = ctx.needs_input_grad[0]
         eager = need_grad and mode != 0
+        divide = mode == 2 or divisor is not None
         # per-row loss: fp32 workspace for mean/sum, the result itself for none
         rows = empty((N,), out_dtype if mode == 0 else torch.float32, dev)
         lse = empty((N,), torch.float32, dev) if need_grad and not eager else rows
-        cnt = empty((1,), torch.float32, dev)
+        # the divisor: the count of non-ignored targets (mean) or the caller's (sum / divisor)
+        cnt = divisor if divisor is not None else empty((1,), torch.float32, dev)
         if eager and mode == 2:   # the count first: the gradient is written already divided by it
             ce_count_kernel[(1,)](target, cnt, N, target.stride(0), ignore_index, 1024, num_warps=4)
         dx = empty((N, V), logits.dtype, dev) if eager else logits
         ce_fwd_kernel[(N,)](logits, target, rows, lse, cnt, dx, V, logits.stride(0), logits.stride(1), V,
                             target.stride(0), ignore_index, eps, eps > 0.0, need_grad and not eager, eager,
-                            eager and mode == 2, single, fb, num_warps=fw)
+                            eager and divide, single, fb, num_warps=fw)
         if mode == 0:
             out = rows
         else:
             out = empty((), out_dtype, dev)
             ce_reduce_kernel[(1,)](rows, target, out, cnt, N, target.stride(0), ignore_index,
-                                   mode == 2, not eager, 1024, num_warps=4)
+                                   divide, mode == 2 and not eager, 1024, num_warps=4)
         ctx.eager = eager
         if eager:
             ctx.save_for_backward(dx)
@@ -324,7 +327,7 @@ class _CrossEntropy(torch.autograd.Function):
             n = dx.numel()
             if n:
                 ce_scale_kernel[(-(-n // 4096),)](dx, grad, n, 4096, num_warps=8)
-            return dx, None, None, None, None, None
+            return dx, None, None, None, None, None, None
         logits, target, lse, cnt = ctx.saved_tensors
         ignore_index, eps, mode = ctx.args
         N, V = logits.shape
@@ -333,16 +336,31 @@ class _CrossEntropy(torch.autograd.Function):
         g_s = grad.stride(0) if mode == 0 else 0
         ce_bwd_kernel[(N, -(-V // bb))](logits, target, lse, grad, cnt, dx, V, logits.stride(0), logits.stride(1),
                                         target.stride(0), g_s, ignore_index, eps, mode, bb, num_warps=bw)
-        return dx, None, None, None, None, None
+        return dx, None, None, None, None, None, None
+
+
+def _divisor(divisor, reduction, device, name):
+    """`divisor` as a 1-element fp32 tensor on the device (HF's num_items_in_batch), or None."""
+    if divisor is None:
+        return None
+    if reduction != "sum":
+        raise ValueError(f"{name}: divisor= goes with reduction='sum' (loss = sum / divisor), got {reduction!r}")
+    if isinstance(divisor, torch.Tensor):
+        if divisor.numel() != 1:
+            raise ValueError(f"{name}: divisor must have one element, got shape {tuple(divisor.shape)}")
+        return divisor.detach().reshape(1).to(device=device, dtype=torch.float32)
+    return torch.full((1,), float(divisor), dtype=torch.float32, device=device)
 
 
 def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean",
-                  out_dtype=None):
+                  out_dtype=None, divisor=None):
     """torch.nn.functional.cross_entropy(logits, target, ...) for logits [N, V] and class-index targets [N].
 
     Log-sum-exp in fp32 over V (see the module docstring for when d(logits) is written). The loss has
     the logits' dtype (fp32 under autocast, like torch) unless `out_dtype` (e.g. torch.float32) is
-    given. `weight` raises NotImplementedError.
+    given. `weight` raises NotImplementedError. `divisor` (with reduction="sum"; a number or a
+    1-element tensor such as HF's num_items_in_batch) returns sum / divisor with the division folded
+    into the gradient written in forward, so backward has nothing to scale.
     """
     if weight is not None:
         raise NotImplementedError("gems.fused.cross_entropy: class weights (weight=) are not supported; "
@@ -361,12 +379,13 @@ def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoot
     if V == 0:
         raise ValueError("cross_entropy: logits have 0 classes")
     if N == 0:
-        return _empty_result(N, reduction, out_dtype, logits.device) + logits.sum() * 0
-    return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), reduction, out_dtype)
+        return _empty_result(N, reduction, out_dtype, logits.device) + logits.sum() * 0   # sum / divisor = 0
+    d = _divisor(divisor, reduction, logits.device, "cross_entropy")
+    return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), reduction, out_dtype, d)
 
 
 def reference_cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0,
-                            reduction="mean", out_dtype=None):
+                            reduction="mean", out_dtype=None, divisor=None):
     """Plain PyTorch, written out: log_softmax, gather, smoothing, masked reduction."""
     logp = torch.log_softmax(logits.float() if logits.dtype != torch.float64 else logits, dim=-1)
     valid = target != ignore_index
@@ -378,6 +397,8 @@ def reference_cross_entropy(logits, target, *, weight=None, ignore_index=-100, l
         loss = loss.sum()
     elif reduction == "mean":
         loss = loss.sum() / valid.sum()
+    if divisor is not None:
+        loss = loss / divisor
     return loss.to(out_dtype or logits.dtype)
 
 
@@ -390,7 +411,7 @@ def chunk_rows(N: int, H: int, V: int) -> int:
     return max(1, min(N, max(256, min(c, 4096))))
 
 
-def _flce_chunks(hidden, weight, wt, target, bias, rows, cnt, gh, gw, gb, chunk, ignore_index, eps, mode,
+def _flce_chunks(hidden, weight, wt, target, bias, rows, cnt, gh, gw, gb, chunk, ignore_index, eps, divide,
                  need, need_h, need_w, need_b, fb, fw, single):
     """The chunk loop of fused_linear_cross_entropy's forward (autocast off)."""
     N, V = hidden.shape[0], weight.shape[0]
@@ -407,7 +428,7 @@ def _flce_chunks(hidden, weight, wt, target, bias, rows, cnt, gh, gw, gb, chunk,
         t = target[c0:c1]
         ce_fwd_kernel[(c1 - c0,)](logits, t, rows[c0:c1], rows, cnt, logits, V, logits.stride(0), logits.stride(1),
                                   logits.stride(0), t.stride(0), ignore_index, eps, eps > 0.0, False, need,
-                                  mode == 2, single, fb, num_warps=fw)
+                                  divide, single, fb, num_warps=fw)
         if need_h:   # d(hidden_c) = d(logits_c) @ W: [C, V] x [V, H]
             torch.mm(logits, weight, out=gh[c0:c1])
         if need_w:   # dW += d(logits_c)^T @ hidden_c: [V, C] x [C, H]
@@ -418,7 +439,7 @@ def _flce_chunks(hidden, weight, wt, target, bias, rows, cnt, gh, gw, gb, chunk,
 
 class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, ignore_index, eps, reduction, chunk, out_dtype):
+    def forward(ctx, hidden, weight, target, bias, ignore_index, eps, reduction, chunk, out_dtype, divisor):
         N, H = hidden.shape
         V = weight.shape[0]
         dev = hidden.device
@@ -427,17 +448,21 @@ class _FusedLinearCE(torch.autograd.Function):
         mode = _REDUCTIONS[reduction]
         fb, fw, single, _, _ = _config(V, hidden.dtype)
         rows = empty((N,), torch.float32, dev)
-        cnt = empty((1,), torch.float32, dev)
-        ce_count_kernel[(1,)](target, cnt, N, target.stride(0), ignore_index, 1024, num_warps=4)
+        divide = mode == 2 or divisor is not None
+        if divisor is not None:   # sum / divisor (HF's num_items_in_batch), folded into the gradients
+            cnt = divisor
+        else:
+            cnt = empty((1,), torch.float32, dev)
+            ce_count_kernel[(1,)](target, cnt, N, target.stride(0), ignore_index, 1024, num_warps=4)
         gh = empty((N, H), hidden.dtype, dev) if need_h else None
         gw = zeros((V, H), weight.dtype, dev) if need_w else None
         gb = zeros((V,), torch.float32, dev) if need_b else None
         wt = weight.t()
         with torch.autocast(dev.type, enabled=False):
-            _flce_chunks(hidden, weight, wt, target, bias, rows, cnt, gh, gw, gb, chunk, ignore_index, eps, mode,
-                         need, need_h, need_w, need_b, fb, fw, single)
+            _flce_chunks(hidden, weight, wt, target, bias, rows, cnt, gh, gw, gb, chunk, ignore_index, eps,
+                         divide, need, need_h, need_w, need_b, fb, fw, single)
         out = empty((), out_dtype, dev)
-        ce_reduce_kernel[(1,)](rows, target, out, cnt, N, target.stride(0), ignore_index, mode == 2, False, 1024,
+        ce_reduce_kernel[(1,)](rows, target, out, cnt, N, target.stride(0), ignore_index, divide, False, 1024,
                                num_warps=4)
         if need:
             ctx.save_for_backward(gh, gw, gb.to(bias.dtype) if gb is not None else None)
@@ -457,16 +482,18 @@ class _FusedLinearCE(torch.autograd.Function):
         for t in (gh, gw, gb):
             if t is not None and t.numel():
                 ce_scale_kernel[(-(-t.numel() // 4096),)](t, grad, t.numel(), 4096, num_warps=8)
-        return gh, gw, None, gb, None, None, None, None, None
+        return gh, gw, None, gb, None, None, None, None, None, None
 
 
 def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100, label_smoothing=0.0,
-                               reduction="mean", chunk_size=None, out_dtype=None):
+                               reduction="mean", chunk_size=None, out_dtype=None, divisor=None):
     """cross_entropy(hidden @ weight.T + bias, target) without the [N, V] logits in memory.
 
     hidden [N, H], weight [V, H] (nn.Linear's), bias [V] or None, target [N]. Chunks of
     `chunk_size` rows (default `chunk_rows(N, H, V)`); gradients computed in forward (see the module
     docstring for the memory contract). reduction "mean" or "sum"; "none" raises NotImplementedError.
+    `divisor` (with "sum", e.g. HF's num_items_in_batch): sum / divisor, folded into the gradients.
+    The loss has hidden's dtype (fp32 under autocast) unless `out_dtype` is given.
     """
     for name, t in (("hidden", hidden), ("weight", weight)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
@@ -505,16 +532,20 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_inde
     chunk = chunk_rows(N, H, V) if chunk_size is None else int(chunk_size)
     if chunk < 1:
         raise ValueError(f"fused_linear_cross_entropy: chunk_size must be >= 1, got {chunk_size}")
+    d = _divisor(divisor, reduction, hidden.device, "fused_linear_cross_entropy")
     return _FusedLinearCE.apply(hidden, weight, target, bias, ignore_index, float(label_smoothing), reduction,
-                                chunk, out_dtype)
+                                chunk, out_dtype, d)
 
 
 def reference_fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100,
-                                         label_smoothing=0.0, reduction="mean", chunk_size=None, out_dtype=None):
+                                         label_smoothing=0.0, reduction="mean", chunk_size=None, out_dtype=None,
+                                         divisor=None):
     """Plain PyTorch: the full logits, then the cross-entropy."""
     logits = hidden @ weight.t()
     if bias is not None:
         logits = logits + bias
-    return torch.nn.functional.cross_entropy(logits, target, ignore_index=ignore_index,
-                                             label_smoothing=label_smoothing, reduction=reduction).to(
-                                                 out_dtype or hidden.dtype)
+    loss = torch.nn.functional.cross_entropy(logits, target, ignore_index=ignore_index,
+                                             label_smoothing=label_smoothing, reduction=reduction)
+    if divisor is not None:
+        loss = loss / divisor
+    return loss.to(out_dtype or hidden.dtype)

@@ -296,3 +296,26 @@ def test_autocast_result_dtype_and_grads():
     torch.testing.assert_close(gh, rh, rtol=1e-2, atol=2e-3)
     torch.testing.assert_close(gw, rw, rtol=1e-2, atol=2e-3)
     torch.testing.assert_close(ce, F.cross_entropy(logits.float(), t), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fused_linear", [False, True])
+def test_divisor_like_hf_num_items_in_batch(fused_linear):
+    # HF's ForCausalLMLoss with num_items_in_batch: sum / num_items; the division is folded into the
+    # gradient written in forward (backward gets grad_output == 1 and has nothing to scale)
+    N, H, V = 11, 8, 90
+    h, w = make((N, H), low=-1, high=1, requires_grad=True), make((V, H), low=-1, high=1, requires_grad=True)
+    t = _target(N, V, ignored=(2, 3))
+    num = torch.tensor(7, device=DEVICE)
+    if fused_linear:
+        out = fused_linear_cross_entropy(h, w, t, reduction="sum", divisor=num, chunk_size=4)
+    else:
+        out = cross_entropy(h @ w.t(), t, reduction="sum", divisor=num)
+    ref = F.cross_entropy(h @ w.t(), t, reduction="sum") / num
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    got = torch.autograd.grad(out * 0.5, (h, w))
+    want = torch.autograd.grad(ref * 0.5, (h, w))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="divisor"):
+        cross_entropy(h.detach() @ w.detach().t(), t, divisor=3.0)     # only with reduction="sum"
+    out = cross_entropy(h.detach() @ w.detach().t(), t, reduction="sum", divisor=2.5)    # no grad, a float
+    torch.testing.assert_close(out, F.cross_entropy(h @ w.t(), t, reduction="sum") / 2.5, rtol=1e-5, atol=1e-5)
