@@ -202,7 +202,7 @@ def main(argv=None):
             inputs = _inputs(op, shape, dtype, args.device, grad)
             grads = ([torch.randn(shape, device=args.device, dtype=dtype) for _ in range(2)] if grad else None)
             row = dict(case=name, op=op, shape=list(shape), dtype=str(dtype).replace("torch.", ""), mode=mode)
-            outs = {}
+            outs, grad_res = {}, {}
             for impl in ("aten", "gems", "liger"):
                 fn = impls[impl].get(op)
                 if fn is None:
@@ -211,6 +211,9 @@ def main(argv=None):
                 try:
                     with torch.no_grad() if not grad else torch.enable_grad():
                         outs[impl] = fn(*inputs)
+                        if grad and impl != "liger":    # Liger's rms_norm writes dx into dy: left out
+                            o = outs[impl] if isinstance(outs[impl], tuple) else (outs[impl],)
+                            grad_res[impl] = torch.autograd.grad(o, inputs, grads[:len(o)])
                         row[f"{impl}_ms"] = _time(_step(fn, inputs, grads), args.device, args.quick or smoke)
                 except Exception as e:  # noqa: BLE001 - a failing column is reported, not fatal
                     if impl == "gems":
@@ -223,18 +226,20 @@ def main(argv=None):
             nbytes = (p_fwd if mode == "fwd" else p_bwd) * shape[0] * shape[1] * esize
             row["gems_gbps"] = nbytes / (g * 1e-3) / 1e9 if g else None
             row["err_vs_aten"] = _err(outs["gems"], outs["aten"])
+            if grad:   # worst gradient (over the inputs) relative to ATen's
+                row["grad_err_vs_aten"] = max(_err(g, a) for g, a in zip(grad_res["gems"], grad_res["aten"]))
             rows.append(row)
-            del inputs, grads, outs
+            del inputs, grads, outs, grad_res
 
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
-    hdr = f"{'case':34} {'mode':8} {'ATen ms':>9} {'Gems ms':>9} {'Liger ms':>9} {'G/ATen':>7} {'G/Liger':>7} {'GB/s':>7} {'err':>8}"
+    hdr = f"{'case':34} {'mode':8} {'ATen ms':>9} {'Gems ms':>9} {'Liger ms':>9} {'G/ATen':>7} {'G/Liger':>7} {'GB/s':>7} {'err':>8} {'grad err':>8}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r['case']:34} {r['mode']:8} {f(r['aten_ms'], '9.4f')} {f(r['gems_ms'], '9.4f')} "
               f"{f(r.get('liger_ms'), '9.4f')} {f(r['gems_vs_aten'], '7.2f')} {f(r['gems_vs_liger'], '7.2f')} "
-              f"{f(r['gems_gbps'], '7.0f')} {f(r['err_vs_aten'], '8.1e')}")
+              f"{f(r['gems_gbps'], '7.0f')} {f(r['err_vs_aten'], '8.1e')} {f(r.get('grad_err_vs_aten'), '8.1e')}")
     for r in rows:
         for impl in ("aten", "liger"):
             if f"{impl}_error" in r:
