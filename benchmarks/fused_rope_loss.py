@@ -40,7 +40,8 @@ def _liger():
         except Exception:     # older layouts: the autograd Function directly
             from liger_kernel.ops.rope import LigerRopeFunction
             liger_rotary_pos_emb = LigerRopeFunction.apply
-        return dict(rope=liger_rotary_pos_emb, ce=LigerCrossEntropyFunction, flce=LigerFusedLinearCrossEntropyFunction), None
+        return (dict(rope=liger_rotary_pos_emb, ce=LigerCrossEntropyFunction,
+                     flce=LigerFusedLinearCrossEntropyFunction), None)
     except Exception as e:  # noqa: BLE001 - report whatever stops it
         return None, f"{type(e).__name__}: {e}"
 

@@ -8,37 +8,38 @@ contribute nothing, `label_smoothing` eps mixes in the uniform distribution
     loss_i = (1 - eps) * (lse_i - x_i[t_i]) + eps * (lse_i - mean_j x_ij),   lse_i = log sum_j exp(x_ij)
 and `reduction` is "mean" (sum over rows / number of non-ignored rows; all ignored gives nan, like
 torch), "sum" or "none" (one value per row, 0 for ignored rows). `divisor=` with "sum" gives
-sum / divisor (Hugging Face's `num_items_in_batch`), folded into the gradient written in forward. Class weights (`weight=`) are not
-supported: NotImplementedError (use torch's). A target outside [0, V) that is not `ignore_index`
-gives a nan loss (and nan gradient row) instead of torch's error or device assert.
+sum / divisor (Hugging Face's `num_items_in_batch`), folded into the gradient written in forward.
+Class weights (`weight=`) are not supported: NotImplementedError (use torch's). A target outside
+[0, V) that is not `ignore_index` gives a nan loss (and a nan gradient row) instead of torch's error
+or device assert.
 
-Dtypes: logits fp32/fp16/bf16; all arithmetic in fp32 (online logsumexp over V in blocks, so any V
-works). The loss has the logits' dtype like torch's (`out_dtype=torch.float32` returns the fp32 value
-computed internally, as Hugging Face's loss gets by upcasting the logits, without the fp32 copy).
-The gradient has the logits' (hidden's / weight's) dtype.
+Dtypes: logits fp32/fp16/bf16; all arithmetic in fp32 (log-sum-exp over V in blocks, so any V
+works). The loss has the logits' dtype like torch's, fp32 under autocast like torch's;
+`out_dtype=torch.float32` returns the fp32 value computed internally (what Hugging Face gets by
+upcasting the logits, without the fp32 copy). Gradients have the inputs' dtypes.
 
 Memory contracts:
 - `cross_entropy`, reduction "mean"/"sum" with grad: the forward writes d(logits) for
-  grad_output = 1 into a new [N, V] tensor (logits dtype; mean: already divided by the count) and
-  keeps no reference to the logits; a row of up to 32768 16-bit (16384 fp32) elements is read once
-  and kept in registers, longer rows are streamed twice. Backward returns that tensor, scaled in place
-  only when grad_output != 1 (decided on the device: no host sync; one extra read+write then); it may
-  run once (a second backward through the same graph raises). Traffic: 2 x N x V for
-  loss.backward(), like the unfused lower bound of one read and one write.
+  grad_output = 1 into a new [N, V] tensor (logits dtype; already divided by the count or divisor)
+  and keeps no reference to the logits; a row of up to 32768 16-bit (16384 fp32) elements is read
+  once and kept in registers, longer rows are streamed twice. Backward returns that tensor, scaled in
+  place only when grad_output != 1 (decided on the device: no host sync; one extra read+write then);
+  it may run once (a second backward through the same graph raises). Traffic for loss.backward():
+  one read and one write of N x V, the lower bound.
   reduction "none" with grad: the forward keeps the logits (by reference) and an fp32 log-sum-exp per
   row; backward reads them once and writes d(logits) scaled per row (3 x N x V in all).
   Without grad: one read of the logits. The caller's logits are never written.
 - `fused_linear_cross_entropy`: the gradients are computed in the forward, chunk by chunk over
-  tokens (`chunk_rows(N, H, V)` rows at a time, or `chunk_size`; one [C, V] buffer reused): logits_c = hidden_c @ weight.T
-  (+ bias) through torch.matmul (Gems' mm under gems.enable()), loss and d(logits_c) in one Triton
-  kernel written over logits_c in place, then grad_hidden_c = d(logits_c) @ weight and
-  grad_weight += d(logits_c).T @ hidden_c (addmm_ into a buffer of the weight's dtype: cuBLAS
-  accumulates each chunk in fp32 and rounds once per chunk), grad_bias += column sums (fp32). Peak
-  extra memory: one chunk of logits [C, V] plus grad_hidden [N, H] and grad_weight [V, H]. Backward
-  only scales the stored gradients by the incoming scalar gradient, in place and only when it is not 1
-  (decided on the device, no host sync): it may run once (a second backward through the same graph
-  raises). reduction="none" raises NotImplementedError
-  (per-row output gradients would need the logits recomputed in backward).
+  tokens (`chunk_rows(N, H, V)` rows at a time, or `chunk_size`; one [C, V] buffer reused):
+  logits_c = hidden_c @ weight.T (+ bias) through torch.mm/addmm (Gems' mm under gems.enable()),
+  loss and d(logits_c) in one Triton kernel written over logits_c in place, then
+  grad_hidden_c = d(logits_c) @ weight and grad_weight += d(logits_c).T @ hidden_c (addmm_ into a
+  buffer of the weight's dtype: cuBLAS accumulates each chunk in fp32 and rounds once per chunk),
+  grad_bias += column sums (fp32). Peak extra memory: one chunk of logits [C, V] plus grad_hidden
+  [N, H] and grad_weight [V, H]. Backward only scales the stored gradients by the incoming scalar
+  gradient, in place and only when it is not 1 (decided on the device, no host sync): it may run
+  once (a second backward through the same graph raises). reduction="none" raises
+  NotImplementedError (per-row output gradients would need the logits recomputed in backward).
 """
 from __future__ import annotations
 
@@ -443,7 +444,8 @@ class _FusedLinearCE(torch.autograd.Function):
         N, H = hidden.shape
         V = weight.shape[0]
         dev = hidden.device
-        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[3]
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_b = bias is not None and ctx.needs_input_grad[3]
         need = need_h or need_w or need_b
         mode = _REDUCTIONS[reduction]
         fb, fw, single, _, _ = _config(V, hidden.dtype)
