@@ -341,6 +341,7 @@ class _Patcher:
     def __init__(self, model, opts: dict, report: PatchReport):
         self.model, self.opts, self.r = model, opts, report
         self.done: set = set()     # ids of modules already handled
+        self.skipped: list = []    # modules left alone (their own forward or hook)
 
     # undo records: ("module", parent, name, original) | ("attr", obj, name, had, old)
     def set_module(self, parent, name, new, old):
@@ -352,8 +353,20 @@ class _Patcher:
         self.r._undo.append(("attr", obj, name, had, obj.__dict__.get(name)))
         object.__setattr__(obj, name, value)
 
-    def set_forward(self, mod, fn):
+    def set_forward(self, mod, fn, name: str) -> bool:
+        """Set `fn` as the instance's forward, unless it already has one of its own (False)."""
+        if self.foreign(mod, name):
+            return False
         self.set_attr(mod, "forward", types.MethodType(fn, mod))
+        return True
+
+    def foreign(self, mod, name: str) -> bool:
+        """A module with its own instance forward or an accelerate hook (device_map, offloading) is left
+        as is: replacing it would drop that wrapper."""
+        if "forward" in mod.__dict__ or "_hf_hook" in mod.__dict__:
+            self.skipped.append(name or "<model>")
+            return True
+        return False
 
     def _cls(self, modeling, name):
         return getattr(modeling, name, None)
@@ -370,8 +383,8 @@ class _Patcher:
                 continue
             if o["rms_norm"] and layer_cls is not None and type(mod) is layer_cls:
                 if _signature(layer_cls.forward) == _DECODER_LAYER_PARAMS:
-                    self.set_forward(mod, _decoder_layer_forward)
-                    self.r.add("add_rms_norm", name)
+                    if self.set_forward(mod, _decoder_layer_forward, name):
+                        self.r.add("add_rms_norm", name)
                     self.done.add(id(mod))
                 else:
                     self.r.notes.append(f"{name}: {layer_cls.__name__}.forward differs from transformers 5.17's; "
@@ -381,8 +394,7 @@ class _Patcher:
                 if fwd is None:
                     self.r.notes.append(f"{name}: activation {type(getattr(mod, 'act_fn', None)).__name__} has no "
                                         f"fused gated form; MLP left as is")
-                else:
-                    self.set_forward(mod, fwd)
+                elif self.set_forward(mod, fwd, name):
                     self.r.add("silu_and_mul" if fwd is _silu_mlp_forward else "gelu_and_mul", name)
                 self.done.add(id(mod))
             elif o["rope"] and attn_cls is not None and type(mod) is attn_cls:
@@ -390,8 +402,7 @@ class _Patcher:
                 if clone is None:
                     self.r.notes.append(f"{name}: no apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim) in "
                                         f"{attn_cls.__name__}.forward; RoPE left as is")
-                else:
-                    self.set_forward(mod, clone)
+                elif self.set_forward(mod, clone, name):
                     self.r.add("rope", name)
                 self.done.add(id(mod))
         if o["rms_norm"] and norm_cls is not None:
@@ -409,8 +420,8 @@ class _Patcher:
         classes = tuple(c for c in (self._cls(modeling, "BertSelfOutput"), self._cls(modeling, "BertOutput")) if c)
         for name, mod in list(root.named_modules(prefix=prefix)):
             if type(mod) in classes and id(mod) not in self.done and _plain_layer_norm(mod.LayerNorm):
-                self.set_forward(mod, _bert_output_forward)
-                self.r.add("add_layer_norm", name)
+                if self.set_forward(mod, _bert_output_forward, name):
+                    self.r.add("add_layer_norm", name)
                 self.done.add(id(mod))
         self.patch_layer_norms(root, prefix)
 
@@ -422,8 +433,8 @@ class _Patcher:
             if layer_cls is not None and type(mod) is layer_cls and id(mod) not in self.done:
                 if _signature(layer_cls.forward) == ("self", "hidden_states", "attention_mask", "kwargs") \
                         and _plain_layer_norm(mod.layer_norm2):
-                    self.set_forward(mod, _clip_layer_forward)
-                    self.r.add("add_layer_norm", name)
+                    if self.set_forward(mod, _clip_layer_forward, name):
+                        self.r.add("add_layer_norm", name)
                 self.done.add(id(mod))
         self.patch_layer_norms(root, prefix)
 
@@ -432,11 +443,15 @@ class _Patcher:
             for cname, child in list(parent._modules.items()):
                 if child is None or id(child) in self.done or not match(child):
                     continue
+                qual = f"{pname}.{cname}" if pname else cname
+                if self.foreign(child, qual):
+                    self.done.add(id(child))
+                    continue
                 new = make(child)
                 self.set_module(parent, cname, new, child)
                 self.done.add(id(child))
                 self.done.add(id(new))
-                self.r.add(op, f"{pname}.{cname}" if pname else cname)
+                self.r.add(op, qual)
 
     def patch_causal_lm_loss(self, mt: str, out_cls_name: str):
         m, o = self.model, self.opts
@@ -454,8 +469,8 @@ class _Patcher:
             self.r.add("cross_entropy", "")
         if o["fused_linear_cross_entropy"]:
             out_cls = getattr(sys.modules[type(m).__module__], out_cls_name)
-            self.set_forward(m, _causal_lm_forward(type(m).forward, out_cls))
-            self.r.add("fused_linear_cross_entropy", "")
+            if self.set_forward(m, _causal_lm_forward(type(m).forward, out_cls), ""):
+                self.r.add("fused_linear_cross_entropy", "")
 
 
 _DECODER_LAYER_PARAMS = ("self", "hidden_states", "attention_mask", "position_ids", "past_key_values",
@@ -562,8 +577,8 @@ def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
             p.patch_bert(model, "")
             if masked and opts["cross_entropy"]:
                 from transformers.modeling_outputs import MaskedLMOutput
-                p.set_forward(model, _masked_lm_forward(type(model).forward, MaskedLMOutput))
-                report.add("cross_entropy", "")
+                if p.set_forward(model, _masked_lm_forward(type(model).forward, MaskedLMOutput), ""):
+                    report.add("cross_entropy", "")
         elif mt in _TOP:
             text_mt = getattr(getattr(model.config, "text_config", None), "model_type", None)
             vis_mt = getattr(getattr(model.config, "vision_config", None), "model_type", None)
@@ -590,6 +605,9 @@ def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
     except BaseException:
         _undo(report)
         raise
+    if p.skipped:
+        report.notes.append(f"{len(p.skipped)} module(s) with their own forward or an accelerate hook left as is "
+                            f"(first: {p.skipped[0]})")
     object.__setattr__(model, _ATTR, report)
     return report
 

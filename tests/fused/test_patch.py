@@ -9,6 +9,7 @@ import collections
 import contextlib
 import copy
 import importlib
+import inspect
 import sys
 
 import pytest
@@ -229,6 +230,7 @@ def test_generate_patched(name, standins):
     with gems.patched(model) as report:
         assert report.counts()["rope"] == 2
         got = model.generate(**inf, **kw)
+        assert "logits_to_keep" in inspect.signature(model.forward).parameters   # generate reads it
     assert standins["rope"] >= 2 * 4 and standins["add_rms_norm"] >= 2 * 4   # every decode step
     assert torch.equal(got, ref)
 
@@ -308,6 +310,22 @@ def test_clip_vision_tower_alone(standins):
     torch.testing.assert_close(got.last_hidden_state, ref.last_hidden_state)
     torch.testing.assert_close(got.pooler_output, ref.pooler_output)
     assert standins["add_layer_norm"] == 2 and standins["layer_norm"] == 4
+
+
+def test_modules_with_their_own_forward_are_left_alone(standins):
+    """A module another library wrapped (an instance forward, or accelerate's _hf_hook) keeps its wrapper."""
+    model, inf, tr = _build("llama2")
+    layer0, norm = model.model.layers[0], model.model.norm
+    wrapper = layer0.forward          # a bound method of the class: stands for a hook's wrapper
+    layer0.forward = wrapper
+    norm._hf_hook = object()
+    ref = _run(model, inf, tr)
+    with gems.patched(model) as r:
+        assert r.replaced["add_rms_norm"] == ["model.layers.1"] and "model.norm" not in r.replaced["rms_norm"]
+        assert "2 module(s) with their own forward" in r.notes[0]
+        assert layer0.forward is wrapper and model.model.norm is norm
+        _assert_same(_run(model, inf, tr), ref)
+    assert layer0.__dict__["forward"] is wrapper
 
 
 def test_gradient_checkpointing(standins):
