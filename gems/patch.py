@@ -27,17 +27,24 @@ llava                  the language model as its own type (above), the CLIP visi
 clip_vision_model      as Llava's vision tower
 causal LMs             with labels in training mode: the loss from the last hidden state with
                        ``fused_linear_cross_entropy``, **logits are not computed (``logits=None``)**;
-                       otherwise (eval, or ``fused_linear_cross_entropy=False``) the loss of the
-                       computed logits with ``cross_entropy``. Labels are shifted, ``ignore_index``,
-                       ``shift_labels`` and ``num_items_in_batch`` handled like transformers'
-                       ``ForCausalLMLoss``.
+                       otherwise (eval, or ``fused_linear_cross_entropy=False``) the logits are
+                       computed and, with ``cross_entropy=True``, their loss by ``cross_entropy``.
+                       Labels are shifted, ``ignore_index``, ``shift_labels`` and
+                       ``num_items_in_batch`` handled like transformers' ``ForCausalLMLoss``.
 =====================  ============================================================================
+
+Not fused: the MLP's residual add with the next layer's input norm (a decoder layer must return the
+summed hidden state: ``output_hidden_states`` records it); CLIP's quick_gelu MLP and Llava's projector
+(not gated). A model of remote-code type 'aquila' is refused: build it as ``LlamaForCausalLM`` (its
+architecture), as ``models/`` does.
 
 Everything is per model instance: replaced submodules keep their names and Parameter objects (so
 ``state_dict()`` keys, tied weights and optimizer state are unchanged), forwards are set on the instances,
 and no module global of transformers is modified (RoPE: the attention forward runs as a copy of the same
 function whose globals map ``apply_rotary_pos_emb`` to Gems'; a later change to that module global is not
-seen by patched models). ``unpatch`` puts the original objects back.
+seen by patched models). ``unpatch`` puts the original objects back. A module that already has an
+instance forward or an accelerate hook (``device_map``, offloading) is left as is and counted in the
+report's notes.
 
 Patching a patched model with the same options is a no-op returning the existing report; with other
 options it raises (``unpatch`` first). ``patched()`` unpatches on exit only what it patched itself.
