@@ -485,14 +485,28 @@ def _unregister_if_idle():
             _lib = None
 
 
-def _config(include, exclude) -> frozenset:
-    key = (_names_key(include), _names_key(exclude))
+def _opt_in_env() -> tuple:
+    return tuple(g.strip() for g in os.environ.get("GEMS_OPT_IN", "").split(",") if g.strip())
+
+
+def _config(include, exclude, opt_in=None) -> frozenset:
+    if opt_in is None:
+        opt_in = _opt_in_env()
+    key = (_names_key(include), _names_key(exclude), _names_key(opt_in))
     cfg = _cfg_cache.get(key)
     if cfg is None:
         _backends.check_environment()
         be = backend().name
-        ops = registry.resolve(include, be, "raise") if include is not None else \
-            {i.name for i in registry.all_impls(be)}
+        groups = (opt_in,) if isinstance(opt_in, str) else tuple(opt_in)
+        unknown = set(groups) - registry.opt_in_groups()
+        if unknown:
+            raise ValueError(f"unknown opt-in group(s) {sorted(unknown)}; Gems has: "
+                             f"{sorted(registry.opt_in_groups()) or 'none'}")
+        if include is not None:
+            ops = registry.resolve(include, be, "raise")
+        else:
+            ops = {i.name for i in registry.all_impls(be) if not i.opt_in or i.opt_in in groups}
+        ops |= registry.resolve(groups, be) if groups else set()
         cfg = frozenset(ops - registry.resolve(exclude, be, "warn"))
         _cfg_cache[key] = cfg
     return cfg
@@ -504,14 +518,17 @@ def _names_key(names):
     return (names,) if isinstance(names, str) else tuple(names)
 
 
-def enable(include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None):
+def enable(include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None, *,
+           opt_in: Optional[Iterable[str]] = None):
     """Serve every registered ATen overload (or the `include`d ones, minus `exclude`) with Gems.
 
-    Process-wide; a thread inside `use_gems()` follows its scope instead.
+    Opt-in groups (`opt_in=("attention",)`, default `$GEMS_OPT_IN`) add overloads that are left out
+    by default because they are not yet faster than ATen. Process-wide; a thread inside `use_gems()`
+    follows its scope instead.
     """
     global _global_cfg
     _backends.check_environment()
-    cfg = _config(include, exclude)
+    cfg = _config(include, exclude, opt_in)
     _ensure_registered()
     _global_cfg = cfg
     if _fast is not None:
@@ -545,8 +562,9 @@ class use_gems:
 
     __slots__ = ("cfg", "_prev")
 
-    def __init__(self, include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None):
-        self.cfg = _config(include, exclude)
+    def __init__(self, include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None, *,
+                 opt_in: Optional[Iterable[str]] = None):
+        self.cfg = _config(include, exclude, opt_in)
         self._prev = []
 
     def __enter__(self):

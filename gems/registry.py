@@ -61,6 +61,9 @@ class OpImpl:
     plan: bool = True
     dynamic: frozenset = frozenset()
     plan_key: Optional[Callable] = None   # global state the implementation reads (matmul precision)
+    # "" or an opt-in group ("attention"): served only when the group is asked for (enable(opt_in=...),
+    # GEMS_OPT_IN, or naming the overload in include=), because it is not yet faster than ATen
+    opt_in: str = ""
     plans: object = None           # its runtime.plan.PlanCache once registered with the dispatcher
     fast: object = None            # its C++ fast-path op (runtime/fast.py) once registered there
     # [served, fell back]; a plain list keeps the hot-path increment cheap.
@@ -117,7 +120,8 @@ def canonical(name: str) -> str:
 
 def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bool = False,
              check: Optional[Callable] = None, backends: Iterable[str] = ("cuda", "interpreter"),
-             plan: bool = True, dynamic: Iterable[str] = (), plan_key: Optional[Callable] = None):
+             plan: bool = True, dynamic: Iterable[str] = (), plan_key: Optional[Callable] = None,
+             opt_in: str = ""):
     """Declare that the decorated function implements the ATen overloads `names`.
 
     Names are ATen overload names as `torch.ops.aten.<base>.<overload>` spells them; a name without
@@ -128,6 +132,9 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
     opts out (kernels seeded per call), `dynamic` names arguments whose Python numbers are passed to
     the kernel per call (the op reports where with `runtime.plan.dynamic`); `plan_key()` returns
     process state the implementation reads besides its arguments (it becomes part of the signature).
+    `opt_in="group"` leaves the overloads out of the default selection of `enable()`/`use_gems()`
+    (served only with `opt_in=("group",)`, `GEMS_OPT_IN=group` or an explicit `include=`): for
+    implementations that are correct but not yet faster than ATen on the models.
     """
     if category not in CATEGORIES:
         raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")
@@ -140,7 +147,8 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
                 if name in _IMPLS:
                     raise ValueError(f"{name} is registered twice ({_IMPLS[name].fn.__module__} and {fn.__module__})")
                 _IMPLS[name] = OpImpl(name, fn, category, tuple(dtypes), backward, check, tuple(backends),
-                                      (fn.__doc__ or "").strip().split("\n")[0], plan, frozenset(dynamic), plan_key)
+                                      (fn.__doc__ or "").strip().split("\n")[0], plan, frozenset(dynamic), plan_key,
+                                      opt_in=opt_in)
         return fn
 
     return deco
@@ -204,8 +212,12 @@ def resolve(names: Optional[Iterable[str]], backend: Optional[str] = None, unkno
     if isinstance(names, str):
         names = [names]
     impls = all_impls(backend)
+    groups = opt_in_groups()
     out = set()
     for n in names:
+        if n in groups:   # an opt-in group ("attention") names its overloads
+            out.update(i.name for i in impls if i.opt_in == n)
+            continue
         if "." in n:
             _aten_overload(n)
             found = {i.name for i in impls if i.name == n}
@@ -226,6 +238,11 @@ def resolve(names: Optional[Iterable[str]], backend: Optional[str] = None, unkno
 
 
 _WARNED_NAMES: set = set()
+
+
+def opt_in_groups() -> set[str]:
+    """Names of the opt-in groups (`register(..., opt_in=...)`)."""
+    return {i.opt_in for i in _IMPLS.values() if i.opt_in}
 
 
 def _not_implemented(n: str, impls, backend) -> str:

@@ -8,7 +8,7 @@ import torch
 
 import gems
 from gems import registry
-from harness import DEVICE, make
+from harness import DEVICE, assert_close, make, to_ref
 
 SOFTMAX = "_softmax.default"
 
@@ -284,3 +284,28 @@ def test_lone_python_number_reaches_aten_as_tensor():
     call = _boxed_with_numbers("_to_copy.default", torch.library.get_kernel("aten::_to_copy", key).call_boxed)
     got = call(torch._C.DispatchKeySet(key), 2.5, dtype=torch.float16)
     assert got.dtype == torch.float16 and got.item() == 2.5
+
+
+def test_opt_in_groups_are_left_out_by_default(monkeypatch):
+    # an implementation marked opt_in="group" (correct, not yet faster than ATen) is served only when
+    # its group is asked for: enable(opt_in=...), GEMS_OPT_IN, or naming it in include=
+    from gems import dispatch
+    impl = registry.get("add.Tensor")
+    monkeypatch.setattr(impl, "opt_in", "testgroup")
+    monkeypatch.setattr(dispatch, "_cfg_cache", {})
+    monkeypatch.delenv("GEMS_OPT_IN", raising=False)
+    assert "add.Tensor" not in dispatch._config(None, None)
+    assert "mul.Tensor" in dispatch._config(None, None)
+    assert "add.Tensor" in dispatch._config(None, None, ("testgroup",))
+    assert dispatch._config(["testgroup"], None) >= {"add.Tensor"}
+    assert "add.Tensor" in dispatch._config(["add"], None)
+    monkeypatch.setenv("GEMS_OPT_IN", "testgroup")
+    assert "add.Tensor" in dispatch._config(None, None)
+    with pytest.raises(ValueError, match="unknown opt-in group"):
+        dispatch._config(None, None, ("nosuchgroup",))
+    x = make((3,))
+    with gems.use_gems(opt_in=()):      # explicit: no groups, whatever the environment says
+        before = gems.stats().get("add.Tensor", {}).get("served", 0)
+        y = x + x
+    assert gems.stats().get("add.Tensor", {}).get("served", 0) == before
+    assert_close(y, to_ref(x) * 2, torch.float32)
