@@ -180,14 +180,15 @@ def _strides4(t):
     return tuple(t.stride(i) if t.shape[i] > 1 else 0 for i in range(4))
 
 
-def _splits(progs, Sk, sk_eff, BN, interp, device):
-    """(number of KV splits, keys per split): split-KV when one program per query block leaves SMs
-    idle and the keys are long (decode); each split keeps >= 256 keys on the GPU."""
+def _splits(progs, Sk, sk_eff, BN, interp, device, decode):
+    """(number of KV splits, keys per split): split-KV for decode-like calls (<= 16 queries) when one
+    program per query block leaves SMs idle and the keys are long; each split keeps >= 256 keys on
+    the GPU. (Prefill never splits: its fp32 partials would cost more than the idle SMs.)"""
     sms = _sm_count(device.type, device.index)
     min_chunk = 2 * BN if interp else 256
-    if progs >= sms or sk_eff < 2 * min_chunk:
+    if not decode or progs >= sms or sk_eff < 2 * min_chunk:
         return 1, Sk
-    ns = min(cdiv(2 * sms, progs), sk_eff // min_chunk)
+    ns = min(cdiv(4 * sms, progs), sk_eff // min_chunk)   # ~4 resident programs per SM
     split_len = cdiv(cdiv(sk_eff, ns), BN) * BN
     ns = cdiv(sk_eff, split_len)
     return (ns, split_len) if ns > 1 else (1, Sk)
@@ -199,7 +200,7 @@ def num_splits(B, Hq, Sq, Sk, D, dtype, causal, device) -> int:
     interp = device.type != "cuda"
     BM, BN, _, _ = _config("decode" if Sq <= 16 else "fwd", BD, dtype == torch.float32, interp)
     nm = cdiv(Sq, BM)
-    return _splits(B * Hq * nm, Sk, min(Sk, nm * BM) if causal else Sk, BN, interp, device)[0]
+    return _splits(B * Hq * nm, Sk, min(Sk, nm * BM) if causal else Sk, BN, interp, device, Sq <= 16)[0]
 
 
 def _forward(q, k, v, bias, causal, scale, o, lse):
@@ -215,7 +216,7 @@ def _forward(q, k, v, bias, causal, scale, o, lse):
     qk_scale = scale * _LOG2E
     bt, bst, has_bias, bias_bool = _bias_args(bias, q, B, Hq, Sq, Sk)
     nm = cdiv(Sq, BM)
-    ns, split_len = _splits(B * Hq * nm, Sk, min(Sk, nm * BM) if causal else Sk, BN, interp, q.device)
+    ns, split_len = _splits(B * Hq * nm, Sk, min(Sk, nm * BM) if causal else Sk, BN, interp, q.device, decode)
     common = (*_strides4(q), *_strides4(k), *_strides4(v), *bst)
     if ns > 1:
         op = empty((ns, B, Hq, Sq, D), torch.float32, q.device)

@@ -55,15 +55,17 @@ def aten_choice(fn):
 
 
 @contextlib.contextmanager
-def served_attention(fn):
-    """Assert Gems served the fused forward ATen picks for fn (skip if ATen takes the math path)."""
+def served_attention(fn, backward=False):
+    """Assert Gems served the fused forward ATen picks for fn, and its backward overload when asked
+    (skip if ATen takes the math path)."""
     name = aten_choice(fn)
     if name is None:
         pytest.skip("ATen runs SDPA's math path for this input here: no fused overload to serve")
-    impl = gems.registry.get(name)
-    before = impl.served
+    names = [name] + ([name + "_backward"] if backward else [])
+    before = {n: gems.registry.get(n).served for n in names}
     yield name
-    assert impl.served > before, f"Gems did not serve aten::{name}: {gems.stats().get(name + '.default')}"
+    for n in names:
+        assert gems.registry.get(n).served > before[n], f"Gems did not serve aten::{n}: {gems.stats().get(n + '.default')}"
 
 
 def qkv(B, Hq, Hk, Sq, Sk, D, dtype, requires_grad=False, low=-2.0, high=2.0):
@@ -116,7 +118,12 @@ if ON_GPU:   # real sizes too: several blocks of the GPU configs
     })
 
 
-def _run(case, D, dtype, grads):
+def _run(case, D, dtype, grads, ctx=contextlib.nullcontext):
+    with ctx():
+        _run_case(case, D, dtype, grads)
+
+
+def _run_case(case, D, dtype, grads):
     B, Hq, Hk, Sq, Sk, causal, mkind, scale = CASES[case]
     q, k, v = qkv(B, Hq, Hk, Sq, Sk, D, dtype, requires_grad=grads)
     mask = make_mask(mkind, B, Hq, Sq, Sk, dtype)
@@ -126,7 +133,7 @@ def _run(case, D, dtype, grads):
         return F.scaled_dot_product_attention(q, k, v, **kw)
 
     g = make((B, Hq, Sq, D), dtype)
-    with served_attention(lambda: sdpa(q, k, v)), gems.use_gems():
+    with served_attention(lambda: sdpa(q, k, v), backward=grads), gems.use_gems():
         out = sdpa(q, k, v)
         got = torch.autograd.grad(out, (q, k, v), g) if grads else ()
     r = [t.detach().cpu().double().requires_grad_(grads) for t in (q, k, v)]
@@ -344,3 +351,24 @@ def test_unsupported_inputs_fall_back():
         y = F.scaled_dot_product_attention(q, q, q)
     assert impl.all_reasons().get("head dim > 256", 0) >= 1
     assert_close(y, ref_attention(*(q.double(),) * 3), torch.float32)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the CUDA overloads have no CPU kernel (their wrappers are checked above)")
+@pytest.mark.parametrize("sdp", ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"])
+@pytest.mark.parametrize("case", ["causal_ragged", "gqa_causal", "bool_pad", "big_causal", "causal_sq<sk"])
+def test_each_cuda_backend(sdp, case):
+    """Each fused CUDA overload, forced with sdpa_kernel: Gems serves it, forward and backward."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = getattr(SDPBackend, sdp)
+
+    def ctx():
+        return sdpa_kernel([backend])
+    B, Hq, Hk, Sq, Sk, causal, mkind, scale = CASES[case]
+    q, k, v = qkv(B, Hq, Hk, Sq, Sk, 128, torch.bfloat16)
+    mask = make_mask(mkind, B, Hq, Sq, Sk, torch.bfloat16)
+    try:
+        with ctx():
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=Hq != Hk)
+    except RuntimeError as e:
+        pytest.skip(f"ATen cannot run {sdp} for {case} here: {str(e).splitlines()[0][:100]}")
+    _run(case, 128, torch.bfloat16, grads=True, ctx=ctx)
