@@ -38,8 +38,10 @@ Memory contracts:
   grad_bias += column sums (fp32). Peak extra memory: one chunk of logits [C, V] plus grad_hidden
   [N, H] and grad_weight [V, H]. Backward only scales the stored gradients by the incoming scalar
   gradient, in place and only when it is not 1 (decided on the device, no host sync): it may run
-  once (a second backward through the same graph raises). reduction="none" raises
-  NotImplementedError (per-row output gradients would need the logits recomputed in backward).
+  once (a second backward through the same graph raises). reduction="none": the per-row output
+  gradients are unknown in forward, so the forward computes losses and log-sum-exps only and keeps
+  hidden/weight (by reference); backward recomputes each chunk's logits (one more GEMM per chunk) and
+  writes d(logits) over them before the two gradient GEMMs. Same peak memory.
 """
 from __future__ import annotations
 
@@ -412,7 +414,17 @@ def chunk_rows(N: int, H: int, V: int) -> int:
     return max(1, min(N, max(256, min(c, 4096))))
 
 
-def _flce_chunks(hidden, weight, wt, target, bias, rows, cnt, gh, gw, gb, chunk, ignore_index, eps, divide,
+def _chunk_logits(buf, h, weight, bias):
+    """h @ weight.T (+ bias) into the first rows of the reused [C, V] buffer."""
+    logits = buf[: h.shape[0]]
+    if bias is not None:
+        torch.addmm(bias, h, weight.t(), out=logits)
+    else:
+        torch.mm(h, weight.t(), out=logits)
+    return logits
+
+
+def _flce_chunks(hidden, weight, target, bias, rows, cnt, gh, gw, gb, chunk, ignore_index, eps, divide,
                  need, need_h, need_w, need_b, fb, fw, single):
     """The chunk loop of fused_linear_cross_entropy's forward (autocast off)."""
     N, V = hidden.shape[0], weight.shape[0]
@@ -421,11 +433,7 @@ def _flce_chunks(hidden, weight, wt, target, bias, rows, cnt, gh, gw, gb, chunk,
     for c0 in range(0, N, chunk):
         c1 = min(N, c0 + chunk)
         h = hidden[c0:c1]
-        logits = buf[: c1 - c0]
-        if bias is not None:
-            torch.addmm(bias, h, wt, out=logits)
-        else:
-            torch.mm(h, wt, out=logits)
+        logits = _chunk_logits(buf, h, weight, bias)
         t = target[c0:c1]
         ce_fwd_kernel[(c1 - c0,)](logits, t, rows[c0:c1], rows, cnt, logits, V, logits.stride(0), logits.stride(1),
                                   logits.stride(0), t.stride(0), ignore_index, eps, eps > 0.0, False, need,
@@ -449,6 +457,10 @@ class _FusedLinearCE(torch.autograd.Function):
         need = need_h or need_w or need_b
         mode = _REDUCTIONS[reduction]
         fb, fw, single, _, _ = _config(V, hidden.dtype)
+        ctx.lazy = mode == 0
+        if mode == 0:
+            return _FusedLinearCE._forward_none(ctx, hidden, weight, target, bias, ignore_index, eps, chunk,
+                                                out_dtype, need, fb, fw, single)
         rows = empty((N,), torch.float32, dev)
         divide = mode == 2 or divisor is not None
         if divisor is not None:   # sum / divisor (HF's num_items_in_batch), folded into the gradients
@@ -459,9 +471,8 @@ class _FusedLinearCE(torch.autograd.Function):
         gh = empty((N, H), hidden.dtype, dev) if need_h else None
         gw = zeros((V, H), weight.dtype, dev) if need_w else None
         gb = zeros((V,), torch.float32, dev) if need_b else None
-        wt = weight.t()
         with torch.autocast(dev.type, enabled=False):
-            _flce_chunks(hidden, weight, wt, target, bias, rows, cnt, gh, gw, gb, chunk, ignore_index, eps,
+            _flce_chunks(hidden, weight, target, bias, rows, cnt, gh, gw, gb, chunk, ignore_index, eps,
                          divide, need, need_h, need_w, need_b, fb, fw, single)
         out = empty((), out_dtype, dev)
         ce_reduce_kernel[(1,)](rows, target, out, cnt, N, target.stride(0), ignore_index, divide, False, 1024,
@@ -472,7 +483,61 @@ class _FusedLinearCE(torch.autograd.Function):
         return out
 
     @staticmethod
+    def _forward_none(ctx, hidden, weight, target, bias, ignore_index, eps, chunk, out_dtype, need, fb, fw, single):
+        """reduction="none": per-row losses and log-sum-exps, chunk by chunk; the inputs are kept (by
+        reference) and backward recomputes each chunk's logits (one more [C, H] x [H, V] GEMM per chunk)
+        because the per-row output gradients are not known before."""
+        N, V, dev = hidden.shape[0], weight.shape[0], hidden.device
+        out = empty((N,), out_dtype, dev)
+        lse = empty((N,), torch.float32, dev) if need else out
+        buf = empty((min(chunk, N), V), hidden.dtype, dev)
+        with torch.autocast(dev.type, enabled=False):
+            for c0 in range(0, N, chunk):
+                c1 = min(N, c0 + chunk)
+                logits = _chunk_logits(buf, hidden[c0:c1], weight, bias)
+                t = target[c0:c1]
+                ce_fwd_kernel[(c1 - c0,)](logits, t, out[c0:c1], lse[c0:c1], lse, logits, V, logits.stride(0),
+                                          logits.stride(1), logits.stride(0), t.stride(0), ignore_index, eps,
+                                          eps > 0.0, need, False, False, single, fb, num_warps=fw)
+        if need:
+            ctx.save_for_backward(hidden, weight, target, bias, lse)
+            ctx.args = (ignore_index, eps, chunk)
+        return out
+
+    @staticmethod
+    def _backward_none(ctx, grad):
+        hidden, weight, target, bias, lse = ctx.saved_tensors
+        ignore_index, eps, chunk = ctx.args
+        (N, H), V, dev = hidden.shape, weight.shape[0], hidden.device
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_b = bias is not None and ctx.needs_input_grad[3]
+        _, _, _, bb, bw = _config(V, hidden.dtype)
+        gh = empty((N, H), hidden.dtype, dev) if need_h else None
+        gw = zeros((V, H), weight.dtype, dev) if need_w else None
+        gb = zeros((V,), torch.float32, dev) if need_b else None
+        buf = empty((min(chunk, N), V), hidden.dtype, dev)
+        with torch.autocast(dev.type, enabled=False):
+            for c0 in range(0, N, chunk):
+                c1 = min(N, c0 + chunk)
+                h = hidden[c0:c1]
+                logits = _chunk_logits(buf, h, weight, bias)
+                t, g = target[c0:c1], grad[c0:c1]
+                # d(logits) = (softmax - smoothing - one-hot) * grad_output[i], over the logits in place
+                ce_bwd_kernel[(c1 - c0, -(-V // bb))](logits, t, lse[c0:c1], g, lse, logits, V, logits.stride(0),
+                                                      logits.stride(1), t.stride(0), g.stride(0), ignore_index,
+                                                      eps, 0, bb, num_warps=bw)
+                if need_h:
+                    torch.mm(logits, weight, out=gh[c0:c1])
+                if need_w:
+                    gw.addmm_(logits.t(), h)
+                if need_b:
+                    gb += logits.sum(0, dtype=torch.float32)
+        return gh, gw, None, gb.to(bias.dtype) if gb is not None else None, None, None, None, None, None, None
+
+    @staticmethod
     def backward(ctx, grad):
+        if ctx.lazy:
+            return _FusedLinearCE._backward_none(ctx, grad)
         if ctx.used:
             raise RuntimeError("fused_linear_cross_entropy: backward through the same graph twice is not supported "
                                "(the gradients computed in forward are scaled in place)")
@@ -493,7 +558,8 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_inde
 
     hidden [N, H], weight [V, H] (nn.Linear's), bias [V] or None, target [N]. Chunks of
     `chunk_size` rows (default `chunk_rows(N, H, V)`); gradients computed in forward (see the module
-    docstring for the memory contract). reduction "mean" or "sum"; "none" raises NotImplementedError.
+    docstring for the memory contract). reduction "mean", "sum" or "none" (its backward recomputes the
+    logits chunk by chunk).
     `divisor` (with "sum", e.g. HF's num_items_in_batch): sum / divisor, folded into the gradients.
     The loss has hidden's dtype (fp32 under autocast) unless `out_dtype` is given.
     """
@@ -521,9 +587,6 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_inde
     if weight.device != hidden.device or (bias is not None and bias.device != hidden.device):
         raise ValueError("fused_linear_cross_entropy: hidden, weight and bias must be on one device")
     _check_common("fused_linear_cross_entropy", target, N, ignore_index, label_smoothing, reduction, hidden.device)
-    if reduction == "none":
-        raise NotImplementedError("fused_linear_cross_entropy: reduction='none' is not supported (per-row output "
-                                  "gradients need the logits recomputed in backward); use 'mean' or 'sum'")
     if V == 0:
         raise ValueError("fused_linear_cross_entropy: weight has 0 classes")
     if out_dtype is None:

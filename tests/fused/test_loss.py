@@ -167,12 +167,14 @@ def _check_flce(N, H, V, dtype, chunk, bias=True, reduction="mean", label_smooth
     t = _target(N, V, ignored=ignored)
     args = [h, w, b] if bias else [h, w]
     kw = dict(reduction=reduction, label_smoothing=label_smoothing)
+    gout = make((N,), dtype)    # per-row output gradient for reduction="none"
 
     def run(fn, xs, **extra):
         xs = [x.detach().clone().requires_grad_() for x in xs]
         hb = xs[2] if bias else None
         out = fn(xs[0], xs[1], t.to(xs[0].device), hb, **kw, **extra)
-        grads = torch.autograd.grad(out * 1.5, xs)
+        g = gout if out.dim() else torch.tensor(1.5)
+        grads = torch.autograd.grad(out, xs, g.to(device=out.device, dtype=out.dtype))
         return out, grads
 
     got = run(fused_linear_cross_entropy, args, chunk_size=chunk)
@@ -192,13 +194,17 @@ TOL_LOW = {torch.float16: 1e-3, torch.bfloat16: 8e-3}
 
 
 @dtypes
-@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_flce_chunks_ragged(dtype, reduction):
     _check_flce(37, 16, 100, dtype, chunk=8, reduction=reduction)
 
 
 def test_flce_no_bias_smoothing_one_chunk():
     _check_flce(20, 24, 130, torch.float32, chunk=64, bias=False, label_smoothing=0.1)
+
+
+def test_flce_none_smoothing_chunks():
+    _check_flce(19, 16, 70, torch.float32, chunk=5, reduction="none", label_smoothing=0.1, ignored=(0, 18))
 
 
 def test_flce_default_chunk_and_frozen_weight():
@@ -225,8 +231,9 @@ def test_flce_no_grad_and_errors():
     with torch.no_grad():
         out = fused_linear_cross_entropy(h, w, t, chunk_size=4)
     torch.testing.assert_close(out, F.cross_entropy(h @ w.t(), t), rtol=1e-5, atol=1e-5)
-    with pytest.raises(NotImplementedError, match="none"):
-        fused_linear_cross_entropy(h, w, t, reduction="none")
+    with torch.no_grad():
+        out = fused_linear_cross_entropy(h, w, t, chunk_size=4, reduction="none")
+    torch.testing.assert_close(out, F.cross_entropy(h @ w.t(), t, reduction="none"), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="does not match"):
         fused_linear_cross_entropy(h, w[:, :4], t)
     with pytest.raises(TypeError, match="dtype"):
@@ -256,13 +263,14 @@ class _Sizes(TorchDispatchMode):
         return out
 
 
-def test_flce_never_materializes_full_logits():
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_flce_never_materializes_full_logits(reduction):
     N, H, V, C = 64, 8, 120, 16
     h, w, b = make((N, H), requires_grad=True), make((V, H), requires_grad=True), make((V,), requires_grad=True)
     t = _target(N, V, ignored=(5,))
     with _Sizes() as mode:
-        out = fused_linear_cross_entropy(h, w, t, b, chunk_size=C)
-        out.backward()
+        out = fused_linear_cross_entropy(h, w, t, b, chunk_size=C, reduction=reduction)
+        out.sum().backward()
     big = [(f, s) for f, s in mode.shapes if len(s) == 2 and V in s]
     assert big, "no logits chunk seen"
     # every V-wide tensor produced is at most one chunk of logits ([C, V]) or the weight's own shape
