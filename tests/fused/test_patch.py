@@ -249,6 +249,21 @@ def test_options_select_what_is_replaced(standins):
     gems.unpatch(model)
 
 
+def test_hidden_states_and_attentions_still_recorded(standins):
+    """transformers records per-layer outputs with forward hooks on the decoder layers and attentions: they
+    still fire on the patched instances."""
+    model, inf, _ = _build("llama2")
+    model.config._attn_implementation = "eager"
+    kw = dict(output_hidden_states=True, output_attentions=True)
+    ref = model(**inf, **kw)
+    with gems.patched(model):
+        got = model(**inf, **kw)
+    assert standins["add_rms_norm"] == 2
+    for a, b in zip(ref.hidden_states + ref.attentions, got.hidden_states + got.attentions, strict=True):
+        torch.testing.assert_close(b, a)
+    assert len(got.hidden_states) == 3 and len(got.attentions) == 2
+
+
 def test_causal_lm_loss_contract(standins):
     """num_items_in_batch, ignore_index, shift_labels, return_dict=False and eval-mode labels like HF."""
     model, inf, tr = _build("llama2")
