@@ -284,12 +284,13 @@ class _CrossEntropy(torch.autograd.Function):
     pass. Without grad: one read of the logits."""
 
     @staticmethod
-    def forward(ctx, logits, target, ignore_index, eps, reduction, out_dtype, divisor):
+    def forward(ctx, logits, target, ignore_index, eps, reduction, out_dtype, divisor, grad_on):
         N, V = logits.shape
         mode = _REDUCTIONS[reduction]
         fb, fw, single, _, _ = _config(V, logits.dtype)
         dev = logits.device
-        need_grad = ctx.needs_input_grad[0]
+        # (needs_input_grad is True under torch.no_grad() too: grad mode is checked by the caller)
+        need_grad = grad_on and ctx.needs_input_grad[0]
         eager = need_grad and mode != 0
         divide = mode == 2 or divisor is not None
         # per-row loss: fp32 workspace for mean/sum, the result itself for none
@@ -330,7 +331,7 @@ class _CrossEntropy(torch.autograd.Function):
             n = dx.numel()
             if n:
                 ce_scale_kernel[(-(-n // 4096),)](dx, grad, n, 4096, num_warps=8)
-            return dx, None, None, None, None, None, None
+            return dx, None, None, None, None, None, None, None
         logits, target, lse, cnt = ctx.saved_tensors
         ignore_index, eps, mode = ctx.args
         N, V = logits.shape
@@ -339,7 +340,7 @@ class _CrossEntropy(torch.autograd.Function):
         g_s = grad.stride(0) if mode == 0 else 0
         ce_bwd_kernel[(N, -(-V // bb))](logits, target, lse, grad, cnt, dx, V, logits.stride(0), logits.stride(1),
                                         target.stride(0), g_s, ignore_index, eps, mode, bb, num_warps=bw)
-        return dx, None, None, None, None, None, None
+        return dx, None, None, None, None, None, None, None
 
 
 def _divisor(divisor, reduction, device, name):
@@ -384,7 +385,8 @@ def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoot
     if N == 0:
         return _empty_result(N, reduction, out_dtype, logits.device) + logits.sum() * 0   # sum / divisor = 0
     d = _divisor(divisor, reduction, logits.device, "cross_entropy")
-    return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), reduction, out_dtype, d)
+    return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), reduction, out_dtype, d,
+                               torch.is_grad_enabled())
 
 
 def reference_cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0,
@@ -448,12 +450,13 @@ def _flce_chunks(hidden, weight, target, bias, rows, cnt, gh, gw, gb, chunk, ign
 
 class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, target, bias, ignore_index, eps, reduction, chunk, out_dtype, divisor):
+    def forward(ctx, hidden, weight, target, bias, ignore_index, eps, reduction, chunk, out_dtype, divisor, grad_on):
         N, H = hidden.shape
         V = weight.shape[0]
         dev = hidden.device
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        need_b = bias is not None and ctx.needs_input_grad[3]
+        # (needs_input_grad is True under torch.no_grad() too: grad mode is checked by the caller)
+        need_h, need_w = grad_on and ctx.needs_input_grad[0], grad_on and ctx.needs_input_grad[1]
+        need_b = grad_on and bias is not None and ctx.needs_input_grad[3]
         need = need_h or need_w or need_b
         mode = _REDUCTIONS[reduction]
         fb, fw, single, _, _ = _config(V, hidden.dtype)
@@ -532,7 +535,7 @@ class _FusedLinearCE(torch.autograd.Function):
                     gw.addmm_(logits.t(), h)
                 if need_b:
                     gb += logits.sum(0, dtype=torch.float32)
-        return gh, gw, None, gb.to(bias.dtype) if gb is not None else None, None, None, None, None, None, None
+        return gh, gw, None, gb.to(bias.dtype) if gb is not None else None, None, None, None, None, None, None, None
 
     @staticmethod
     def backward(ctx, grad):
@@ -549,7 +552,7 @@ class _FusedLinearCE(torch.autograd.Function):
         for t in (gh, gw, gb):
             if t is not None and t.numel():
                 ce_scale_kernel[(-(-t.numel() // 4096),)](t, grad, t.numel(), 4096, num_warps=8)
-        return gh, gw, None, gb, None, None, None, None, None, None
+        return gh, gw, None, gb, None, None, None, None, None, None, None
 
 
 def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100, label_smoothing=0.0,
@@ -599,7 +602,7 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_inde
         raise ValueError(f"fused_linear_cross_entropy: chunk_size must be >= 1, got {chunk_size}")
     d = _divisor(divisor, reduction, hidden.device, "fused_linear_cross_entropy")
     return _FusedLinearCE.apply(hidden, weight, target, bias, ignore_index, float(label_smoothing), reduction,
-                                chunk, out_dtype, d)
+                                chunk, out_dtype, d, torch.is_grad_enabled())
 
 
 def reference_fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100,

@@ -327,3 +327,18 @@ def test_divisor_like_hf_num_items_in_batch(fused_linear):
         cross_entropy(h.detach() @ w.detach().t(), t, divisor=3.0)     # only with reduction="sum"
     out = cross_entropy(h.detach() @ w.detach().t(), t, reduction="sum", divisor=2.5)    # no grad, a float
     torch.testing.assert_close(out, F.cross_entropy(h @ w.t(), t, reduction="sum") / 2.5, rtol=1e-5, atol=1e-5)
+
+
+def test_no_grad_mode_writes_no_gradients():
+    # under torch.no_grad() autograd.Function still reports needs_input_grad: no gradient work then
+    N, H, V = 12, 8, 40
+    x = make((N, V), requires_grad=True)
+    h, w = make((N, H), requires_grad=True), make((V, H), requires_grad=True)
+    t = _target(N, V)
+    with torch.no_grad(), _Sizes() as mode:
+        a = cross_entropy(x, t)
+        b = fused_linear_cross_entropy(h, w, t, chunk_size=4)
+    allocs = [s for f, s in mode.shapes if f in (torch.ops.aten.empty.memory_format, torch.ops.aten.zeros.default)]
+    assert (N, V) not in allocs and (N, H) not in allocs and (V, H) not in allocs, allocs
+    assert not a.requires_grad and not b.requires_grad
+    torch.testing.assert_close(a, F.cross_entropy(x, t), rtol=1e-5, atol=1e-5)
