@@ -260,10 +260,12 @@ def _rms_fwd(X, R, W, Y, S, RSTD, M, N, sX, sR, eps, offset,
             xf = x.to(tl.float32)
             acc += xf * xf
         rstd = tl.rsqrt(tl.sum(acc, 1) / N + eps)
+        if HAS_RES:
+            tl.debug_barrier()   # the sums stored above are read back below (by the same threads anyway)
         for start in range(0, N, BLOCK_N):
             c = cols + start
             mask = rmask & (c < N)
-            if HAS_RES:   # the rounded sum written above, by this same thread
+            if HAS_RES:   # the rounded sum written above
                 xf = tl.load(S + r64 * N + c, mask=mask, other=0.0).to(tl.float32)
             else:
                 xf = tl.load(X + r64 * sX + c, mask=mask, other=0.0).to(tl.float32)
@@ -391,6 +393,8 @@ def _ln_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
                 tl.store(S + r64 * N + c, x, mask=mask)
             acc += x.to(tl.float32)
         mean = tl.sum(acc, 1) / N
+        if HAS_RES:
+            tl.debug_barrier()   # the sums stored above are read back below
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for start in range(0, N, BLOCK_N):
             c = cols + start
