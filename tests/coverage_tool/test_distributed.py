@@ -151,3 +151,20 @@ def test_synthetic_data_is_the_same_global_batch_on_every_rank():
     assert rows[0].shape == (2, 16) and bool((both[:2] == rows[0]).all()) and bool((both[2:] == rows[1]).all())
     assert int(both.min()) >= 3 and int(both.max()) < 256
     assert not bool((D.Data(256, 4, 4, 16, 0, seed=0).rows(4) == both).all())
+
+
+def test_loss_agreement_is_parity_rule_per_step():
+    import torch
+    from coverage_tool import parity as P
+
+    def run(losses):
+        return D.RunResult("x", losses=list(losses), grad_norms=[1.0] * len(losses))
+    aten = run([10.0, 10.0, 10.0, float("nan")])
+    gems = run([10.0 * (1 + P.E2E_TOL[torch.bfloat16] / 2), 10.0 * 1.1, 10.0, float("nan")])
+    ag = D.agreement(aten, gems, torch.bfloat16, None)
+    assert [s["ok"] for s in ag["steps"]] == [True, False, True, False]
+    assert ag["first_failing_step"] == 1 and "ATen diverged too" in ag["steps"][3]["detail"]
+    # the low-precision rule: Gems no further from the fp32 run than 2x ATen's own error passes
+    ref = run([11.0, 11.05, 10.0, 10.0])
+    ag = D.agreement(aten, gems, torch.bfloat16, ref)
+    assert [s["ok"] for s in ag["steps"]] == [True, True, True, False] and "vs fp32" in ag["steps"][1]["detail"]
