@@ -244,8 +244,9 @@ def test_no_grad_and_empty():
 
 def test_deterministic_weight_grad():
     """dw from per-program partial sums + a fixed-order column sum: identical bits run to run."""
-    x, w = make((64, 300), torch.float32), _w(300, torch.float32)
-    g = make((64, 300), torch.float32)
+    m, n = (4096, 4096) if ON_GPU else (24, 100)
+    x, w = make((m, n), torch.float32), _w(n, torch.float32)
+    g = make((m, n), torch.float32)
     res = []
     for _ in range(2):
         wl = w.clone().requires_grad_()
