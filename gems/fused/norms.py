@@ -189,8 +189,11 @@ def reference_rms_norm(x, weight, eps=1e-6, *, offset=0.0, casting="llama"):
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     if casting == "gemma":
         return (h * (offset + _acc(weight))).to(x.dtype)
-    w = weight + offset if offset else weight
-    return w * h.to(x.dtype)
+    if not offset:
+        return weight * h.to(x.dtype)                  # HF's LlamaRMSNorm
+    # with an offset: (weight + offset) in fp32 (no rounding of the shifted weight), one rounding
+    out = (_acc(weight) + offset) * _acc(h.to(x.dtype))
+    return out.to(torch.promote_types(x.dtype, weight.dtype))
 
 
 def reference_add_rms_norm(x, residual, weight, eps=1e-6, *, offset=0.0, casting="llama"):
