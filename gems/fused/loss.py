@@ -9,7 +9,8 @@ contribute nothing, `label_smoothing` eps mixes in the uniform distribution
 and `reduction` is "mean" (sum over rows / number of non-ignored rows; all ignored gives nan, like
 torch), "sum" or "none" (one value per row, 0 for ignored rows). `divisor=` with "sum" gives
 sum / divisor (Hugging Face's `num_items_in_batch`), folded into the gradient written in forward.
-Class weights (`weight=`) are not supported: NotImplementedError (use torch's). A target outside
+Class weights (`weight=`, cross_entropy only) follow torch: loss_i scaled by w[t_i] (the smoothing
+term by w_j inside its sum), mean divided by the sum of w[t_i] over non-ignored rows. A target outside
 [0, V) that is not `ignore_index` gives a nan loss (and a nan gradient row) instead of torch's error
 or device assert.
 
@@ -58,25 +59,40 @@ _REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
 
 # ----------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _ce_grad(x, cols, t, lse, eps, V, scale, valid):
-    """d(loss)/dx_j = (exp(x_j - lse) - eps/V - (1-eps)*[j == t]) * scale (nan for an invalid target)."""
-    g = tl.exp(x - lse) - eps / V - tl.where(cols == t, 1.0 - eps, 0.0)
+def _ce_grad(x, cols, t, lse, a, b, c, scale, valid):
+    """d(loss)/dx_j = (a * exp(x_j - lse) - b*[j == t] - c_j) * scale (nan for an invalid target), with
+    a = (1-eps)*w_t + eps*sum(w)/V, b = (1-eps)*w_t, c_j = eps*w_j/V (w = 1 without class weights)."""
+    g = a * tl.exp(x - lse) - tl.where(cols == t, b, 0.0) - c
     return tl.where(valid, g, float("nan")) * scale
+
+
+@triton.jit
+def _ce_coefs(W, WSUM, t, valid, eps, V, HAS_W: tl.constexpr):
+    """(w_t, sum_j w_j): the target's class weight and the weights' sum (1 and V without weights)."""
+    if HAS_W:
+        w_t = tl.load(W + tl.where(valid, t, 0)).to(tl.float32)
+        wsum = tl.load(WSUM).to(tl.float32)
+    else:
+        w_t = 1.0
+        wsum = V * 1.0
+    return w_t, wsum
 
 
 @kernel
 @triton.jit
-def ce_fwd_kernel(X, TGT, LOSS, LSE, CNT, DX, V, x_sr, x_sv, dx_sr, t_s, ignore_index, eps,
-                  HAS_LS: tl.constexpr, STORE_LSE: tl.constexpr, WRITE_GRAD: tl.constexpr,
+def ce_fwd_kernel(X, TGT, LOSS, LSE, CNT, DX, W, WSUM, V, x_sr, x_sv, dx_sr, t_s, ignore_index, eps,
+                  HAS_LS: tl.constexpr, HAS_W: tl.constexpr, STORE_LSE: tl.constexpr, WRITE_GRAD: tl.constexpr,
                   MEAN: tl.constexpr, SINGLE: tl.constexpr, BLOCK_V: tl.constexpr):
-    """One program per row i, x = X[i, :], t = TGT[i]:
+    """One program per row i, x = X[i, :], t = TGT[i], class weights w (all 1 without HAS_W):
         lse  = log sum_j exp(x_j)                        (online: running max m, running sum d)
-        loss = (1-eps)*(lse - x_t) + eps*(lse - sum_j x_j / V);  0 if t == ignore_index
-    WRITE_GRAD: DX[i, j] = (exp(x_j - lse) - eps/V - (1-eps)*[j == t]) * scale, scale = 1/CNT[0] (MEAN)
-    or 1; 0 for an ignored row. DX may be X itself (fused linear CE writes over its logits chunk).
-    SINGLE (BLOCK_V >= V): the row is loaded once and kept in registers.
-    Bytes per row: V reads; with WRITE_GRAD + V writes (SINGLE) or + V reads + V writes (the second
-    read of the row mostly from L2); 4-8 bytes of loss/lse.
+        loss = (1-eps)*w_t*(lse - x_t) + eps/V * (sum_j w_j * lse - sum_j w_j*x_j);  0 if t == ignore_index
+    (= (1-eps)*(lse - x_t) + eps*(lse - mean_j x_j) without weights: torch's formula).
+    WRITE_GRAD: DX[i, j] = ((1-eps)*w_t*(p_j - [j == t]) + eps/V*(sum(w)*p_j - w_j)) * scale,
+    p = softmax(x), scale = 1/CNT[0] (MEAN) or 1; 0 for an ignored row. DX may be X itself (fused
+    linear CE writes over its logits chunk). SINGLE (BLOCK_V >= V): the row is loaded once and kept in
+    registers. Bytes per row: V reads; with WRITE_GRAD + V writes (SINGLE) or + V reads + V writes
+    (the second read of the row mostly from L2); 4-8 bytes of loss/lse (+ V weights from L2 with
+    HAS_W).
     """
     row = tl.program_id(0).to(tl.int64)
     xrow = X + row * x_sr
@@ -94,6 +110,9 @@ def ce_fwd_kernel(X, TGT, LOSS, LSE, CNT, DX, V, x_sr, x_sv, dx_sr, t_s, ignore_
     else:
         valid = (t >= 0) & (t < V)
         x_t = tl.load(xrow + tl.where(valid, t, 0) * x_sv).to(tl.float32)
+        w_t, wsum = _ce_coefs(W, WSUM, t, valid, eps, V, HAS_W)
+        a = (1.0 - eps) * w_t + eps * wsum / V
+        b = (1.0 - eps) * w_t
         scale = 1.0
         if MEAN:
             scale = 1.0 / tl.load(CNT).to(tl.float32)
@@ -102,11 +121,17 @@ def ce_fwd_kernel(X, TGT, LOSS, LSE, CNT, DX, V, x_sr, x_sv, dx_sr, t_s, ignore_
             x = tl.load(xrow + offs * x_sv, mask=mask, other=-float("inf")).to(tl.float32)
             m = tl.max(x, 0)
             lse = m + tl.log(tl.sum(tl.exp(x - m), 0))
+            c = eps / V
             sx = 0.0
-            if HAS_LS:
+            if HAS_W:
+                wv = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+                c = c * wv
+                if HAS_LS:
+                    sx = tl.sum(tl.where(mask, x * wv, 0.0), 0)
+            elif HAS_LS:
                 sx = tl.sum(tl.where(mask, x, 0.0), 0)
             if WRITE_GRAD:
-                g = _ce_grad(x, offs, t, lse, eps, V, scale, valid)
+                g = _ce_grad(x, offs, t, lse, a, b, c, scale, valid)
                 tl.store(dxrow + offs, g.to(DX.dtype.element_ty), mask=mask)
         else:
             m = -float("inf")
@@ -119,18 +144,25 @@ def ce_fwd_kernel(X, TGT, LOSS, LSE, CNT, DX, V, x_sr, x_sv, dx_sr, t_s, ignore_
                 d = d * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
                 m = m_new
                 if HAS_LS:
-                    sx += tl.sum(tl.where(cols < V, x, 0.0), 0)
+                    if HAS_W:
+                        wv = tl.load(W + cols, mask=cols < V, other=0.0).to(tl.float32)
+                        sx += tl.sum(tl.where(cols < V, x * wv, 0.0), 0)
+                    else:
+                        sx += tl.sum(tl.where(cols < V, x, 0.0), 0)
             lse = m + tl.log(d)
             if WRITE_GRAD:
                 for v0 in range(0, V, BLOCK_V):
                     cols = v0 + offs
                     mask = cols < V
                     x = tl.load(xrow + cols * x_sv, mask=mask, other=0.0).to(tl.float32)
-                    g = _ce_grad(x, cols, t, lse, eps, V, scale, valid)
+                    c = eps / V
+                    if HAS_W:
+                        c = c * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+                    g = _ce_grad(x, cols, t, lse, a, b, c, scale, valid)
                     tl.store(dxrow + cols, g.to(DX.dtype.element_ty), mask=mask)
-        loss = lse - x_t
+        loss = w_t * (lse - x_t)
         if HAS_LS:
-            loss = (1.0 - eps) * loss + eps * (lse - sx / V)
+            loss = (1.0 - eps) * loss + eps / V * (wsum * lse - sx)
         loss = tl.where(valid, loss, float("nan"))
         tl.store(LOSS + row, loss.to(LOSS.dtype.element_ty))
         if STORE_LSE:
@@ -152,10 +184,10 @@ def ce_scale_kernel(DX, G, NUMEL, BLOCK: tl.constexpr):
 
 @kernel
 @triton.jit
-def ce_reduce_kernel(LOSS, TGT, OUT, CNT, N, t_s, ignore_index,
-                     MEAN: tl.constexpr, COUNT: tl.constexpr, BLOCK: tl.constexpr):
-    """One program: OUT = sum_i LOSS[i] (/ CNT for MEAN), CNT = #{i: TGT[i] != ignore_index}
-    (computed when COUNT, else read from CNT). Bytes: 4N (+ 8N when COUNT)."""
+def ce_reduce_kernel(LOSS, TGT, OUT, CNT, W, N, V, t_s, ignore_index,
+                     MEAN: tl.constexpr, COUNT: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+    """One program: OUT = sum_i LOSS[i] (/ CNT for MEAN), CNT = sum over non-ignored rows of 1
+    (w[TGT[i]] with class weights), computed when COUNT, else read from CNT. Bytes: 4N (+ 8N)."""
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), tl.float32)
     cnt = tl.zeros((BLOCK,), tl.float32)
@@ -164,8 +196,7 @@ def ce_reduce_kernel(LOSS, TGT, OUT, CNT, N, t_s, ignore_index,
         mask = rows < N
         acc += tl.load(LOSS + rows, mask=mask, other=0.0)
         if COUNT:
-            t = tl.load(TGT + rows.to(tl.int64) * t_s, mask=mask, other=ignore_index)
-            cnt += tl.where(t != ignore_index, 1.0, 0.0)
+            cnt += _ce_count_block(TGT, W, rows, mask, N, V, t_s, ignore_index, HAS_W)
     total = tl.sum(acc, 0)
     if COUNT:
         c = tl.sum(cnt, 0)
@@ -179,24 +210,35 @@ def ce_reduce_kernel(LOSS, TGT, OUT, CNT, N, t_s, ignore_index,
 
 @kernel
 @triton.jit
-def ce_count_kernel(TGT, CNT, N, t_s, ignore_index, BLOCK: tl.constexpr):
-    """CNT[0] = #{i: TGT[i] != ignore_index} (fp32). Bytes: 8N."""
+def ce_count_kernel(TGT, CNT, W, N, V, t_s, ignore_index, HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+    """CNT[0] = sum over rows with TGT[i] != ignore_index of 1 (w[TGT[i]] with class weights), fp32.
+    Bytes: 8N (+ 4N weights)."""
     offs = tl.arange(0, BLOCK)
     cnt = tl.zeros((BLOCK,), tl.float32)
     for i0 in range(0, N, BLOCK):
         rows = i0 + offs
-        t = tl.load(TGT + rows.to(tl.int64) * t_s, mask=rows < N, other=ignore_index)
-        cnt += tl.where(t != ignore_index, 1.0, 0.0)
+        cnt += _ce_count_block(TGT, W, rows, rows < N, N, V, t_s, ignore_index, HAS_W)
     tl.store(CNT, tl.sum(cnt, 0))
+
+
+@triton.jit
+def _ce_count_block(TGT, W, rows, mask, N, V, t_s, ignore_index, HAS_W: tl.constexpr):
+    t = tl.load(TGT + rows.to(tl.int64) * t_s, mask=mask, other=ignore_index).to(tl.int64)
+    keep = t != ignore_index
+    if HAS_W:
+        inside = keep & (t >= 0) & (t < V)
+        return tl.where(keep, tl.load(W + tl.where(inside, t, 0), mask=mask & inside, other=0.0).to(tl.float32), 0.0)
+    else:
+        return tl.where(keep, 1.0, 0.0)
 
 
 @kernel
 @triton.jit
-def ce_bwd_kernel(X, TGT, LSE, G, CNT, DX, V, x_sr, x_sv, t_s, g_s, ignore_index, eps,
-                  MODE: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Grid (N, cdiv(V, BLOCK_V)); row i, columns of block j:
-        DX[i, c] = (exp(x_c - lse_i) - eps/V - (1-eps)*[c == t_i]) * s_i,   0 for an ignored row
-        s_i = G[i] (MODE 0, none), G[0] (1, sum), G[0] / CNT[0] (2, mean)
+def ce_bwd_kernel(X, TGT, LSE, G, CNT, DX, W, WSUM, V, x_sr, x_sv, t_s, g_s, ignore_index, eps,
+                  HAS_W: tl.constexpr, MODE: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Grid (N, cdiv(V, BLOCK_V)); row i, columns of block j (class weights w, all 1 without HAS_W):
+        DX[i, c] = ((1-eps)*w_t*(p_c - [c == t_i]) + eps/V*(sum(w)*p_c - w_c)) * s_i,  p = exp(x - lse_i)
+        0 for an ignored row; s_i = G[i] (MODE 0, none), G[0] (1, sum), G[0] / CNT[0] (2, mean)
     Bytes: V reads + V writes per row (the logits read once, the gradient written once)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -214,9 +256,12 @@ def ce_bwd_kernel(X, TGT, LSE, G, CNT, DX, V, x_sr, x_sv, t_s, g_s, ignore_index
                 s = s / tl.load(CNT).to(tl.float32)
         lse = tl.load(LSE + row)
         x = tl.load(X + row * x_sr + cols * x_sv, mask=mask, other=0.0).to(tl.float32)
-        g = tl.exp(x - lse) - eps / V - tl.where(cols == t, 1.0 - eps, 0.0)
         valid = (t >= 0) & (t < V)
-        g = tl.where(valid, g, float("nan")) * s
+        w_t, wsum = _ce_coefs(W, WSUM, t, valid, eps, V, HAS_W)
+        c = eps / V
+        if HAS_W:
+            c = c * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        g = _ce_grad(x, cols, t, lse, (1.0 - eps) * w_t + eps * wsum / V, (1.0 - eps) * w_t, c, s, valid)
         tl.store(dxp, g.to(DX.dtype.element_ty), mask=mask)
 
 
@@ -284,8 +329,11 @@ class _CrossEntropy(torch.autograd.Function):
     pass. Without grad: one read of the logits."""
 
     @staticmethod
-    def forward(ctx, logits, target, ignore_index, eps, reduction, out_dtype, divisor, grad_on):
+    def forward(ctx, logits, target, ignore_index, eps, reduction, out_dtype, divisor, grad_on, weight):
         N, V = logits.shape
+        has_w = weight is not None
+        # class weights (fp32 sum on the device), or the logits as an unused pointer
+        w, wsum = (weight, weight.sum(dtype=torch.float32).reshape(1)) if has_w else (logits, logits)
         mode = _REDUCTIONS[reduction]
         fb, fw, single, _, _ = _config(V, logits.dtype)
         dev = logits.device
@@ -299,23 +347,23 @@ class _CrossEntropy(torch.autograd.Function):
         # the divisor: the count of non-ignored targets (mean) or the caller's (sum / divisor)
         cnt = divisor if divisor is not None else empty((1,), torch.float32, dev)
         if eager and mode == 2:   # the count first: the gradient is written already divided by it
-            ce_count_kernel[(1,)](target, cnt, N, target.stride(0), ignore_index, 1024, num_warps=4)
+            ce_count_kernel[(1,)](target, cnt, w, N, V, target.stride(0), ignore_index, has_w, 1024, num_warps=4)
         dx = empty((N, V), logits.dtype, dev) if eager else logits
-        ce_fwd_kernel[(N,)](logits, target, rows, lse, cnt, dx, V, logits.stride(0), logits.stride(1), V,
-                            target.stride(0), ignore_index, eps, eps > 0.0, need_grad and not eager, eager,
+        ce_fwd_kernel[(N,)](logits, target, rows, lse, cnt, dx, w, wsum, V, logits.stride(0), logits.stride(1), V,
+                            target.stride(0), ignore_index, eps, eps > 0.0, has_w, need_grad and not eager, eager,
                             eager and divide, single, fb, num_warps=fw)
         if mode == 0:
             out = rows
         else:
             out = empty((), out_dtype, dev)
-            ce_reduce_kernel[(1,)](rows, target, out, cnt, N, target.stride(0), ignore_index,
-                                   divide, mode == 2 and not eager, 1024, num_warps=4)
+            ce_reduce_kernel[(1,)](rows, target, out, cnt, w, N, V, target.stride(0), ignore_index,
+                                   divide, mode == 2 and not eager, has_w, 1024, num_warps=4)
         ctx.eager = eager
         if eager:
             ctx.save_for_backward(dx)
             ctx.used = False
         elif need_grad:
-            ctx.save_for_backward(logits, target, lse, cnt)
+            ctx.save_for_backward(logits, target, lse, cnt, *((w, wsum) if has_w else ()))
             ctx.args = (ignore_index, eps, mode)
         return out
 
@@ -331,16 +379,19 @@ class _CrossEntropy(torch.autograd.Function):
             n = dx.numel()
             if n:
                 ce_scale_kernel[(-(-n // 4096),)](dx, grad, n, 4096, num_warps=8)
-            return dx, None, None, None, None, None, None, None
-        logits, target, lse, cnt = ctx.saved_tensors
+            return dx, None, None, None, None, None, None, None, None
+        logits, target, lse, cnt = ctx.saved_tensors[:4]
+        has_w = len(ctx.saved_tensors) > 4
+        w, wsum = ctx.saved_tensors[4:] if has_w else (logits, logits)
         ignore_index, eps, mode = ctx.args
         N, V = logits.shape
         _, _, _, bb, bw = _config(V, logits.dtype)
         dx = empty((N, V), logits.dtype, logits.device)
         g_s = grad.stride(0) if mode == 0 else 0
-        ce_bwd_kernel[(N, -(-V // bb))](logits, target, lse, grad, cnt, dx, V, logits.stride(0), logits.stride(1),
-                                        target.stride(0), g_s, ignore_index, eps, mode, bb, num_warps=bw)
-        return dx, None, None, None, None, None, None, None
+        ce_bwd_kernel[(N, -(-V // bb))](logits, target, lse, grad, cnt, dx, w, wsum, V, logits.stride(0),
+                                        logits.stride(1), target.stride(0), g_s, ignore_index, eps, has_w, mode, bb,
+                                        num_warps=bw)
+        return dx, None, None, None, None, None, None, None, None
 
 
 def _divisor(divisor, reduction, device, name):
@@ -362,13 +413,11 @@ def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoot
 
     Log-sum-exp in fp32 over V (see the module docstring for when d(logits) is written). The loss has
     the logits' dtype (fp32 under autocast, like torch) unless `out_dtype` (e.g. torch.float32) is
-    given. `weight` raises NotImplementedError. `divisor` (with reduction="sum"; a number or a
+    given. `weight`: class weights [V] (torch's semantics: mean divides by the summed weights of the
+    non-ignored targets). `divisor` (with reduction="sum"; a number or a
     1-element tensor such as HF's num_items_in_batch) returns sum / divisor with the division folded
     into the gradient written in forward, so backward has nothing to scale.
     """
-    if weight is not None:
-        raise NotImplementedError("gems.fused.cross_entropy: class weights (weight=) are not supported; "
-                                  "use torch.nn.functional.cross_entropy")
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError(f"cross_entropy: logits must be a 2-D tensor [N, V], got "
                          f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
@@ -384,9 +433,18 @@ def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoot
         raise ValueError("cross_entropy: logits have 0 classes")
     if N == 0:
         return _empty_result(N, reduction, out_dtype, logits.device) + logits.sum() * 0   # sum / divisor = 0
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor) or weight.shape != (V,) or not weight.is_floating_point():
+            raise ValueError(f"cross_entropy: weight must be a floating-point tensor of shape [{V}], got "
+                             f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+        if weight.device != logits.device:
+            raise ValueError(f"cross_entropy: weight on {weight.device}, logits on {logits.device}")
+        if weight.requires_grad and torch.is_grad_enabled():
+            raise NotImplementedError("cross_entropy: gradients with respect to the class weights are not supported")
+        weight = weight.detach().contiguous()
     d = _divisor(divisor, reduction, logits.device, "cross_entropy")
     return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), reduction, out_dtype, d,
-                               torch.is_grad_enabled())
+                               torch.is_grad_enabled(), weight)
 
 
 def reference_cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0,
@@ -437,9 +495,9 @@ def _flce_chunks(hidden, weight, target, bias, rows, cnt, gh, gw, gb, chunk, ign
         h = hidden[c0:c1]
         logits = _chunk_logits(buf, h, weight, bias)
         t = target[c0:c1]
-        ce_fwd_kernel[(c1 - c0,)](logits, t, rows[c0:c1], rows, cnt, logits, V, logits.stride(0), logits.stride(1),
-                                  logits.stride(0), t.stride(0), ignore_index, eps, eps > 0.0, False, need,
-                                  divide, single, fb, num_warps=fw)
+        ce_fwd_kernel[(c1 - c0,)](logits, t, rows[c0:c1], rows, cnt, logits, logits, logits, V, logits.stride(0),
+                                  logits.stride(1), logits.stride(0), t.stride(0), ignore_index, eps, eps > 0.0,
+                                  False, False, need, divide, single, fb, num_warps=fw)
         if need_h:   # d(hidden_c) = d(logits_c) @ W: [C, V] x [V, H]
             torch.mm(logits, weight, out=gh[c0:c1])
         if need_w:   # dW += d(logits_c)^T @ hidden_c: [V, C] x [C, H]
@@ -470,7 +528,8 @@ class _FusedLinearCE(torch.autograd.Function):
             cnt = divisor
         else:
             cnt = empty((1,), torch.float32, dev)
-            ce_count_kernel[(1,)](target, cnt, N, target.stride(0), ignore_index, 1024, num_warps=4)
+            ce_count_kernel[(1,)](target, cnt, cnt, N, weight.shape[0], target.stride(0), ignore_index, False, 1024,
+                                  num_warps=4)
         gh = empty((N, H), hidden.dtype, dev) if need_h else None
         gw = zeros((V, H), weight.dtype, dev) if need_w else None
         gb = zeros((V,), torch.float32, dev) if need_b else None
@@ -478,8 +537,8 @@ class _FusedLinearCE(torch.autograd.Function):
             _flce_chunks(hidden, weight, target, bias, rows, cnt, gh, gw, gb, chunk, ignore_index, eps,
                          divide, need, need_h, need_w, need_b, fb, fw, single)
         out = empty((), out_dtype, dev)
-        ce_reduce_kernel[(1,)](rows, target, out, cnt, N, target.stride(0), ignore_index, divide, False, 1024,
-                               num_warps=4)
+        ce_reduce_kernel[(1,)](rows, target, out, cnt, cnt, N, V, target.stride(0), ignore_index, divide, False,
+                               False, 1024, num_warps=4)
         if need:
             ctx.save_for_backward(gh, gw, gb.to(bias.dtype) if gb is not None else None)
             ctx.used = False
@@ -499,9 +558,10 @@ class _FusedLinearCE(torch.autograd.Function):
                 c1 = min(N, c0 + chunk)
                 logits = _chunk_logits(buf, hidden[c0:c1], weight, bias)
                 t = target[c0:c1]
-                ce_fwd_kernel[(c1 - c0,)](logits, t, out[c0:c1], lse[c0:c1], lse, logits, V, logits.stride(0),
-                                          logits.stride(1), logits.stride(0), t.stride(0), ignore_index, eps,
-                                          eps > 0.0, need, False, False, single, fb, num_warps=fw)
+                ce_fwd_kernel[(c1 - c0,)](logits, t, out[c0:c1], lse[c0:c1], lse, logits, lse, lse, V,
+                                          logits.stride(0), logits.stride(1), logits.stride(0), t.stride(0),
+                                          ignore_index, eps, eps > 0.0, False, need, False, False, single, fb,
+                                          num_warps=fw)
         if need:
             ctx.save_for_backward(hidden, weight, target, bias, lse)
             ctx.args = (ignore_index, eps, chunk)
@@ -526,9 +586,9 @@ class _FusedLinearCE(torch.autograd.Function):
                 logits = _chunk_logits(buf, h, weight, bias)
                 t, g = target[c0:c1], grad[c0:c1]
                 # d(logits) = (softmax - smoothing - one-hot) * grad_output[i], over the logits in place
-                ce_bwd_kernel[(c1 - c0, -(-V // bb))](logits, t, lse[c0:c1], g, lse, logits, V, logits.stride(0),
-                                                      logits.stride(1), t.stride(0), g.stride(0), ignore_index,
-                                                      eps, 0, bb, num_warps=bw)
+                ce_bwd_kernel[(c1 - c0, -(-V // bb))](logits, t, lse[c0:c1], g, lse, logits, lse, lse, V,
+                                                      logits.stride(0), logits.stride(1), t.stride(0), g.stride(0),
+                                                      ignore_index, eps, False, 0, bb, num_warps=bw)
                 if need_h:
                     torch.mm(logits, weight, out=gh[c0:c1])
                 if need_w:

@@ -26,12 +26,13 @@ def _check_ce(x, t, dtype, **kw):
     out = cross_entropy(xg, t, **kw)
     assert out.dtype == kw.get("out_dtype", None) or out.dtype == dtype
     kw_t = {k: v for k, v in kw.items() if k != "out_dtype"}
+    w = kw_t.pop("weight", None)
     x64 = x.detach().cpu().double().requires_grad_()
-    ref = F.cross_entropy(x64, t.cpu(), **kw_t)
+    ref = F.cross_entropy(x64, t.cpu(), weight=None if w is None else w.cpu().double(), **kw_t)
     low = None
     if dtype != torch.float32:
         xl = x.detach().clone().requires_grad_()
-        low = F.cross_entropy(xl, t, **kw_t)
+        low = F.cross_entropy(xl, t, weight=None if w is None else w.to(dtype), **kw_t)
     assert_close(out, ref, dtype if out.dtype == dtype else torch.float32, low if out.dtype == dtype else None,
                  msg="ce")
     g = make(out.shape, out.dtype)
@@ -90,6 +91,25 @@ def test_ce_grad_output_one_and_backward_twice(single, monkeypatch):
     assert torch.equal(a, b)
 
 
+@dtypes
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_ce_class_weights(dtype, reduction, label_smoothing):
+    x = make((7, 517), dtype)
+    t = _target(7, 517, ignored=(3,))
+    w = make((517,), torch.float32, low=0.2, high=2.0)
+    _check_ce(x, t, dtype, reduction=reduction, label_smoothing=label_smoothing, weight=w)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_ce_class_weights_many_blocks(reduction, monkeypatch):
+    monkeypatch.setitem(L._CONFIGS, (600, torch.float32), (128, 1, False, 128, 1))
+    x = make((4, 600))
+    t = _target(4, 600, ignored=(2,))
+    w = make((600,), low=0.2, high=2.0)
+    _check_ce(x, t, torch.float32, reduction=reduction, label_smoothing=0.2, weight=w)
+
+
 def test_ce_llama_vocab():
     x = make((3, 32000), low=-8, high=8)
     t = _target(3, 32000)
@@ -136,8 +156,10 @@ def test_ce_out_of_range_target_is_nan():
 def test_ce_errors():
     x = make((3, 50))
     t = _target(3, 50)
+    with pytest.raises(ValueError, match="weight must be"):
+        cross_entropy(x, t, weight=torch.ones(49, device=DEVICE))
     with pytest.raises(NotImplementedError, match="class weights"):
-        cross_entropy(x, t, weight=torch.ones(50))
+        cross_entropy(x, t, weight=torch.ones(50, device=DEVICE, requires_grad=True))
     with pytest.raises(ValueError, match="2-D"):
         cross_entropy(x[0], t[0])
     with pytest.raises(TypeError, match="int64"):
