@@ -990,8 +990,10 @@ def main(argv: Optional[list] = None) -> int:
 
 
 def launch_main(argv: list) -> int:
-    """`gems-coverage distributed [--nproc-per-node N] MODEL ...`: run this recipe under torchrun
-    (standalone: one node, a free port) with N processes (default: the GPUs here, or 2 on CPU)."""
+    """`gems-coverage distributed [--nproc N] MODEL ...`: check the options here (bad input: exit 2, before
+    any process starts), then run this recipe under torchrun (standalone: one node, a free port) with N
+    processes (default: the GPUs here, or 2 on CPU). torchrun ends with 1 whenever a process fails, so
+    the launcher returns 1 for disagreement and for errors alike (the JSON's verdict tells which)."""
     import subprocess
     argv = list(argv)
     n = None
@@ -1003,14 +1005,31 @@ def launch_main(argv: list) -> int:
                 return 2
             n = int(argv[i + 1])
             del argv[i:i + 2]
-    if n is None:
-        import torch
-        n = torch.cuda.device_count() if torch.cuda.is_available() and "cpu" not in argv else 2
+    if "-h" in argv or "--help" in argv:
+        print("usage: gems-coverage distributed [--nproc N] MODEL [options]   (torchrun with N processes)\n")
+        print(build_parser().format_help())
+        return 0
+    try:
+        a = build_parser().parse_args(argv)
+        cpu = a.device == "cpu" or (a.device is None and not _has_cuda())
+        if cpu:
+            os.environ.setdefault("TRITON_INTERPRET", "1")     # before gems imports triton (here and below)
+        if n is None:
+            import torch
+            n = 2 if cpu else torch.cuda.device_count()
+        for k, v in dict(RANK="0", WORLD_SIZE=str(n), LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(n),
+                         MASTER_ADDR="127.0.0.1", MASTER_PORT="0").items():
+            os.environ.setdefault(k, v)
+        try:
+            plan(a, launch_env(a.device))
+        finally:
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+                os.environ.pop(k, None)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", "-m", PROG, *argv]
-    env = dict(os.environ)
-    if "cpu" in argv or not _has_cuda():
-        env.setdefault("TRITON_INTERPRET", "1")
-    return subprocess.call(cmd, env=env)
+    return 1 if subprocess.call(cmd, env=dict(os.environ)) else 0
 
 
 def _has_cuda() -> bool:

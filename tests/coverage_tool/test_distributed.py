@@ -168,3 +168,10 @@ def test_loss_agreement_is_parity_rule_per_step():
     ref = run([11.0, 11.05, 10.0, 10.0])
     ag = D.agreement(aten, gems, torch.bfloat16, ref)
     assert [s["ok"] for s in ag["steps"]] == [True, True, True, False] and "vs fp32" in ag["steps"][1]["detail"]
+
+
+def test_launcher_checks_the_options_before_starting_processes(capsys):
+    assert D.launch_main(["--nproc", "2", "aquila", "--device", "cpu", "--batch", "3"]) == 2
+    assert "--batch 3 does not divide over 2 ranks" in capsys.readouterr().err
+    assert "RANK" not in os.environ and "WORLD_SIZE" not in os.environ
+    assert D.launch_main(["--nproc", "x", "aquila"]) == 2
