@@ -254,18 +254,34 @@ _NAN_NUMBER = ("nan",)
 
 def _tensor_list_sig(ts):
     """Signature part of a tensor list: per element what a tensor argument keys (the length too)."""
-    return tuple((t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device()) for t in ts)
+    return tuple([(t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device()) for t in ts])
+
+
+def _only_list_sig(ts):
+    """_tensor_list_sig and the aliasing pattern of a call whose only tensors are this list's (cat):
+    unrolled for two elements, the models' case (KV-cache append, rotate_half)."""
+    if len(ts) == 2:
+        a, b = ts
+        return ((a.dtype, a.shape, a.stride(), a.data_ptr() & 15, a.get_device()),
+                (b.dtype, b.shape, b.stride(), b.data_ptr() & 15, b.get_device()), a is b)
+    return _tensor_list_sig(ts), _alias_pattern(ts)
 
 
 def _alias_sig(tensors, lists):
     """Which of the call's tensors (top-level tensor arguments, then each list's elements) are the same
     object: None when all are distinct, else per tensor the position of its first occurrence."""
-    objs = [t for t in tensors if isinstance(t, _T)] + [t for ts in lists for t in ts]
-    ids = [id(t) for t in objs]
+    objs = [t for t in tensors if isinstance(t, _T)]
+    for ts in lists:
+        objs += ts
+    return _alias_pattern(objs)
+
+
+def _alias_pattern(objs):
+    ids = list(map(id, objs))
     if len(set(ids)) == len(ids):
         return None
     first = {}
-    return tuple(first.setdefault(i, j) for j, i in enumerate(ids))
+    return tuple([first.setdefault(i, j) for j, i in enumerate(ids)])
 
 
 def make_signature(schema, dynamic=frozenset(), on_cuda=False):
@@ -294,13 +310,17 @@ def make_signature(schema, dynamic=frozenset(), on_cuda=False):
             # a tensor list (cat's `tensors`): per element what a tensor argument keys
             parts.append(f"_tlist({name})")
             lists.append(name)
+            list_part = len(parts) - 1
         else:
             return None   # optional-tensor lists, generators, ...: no plan for this overload
     # aliasing between tensor arguments changes what a kernel may do (x + x vs x + y is harmless,
     # but a plan maps kernel arguments to argument positions, so the pattern is part of the key)
     if lists:
         # list elements count as tensor arguments: one identity pattern over all of them
-        parts.append(f"_alias(({''.join(t + ', ' for t in tensors)}), ({', '.join(lists)},))")
+        if not tensors and len(lists) == 1:
+            parts[list_part] = f"_tlist1({lists[0]})"    # elements and their aliasing in one pass
+        else:
+            parts.append(f"_alias(({''.join(t + ', ' for t in tensors)}), ({', '.join(lists)},))")
     else:
         for a, b in itertools.combinations(tensors, 2):
             parts.append(f"{a} is {b}")
@@ -310,7 +330,8 @@ def make_signature(schema, dynamic=frozenset(), on_cuda=False):
     parts.append("_ddt()")
     src = f"def sig({params}):\n    return ({', '.join(parts)},)\n"
     ns.update(_T=_T, _num=_num_sig, _dyn=_dyn_sig, _cur=getattr(torch._C, "_cuda_getDevice", None),
-              _ddt=torch.get_default_dtype, _tlist=_tensor_list_sig, _alias=_alias_sig)
+              _ddt=torch.get_default_dtype, _tlist=_tensor_list_sig, _alias=_alias_sig,
+              _tlist1=_only_list_sig)
     name = f"<gems signature {schema.name}.{schema.overload_name or 'default'}>"
     return compile_source(src, name, ns)["sig"]
 
