@@ -139,9 +139,13 @@ def _plan(q, k, cos, sin, unsqueeze_dim, out_strides=None):
     """Everything a launch needs that follows from the call's signature, computed once per signature
     (shapes, strides, dtypes, devices, unsqueeze_dim, output strides): the checks, the output
     layouts, the grid and the kernel's integer arguments. A hit is one dict lookup."""
-    key = (q.shape, q.stride(), k.shape, k.stride(), cos.shape, cos.stride(), sin.shape, sin.stride(),
-           q.dtype, k.dtype, cos.dtype, sin.dtype, q.device, k.device, cos.device, sin.device, unsqueeze_dim,
-           out_strides)
+    try:
+        key = (q.shape, q.stride(), k.shape, k.stride(), cos.shape, cos.stride(), sin.shape, sin.stride(),
+               q.dtype, k.dtype, cos.dtype, sin.dtype, q.device, k.device, cos.device, sin.device, unsqueeze_dim,
+               out_strides)
+    except AttributeError:     # not tensors: _check says which
+        _check(q, k, cos, sin, unsqueeze_dim)
+        raise
     p = _PLANS.get(key)
     if p is None:
         p = _make_plan(q, k, cos, sin, unsqueeze_dim, out_strides)
@@ -254,7 +258,7 @@ def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     Without autograd (inference, decode) the call skips torch.autograd.Function: one dict lookup, two
     allocations and a launch on a repeated signature.
     """
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad):
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, cos, sin)):
         _plan(q, k, cos, sin, unsqueeze_dim)    # checks before autograd sees the call
         return _Rope.apply(q, k, cos, sin, unsqueeze_dim)
     return _run(q, k, cos, sin, unsqueeze_dim, False)

@@ -113,6 +113,9 @@ def test_rope_bad_inputs():
         rope(q[0], k, cos, sin)
     with pytest.raises(TypeError, match="dtype"):
         rope(q.double(), k, cos, sin)
+    with pytest.raises(TypeError, match="cos must be a tensor"):
+        rope(q.requires_grad_(), k, 1.0, sin)
+    q.requires_grad_(False)
     with pytest.raises(ValueError, match="even"):
         rope(q[..., :63], k[..., :63], cos[..., :63], sin[..., :63])
 
