@@ -84,11 +84,13 @@ def _config(kind: str, block_d: int, ieee: bool, interp: bool):
                 "dq": (32, 16, 1, 1)}[kind]
     if ieee:   # fp32: register- and shared-memory-hungry full-precision dots
         return {"fwd": (64, 32, 4, 2), "decode": (16, 32, 4, 2), "dkdv": (32, 32, 4, 2), "dq": (32, 32, 4, 2)}[kind]
+    # sm90, fp16/bf16: chosen so ptxas reports no (or < 128 bytes of) register spills (checked offline
+    # with triton.compile for sm_90a); `python -m benchmarks.attention --sweep` times alternatives
     if block_d <= 64:
-        return {"fwd": (128, 64, 4, 3), "decode": (16, 64, 4, 3), "dkdv": (32, 128, 4, 3), "dq": (64, 64, 4, 3)}[kind]
+        return {"fwd": (128, 64, 8, 3), "decode": (16, 64, 4, 3), "dkdv": (32, 128, 8, 3), "dq": (64, 64, 4, 3)}[kind]
     if block_d <= 128:
-        return {"fwd": (128, 64, 8, 3), "decode": (16, 64, 4, 3), "dkdv": (32, 64, 8, 3), "dq": (64, 32, 8, 3)}[kind]
-    return {"fwd": (64, 32, 4, 2), "decode": (16, 32, 4, 2), "dkdv": (16, 32, 8, 2), "dq": (32, 16, 8, 2)}[kind]
+        return {"fwd": (128, 64, 8, 3), "decode": (16, 128, 8, 2), "dkdv": (16, 64, 8, 3), "dq": (64, 32, 8, 3)}[kind]
+    return {"fwd": (64, 32, 8, 2), "decode": (16, 32, 8, 2), "dkdv": (16, 32, 8, 2), "dq": (32, 16, 8, 2)}[kind]
 
 
 @functools.lru_cache(maxsize=16)
