@@ -184,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--output", "-o", required=True, help="the chart to write (PNG)")
     bp.add_argument("--top", type=_positive_int, default=25, help="ops shown, largest difference first")
 
+    sub.add_parser("distributed", help="train MODEL with DDP/FSDP2 on N processes (torchrun), ATen vs Gems "
+                                       "loss per step: gems-coverage distributed [--nproc N] MODEL ...")
     o = sub.add_parser("ops", help="the Gems registry: overload, category, dtypes, backward")
     o.add_argument("--category", default=None, help="only this Gems category")
     out_opts(o)
@@ -531,6 +533,9 @@ def main(argv: Optional[list] = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["distributed"]:   # torchrun launcher; its options go to coverage_tool.distributed
+        from .distributed import launch_main
+        return launch_main(argv[1:])
     debug = os.environ.get("GEMS_COVERAGE_DEBUG", "") not in ("", "0")
     try:
         args = build_parser().parse_args(argv)
