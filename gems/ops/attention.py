@@ -45,7 +45,7 @@ import torch
 
 from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
-from ..runtime.alloc import empty, zeros
+from ..runtime.alloc import empty
 from ..runtime.utils import cdiv, next_pow2
 from . import _attention_kernels as K
 
@@ -169,9 +169,8 @@ def _validate(q, k, v, bias, dropout_p):
 def _bias_args(bias, q, B, Hq, Sq, Sk):
     if bias is None:
         return q, (0, 0, 0, 0), False, False
-    b = bias.expand(B, Hq, Sq, Sk)
-    st = tuple(b.stride(i) if b.shape[i] > 1 else 0 for i in range(4))
-    return b, st, True, bias.dtype == torch.bool
+    b = bias.expand(B, Hq, Sq, Sk)     # a view: broadcast dims get stride 0
+    return b, b.stride(), True, bias.dtype == torch.bool
 
 
 def _scale(q, scale):
@@ -179,7 +178,7 @@ def _scale(q, scale):
 
 
 def _strides4(t):
-    return tuple(t.stride(i) if t.shape[i] > 1 else 0 for i in range(4))
+    return t.stride()
 
 
 def _splits(progs, Sk, sk_eff, BN, interp, device, decode):
@@ -336,7 +335,9 @@ def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout
 # CUDA: the three fused overloads SDPA may pick
 
 def _seed_offset(device, dtype=torch.int64, seed_shape=()):
-    return zeros(seed_shape, dtype, device), zeros((), dtype, device)
+    # philox state: never read (dropout is not served, and with dropout_p = 0 no backward reads it);
+    # empty rather than zeros: no fill kernels per call
+    return empty(seed_shape, dtype, device), empty((), dtype, device)
 
 
 @register("_scaled_dot_product_cudnn_attention", category="other", dtypes=FLOATS, backends=("cuda",))
@@ -378,7 +379,7 @@ def sdpa_flash(query, key, value, dropout_p=0.0, is_causal=False, return_debug_m
     out = _alloc_like((B, Hq, Sq, D), query)
     lse = empty((B, Hq, Sq), torch.float32, query.device)
     _forward(query, key, value, None, bool(is_causal), _scale(query, scale), out, lse)
-    rng, unused = zeros((2,), torch.uint64, query.device), zeros((), torch.uint64, query.device)
+    rng, unused = _seed_offset(query.device, torch.uint64, (2,))
     return out, lse, None, None, Sq, Sk, rng, unused, empty((0,), query.dtype, query.device)
 
 
