@@ -242,13 +242,17 @@ def _shifted(labels, ignore_index, shift_labels):
     return shift_labels.reshape(-1)
 
 
-def _finish(loss, num_items_in_batch):
-    loss = loss.float()
-    if num_items_in_batch is not None:
-        if torch.is_tensor(num_items_in_batch):
-            num_items_in_batch = num_items_in_batch.to(loss.device)
-        loss = loss / num_items_in_batch
-    return loss
+def _reduce_args(num_items_in_batch, device):
+    """HF's reduction: sum / num_items_in_batch when given, else mean, as an fp32 loss. The divisor goes
+    into the kernel (folded into the gradient it writes), and the fp32 loss is the kernel's own: no
+    rounding of the sum to bf16, no rescaling pass in backward."""
+    kw = {"out_dtype": torch.float32}
+    if num_items_in_batch is None:
+        kw["reduction"] = "mean"
+    else:
+        kw["reduction"] = "sum"
+        kw["divisor"] = num_items_in_batch.to(device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch
+    return kw
 
 
 def causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None,
@@ -256,10 +260,8 @@ def causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_i
     """transformers' ForCausalLMLoss (5.17) with `gems.fused.cross_entropy` (fp32 accumulation inside the
     kernel instead of an fp32 copy of the logits)."""
     target = _shifted(labels, ignore_index, shift_labels).to(logits.device)
-    reduction = "sum" if num_items_in_batch is not None else "mean"
-    loss = F.cross_entropy(logits.reshape(-1, vocab_size), target, ignore_index=ignore_index,
-                           reduction=reduction)
-    return _finish(loss, num_items_in_batch)
+    return F.cross_entropy(logits.reshape(-1, vocab_size), target, ignore_index=ignore_index,
+                           **_reduce_args(num_items_in_batch, logits.device))
 
 
 def causal_lm_linear_loss(hidden, lm_head, labels, num_items_in_batch=None, ignore_index=-100,
@@ -268,10 +270,8 @@ def causal_lm_linear_loss(hidden, lm_head, labels, num_items_in_batch=None, igno
     the full logits."""
     h = hidden.reshape(-1, hidden.shape[-1])
     target = _shifted(labels, ignore_index, shift_labels).to(h.device)
-    reduction = "sum" if num_items_in_batch is not None else "mean"
-    loss = F.fused_linear_cross_entropy(h, lm_head.weight, target, bias=lm_head.bias,
-                                        ignore_index=ignore_index, reduction=reduction)
-    return _finish(loss, num_items_in_batch)
+    return F.fused_linear_cross_entropy(h, lm_head.weight, target, bias=lm_head.bias, ignore_index=ignore_index,
+                                        **_reduce_args(num_items_in_batch, h.device))
 
 
 def _return_dict(model, extra: dict) -> bool:

@@ -65,14 +65,21 @@ def _standins():
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
-    def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
-        return TF.cross_entropy(logits.float(), target, ignore_index=ignore_index,
+    def _loss(logits, target, ignore_index, label_smoothing, reduction, out_dtype, divisor):
+        loss = TF.cross_entropy(logits.float(), target, ignore_index=ignore_index,
                                 label_smoothing=label_smoothing, reduction=reduction)
+        if divisor is not None:
+            loss = loss / divisor
+        return loss.to(out_dtype) if out_dtype is not None else loss
+
+    def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", out_dtype=None,
+                      divisor=None):
+        return _loss(logits, target, ignore_index, label_smoothing, reduction, out_dtype, divisor)
 
     def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100, label_smoothing=0.0,
-                                   reduction="mean"):
-        return TF.cross_entropy(TF.linear(hidden, weight, bias).float(), target, ignore_index=ignore_index,
-                                label_smoothing=label_smoothing, reduction=reduction)
+                                   reduction="mean", out_dtype=None, divisor=None):
+        return _loss(TF.linear(hidden, weight, bias), target, ignore_index, label_smoothing, reduction, out_dtype,
+                     divisor)
 
     return {k: v for k, v in locals().items() if k in FUSED}
 
