@@ -2,7 +2,7 @@
 
     all(x, dims)[k] = AND_{r} (x[k, r] != 0),   any(x, dims)[k] = OR_{r} (x[k, r] != 0)
 
-for every input dtype (NaN != 0 counts as true, -0.0 as false; bool is read as is). The result is
+for every input dtype but float64 (NaN != 0 counts as true, -0.0 as false; bool is read as is). The result is
 bool (uint8 for a uint8 input, ATen's legacy rule; an out= may be bool or uint8). An empty reduction
 gives all = True, any = False.
 
@@ -25,7 +25,9 @@ from ..runtime import kernel
 from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, wrap_dims
 from .reduction import _cfg, _plan, _runs, _target_programs
 
-DTYPES = FLOATS + INTS + (torch.bool, torch.float64)
+# float64 inputs go to ATen (counted): the project serves no float64 compute op, which gems-coverage
+# parity relies on to refuse a float64 run (it would compare ATen with itself)
+DTYPES = FLOATS + INTS + (torch.bool,)
 _INT64_FROM = 2 ** 31 - 1
 
 
