@@ -49,8 +49,8 @@ def _bias_tile(b_ptrs, mask, BIAS_BOOL: tl.constexpr):
 
 
 @triton.jit
-def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_base, start_n, offs_m, offs_n, offs_d,
-               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D, qk_scale,
+def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, offs_n, offs_d,
+               stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D, qk_scale,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr,
                EVEN_D: tl.constexpr, IEEE: tl.constexpr):
     n = start_n + offs_n
@@ -72,16 +72,16 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_base, start_n, offs_m, offs_n
             v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
     s = _dot(q, kt, IEEE) * qk_scale
     if HAS_BIAS:
-        b_ptrs = b_base + offs_m[:, None] * stride_bm + n[None, :] * stride_bn
+        b_ptrs = b_rows[:, None] + n[None, :] * stride_bn
         if MASKED:
-            bmask = (offs_m[:, None] < Sq) & (n[None, :] < Sk)
+            bmask = rvalid[:, None] & (n[None, :] < Sk)
         else:
-            bmask = offs_m[:, None] < Sq
+            bmask = rvalid[:, None]
         s += _bias_tile(b_ptrs, bmask, BIAS_BOOL)
     if MASKED:
         valid = n[None, :] < Sk
         if CAUSAL:
-            valid = valid & (n[None, :] <= offs_m[:, None])
+            valid = valid & (n[None, :] <= rm[:, None])
         s = tl.where(valid, s, NEG_INF)
     m_new = tl.maximum(m_i, tl.max(s, 1))
     # a row with nothing visible yet keeps m = -inf: shift by 0 so exp2 gives 0, not NaN
@@ -104,33 +104,58 @@ def attn_fwd(Q, K, V, Bias, O, LSE, ML,
              Hq, GROUP, Sq, Sk, D, qk_scale, SPLIT_LEN,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
              CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr, EVEN_D: tl.constexpr,
-             IEEE: tl.constexpr, SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, REVERSE: tl.constexpr):
-    """out/lse of one query block (SPLIT: the partial out/l, m of one key slice, fp32)."""
+             IEEE: tl.constexpr, SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, REVERSE: tl.constexpr,
+             PACK: tl.constexpr):
+    """out/lse of one query block (SPLIT: the partial out/l, m of one key slice, fp32).
+
+    PACK (GQA decode): the block's rows are (query head of the group, query) pairs of one KV head,
+    so the group's heads share each K/V tile instead of reading it GROUP times; axis 1 is B * Hkv."""
     if REVERSE:   # causal: the longest rows first, so the last wave is short
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     else:
         pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = (pid_bh // Hq).to(tl.int64)
-    h = pid_bh % Hq
-    hk = (h // GROUP).to(tl.int64)
-    h = h.to(tl.int64)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    if EVEN_D:
-        q = tl.load(q_ptrs, mask=offs_m[:, None] < Sq, other=0.0)
+    if PACK:
+        Hkv = Hq // GROUP
+        b = (pid_bh // Hkv).to(tl.int64)
+        hk = (pid_bh % Hkv).to(tl.int64)
+        rh = hk * GROUP + offs_m // Sq          # per row: query head, query index
+        rm = offs_m % Sq
+        rvalid = offs_m < GROUP * Sq
+        q_rows = b * stride_qb + rh * stride_qh + rm * stride_qm
+        b_rows = Bias + b * stride_bb + rh * stride_bh + rm * stride_bm
+        o_rows = b * stride_ob + rh * stride_oh + rm * stride_om
+        l_rows = b * stride_lb + rh * stride_lh + rm * stride_lm
     else:
-        q = tl.load(q_ptrs, mask=(offs_m[:, None] < Sq) & (offs_d[None, :] < D), other=0.0)
+        b = (pid_bh // Hq).to(tl.int64)
+        h = pid_bh % Hq
+        hk = (h // GROUP).to(tl.int64)
+        h = h.to(tl.int64)
+        rm = offs_m
+        rvalid = offs_m < Sq
+        q_rows = b * stride_qb + h * stride_qh + offs_m * stride_qm
+        b_rows = Bias + b * stride_bb + h * stride_bh + offs_m * stride_bm
+        o_rows = b * stride_ob + h * stride_oh + offs_m * stride_om
+        l_rows = b * stride_lb + h * stride_lh + offs_m * stride_lm
+    q_ptrs = Q + q_rows[:, None] + offs_d[None, :] * stride_qd
+    if EVEN_D:
+        q = tl.load(q_ptrs, mask=rvalid[:, None], other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=rvalid[:, None] & (offs_d[None, :] < D), other=0.0)
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
-    b_base = Bias + b * stride_bb + h * stride_bh
     # keys [0, hi) are visible to some row of this block; [0, hi_full) to every row, without a mask
     if CAUSAL:
-        hi = tl.minimum(Sk, start_m + BLOCK_M)
-        hi_full = tl.minimum((start_m // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
+        if PACK:
+            hi = tl.minimum(Sk, Sq)
+            hi_full = 0
+        else:
+            hi = tl.minimum(Sk, start_m + BLOCK_M)
+            hi_full = tl.minimum((start_m // BLOCK_N) * BLOCK_N, (Sk // BLOCK_N) * BLOCK_N)
     else:
         hi = Sk
         hi_full = (Sk // BLOCK_N) * BLOCK_N
@@ -149,33 +174,31 @@ def attn_fwd(Q, K, V, Bias, O, LSE, ML,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(lo, hi_full_s, BLOCK_N):
-        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_base, start_n, offs_m, offs_n, offs_d,
-                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D,
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, offs_n, offs_d,
+                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D,
                                    qk_scale, False, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
     for start_n in range(lo2, hi_s, BLOCK_N):
-        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_base, start_n, offs_m, offs_n, offs_d,
-                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D,
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, offs_n, offs_d,
+                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D,
                                    qk_scale, True, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     split_off = 0
     if SPLIT:
         split_off = tl.program_id(2).to(tl.int64)
-    o_ptrs = (O + b * stride_ob + h * stride_oh + split_off * stride_os + offs_m[:, None] * stride_om
-              + offs_d[None, :] * stride_od)
+    o_ptrs = O + split_off * stride_os + o_rows[:, None] + offs_d[None, :] * stride_od
     if EVEN_D:
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=offs_m[:, None] < Sq)
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=rvalid[:, None])
     else:
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m[:, None] < Sq) & (offs_d[None, :] < D))
-    l_ptrs = LSE + b * stride_lb + h * stride_lh + split_off * stride_ls + offs_m * stride_lm
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=rvalid[:, None] & (offs_d[None, :] < D))
+    l_ptrs = LSE + split_off * stride_ls + l_rows
     if SPLIT:
         # partial statistics: m (log2 domain) in LSE, l in ML
-        tl.store(l_ptrs, m_i, mask=offs_m < Sq)
-        ml_ptrs = ML + b * stride_lb + h * stride_lh + split_off * stride_ls + offs_m * stride_lm
-        tl.store(ml_ptrs, l_i, mask=offs_m < Sq)
+        tl.store(l_ptrs, m_i, mask=rvalid)
+        tl.store(ML + split_off * stride_ls + l_rows, l_i, mask=rvalid)
     elif STORE_LSE:
         lse = tl.where(empty, 0.0, (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-        tl.store(l_ptrs, lse, mask=offs_m < Sq)
+        tl.store(l_ptrs, lse, mask=rvalid)
 
 
 @triton.jit

@@ -195,13 +195,22 @@ def _splits(progs, Sk, sk_eff, BN, interp, device, decode):
     return (ns, split_len) if ns > 1 else (1, Sk)
 
 
-def num_splits(B, Hq, Sq, Sk, D, dtype, causal, device) -> int:
+def num_splits(B, Hq, Sq, Sk, D, dtype, causal, device, Hkv=None) -> int:
     """How many KV splits the forward uses for these shapes (tests, benchmarks)."""
     BD = max(16, next_pow2(D))
     interp = device.type != "cuda"
-    BM, BN, _, _ = _config("decode" if Sq <= 16 else "fwd", BD, dtype == torch.float32, interp)
+    decode = Sq <= 16
+    BM, BN, _, _ = _config("decode" if decode else "fwd", BD, dtype == torch.float32, interp)
+    if decode and Hkv is not None and Hkv != Hq:
+        nm, nbh = _packed(B, Hq, Hkv, Sq, BM)
+        return _splits(nm * nbh, Sk, min(Sk, Sq) if causal else Sk, BN, interp, device, True)[0]
     nm = cdiv(Sq, BM)
-    return _splits(B * Hq * nm, Sk, min(Sk, nm * BM) if causal else Sk, BN, interp, device, Sq <= 16)[0]
+    return _splits(B * Hq * nm, Sk, min(Sk, nm * BM) if causal else Sk, BN, interp, device, decode)[0]
+
+
+def _packed(B, Hq, Hkv, Sq, BM):
+    """(query blocks, programs along axis 1) of the GQA-decode packing: rows = (group head, query)."""
+    return cdiv((Hq // Hkv) * Sq, BM), B * Hkv
 
 
 def _forward(q, k, v, bias, causal, scale, o, lse):
@@ -216,8 +225,15 @@ def _forward(q, k, v, bias, causal, scale, o, lse):
     BM, BN, W, ST = _config("decode" if decode else "fwd", BD, ieee, interp)
     qk_scale = scale * _LOG2E
     bt, bst, has_bias, bias_bool = _bias_args(bias, q, B, Hq, Sq, Sk)
-    nm = cdiv(Sq, BM)
-    ns, split_len = _splits(B * Hq * nm, Sk, min(Sk, nm * BM) if causal else Sk, BN, interp, q.device, decode)
+    # GQA decode: the group's query heads share one program per KV head (K/V read once per group)
+    pack = decode and group > 1
+    if pack:
+        nm, nbh = _packed(B, Hq, Hkv, Sq, BM)
+        sk_eff = min(Sk, Sq) if causal else Sk
+    else:
+        nm, nbh = cdiv(Sq, BM), B * Hq
+        sk_eff = min(Sk, nm * BM) if causal else Sk
+    ns, split_len = _splits(nbh * nm, Sk, sk_eff, BN, interp, q.device, decode)
     common = (*_strides4(q), *_strides4(k), *_strides4(v), *bst)
     if ns > 1:
         op = empty((ns, B, Hq, Sq, D), torch.float32, q.device)
@@ -225,9 +241,9 @@ def _forward(q, k, v, bias, causal, scale, o, lse):
         lp = empty((ns, B, Hq, Sq), torch.float32, q.device)
         ost = (op.stride(1), op.stride(2), op.stride(3), op.stride(4), op.stride(0))
         lst = (mp.stride(1), mp.stride(2), mp.stride(3), mp.stride(0))
-        _fwd.run((nm, B * Hq, ns),
+        _fwd.run((nm, nbh, ns),
                  (q, k, v, bt, op, mp, lp, *common, *ost, *lst, Hq, group, Sq, Sk, D, qk_scale, split_len,
-                  BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, True, False, False), W, ST)
+                  BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, True, False, False, pack), W, ST)
         BMc = min(next_pow2(Sq), 16)
         store = lse is not None
         lt = lse if store else o
@@ -240,9 +256,10 @@ def _forward(q, k, v, bias, causal, scale, o, lse):
     store = lse is not None
     lt = lse if store else o
     lst = (lse.stride(0), lse.stride(1), lse.stride(2), 0) if store else (0, 0, 0, 0)
-    _fwd.run((nm, B * Hq, 1),
+    _fwd.run((nm, nbh, 1),
              (q, k, v, bt, o, lt, o, *common, *_strides4(o), 0, *lst, Hq, group, Sq, Sk, D, qk_scale, Sk,
-              BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, False, store, bool(causal) and nm > 1), W, ST)
+              BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, False, store,
+              bool(causal) and nm > 1 and not pack, pack), W, ST)
 
 
 def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv):

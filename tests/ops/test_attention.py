@@ -186,22 +186,29 @@ def test_sdpa_backward_head_dims(D):
 def test_decode_split_kv(Sk, dtype):
     """One query against a long KV cache: split-KV (several programs per head) and the combine kernel."""
     B, H, D = 1, 2, HEAD_DIMS[-1] if ON_GPU else 32
-    assert A.num_splits(B, H, 1, Sk, D, dtype, False, torch.device(DEVICE)) > 1
+    long_kv = Sk >= (512 if ON_GPU else 64)     # splits keep >= 256 keys on the GPU (2 blocks on CPU)
+    assert (A.num_splits(B, H, 1, Sk, D, dtype, False, torch.device(DEVICE)) > 1) == long_kv
     q, k, v = qkv(B, H, H, 1, Sk, D, dtype)
     with served_attention(lambda: F.scaled_dot_product_attention(q, k, v)), gems.use_gems():
         out = F.scaled_dot_product_attention(q, k, v)
     ref = ref_attention(*(t.cpu().double() for t in (q, k, v)))
     aten = F.scaled_dot_product_attention(q, k, v) if dtype != torch.float32 else None
     assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg="decode")
-    # GQA decode with a padding mask and a few query rows (speculative decoding)
-    q, k, v = qkv(2, 4, 2, 3, Sk, D, dtype)
-    mask = make_mask("bool_pad", 2, 4, 3, Sk, dtype)
-    kw = dict(attn_mask=mask, enable_gqa=True)
-    with served_attention(lambda: F.scaled_dot_product_attention(q, k, v, **kw)), gems.use_gems():
-        out = F.scaled_dot_product_attention(q, k, v, **kw)
-    ref = ref_attention(*(t.cpu().double() for t in (q, k, v)), mask=mask.cpu())
-    aten = F.scaled_dot_product_attention(q, k, v, **kw) if dtype != torch.float32 else None
-    assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg="decode gqa mask")
+    # GQA decode (the group's heads packed into one program per KV head), with a padding mask and a
+    # few query rows (speculative decoding), split and not; causal (top-left: rows see keys <= row)
+    for B, Hq, Hk, Sq, mkind, causal, split in ((2, 4, 2, 3, "bool_pad", False, ON_GPU), (1, 8, 2, 1, None, False, True),
+                                                (1, 4, 1, 5, "add_head", False, True), (1, 4, 2, 3, None, True, False)):
+        q, k, v = qkv(B, Hq, Hk, Sq, Sk, D, dtype)
+        mask = make_mask(mkind, B, Hq, Sq, Sk, dtype)
+        kw = dict(attn_mask=mask, enable_gqa=True, is_causal=causal)
+        if split and long_kv:
+            assert A.num_splits(B, Hq, Sq, Sk, D, dtype, causal, torch.device(DEVICE), Hkv=Hk) > 1
+        with served_attention(lambda: F.scaled_dot_product_attention(q, k, v, **kw)), gems.use_gems():
+            out = F.scaled_dot_product_attention(q, k, v, **kw)
+        ref = ref_attention(*(t.cpu().double() for t in (q, k, v)), mask=mask.cpu() if mask is not None else None,
+                            causal=causal)
+        aten = F.scaled_dot_product_attention(q, k, v, **kw) if dtype != torch.float32 else None
+        assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg=f"decode gqa {B, Hq, Hk, Sq, mkind, causal}")
 
 
 def test_fully_masked_rows_match_aten():
