@@ -3,13 +3,13 @@
     python -m benchmarks.attention                      # all cases, bf16, on the GPU
     python -m benchmarks.attention --quick -o att.json  # a few cases per family
     python -m benchmarks.attention --only decode        # case names containing 'decode'
-    python -m benchmarks.attention --sweep              # try launch configs per kernel kind, print the best
+    python -m benchmarks.attention --sweep fwd          # try launch configs of a kernel kind (fwd decode dkdv dq)
     python -m benchmarks.attention --device cpu         # tiny shapes through the Triton interpreter (smoke run)
 
 Cases (issue 10): Llama-2-7B (32 heads x 128, causal; batch 1-4, sequence 512-4096), BERT (batch 32,
 12 x 64, sequence 128-512, boolean padding mask [B, 1, 1, S] with a quarter of the keys masked in
 half the batch), GQA 32/4 (sequence 2048, causal, enable_gqa), decode (one query, KV 128-8192,
-32 x 128, batch 1). Forward, and forward+backward where training uses it. Per row: ATen's backend
+32 x 128, batch 1; and GQA 32/4). Forward, and forward+backward where training uses it. Per row: ATen's backend
 (the fused overload it dispatched to), median ms of each (`triton.testing.do_bench`), TFLOP/s
 (forward 4*B*H*Sq*Sk*D, half of it under a square causal mask; backward 2.5x the forward), Gems/ATen
 ratio, Gems' max abs difference to ATen, and whether Gems served the call (gems.stats()). ATen runs
@@ -54,6 +54,8 @@ def cases(quick: bool, cpu: bool):
     out.append(("gqa 32/4 B1 S2048", 1, 32, 4, 2048, 2048, 128, True, False, True))
     for kv in ((128, 2048, 8192) if quick else (128, 256, 512, 1024, 2048, 4096, 8192)):
         out.append((f"decode llama2-7b KV{kv}", 1, 32, 32, 1, kv, 128, False, False, False))
+    for kv in ((8192,) if quick else (1024, 8192)):
+        out.append((f"decode gqa 32/4 KV{kv}", 1, 32, 4, 1, kv, 128, False, False, False))
     return out
 
 
@@ -149,20 +151,37 @@ def run_case(c, dtype, device):
     return rows
 
 
-def sweep(dtype, device):
+def _fresh_attention():
+    """Forget recorded call plans (they replay the binary of the config they were recorded with) and
+    signatures an earlier config failed on (the dispatcher sends those to ATen), and zero the stats."""
+    for impl in gems.registry.all_impls():
+        if "dot_product" in impl.name:
+            impl.set_fn(impl.fn)
+    gems.reset_stats()
+
+
+def sweep(dtype, device, kinds=()):
     """Try launch configs per kernel kind on representative shapes; print the best of each."""
     from gems.ops import attention as A
     import itertools
     shapes = {"fwd": ("llama2-7b B1 S4096", 1, 32, 32, 4096, 4096, 128, True, False, False),
               "decode": ("decode KV4096", 1, 32, 32, 1, 4096, 128, False, False, False)}
     bwd_shape = ("llama2-7b B1 S2048", 1, 32, 32, 2048, 2048, 128, True, False, True)
-    grid = {"fwd": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))],
-            "decode": [(16, bn, w, s) for bn, w, s in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4))],
-            "dkdv": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((16, 32, 64), (64, 128), (4, 8), (2, 3))],
-            "dq": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (16, 32, 64), (4, 8), (2, 3))]}
+    if device == "cpu":   # a smoke run of the sweep itself through the interpreter
+        shapes = {"fwd": ("tiny", 1, 1, 1, 64, 64, 128, True, False, False),
+                  "decode": ("tiny decode", 1, 1, 1, 1, 256, 128, False, False, False)}
+        bwd_shape = ("tiny", 1, 1, 1, 64, 64, 128, True, False, True)
+    grid = {"fwd": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))],
+            "decode": [(16, bn, w, s) for bn, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3))],
+            "dkdv": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((16, 32), (64, 128), (4, 8), (2, 3))],
+            "dq": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (32, 64), (4, 8), (2, 3))]}
     gems.enable()
     try:
         for kind, cfgs in grid.items():
+            if kinds and kind not in kinds:
+                continue
+            if device == "cpu":
+                cfgs = cfgs[:2]
             c = shapes.get(kind, bwd_shape)
             name, B, Hq, Hkv, Sq, Sk, D, causal, mask, training = c
             q, k, v, m = make_inputs(B, Hq, Hkv, Sq, Sk, D, mask, dtype, device, kind in ("dkdv", "dq"))
@@ -175,12 +194,17 @@ def sweep(dtype, device):
             results = []
             for cfg in cfgs:
                 A.set_config(kind, 128, False, cfg)
+                _fresh_attention()
                 try:
-                    results.append((bench(fn, device), cfg))
+                    t = bench(fn, device)
+                    if any(d["fallback"] for n, d in gems.stats().items() if "dot_product" in n):
+                        raise RuntimeError("fell back to ATen")
+                    results.append((t, cfg))
                 except Exception as e:  # noqa: BLE001 - out of shared memory / registers
                     results.append((float("inf"), cfg))
-                    print(f"  {kind} {cfg}: {type(e).__name__}", file=sys.stderr)
+                    print(f"  {kind} {cfg}: {type(e).__name__}: {str(e)[:80]}", file=sys.stderr)
             A.set_config(kind, 128, False, None)
+            _fresh_attention()
             base = bench(fn, device)
             results.sort()
             print(f"{kind:7s} on {name}: table config {base:.3f} ms; best " +
@@ -195,7 +219,8 @@ def main(argv=None):
     ap.add_argument("--only", default=None)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--dtype", default=None, choices=("bf16", "fp16"))
-    ap.add_argument("--sweep", action="store_true", help="try launch configs (GPU) and print the best per kernel")
+    ap.add_argument("--sweep", nargs="*", default=None, metavar="KIND",
+                    help="try launch configs (GPU) and print the best per kernel kind (fwd decode dkdv dq; all if none)")
     ap.add_argument("-o", "--json", default=None)
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -204,8 +229,8 @@ def main(argv=None):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[a.dtype]
     if dtype is None:   # the interpreter backend leaves bf16 to ATen
         dtype = torch.float16 if a.device == "cpu" else torch.bfloat16
-    if a.sweep:
-        sweep(dtype, a.device)
+    if a.sweep is not None:
+        sweep(dtype, a.device, tuple(a.sweep))
         return 0
     env = dict(torch=torch.__version__, device=torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
                dtype=str(dtype), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
