@@ -33,8 +33,18 @@ Left to ATen (counted in `gems.stats()` with the reason): dropout_p > 0 ("dropou
 value head dim != query head dim, varlen (cum_seq) backward, debug masks, a bias that needs its
 gradient, empty sequences, inputs that are not 4-d.
 
-Kernels and the math of each: gems/ops/_attention_kernels.py. Launch configs: `_config` (per kind,
-padded head dim, fp32-or-not; decode and split-KV decided from the shapes and the SM count), cached.
+Kernels and the math of each: gems/ops/_attention_kernels.py (forward: online softmax in base 2,
+unmasked key blocks below the causal diagonal, masked diagonal/ragged blocks; backward: delta, dK/dV
+per key block, dQ per query block, deterministic). Head dims that are not a power of two (80, 96)
+run in a padded BLOCK_D with masks; fp32 inputs (efficient attention on CUDA) use full-precision dots.
+Decode (<= 16 queries): GQA groups are packed into one program per KV head, and when that still
+leaves SMs idle the keys are split over programs (flash-decoding) and merged by a combine kernel.
+Launch configs: `_config` (per kind, padded head dim, fp32-or-not, GPU or interpreter), cached;
+`set_config` overrides one (benchmarks/attention.py --sweep).
+
+Call plans: the CPU overloads and the efficient/backward overloads get plans; the cuDNN and flash
+forwards return SymInts (max_q, max_k), which plans cannot map yet, so they run the Python path
+(about 30 us of host time per call).
 """
 from __future__ import annotations
 
@@ -44,7 +54,7 @@ import math
 import torch
 
 from ..registry import FLOATS, Unsupported, register
-from ..runtime import backend, kernel
+from ..runtime import kernel
 from ..runtime.alloc import empty
 from ..runtime.utils import cdiv, next_pow2
 from . import _attention_kernels as K
