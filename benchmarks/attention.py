@@ -220,7 +220,7 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--dtype", default=None, choices=("bf16", "fp16"))
     ap.add_argument("--sweep", nargs="*", default=None, metavar="KIND",
-                    help="try launch configs (GPU) and print the best per kernel kind (fwd decode dkdv dq; all if none)")
+                    help="try launch configs (GPU), print the best per kernel kind (fwd decode dkdv dq; all if none)")
     ap.add_argument("-o", "--json", default=None)
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():

@@ -65,7 +65,8 @@ def served_attention(fn, backward=False):
     before = {n: gems.registry.get(n).served for n in names}
     yield name
     for n in names:
-        assert gems.registry.get(n).served > before[n], f"Gems did not serve aten::{n}: {gems.stats().get(n + '.default')}"
+        got = gems.registry.get(n).served
+        assert got > before[n], f"Gems did not serve aten::{n}: {gems.stats().get(n + '.default')}"
 
 
 def qkv(B, Hq, Hk, Sq, Sk, D, dtype, requires_grad=False, low=-2.0, high=2.0):
@@ -196,8 +197,9 @@ def test_decode_split_kv(Sk, dtype):
     assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg="decode")
     # GQA decode (the group's heads packed into one program per KV head), with a padding mask and a
     # few query rows (speculative decoding), split and not; causal (top-left: rows see keys <= row)
-    for B, Hq, Hk, Sq, mkind, causal, split in ((2, 4, 2, 3, "bool_pad", False, ON_GPU), (1, 8, 2, 1, None, False, True),
-                                                (1, 4, 1, 5, "add_head", False, True), (1, 4, 2, 3, None, True, False)):
+    decode_cases = ((2, 4, 2, 3, "bool_pad", False, ON_GPU), (1, 8, 2, 1, None, False, True),
+                    (1, 4, 1, 5, "add_head", False, True), (1, 4, 2, 3, None, True, False))
+    for B, Hq, Hk, Sq, mkind, causal, split in decode_cases:
         q, k, v = qkv(B, Hq, Hk, Sq, Sk, D, dtype)
         mask = make_mask(mkind, B, Hq, Sq, Sk, dtype)
         kw = dict(attn_mask=mask, enable_gqa=True, is_causal=causal)
