@@ -54,7 +54,7 @@ def _part(X, Out, Mask, i, N, u, q, scale, TRAIN: tl.constexpr, ALL_DROPPED: tl.
 
 
 @kernel
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "offset"])   # per-call values: no binary per divisibility class
 def dropout_fwd(X, Out, Mask, N, q, scale, seed, offset,
                 TRAIN: tl.constexpr, ALL_DROPPED: tl.constexpr, BLOCK: tl.constexpr):
     """Mask[i] = u(i) < q, Out[i] = X[i] * Mask[i] * scale over a contiguous X; element
