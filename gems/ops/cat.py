@@ -17,10 +17,10 @@ prefill and training), two inner ones a cat along S of such a view (a KV cache's
 contiguous inputs, slices and expanded tensors merge further. An input needing more stride groups
 goes to ATen.
 
-One kernel launch serves up to _SLOTS inputs: each input's [R, W_k] block is cut into
-[BLOCK_R, BLOCK_W] tiles, the tiles of all inputs are numbered consecutively, and a program finds its
-input from the running tile counts (scalar compares, no wasted programs). More than _SLOTS inputs
-take one launch per _SLOTS. Values are cast to the result dtype on store (ATen's promotion over all
+One kernel launch serves up to _SLOTS inputs (cat2_kernel, with half the launch arguments, exactly
+two): each input's [R, W_k] block is cut into [BLOCK_R, BLOCK_W] tiles, the tiles of all inputs are
+numbered consecutively, and a program finds its input from the running tile counts (scalar compares,
+no wasted programs). More than _SLOTS inputs take one launch per _SLOTS. Values are cast to the result dtype on store (ATen's promotion over all
 inputs). Bytes moved: read once, written once.
 """
 from __future__ import annotations
@@ -94,6 +94,22 @@ def cat_kernel(Out, R, Wtot,
                   BIG, BLOCK_R, BLOCK_W)
     else:
         _cat_tile(X3, Out, pid - T3, R, Wtot, W_3, off3, R1_3, R2_3, sR0_3, sR1_3, sR2_3, W1_3, sW0_3, sW1_3,
+                  BIG, BLOCK_R, BLOCK_W)
+
+
+@kernel
+@triton.jit
+def cat2_kernel(Out, R, Wtot,
+                X0, W_0, off0, R1_0, R2_0, sR0_0, sR1_0, sR2_0, W1_0, sW0_0, sW1_0,
+                T1, X1, W_1, off1, R1_1, R2_1, sR0_1, sR1_1, sR2_1, W1_1, sW0_1, sW1_1,
+                BIG: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+    """cat_kernel for exactly two inputs (the models' calls): half the launch arguments to pass."""
+    pid = tl.program_id(0)
+    if pid < T1:
+        _cat_tile(X0, Out, pid, R, Wtot, W_0, off0, R1_0, R2_0, sR0_0, sR1_0, sR2_0, W1_0, sW0_0, sW1_0,
+                  BIG, BLOCK_R, BLOCK_W)
+    else:
+        _cat_tile(X1, Out, pid - T1, R, Wtot, W_1, off1, R1_1, R2_1, sR0_1, sR1_1, sR2_1, W1_1, sW0_1, sW1_1,
                   BIG, BLOCK_R, BLOCK_W)
 
 
@@ -275,6 +291,12 @@ def cat(tensors, dim=0, *, out=None):
         group = slots[g0:g0 + _SLOTS]
         args = [y, R, wtot]
         start = 0
+        if len(group) == 2:
+            (t0, w0, o0, f0, g0_), (t1, w1, o1, f1, g1) = group
+            t_1 = rt * cdiv(w0, bw)
+            cat2_kernel[(t_1 + rt * cdiv(w1, bw),)](y, R, wtot, t0, w0, o0, *f0, *g0_, t_1, t1, w1, o1, *f1, *g1,
+                                                    big, br, bw, num_warps=nw)
+            continue
         for k in range(_SLOTS):
             if k:
                 args.append(start)
