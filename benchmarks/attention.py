@@ -13,7 +13,8 @@ half the batch), GQA 32/4 (sequence 2048, causal, enable_gqa), decode (one query
 (the fused overload it dispatched to), median ms of each (`triton.testing.do_bench`), TFLOP/s
 (forward 4*B*H*Sq*Sk*D, half of it under a square causal mask; backward 2.5x the forward), Gems/ATen
 ratio, Gems' max abs difference to ATen, and whether Gems served the call (gems.stats()). ATen runs
-with Gems unregistered (`gems.disable()`), i.e. exactly what users without Gems run.
+with Gems unregistered (`gems.disable()`), i.e. exactly what users without Gems run; Gems runs with
+`gems.enable(opt_in=("attention",))` (attention is an opt-in group).
 """
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ def run_case(c, dtype, device):
         gems.disable()
         with ctx():
             t_aten = bench(fn, device)
-        gems.enable()
+        gems.enable(opt_in=("attention",))
         gems.reset_stats()
         try:
             with ctx():
@@ -175,7 +176,7 @@ def sweep(dtype, device, kinds=()):
             "decode": [(16, bn, w, s) for bn, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3))],
             "dkdv": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((16, 32), (64, 128), (4, 8), (2, 3))],
             "dq": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (32, 64), (4, 8), (2, 3))]}
-    gems.enable()
+    gems.enable(opt_in=("attention",))
     try:
         for kind, cfgs in grid.items():
             if kinds and kind not in kinds:

@@ -42,6 +42,10 @@ leaves SMs idle the keys are split over programs (flash-decoding) and merged by 
 Launch configs: `_config` (per kind, padded head dim, fp32-or-not, GPU or interpreter), cached;
 `set_config` overrides one (benchmarks/attention.py --sweep).
 
+Opt-in: the overloads form the opt-in group "attention" (`gems.enable(opt_in=("attention",))` or
+GEMS_OPT_IN=attention): correct, but not yet faster than cuDNN on the H100, so plain `enable()` leaves
+SDPA to ATen.
+
 Call plans: the CPU overloads and the efficient/backward overloads get plans; the cuDNN and flash
 forwards return SymInts (max_q, max_k), which plans cannot map yet, so they run the Python path
 (about 30 us of host time per call).
@@ -330,7 +334,8 @@ def _grads_like(q, k, v, perm=None):
 # CPU (interpreter backend): the overload SDPA picks on CPU
 
 @register("_scaled_dot_product_flash_attention_for_cpu", category="other", dtypes=FLOATS,
-          backends=("interpreter",))
+          backends=("interpreter",),
+          opt_in="attention")
 def sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     """Fused attention forward (SDPA on CPU): causal, masks, GQA, online softmax."""
     B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_mask, dropout_p)
@@ -343,7 +348,8 @@ def sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_ma
 
 
 @register("_scaled_dot_product_flash_attention_for_cpu_backward", category="other", dtypes=FLOATS, backward=True,
-          backends=("interpreter",))
+          backends=("interpreter",),
+          opt_in="attention")
 def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,
                             scale=None):
     """Fused attention backward (dQ, dK, dV; deterministic, no atomics)."""
@@ -367,7 +373,8 @@ def _seed_offset(device, dtype=torch.int64, seed_shape=()):
     return empty(seed_shape, dtype, device), empty((), dtype, device)
 
 
-@register("_scaled_dot_product_cudnn_attention", category="other", dtypes=FLOATS, backends=("cuda",))
+@register("_scaled_dot_product_cudnn_attention", category="other", dtypes=FLOATS, backends=("cuda",),
+          opt_in="attention")
 def sdpa_cudnn(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
                return_debug_mask=False, *, scale=None):
     """Fused attention forward in place of cuDNN's (SDPA's choice on H100/H200 with torch 2.11)."""
@@ -382,7 +389,8 @@ def sdpa_cudnn(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, 
 
 
 @register("_scaled_dot_product_cudnn_attention_backward", category="other", dtypes=FLOATS, backward=True,
-          backends=("cuda",))
+          backends=("cuda",),
+          opt_in="attention")
 def sdpa_cudnn_backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias,
                         cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *, scale=None):
     """Fused attention backward in place of cuDNN's."""
@@ -397,7 +405,8 @@ def sdpa_cudnn_backward(grad_out, query, key, value, out, logsumexp, philox_seed
     return dq, dk, dv
 
 
-@register("_scaled_dot_product_flash_attention", category="other", dtypes=FLOATS, backends=("cuda",))
+@register("_scaled_dot_product_flash_attention", category="other", dtypes=FLOATS, backends=("cuda",),
+          opt_in="attention")
 def sdpa_flash(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
     """Fused attention forward in place of FlashAttention's."""
     B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, None, dropout_p)
@@ -411,7 +420,8 @@ def sdpa_flash(query, key, value, dropout_p=0.0, is_causal=False, return_debug_m
 
 
 @register("_scaled_dot_product_flash_attention_backward", category="other", dtypes=FLOATS, backward=True,
-          backends=("cuda",))
+          backends=("cuda",),
+          opt_in="attention")
 def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                         is_causal, philox_seed, philox_offset, *, scale=None):
     """Fused attention backward in place of FlashAttention's."""
@@ -425,7 +435,8 @@ def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, 
     return dq, dk, dv
 
 
-@register("_scaled_dot_product_efficient_attention", category="other", dtypes=FLOATS, backends=("cuda",))
+@register("_scaled_dot_product_efficient_attention", category="other", dtypes=FLOATS, backends=("cuda",),
+          opt_in="attention")
 def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
     """Fused attention forward in place of the memory-efficient kernel's (masks, fp32)."""
     B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p)
@@ -438,7 +449,8 @@ def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0
 
 
 @register("_scaled_dot_product_efficient_attention_backward", category="other", dtypes=FLOATS, backward=True,
-          backends=("cuda",))
+          backends=("cuda",),
+          opt_in="attention")
 def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset,
                             dropout_p, grad_input_mask, is_causal=False, *, scale=None):
     """Fused attention backward in place of the memory-efficient kernel's."""

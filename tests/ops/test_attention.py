@@ -17,6 +17,11 @@ import gems
 from gems.ops import attention as A
 from harness import DEVICE, DTYPES, ON_GPU, assert_close, dtype_params, make
 
+
+def gems_on():
+    """Gems with the opt-in attention group (plain use_gems() leaves SDPA to ATen)."""
+    return gems.use_gems(opt_in=("attention",))
+
 FUSED = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
          "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
 HEAD_DIMS = (64, 80, 96, 128) if ON_GPU else (16, 32, 64)
@@ -134,7 +139,7 @@ def _run_case(case, D, dtype, grads):
         return F.scaled_dot_product_attention(q, k, v, **kw)
 
     g = make((B, Hq, Sq, D), dtype)
-    with served_attention(lambda: sdpa(q, k, v), backward=grads), gems.use_gems():
+    with served_attention(lambda: sdpa(q, k, v), backward=grads), gems_on():
         out = sdpa(q, k, v)
         got = torch.autograd.grad(out, (q, k, v), g) if grads else ()
     r = [t.detach().cpu().double().requires_grad_(grads) for t in (q, k, v)]
@@ -190,7 +195,7 @@ def test_decode_split_kv(Sk, dtype):
     long_kv = Sk >= (512 if ON_GPU else 64)     # splits keep >= 256 keys on the GPU (2 blocks on CPU)
     assert (A.num_splits(B, H, 1, Sk, D, dtype, False, torch.device(DEVICE)) > 1) == long_kv
     q, k, v = qkv(B, H, H, 1, Sk, D, dtype)
-    with served_attention(lambda: F.scaled_dot_product_attention(q, k, v)), gems.use_gems():
+    with served_attention(lambda: F.scaled_dot_product_attention(q, k, v)), gems_on():
         out = F.scaled_dot_product_attention(q, k, v)
     ref = ref_attention(*(t.cpu().double() for t in (q, k, v)))
     aten = F.scaled_dot_product_attention(q, k, v) if dtype != torch.float32 else None
@@ -205,7 +210,7 @@ def test_decode_split_kv(Sk, dtype):
         kw = dict(attn_mask=mask, enable_gqa=True, is_causal=causal)
         if split and long_kv:
             assert A.num_splits(B, Hq, Sq, Sk, D, dtype, causal, torch.device(DEVICE), Hkv=Hk) > 1
-        with served_attention(lambda: F.scaled_dot_product_attention(q, k, v, **kw)), gems.use_gems():
+        with served_attention(lambda: F.scaled_dot_product_attention(q, k, v, **kw)), gems_on():
             out = F.scaled_dot_product_attention(q, k, v, **kw)
         ref = ref_attention(*(t.cpu().double() for t in (q, k, v)), mask=mask.cpu() if mask is not None else None,
                             causal=causal)
@@ -228,7 +233,7 @@ def test_fully_masked_rows_match_aten():
             mask[1, :, 7] = float("-inf")
         mask = mask.to(DEVICE)
         fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # noqa: E731
-        with served_attention(fn), gems.use_gems():
+        with served_attention(fn), gems_on():
             out = fn()
         aten = fn()
         assert torch.equal(torch.isnan(out), torch.isnan(aten))
@@ -242,7 +247,7 @@ def test_dropout_falls_back_with_reason():
     name = "_scaled_dot_product_efficient_attention" if ON_GPU else "_scaled_dot_product_flash_attention_for_cpu"
     impl = gems.registry.get(name)
     before = impl.all_reasons().get("dropout", 0)
-    with gems.use_gems():
+    with gems_on():
         try:
             if ON_GPU:
                 torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, False, 0.2)
@@ -252,7 +257,7 @@ def test_dropout_falls_back_with_reason():
             pass    # ATen's own answer to the call (whatever it is) is what the user gets
     assert impl.all_reasons().get("dropout", 0) == before + 1
     # SDPA with dropout: whatever ATen picks, Gems never serves a fused overload with dropout > 0
-    with gems.use_gems():
+    with gems_on():
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
     assert y.shape == q.shape
 
@@ -266,8 +271,8 @@ def test_mixed_forward_backward(direction):
     q, k, v = qkv(B, Hq, Hk, S, S, D, dtype, requires_grad=True)
     g = make((B, Hq, S, D), dtype)
     kw = dict(is_causal=True, enable_gqa=Hq != Hk)
-    fwd_ctx = gems.use_gems() if direction == "gems_fwd_aten_bwd" else contextlib.nullcontext()
-    bwd_ctx = gems.use_gems() if direction == "aten_fwd_gems_bwd" else contextlib.nullcontext()
+    fwd_ctx = gems_on() if direction == "gems_fwd_aten_bwd" else contextlib.nullcontext()
+    bwd_ctx = gems_on() if direction == "aten_fwd_gems_bwd" else contextlib.nullcontext()
     with served_attention(lambda: F.scaled_dot_product_attention(q, k, v, **kw)) if direction.startswith("gems") \
             else contextlib.nullcontext():
         with fwd_ctx:
@@ -356,7 +361,7 @@ def test_unsupported_inputs_fall_back():
         pytest.skip("CPU overload; on CUDA SDPA does not pick a fused kernel for these")
     impl = gems.registry.get(name)
     q = make((1, 1, 4, 272), torch.float32)
-    with gems.use_gems():
+    with gems_on():
         y = F.scaled_dot_product_attention(q, q, q)
     assert impl.all_reasons().get("head dim > 256", 0) >= 1
     assert_close(y, ref_attention(*(q.double(),) * 3), torch.float32)
@@ -381,3 +386,20 @@ def test_each_cuda_backend(sdp, case):
     except RuntimeError as e:
         pytest.skip(f"ATen cannot run {sdp} for {case} here: {str(e).splitlines()[0][:100]}")
     _run(case, 128, torch.bfloat16, grads=True, ctx=ctx)
+
+
+def test_attention_is_opt_in():
+    """Plain use_gems()/enable() leave SDPA to ATen (the 'attention' group is opt-in); with the group
+    the fused overload is served."""
+    q, k, v = qkv(1, 2, 2, 16, 16, HEAD_DIMS[0], DTYPES[-1] if ON_GPU else torch.float32)
+    fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    name = aten_choice(fn)
+    impl = gems.registry.get(name)
+    assert impl.opt_in == "attention"
+    before = impl.served
+    with gems.use_gems():
+        out = fn()
+    assert impl.served == before
+    assert torch.equal(out, fn())
+    with served_attention(fn), gems_on():
+        fn()
