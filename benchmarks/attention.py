@@ -32,6 +32,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import gems  # noqa: E402
+# loads the op modules before enable(opt_in=("attention",)) validates the group name (registry.opt_in_groups
+# reads the table without loading it)
+gems.registry.all_impls()
 
 FUSED = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention",
          "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu")
