@@ -70,23 +70,33 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, of
         else:
             kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
             v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
-    s = _dot(q, kt, IEEE) * qk_scale
+    qk = _dot(q, kt, IEEE)
+    if MASKED:
+        valid = n[None, :] < Sk
+        if CAUSAL:
+            valid = valid & (n[None, :] <= rm[:, None])
     if HAS_BIAS:
         b_ptrs = b_rows[:, None] + n[None, :] * stride_bn
         if MASKED:
             bmask = rvalid[:, None] & (n[None, :] < Sk)
         else:
             bmask = rvalid[:, None]
-        s += _bias_tile(b_ptrs, bmask, BIAS_BOOL)
-    if MASKED:
-        valid = n[None, :] < Sk
-        if CAUSAL:
-            valid = valid & (n[None, :] <= rm[:, None])
-        s = tl.where(valid, s, NEG_INF)
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+        s = qk * qk_scale + _bias_tile(b_ptrs, bmask, BIAS_BOOL)
+        if MASKED:
+            s = tl.where(valid, s, NEG_INF)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    else:
+        # no bias: the scale (> 0, the wrapper checks) commutes with the max, so the exponent below
+        # is one fused multiply-add per score
+        if MASKED:
+            qk = tl.where(valid, qk, NEG_INF)
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
     # a row with nothing visible yet keeps m = -inf: shift by 0 so exp2 gives 0, not NaN
     m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
-    p = tl.math.exp2(s - m_use[:, None])
+    if HAS_BIAS:
+        p = tl.math.exp2(s - m_use[:, None])
+    else:
+        p = tl.math.exp2(qk * qk_scale - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)

@@ -188,7 +188,12 @@ def _bias_args(bias, q, B, Hq, Sq, Sk):
 
 
 def _scale(q, scale):
-    return float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    if scale is None:
+        return 1.0 / math.sqrt(q.shape[-1])
+    scale = float(scale)
+    if not scale > 0.0 or math.isinf(scale):   # the kernels take max(q k^T) * scale = max(q k^T * scale)
+        raise Unsupported("scale <= 0 or not finite")
+    return scale
 
 
 def _strides4(t):

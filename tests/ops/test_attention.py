@@ -365,6 +365,11 @@ def test_unsupported_inputs_fall_back():
         y = F.scaled_dot_product_attention(q, q, q)
     assert impl.all_reasons().get("head dim > 256", 0) >= 1
     assert_close(y, ref_attention(*(q.double(),) * 3), torch.float32)
+    q = make((1, 2, 8, 16), torch.float32)
+    with gems_on():
+        y = F.scaled_dot_product_attention(q, q, q, scale=-0.5)
+    assert impl.all_reasons().get("scale <= 0 or not finite", 0) >= 1
+    assert_close(y, ref_attention(*(q.double(),) * 3, scale=-0.5), torch.float32)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the CUDA overloads have no CPU kernel (their wrappers are checked above)")
