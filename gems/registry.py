@@ -242,6 +242,7 @@ _WARNED_NAMES: set = set()
 
 def opt_in_groups() -> set[str]:
     """Names of the opt-in groups (`register(..., opt_in=...)`)."""
+    _load_ops()
     return {i.opt_in for i in _IMPLS.values() if i.opt_in}
 
 

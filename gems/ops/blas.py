@@ -153,12 +153,34 @@ _ATEN = {"aten": True}
 ATEN_FASTER = "aten faster"
 
 
-def gemm_policy() -> str:
-    """'auto' (ATen where it was measured faster for a bucket) or 'triton' (GEMS_GEMM=triton)."""
-    v = os.environ.get("GEMS_GEMM", "auto").strip().lower() or "auto"
+_POLICY = None
+
+
+def _parse_policy(v) -> str:
+    v = str(v).strip().lower() or "auto"
     if v not in ("auto", "triton"):
         raise ValueError(f"GEMS_GEMM={v!r}: expected 'auto' (ATen where measured faster) or 'triton'")
     return v
+
+
+def gemm_policy() -> str:
+    """'auto' (ATen where it was measured faster for a bucket) or 'triton': $GEMS_GEMM, read once
+    (the decisions live in call plans); `set_gemm_policy` changes it at run time."""
+    global _POLICY
+    if _POLICY is None:
+        _POLICY = _parse_policy(os.environ.get("GEMS_GEMM", "auto"))
+    return _POLICY
+
+
+def set_gemm_policy(policy: str):
+    """Switch the GEMM policy ('auto' or 'triton') at run time: the GEMM overloads' plans, ATen
+    decisions included, are dropped so every signature decides again under the new policy."""
+    global _POLICY
+    _POLICY = _parse_policy(policy)
+    from ..registry import all_impls
+    for impl in all_impls():
+        if impl.category == "blas":
+            impl.set_fn(impl.fn)
 
 
 _TUNERS = {}

@@ -88,24 +88,39 @@ def test_the_aten_candidate_computes_what_the_kernel_computes(case):
     assert_close(out, want, torch.float32)
 
 
-def test_gemm_policy_env(monkeypatch):
-    monkeypatch.setenv("GEMS_GEMM", "triton")
-    assert blas.gemm_policy() == "triton"
-    monkeypatch.setenv("GEMS_GEMM", "auto")
-    assert blas.gemm_policy() == "auto"
-    monkeypatch.setenv("GEMS_GEMM", "cublas")
+def test_gemm_policy_values():
+    assert blas._parse_policy("triton") == "triton"
+    assert blas._parse_policy(" AUTO ") == "auto"
+    assert blas._parse_policy("") == "auto"
     with pytest.raises(ValueError, match="GEMS_GEMM"):
-        blas.gemm_policy()
+        blas._parse_policy("cublas")
 
 
 def test_triton_policy_has_no_aten_candidate(monkeypatch):
     monkeypatch.setattr(blas, "_TUNERS", {})
     monkeypatch.setattr(blas, "backend", lambda: type("B", (), {"name": "cuda"})())
-    monkeypatch.setenv("GEMS_GEMM", "triton")
-    t = blas._tuner(2)
-    assert t.name == "mm16" and not any(c.get("aten") for c in t.configs)
-    monkeypatch.setenv("GEMS_GEMM", "auto")
-    t = blas._tuner(2)
-    assert t.name == "mm16-auto" and t.configs[-1] == {"aten": True}
-    # the interpreter cannot time kernels: it takes the first config, never ATen
-    assert not t.configs[0].get("aten")
+    before = blas.gemm_policy()
+    try:
+        blas.set_gemm_policy("triton")
+        t = blas._tuner(2)
+        assert t.name == "mm16" and not any(c.get("aten") for c in t.configs)
+        blas.set_gemm_policy("auto")
+        t = blas._tuner(2)
+        assert t.name == "mm16-auto" and t.configs[-1] == {"aten": True}
+        # the interpreter cannot time kernels: it takes the first config, never ATen
+        assert not t.configs[0].get("aten")
+    finally:
+        blas.set_gemm_policy(before)
+
+
+def test_switching_the_policy_drops_recorded_aten_decisions(aten_bucket):
+    a, b = make((40, 24)), make((24, 17))
+    with gems.use_gems():
+        torch.mm(a, b)
+    assert gems.plan_stats()["mm.default"]["aten"] == 1
+    before = blas.gemm_policy()
+    try:
+        blas.set_gemm_policy("triton")
+        assert gems.plan_stats().get("mm.default", {}).get("aten", 0) == 0
+    finally:
+        blas.set_gemm_policy(before)

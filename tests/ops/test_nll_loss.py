@@ -137,13 +137,15 @@ def test_grad_through_cross_entropy(reduction, dtype):
     t = targets(N, C, ignore=(1, 6))
     w = make((C,), dtype, low=0.1, high=2.0)
     ops = ["nll_loss_forward", "nll_loss_backward"]
-    check_grad(lambda x: F.cross_entropy(x, t, reduction=reduction), [make((N, C), dtype)], dtype=dtype,
-               served_ops=ops)
+    # the reference runs on CPU float64 copies of the inputs: targets follow the input's device
+    check_grad(lambda x: F.cross_entropy(x, t.to(x.device), reduction=reduction), [make((N, C), dtype)],
+               dtype=dtype, served_ops=ops)
     t3 = targets(N, C, ignore=(0,), ignore_index=3)
-    check_grad(lambda x: F.cross_entropy(x, t3, weight=w.to(device=x.device, dtype=x.dtype), reduction=reduction,
+    check_grad(lambda x: F.cross_entropy(x, t3.to(x.device), weight=w.to(device=x.device, dtype=x.dtype),
+                                               reduction=reduction,
                                                ignore_index=3),
                [make((N, C), dtype)], dtype=dtype, served_ops=ops)
-    check_grad(lambda x: F.nll_loss(torch.log_softmax(x, -1), t, reduction=reduction),
+    check_grad(lambda x: F.nll_loss(torch.log_softmax(x, -1), t.to(x.device), reduction=reduction),
                [make((N, C), dtype)], dtype=dtype, served_ops=ops)
 
 
