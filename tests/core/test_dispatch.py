@@ -309,3 +309,33 @@ def test_opt_in_groups_are_left_out_by_default(monkeypatch):
         y = x + x
     assert gems.stats().get("add.Tensor", {}).get("served", 0) == before
     assert_close(y, to_ref(x) * 2, torch.float32)
+
+
+def test_opt_in_overloads_are_registered_only_when_asked_for(monkeypatch):
+    # a registered kernel a selection leaves out still costs a hop into Python per call: opt-in
+    # overloads join the dispatcher only when a selection names them (then the union stays)
+    from gems import dispatch
+    impl = registry.get("add.Tensor")
+    monkeypatch.setattr(impl, "opt_in", "testgroup")
+    monkeypatch.setattr(dispatch, "_cfg_cache", {})
+    monkeypatch.setattr(dispatch, "_opt_in_of", {})
+    monkeypatch.delenv("GEMS_OPT_IN", raising=False)
+    gems.disable()
+    assert dispatch._lib is None, "another scope is active"
+    key = "CPU" if DEVICE == "cpu" else "CUDA"
+
+    def ours():
+        return torch._C._dispatch_has_kernel_for_dispatch_key("aten::add.Tensor", key) and \
+            "gems" in torch._C._dispatch_dump("aten::add.Tensor")
+
+    x = make((4,))
+    with gems.use_gems():
+        assert not ours()
+        assert_close(x + x, to_ref(x) * 2, torch.float32)
+    with gems.use_gems(opt_in=("testgroup",)):
+        assert ours()
+        before = gems.stats().get("add.Tensor", {}).get("served", 0)
+        assert_close(x + x, to_ref(x) * 2, torch.float32)
+        assert gems.stats()["add.Tensor"]["served"] == before + 1
+    gems.disable()   # no scope left: the registrations (the opt-in one too) are gone
+    assert dispatch._lib is None and not ours()
