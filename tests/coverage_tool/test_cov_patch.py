@@ -33,10 +33,17 @@ STANDINS = {
     "rope": lambda q, k, c, s, position_ids=None, unsqueeze_dim=1: (
         q * c.unsqueeze(unsqueeze_dim) + _rot(q) * s.unsqueeze(unsqueeze_dim),
         k * c.unsqueeze(unsqueeze_dim) + _rot(k) * s.unsqueeze(unsqueeze_dim)),
-    "cross_entropy": lambda x, t, **k: TF.cross_entropy(x.float(), t, **k),
-    "fused_linear_cross_entropy": lambda h, w, t, bias=None, **k: TF.cross_entropy(TF.linear(h, w, bias).float(),
-                                                                                   t, **k),
+    "cross_entropy": lambda x, t, **k: _ce(x, t, **k),
+    "fused_linear_cross_entropy": lambda h, w, t, bias=None, **k: _ce(TF.linear(h, w, bias), t, **k),
 }
+
+
+def _ce(logits, target, out_dtype=None, divisor=None, **k):
+    # gems.fused's extra keywords (HF's sum / num_items_in_batch and an fp32 loss) on top of torch's
+    loss = TF.cross_entropy(logits.float(), target, **k)
+    if divisor is not None:
+        loss = loss / divisor
+    return loss if out_dtype is None else loss.to(out_dtype)
 
 
 @pytest.fixture(autouse=True)
