@@ -6,6 +6,7 @@ output allocation/resizing, in-place checks, layout planning) and the kernel cac
 """
 from __future__ import annotations
 
+import math
 import threading
 from typing import Optional
 
@@ -407,6 +408,10 @@ def number_misfit(v, dtype) -> Optional[str]:
         return f"a number with {dtype} tensors"
     if v != v:                            # NaN: fine for floating dtypes, an overflow for integers
         return None if dtype.is_floating_point else f"NaN with {dtype} tensors"
+    if v == 0 and isinstance(v, float) and math.copysign(1.0, v) < 0:
+        # Triton folds a scalar argument equal to 0 into its zero constant, losing the sign: ATen
+        # computes with -0.0 (x * -0.0 is -0.0 for x > 0); the signature keys -0.0 apart
+        return "-0.0 (the sign of a zero number does not reach Triton's kernels)"
     r = _plan.number_range(v)
     if dtype.is_floating_point:
         return None if r <= limit or r == _plan.INF_RANGE else f"out of {dtype}'s range"

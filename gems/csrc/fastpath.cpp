@@ -209,7 +209,8 @@ void key_number(std::vector<int64_t>& w, const IValue& v, bool dynamic) {
     double d = v.toDouble();
     w.push_back(10);
     // per-call floats key NaN-ness, sign and range (an op's check may send such numbers to ATen)
-    w.push_back(!dynamic ? bits(d) : std::isnan(d) ? -1 : (d < 0) | float_range(d) << 1);
+    // (signbit: -0.0 keys apart from +0.0, like plan.py's _dyn_sig)
+    w.push_back(!dynamic ? bits(d) : std::isnan(d) ? -1 : int64_t(std::signbit(d)) | float_range(d) << 1);
   } else if (v.isBool()) {
     w.push_back(11);
     w.push_back(v.toBool());   // passed as 0/1: 1 is specialized

@@ -28,6 +28,7 @@ The generated source of each plan is registered with `linecache` under a readabl
 from __future__ import annotations
 
 import itertools
+import math
 import linecache
 import threading
 from typing import Optional
@@ -210,7 +211,7 @@ def _dyn_sig(v):
     the same for every call of the signature. csrc/fastpath.cpp's key_number keys the same facts."""
     c = v.__class__
     if c is float:
-        if 0.0 <= v <= 127.0:
+        if 0.0 < v <= 127.0 or (v == 0.0 and _copysign(1.0, v) > 0):
             return float            # the common case: non-negative, fits every dtype's range
         return _float_sig(v)
     if c is bool:
@@ -245,11 +246,12 @@ def number_range(v) -> int:
 def _float_sig(v):
     if v != v:
         return _NAN_NUMBER          # NaN-ness too: an op's check may send NaN numbers to ATen
-    r, neg = number_range(v), v < 0
+    r, neg = number_range(v), _copysign(1.0, v) < 0    # -0.0 is "negative": its own signature
     return float if r == 0 and not neg else (float, r, neg)
 
 
 _NAN_NUMBER = ("nan",)
+_copysign = math.copysign
 
 
 def _tensor_list_sig(ts):
