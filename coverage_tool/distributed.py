@@ -60,6 +60,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+# bad input or launch: one line, exit code 2 (the CLI's own error type, parser and number checks)
+from .cli import UsageError, _nonneg_int, _Parser, _positive_int as _pos_int
+
 PROG = "coverage_tool.distributed"
 STRATEGIES = ("ddp", "fsdp2")
 GEMS_MODES = ("on", "off", "both")
@@ -77,35 +80,6 @@ _PLUMBING = ("/torch/_ops.py", "/torch/utils/_python_dispatch.py", "/torch/overr
 FSDP_INNER = {"fsdp::all_gather_copy_in.default": ("_foreach_copy_.default",),
               "fsdp::split_with_sizes_copy.default": ("split_with_sizes_copy.out",),
               "fsdp::chunk_cat.default": ("_chunk_cat.out",)}
-
-
-class UsageError(Exception):
-    """Bad input or launch: one line, exit code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
-
-
-def _pos_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{s}'") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{s}'")
-    return v
-
-
-def _nonneg_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{s}'") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{s}'")
-    return v
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -431,9 +431,8 @@ def _ensure_registered(cfg=frozenset()):
     selection leaves out still costs a hop into Python per call (measured +120 us per SDPA call), so
     a selection naming more of them re-registers with the union."""
     global _lib, _fast, _registered_opt_in
-    want = _registered_opt_in | _opt_in_names(cfg)
-    if _lib is not None and want == _registered_opt_in:
-        return
+    if _lib is not None and _opt_in_names(cfg) <= _registered_opt_in:
+        return   # the common case on every use_gems() entry: a lookup and a subset test
     with _LOCK:
         want = _registered_opt_in | _opt_in_names(cfg)
         if _lib is not None:
