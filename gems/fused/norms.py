@@ -18,6 +18,10 @@ and keeps its dweight (dbias) partial sums in fp32 registers; they are written o
 [programs, N] and a column-sum kernel adds them up in a fixed order. No atomics: results are
 deterministic run to run.
 
+LayerNorm and add_layer_norm run native_layer_norm's kernels (gems/ops/layer_norm.py: one kernel pair
+serves both, with a residual-add flag), so their geometry and accuracy (IEEE division for the mean and
+variance) are the ATen op's; only RMSNorm's kernels live here.
+
 Statistics and all arithmetic are fp32 (fp64 for fp64 inputs on the reference path). Served dtypes:
 fp32, fp16, bf16 for x (weight and bias: any of these, see the casting rules). float64 inputs, and
 tensors on a device the active Gems backend does not run on (CPU without the interpreter, `meta`),
@@ -44,6 +48,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..ops import layer_norm as ln
+from ..ops.reduction import reduce_launch
 from ..runtime import backend, kernel
 from ..runtime.utils import cdiv, empty, next_pow2, zeros
 
@@ -356,184 +362,9 @@ def _rms_bwd(DY, DS, X, W, RSTD, DX, WS, M, N, sDY, sDS, sX, rows_per_prog, offs
                     tl.store(p, tl.load(p, mask=cmask, other=0.0) + g, mask=cmask)
 
 
-@kernel
-@triton.jit
-def _ln_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
-            HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, SINGLE: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """s = x + r (rounded to x's dtype; HAS_RES), mean = sum(s)/N, rstd = 1/sqrt(sum((s-mean)^2)/N + eps)
-    (fp32, saved), y = (s - mean) * rstd * w + b. Bytes per element: read x (+ r), write y (+ s)."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rmask = (rows < M)[:, None]
-    r64 = rows.to(tl.int64)[:, None]
-    cols = tl.arange(0, BLOCK_N)[None, :]
-    if SINGLE:
-        mask = rmask & (cols < N)
-        x = tl.load(X + r64 * sX + cols, mask=mask, other=0.0)
-        if HAS_RES:
-            x = (x.to(tl.float32) + tl.load(R + r64 * sR + cols, mask=mask, other=0.0).to(tl.float32))
-            x = x.to(S.dtype.element_ty)
-            tl.store(S + r64 * N + cols, x, mask=mask)
-        xf = x.to(tl.float32)
-        mean = tl.sum(xf, 1) / N
-        xc = tl.where(mask, xf - mean[:, None], 0.0)
-        rstd = tl.rsqrt(tl.sum(xc * xc, 1) / N + eps)
-        y = xc * rstd[:, None]
-        if HAS_W:
-            y = y * tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
-        if HAS_B:
-            y = y + tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)
-        tl.store(Y + r64 * N + cols, y.to(Y.dtype.element_ty), mask=mask)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for start in range(0, N, BLOCK_N):
-            c = cols + start
-            mask = rmask & (c < N)
-            x = tl.load(X + r64 * sX + c, mask=mask, other=0.0)
-            if HAS_RES:
-                x = (x.to(tl.float32) + tl.load(R + r64 * sR + c, mask=mask, other=0.0).to(tl.float32))
-                x = x.to(S.dtype.element_ty)
-                tl.store(S + r64 * N + c, x, mask=mask)
-            acc += x.to(tl.float32)
-        mean = tl.sum(acc, 1) / N
-        if HAS_RES:
-            tl.debug_barrier()   # the sums stored above are read back below
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for start in range(0, N, BLOCK_N):
-            c = cols + start
-            mask = rmask & (c < N)
-            if HAS_RES:
-                xf = tl.load(S + r64 * N + c, mask=mask, other=0.0).to(tl.float32)
-            else:
-                xf = tl.load(X + r64 * sX + c, mask=mask, other=0.0).to(tl.float32)
-            xc = tl.where(mask, xf - mean[:, None], 0.0)
-            acc += xc * xc
-        rstd = tl.rsqrt(tl.sum(acc, 1) / N + eps)
-        for start in range(0, N, BLOCK_N):
-            c = cols + start
-            mask = rmask & (c < N)
-            if HAS_RES:
-                xf = tl.load(S + r64 * N + c, mask=mask, other=0.0).to(tl.float32)
-            else:
-                xf = tl.load(X + r64 * sX + c, mask=mask, other=0.0).to(tl.float32)
-            y = (xf - mean[:, None]) * rstd[:, None]
-            if HAS_W:
-                y = y * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
-            if HAS_B:
-                y = y + tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)
-            tl.store(Y + r64 * N + c, y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(MEAN + rows, mean, mask=rows < M)
-    tl.store(RSTD + rows, rstd, mask=rows < M)
-
-
-@kernel
-@triton.jit
-def _ln_bwd(DY, DS, X, W, MEAN, RSTD, DX, WS_W, WS_B, M, N, sDY, sDS, sX, rows_per_prog,
-            HAS_W: tl.constexpr, HAS_DS: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
-            DO_DB: tl.constexpr, SINGLE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """xhat = (x - mean) * rstd, wg = dy * w:  dx = rstd * (wg - xhat * sum(wg * xhat)/N - sum(wg)/N)
-    (+ ds); WS_W[program] = sum over its rows of dy * xhat, WS_B[program] = sum of dy (fp32).
-    Bytes per element: read dy, x (+ ds), write dx."""
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    row0 = pid * rows_per_prog
-    row_end = tl.minimum(M, row0 + rows_per_prog)
-    row0_l = row0.to(tl.int64)
-    ws_off = pid.to(tl.int64) * N
-    if SINGLE:
-        cmask = cols < N
-        if HAS_W:
-            w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
-        dw = tl.zeros([BLOCK_N], tl.float32)
-        db = tl.zeros([BLOCK_N], tl.float32)
-        for row in range(row0, row_end):
-            r = row0_l + (row - row0)   # int64 row index (a loop variable may be a plain int)
-            dy = tl.load(DY + r * sDY + cols, mask=cmask, other=0.0).to(tl.float32)
-            x = tl.load(X + r * sX + cols, mask=cmask, other=0.0).to(tl.float32)
-            mean = tl.load(MEAN + row)
-            rstd = tl.load(RSTD + row)
-            xhat = tl.where(cmask, (x - mean) * rstd, 0.0)
-            if DO_DX:
-                if HAS_W:
-                    wg = dy * w
-                else:
-                    wg = dy
-                c1 = tl.sum(wg * xhat, 0) / N
-                c2 = tl.sum(wg, 0) / N
-                dx = rstd * (wg - xhat * c1 - c2)
-                if HAS_DS:
-                    dx += tl.load(DS + r * sDS + cols, mask=cmask, other=0.0).to(tl.float32)
-                tl.store(DX + r * N + cols, dx.to(DX.dtype.element_ty), mask=cmask)
-            if DO_DW:
-                dw += dy * xhat
-            if DO_DB:
-                db += dy
-        if DO_DW:
-            tl.store(WS_W + ws_off + cols, dw, mask=cmask)
-        if DO_DB:
-            tl.store(WS_B + ws_off + cols, db, mask=cmask)
-    else:
-        for row in range(row0, row_end):
-            r = row0_l + (row - row0)   # int64 row index (a loop variable may be a plain int)
-            mean = tl.load(MEAN + row)
-            rstd = tl.load(RSTD + row)
-            if DO_DX:
-                a1 = tl.zeros([BLOCK_N], tl.float32)
-                a2 = tl.zeros([BLOCK_N], tl.float32)
-                for start in range(0, N, BLOCK_N):
-                    c = cols + start
-                    cmask = c < N
-                    dy = tl.load(DY + r * sDY + c, mask=cmask, other=0.0).to(tl.float32)
-                    x = tl.load(X + r * sX + c, mask=cmask, other=0.0).to(tl.float32)
-                    xhat = tl.where(cmask, (x - mean) * rstd, 0.0)
-                    if HAS_W:
-                        dy = dy * tl.load(W + c, mask=cmask, other=0.0).to(tl.float32)
-                    a1 += dy * xhat
-                    a2 += dy
-                c1 = tl.sum(a1, 0) / N
-                c2 = tl.sum(a2, 0) / N
-            for start in range(0, N, BLOCK_N):
-                c = cols + start
-                cmask = c < N
-                dy = tl.load(DY + r * sDY + c, mask=cmask, other=0.0).to(tl.float32)
-                x = tl.load(X + r * sX + c, mask=cmask, other=0.0).to(tl.float32)
-                xhat = tl.where(cmask, (x - mean) * rstd, 0.0)
-                if DO_DX:
-                    if HAS_W:
-                        wg = dy * tl.load(W + c, mask=cmask, other=0.0).to(tl.float32)
-                    else:
-                        wg = dy
-                    dx = rstd * (wg - xhat * c1 - c2)
-                    if HAS_DS:
-                        dx += tl.load(DS + r * sDS + c, mask=cmask, other=0.0).to(tl.float32)
-                    tl.store(DX + r * N + c, dx.to(DX.dtype.element_ty), mask=cmask)
-                if DO_DW:
-                    p = WS_W + ws_off + c
-                    tl.store(p, tl.load(p, mask=cmask, other=0.0) + dy * xhat, mask=cmask)
-                if DO_DB:
-                    p = WS_B + ws_off + c
-                    tl.store(p, tl.load(p, mask=cmask, other=0.0) + dy, mask=cmask)
-
-
-@kernel
-@triton.jit
-def _col_sum(WS, OUT, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """OUT[n] = sum_p WS[p, n] in fp32, in a fixed order (deterministic), rounded once to OUT's dtype.
-    Reads the [P, N] fp32 workspace once, coalesced along N."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    acc = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
-    for p0 in range(0, P, BLOCK_P):
-        p = p0 + tl.arange(0, BLOCK_P)
-        acc += tl.load(WS + p.to(tl.int64)[:, None] * N + cols[None, :],
-                       mask=(p < P)[:, None] & cmask[None, :], other=0.0)
-    tl.store(OUT + cols, tl.sum(acc, 0).to(OUT.dtype.element_ty), mask=cmask)
-
-
 def _col_sum_into(ws, out, P, N):
-    block_n = min(128, next_pow2(N))     # 32 programs for N = 4096: the workspace is read in parallel
-    block_p = min(32, next_pow2(P))
-    _col_sum[(cdiv(N, block_n),)](ws, out, P, N, block_p, block_n, num_warps=4)
+    """out[n] = sum_p ws[p, n] (fp32 workspace [P, N]) in a fixed order, rounded once to out's dtype."""
+    reduce_launch(ws, out, (1, 0, P, N, N, 1) if N > 1 else (1, 0, P, 1, 1, 0), 0, torch.float32, 1.0)
 
 
 def _pair(ctx, dx):
@@ -649,7 +480,7 @@ def add_rms_norm(x, residual, weight, eps=1e-6, *, offset=0.0, casting="llama"):
 
 # ----------------------------------------------------------------------------------------- LayerNorm
 def _ln_forward(x, residual, weight, bias, eps):
-    """(y, new residual or None, mean, rstd): one forward launch."""
+    """(y, new residual or None, mean, rstd): one forward launch of native_layer_norm's kernel."""
     shape, N = x.shape, x.shape[-1]
     M = x.numel() // N
     dev = x.device
@@ -659,13 +490,9 @@ def _ln_forward(x, residual, weight, bias, eps):
     rstd = empty((M,), torch.float32, dev)
     if M:
         xv, sx = _rows(x, M, N)
-        rv, sr = _rows(residual, M, N) if residual is not None else (None, N)
-        w = weight.contiguous() if weight is not None else None
-        b = bias.contiguous() if bias is not None else None
-        grid, single, bm, bn, nw = _fwd_config(M, N, backend().name)
-        _ln_fwd[grid](xv, rv, w, b, y, s, mean, rstd, M, N, sx, sr, float(eps),
-                      int(residual is not None), int(w is not None), int(b is not None), single, bm, bn,
-                      num_warps=nw)
+        rv, sr = _rows(residual, M, N) if residual is not None else (None, 0)
+        ln.forward_rows(xv, sx, weight.contiguous() if weight is not None else None,
+                        bias.contiguous() if bias is not None else None, y, mean, rstd, M, N, eps, rv, sr, s)
     return y, s, mean, rstd
 
 
@@ -712,18 +539,9 @@ class _LayerNormFn(torch.autograd.Function):
             return _pair(ctx, dx) + (dw, db, None)
         xv, sx = _rows(x, M, N)
         dyv, sdy = _rows(dy, M, N)
-        dsv, sds = _grad_rows(ds, M, N)
-        P, rows, single, bn, nw = _bwd_config(M, N, backend().name, x.device.index or 0, bool(need_w or need_b))
-        alloc = empty if single else zeros
-        ws_w = alloc((P, N), torch.float32, x.device) if need_w else None
-        ws_b = alloc((P, N), torch.float32, x.device) if need_b else None
-        _ln_bwd[(P,)](dyv, dsv, xv, weight.contiguous() if weight is not None else None, mean, rstd, dx,
-                      ws_w, ws_b, M, N, sdy, sds, sx, rows, int(weight is not None), int(ds is not None),
-                      int(need_x), int(need_w), int(need_b), single, bn, num_warps=nw)
-        if need_w:
-            _col_sum_into(ws_w, dw, P, N)
-        if need_b:
-            _col_sum_into(ws_b, db, P, N)
+        dsv, sds = _rows(ds, M, N) if ds is not None else (None, 0)
+        ln.backward_rows(dyv, sdy, xv, sx, weight.contiguous() if weight is not None else None, mean, rstd,
+                         dx, dw, db, M, N, x.device, dsv, sds)
         return _pair(ctx, dx) + (dw, db, None)
 
 

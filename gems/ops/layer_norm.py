@@ -1,4 +1,5 @@
-"""native_layer_norm forward and backward.
+"""native_layer_norm forward and backward (the kernels also serve gems.fused.layer_norm and
+add_layer_norm: a residual-add flag in the forward, an added residual gradient in the backward).
 
 The input is read as M rows of N = prod(normalized_shape) elements (row stride taken from the
 tensor when its rows are unit-stride, so sliced batches need no copy).
@@ -41,8 +42,8 @@ _CONFIGS = {
     # either way, so two per SM and no second wave; more warps keep more row loads in flight
     "cuda": dict(max_n=16384, tile=4096, elems_per_warp=512, bwd_elems_per_warp=256, max_warps=16,
                  bwd_programs_per_sm=2),
-    # the interpreter: few programs; a small max_n so that tests reach the looping path
-    "interpreter": dict(max_n=1024, tile=1024, elems_per_warp=512, bwd_elems_per_warp=512, max_warps=1,
+    # the interpreter: few programs; a small max_n so that tests (also gems.fused's) reach the looping path
+    "interpreter": dict(max_n=128, tile=1024, elems_per_warp=512, bwd_elems_per_warp=512, max_warps=1,
                         programs=4),
 }
 
@@ -67,10 +68,12 @@ def _warps(elems, key="elems_per_warp"):
 
 @kernel
 @triton.jit
-def layer_norm_fwd(X, W, B, Y, MEAN, RSTD, M, N, sX, eps,
-                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, SINGLE: tl.constexpr, BIG: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Y = (X - mean) * rstd * W + B per row; mean = sum(X)/N, rstd = 1/sqrt(sum((X-mean)^2)/N + eps)."""
+def layer_norm_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
+                   HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, SINGLE: tl.constexpr,
+                   BIG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """s = x + r rounded to x's dtype (HAS_RES: gems.fused.add_layer_norm, S written), else s = x;
+    Y = (s - mean) * rstd * W + B per row; mean = sum(s)/N, rstd = 1/sqrt(sum((s-mean)^2)/N + eps).
+    Bytes per element: read x (+ r), write y (+ s); W and B once per program; mean/rstd per row."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = (rows < M)[:, None]
     cols = tl.arange(0, BLOCK_N)[None, :]
@@ -82,7 +85,12 @@ def layer_norm_fwd(X, W, B, Y, MEAN, RSTD, M, N, sX, eps,
     yrow = Y + rows_l * N
     if SINGLE:
         mask = rmask & (cols < N)
-        x = tl.load(xrow + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(xrow + cols, mask=mask, other=0.0)
+        if HAS_RES:
+            x = (x.to(tl.float32) + tl.load(R + rows_l * sR + cols, mask=mask, other=0.0).to(tl.float32))
+            x = x.to(S.dtype.element_ty)
+            tl.store(S + rows_l * N + cols, x, mask=mask)     # the new residual: contiguous rows
+        x = x.to(tl.float32)
         mean = tl.div_rn(tl.sum(x, 1), N * 1.0)
         xc = tl.where(mask, x - mean[:, None], 0.0)
         var = tl.div_rn(tl.sum(xc * xc, 1), N * 1.0)
@@ -94,15 +102,29 @@ def layer_norm_fwd(X, W, B, Y, MEAN, RSTD, M, N, sX, eps,
             y = y + tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)
         tl.store(yrow + cols, y.to(Y.dtype.element_ty), mask=mask)
     else:
+        # three passes over the row (mean, variance, write); with a residual the first pass writes the
+        # rounded sum and the later ones read it back instead of x and r
+        if HAS_RES:
+            src = S + rows_l * N
+        else:
+            src = xrow
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for start in range(0, N, BLOCK_N):
             mask = rmask & (cols + start < N)
-            acc += tl.load(xrow + start + cols, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(xrow + start + cols, mask=mask, other=0.0)
+            if HAS_RES:
+                x = (x.to(tl.float32)
+                     + tl.load(R + rows_l * sR + start + cols, mask=mask, other=0.0).to(tl.float32))
+                x = x.to(S.dtype.element_ty)
+                tl.store(src + start + cols, x, mask=mask)
+            acc += x.to(tl.float32)
         mean = tl.div_rn(tl.sum(acc, 1), N * 1.0)
+        if HAS_RES:
+            tl.debug_barrier()   # the sums stored above are read back below (by the same threads anyway)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for start in range(0, N, BLOCK_N):
             mask = rmask & (cols + start < N)
-            x = tl.load(xrow + start + cols, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(src + start + cols, mask=mask, other=0.0).to(tl.float32)
             xc = tl.where(mask, x - mean[:, None], 0.0)
             acc += xc * xc
         var = tl.div_rn(tl.sum(acc, 1), N * 1.0)
@@ -110,7 +132,7 @@ def layer_norm_fwd(X, W, B, Y, MEAN, RSTD, M, N, sX, eps,
         for start in range(0, N, BLOCK_N):
             c = cols + start
             mask = rmask & (c < N)
-            x = tl.load(xrow + c, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(src + c, mask=mask, other=0.0).to(tl.float32)
             y = (x - mean[:, None]) * rstd[:, None]
             if HAS_W:
                 y = y * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
@@ -123,11 +145,13 @@ def layer_norm_fwd(X, W, B, Y, MEAN, RSTD, M, N, sX, eps,
 
 @kernel
 @triton.jit
-def layer_norm_bwd(G, X, W, MEAN, RSTD, DX, WS_W, WS_B, M, N, sG, sX, rows_per_prog,
-                   HAS_W: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr, DO_DB: tl.constexpr,
-                   SINGLE: tl.constexpr, BIG: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dx = rstd * (wg - mean(wg * xhat) * xhat - mean(wg)); WS_W[p] = sum_{rows of p} dy * xhat,
-    WS_B[p] = sum_{rows of p} dy (workspace rows: fp32 partial sums, zeroed by the caller when not SINGLE)."""
+def layer_norm_bwd(G, DS, X, W, MEAN, RSTD, DX, WS_W, WS_B, M, N, sG, sDS, sX, rows_per_prog,
+                   HAS_W: tl.constexpr, HAS_DS: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
+                   DO_DB: tl.constexpr, SINGLE: tl.constexpr, BIG: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dx = rstd * (wg - mean(wg * xhat) * xhat - mean(wg)) (+ ds: HAS_DS, the gradient reaching the new
+    residual of gems.fused.add_layer_norm); WS_W[p] = sum_{rows of p} dy * xhat, WS_B[p] = sum_{rows of p}
+    dy (workspace rows: fp32 partial sums, zeroed by the caller when not SINGLE).
+    Bytes per element: read dy, x (+ ds), write dx."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     row0 = pid * rows_per_prog
@@ -161,6 +185,8 @@ def layer_norm_bwd(G, X, W, MEAN, RSTD, DX, WS_W, WS_B, M, N, sG, sX, rows_per_p
                 c1 = tl.sum(wg * xhat, 0) / N
                 c2 = tl.sum(wg, 0) / N
                 dx = rstd * (wg - c1 * xhat - c2)
+                if HAS_DS:
+                    dx += tl.load(DS + r * sDS + cols, mask=cmask, other=0.0).to(tl.float32)
                 tl.store(DX + r * N + cols, dx.to(DX.dtype.element_ty), mask=cmask)
             if DO_DW:
                 dw += g * xhat
@@ -205,6 +231,8 @@ def layer_norm_bwd(G, X, W, MEAN, RSTD, DX, WS_W, WS_B, M, N, sG, sX, rows_per_p
                     else:
                         wg = g
                     dx = rstd * (wg - c1 * xhat - c2)
+                    if HAS_DS:
+                        dx += tl.load(DS + r * sDS + c, mask=cmask, other=0.0).to(tl.float32)
                     tl.store(DX + r * N + c, dx.to(DX.dtype.element_ty), mask=cmask)
                 # this program's private workspace row: read-modify-write, no races
                 if DO_DW:
@@ -256,7 +284,7 @@ def _check_param(p, ns, x, what):
 
 
 @functools.lru_cache(maxsize=1024)
-def _fwd_geometry(M, N, sx, has_w, has_b, int64_from):
+def _fwd_geometry(M, N, smax, has_res, has_w, has_b, int64_from):
     """(grid, constexprs, num_warps) of the forward: pure ints, cached off the host path."""
     cfg = _cfg()
     block_n = next_pow2(N)
@@ -265,9 +293,44 @@ def _fwd_geometry(M, N, sx, has_w, has_b, int64_from):
         block_m = min(next_pow2(M), max(1, cfg["tile"] // block_n))
     else:
         block_n, block_m = cfg["max_n"], 1
-    big = int(max(M * max(sx, N), M * N) >= int64_from)
-    consts = (int(has_w), int(has_b), single, big, block_m, block_n)
+    big = int(M * max(smax, N) >= int64_from)
+    consts = (int(has_res), int(has_w), int(has_b), single, big, block_m, block_n)
     return (cdiv(M, block_m),), consts, _warps(block_m * block_n)
+
+
+def forward_rows(xv, sx, w, b, y, mean, rstd, M, N, eps, rv=None, sr=0, s=None):
+    """One forward launch over M rows of N: xv (and the residual rv) row-strided with unit column stride
+    (`_rows`), w/b contiguous or None, y (and s, the new residual) contiguous, mean/rstd of M elements.
+    Shared by native_layer_norm and gems.fused.layer_norm / add_layer_norm (rv, s given)."""
+    grid, consts, nw = _fwd_geometry(M, N, max(sx, sr), rv is not None, w is not None, b is not None,
+                                     _INT64_FROM)
+    layer_norm_fwd[grid](xv, rv, w, b, y, s, mean, rstd, M, N, sx, sr, float(eps), *consts, num_warps=nw)
+
+
+def backward_rows(gv, sg, xv, sx, w, mean, rstd, dx, dw, db, M, N, device, dsv=None, sds=0):
+    """One backward launch (+ the column sums of dw/db) over M rows of N, layouts as in forward_rows;
+    dx/dw/db None where not wanted; dsv: a gradient added to dx (gems.fused.add_layer_norm's residual)."""
+    do_dx, do_dw, do_db = dx is not None, dw is not None, db is not None
+    cfg = _cfg()
+    block_n = next_pow2(N)
+    single = int(block_n <= cfg["max_n"])
+    if not single:
+        block_n = cfg["max_n"]
+    P, rows = _bwd_programs(M, do_dw or do_db, device)
+    ws_alloc = empty if single else zeros
+    ws_w = ws_alloc((P, N), torch.float32, device) if do_dw else None
+    ws_b = ws_alloc((P, N), torch.float32, device) if do_db else None
+    big = int(max(M * max(sg, sx, sds, N), P * N) >= _INT64_FROM)
+    consts = (int(w is not None), int(dsv is not None), int(do_dx), int(do_dw), int(do_db), single, big, block_n)
+    layer_norm_bwd[(P,)](
+        gv, dsv, xv, w, mean, rstd, dx, ws_w, ws_b, M, N, sg, sds, sx, rows, *consts,
+        num_warps=_warps(block_n, "bwd_elems_per_warp"))
+    # column sums of the [P, N] workspaces, straight into dw / db in their dtypes
+    plan = (1, 0, P, N, N, 1) if N > 1 else (1, 0, P, 1, 1, 0)
+    if do_dw:
+        reduce_launch(ws_w, dw, plan, 0, torch.float32, 1.0)
+    if do_db:
+        reduce_launch(ws_b, db, plan, 0, torch.float32, 1.0)
 
 
 def _forward(x, normalized_shape, weight, bias, eps, outs=(None, None, None)):
@@ -284,10 +347,8 @@ def _forward(x, normalized_shape, weight, bias, eps, outs=(None, None, None)):
     if M == 0:
         return y, mean, rstd
     xv, sx = _rows(x, M, N)
-    weight = weight.contiguous() if weight is not None else None
-    bias = bias.contiguous() if bias is not None else None
-    grid, consts, nw = _fwd_geometry(M, N, sx, weight is not None, bias is not None, _INT64_FROM)
-    layer_norm_fwd[grid](xv, weight, bias, y, mean, rstd, M, N, sx, float(eps), *consts, num_warps=nw)
+    forward_rows(xv, sx, weight.contiguous() if weight is not None else None,
+                 bias.contiguous() if bias is not None else None, y, mean, rstd, M, N, eps)
     return y, mean, rstd
 
 
@@ -344,26 +405,7 @@ def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight
         return dx, dw, db
     gv, sg = _rows(grad_out, M, N)
     xv, sx = _rows(x, M, N)
-    mean_f, rstd_f = mean.reshape(-1), rstd.reshape(-1)
-    w = weight.contiguous() if weight is not None else None
-    cfg = _cfg()
-    block_n = next_pow2(N)
-    single = int(block_n <= cfg["max_n"])
-    if not single:
-        block_n = cfg["max_n"]
-    P, rows = _bwd_programs(M, do_dw or do_db, x.device)
-    ws_alloc = empty if single else zeros
-    ws_w = ws_alloc((P, N), torch.float32, x.device) if do_dw else None
-    ws_b = ws_alloc((P, N), torch.float32, x.device) if do_db else None
-    big = int(max(M * max(sg, sx, N), P * N) >= _INT64_FROM)
-    consts = (int(w is not None), int(do_dx), int(do_dw), int(do_db), single, big, block_n)
-    layer_norm_bwd[(P,)](
-        gv, xv, w, mean_f, rstd_f, dx, ws_w, ws_b, M, N, sg, sx, rows, *consts,
-        num_warps=_warps(block_n, "bwd_elems_per_warp"))
-    # column sums of the [P, N] workspaces, straight into dw / db in their dtypes
-    plan = (1, 0, P, N, N, 1) if N > 1 else (1, 0, P, 1, 1, 0)
-    if do_dw:
-        reduce_launch(ws_w, dw, plan, 0, torch.float32, 1.0)
-    if do_db:
-        reduce_launch(ws_b, db, plan, 0, torch.float32, 1.0)
+    backward_rows(gv, sg, xv, sx, weight.contiguous() if weight is not None else None, mean.reshape(-1),
+                  rstd.reshape(-1), dx if do_dx else None, dw if do_dw else None, db if do_db else None,
+                  M, N, x.device)
     return dx, dw, db
