@@ -1,4 +1,5 @@
-"""sum / mean / amax over any list of dims, for any strides, without permuting or copying.
+"""sum / mean / amax over any list of dims, for any strides, without permuting or copying (the same
+planning and kernels serve all / any in logical_reduce.py).
 
 A reduction is planned on the input's *strides*: size-1 dims are dropped, the kept dims are merged
 (in logical order, where strides allow) into at most two groups M (outer) and K (inner), and the
@@ -36,7 +37,10 @@ from ..registry import FLOATS, INTS, Unsupported, register
 from ..runtime import backend, kernel
 from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, wrap_dims
 
-_SUM, _MAX = 0, 1
+# op codes: ANY / ALL reduce (x != 0) as 0/1 flags with max / min (gems/ops/logical_reduce.py); the
+# flags a split writes to its workspace read back unchanged (flag != 0 is the flag), so the second
+# stage is the same op
+_SUM, _MAX, _ANY, _ALL = 0, 1, 2, 3
 
 # Launch parameters per backend. tile: elements per program and loop step; max_r / max_k: widest
 # reduced (inner kernel) / kept (outer kernel) extent of a tile; programs_per_sm: grid size below
@@ -78,9 +82,11 @@ def _combine_max(acc, x):
 
 @triton.jit
 def _acc_init(B0: tl.constexpr, B1: tl.constexpr, OP: tl.constexpr, ACC: tl.constexpr, IS_FLOAT: tl.constexpr):
-    """The identity of the reduction: 0 for sum, the lowest value for max."""
-    if OP == 0:
+    """The identity of the reduction: 0 for sum and any, 1 for all (of 0/1 flags), the lowest value for max."""
+    if OP == 0 or OP == 2:
         acc = tl.zeros([B0, B1], ACC)
+    elif OP == 3:
+        acc = tl.full([B0, B1], 1, ACC)
     else:
         if IS_FLOAT:
             acc = tl.full([B0, B1], -float("inf"), ACC)
@@ -90,10 +96,23 @@ def _acc_init(B0: tl.constexpr, B1: tl.constexpr, OP: tl.constexpr, ACC: tl.cons
 
 
 @triton.jit
+def _load_acc(ptrs, mask, OP: tl.constexpr, ACC: tl.constexpr):
+    """The input in the accumulation dtype; any/all read (x != 0): NaN counts as true, -0.0 as false."""
+    x = tl.load(ptrs, mask=mask, other=0)
+    if OP >= 2:
+        x = x != 0
+    return x.to(ACC)
+
+
+@triton.jit
 def _acc_step(acc, x, mask, OP: tl.constexpr):
     """Elementwise accumulation inside the loop; the cross-lane reduction happens once, at the end."""
     if OP == 0:
         acc += x
+    elif OP == 2:
+        acc = tl.maximum(acc, tl.where(mask, x, acc))
+    elif OP == 3:
+        acc = tl.minimum(acc, tl.where(mask, x, acc))
     else:
         acc = _combine_max(acc, tl.where(mask, x, acc))
     return acc
@@ -101,9 +120,13 @@ def _acc_step(acc, x, mask, OP: tl.constexpr):
 
 @triton.jit
 def _acc_finish(acc, AXIS: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr, HAS_SCALE: tl.constexpr, scale):
-    """Reduce the tile along AXIS (sum, or max with NaN propagation like ATen) and scale (mean)."""
+    """Reduce the tile along AXIS (sum, any/all flags, or max with NaN propagation like ATen) and scale (mean)."""
     if OP == 0:
         res = tl.sum(acc, AXIS)
+    elif OP == 2:
+        res = tl.max(acc, AXIS)
+    elif OP == 3:
+        res = tl.min(acc, AXIS)
     else:
         res = tl.max(acc, AXIS)
         if IS_FLOAT:
@@ -140,7 +163,7 @@ def reduce_inner(X, Y, M, R, sM, sR, r_per_split, scale,
             offs = base + r.to(tl.int64) * sR
         else:
             offs = base + r * sR
-        x = tl.load(X + offs, mask=mask, other=0).to(ACC)
+        x = _load_acc(X + offs, mask, OP, ACC)
         acc = _acc_step(acc, x, mask, OP)
     res = _acc_finish(acc, 1, OP, IS_FLOAT, HAS_SCALE, scale)
     tl.store(Y + split * M + m, res.to(Y.dtype.element_ty), mask=m < M)
@@ -173,7 +196,7 @@ def reduce_outer(X, Y, M, R, K, sM, sR, sK, r_per_split, scale,
             offs = base + r.to(tl.int64) * sR
         else:
             offs = base + r * sR
-        x = tl.load(X + offs, mask=mask, other=0).to(ACC)
+        x = _load_acc(X + offs, mask, OP, ACC)
         acc = _acc_step(acc, x, mask, OP)
     res = _acc_finish(acc, 0, OP, IS_FLOAT, HAS_SCALE, scale)
     if BIG:
@@ -217,7 +240,7 @@ def _plan(shape, strides, rset):
     return m, sm, R, sR, k, sk
 
 
-_TL = {torch.float32: tl.float32, torch.float64: tl.float64, torch.int64: tl.int64}
+_TL = {torch.float32: tl.float32, torch.float64: tl.float64, torch.int64: tl.int64, torch.int32: tl.int32}
 
 
 @functools.lru_cache(maxsize=1024)
