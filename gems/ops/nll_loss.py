@@ -37,6 +37,23 @@ from ..runtime.utils import cdiv, empty, next_pow2, prepare_out
 _NONE, _MEAN, _SUM = 0, 1, 2
 
 
+@triton.jit
+def _targets(T, Wt, i, m, C, st, sw, ignore_index, HAS_W: tl.constexpr):
+    """For the samples i (mask m): their targets t, which count (ok: not ignored, in range), which are out
+    of range (oob: asserted under TRITON_DEBUG, NaN results otherwise) and their weights w[t] (1 without
+    weights, 0 where not ok), fp32."""
+    t = tl.load(T + i * st, mask=m, other=ignore_index).to(tl.int64)
+    valid = m & (t != ignore_index)
+    oob = valid & ((t < 0) | (t >= C))
+    tl.device_assert(~oob, "nll_loss: target out of bounds")
+    ok = valid & ~oob
+    if HAS_W:
+        w = tl.load(Wt + t * sw, mask=ok, other=0.0).to(tl.float32)
+    else:
+        w = tl.where(ok, 1.0, 0.0)
+    return t, ok, oob, w
+
+
 @kernel
 @triton.jit
 def nll_fwd_none(X, T, Wt, Out, TW, N, C, sxn, sxc, st, sw, ignore_index,
@@ -44,16 +61,8 @@ def nll_fwd_none(X, T, Wt, Out, TW, N, C, sxn, sxc, st, sw, ignore_index,
     """Out[i] = -w[T_i] * X[i, T_i] (0 where T_i == ignore_index); TW = 0."""
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < N
-    t = tl.load(T + i * st, mask=m, other=ignore_index).to(tl.int64)
-    valid = m & (t != ignore_index)
-    oob = valid & ((t < 0) | (t >= C))
-    tl.device_assert(~oob, "nll_loss: target out of bounds")
-    ok = valid & ~oob
+    t, ok, oob, w = _targets(T, Wt, i, m, C, st, sw, ignore_index, HAS_W)
     x = tl.load(X + i * sxn + t * sxc, mask=ok, other=0.0).to(tl.float32)
-    if HAS_W:
-        w = tl.load(Wt + t * sw, mask=ok, other=0.0).to(tl.float32)
-    else:
-        w = tl.where(ok, 1.0, 0.0)
     loss = tl.where(oob, float("nan"), -(w * x))
     tl.store(Out + i, loss.to(Out.dtype.element_ty), mask=m)
     if tl.program_id(0) == 0:
@@ -72,16 +81,8 @@ def nll_fwd_reduce(X, T, Wt, Out, TW, N, C, sxn, sxc, st, sw, ignore_index,
     for start in range(0, N, BLOCK):
         i = start + tl.arange(0, BLOCK).to(tl.int64)
         m = i < N
-        t = tl.load(T + i * st, mask=m, other=ignore_index).to(tl.int64)
-        valid = m & (t != ignore_index)
-        oob = valid & ((t < 0) | (t >= C))
-        tl.device_assert(~oob, "nll_loss: target out of bounds")
-        ok = valid & ~oob
+        t, ok, oob, w = _targets(T, Wt, i, m, C, st, sw, ignore_index, HAS_W)
         x = tl.load(X + i * sxn + t * sxc, mask=ok, other=0.0).to(tl.float32)
-        if HAS_W:
-            w = tl.load(Wt + t * sw, mask=ok, other=0.0).to(tl.float32)
-        else:
-            w = tl.where(ok, 1.0, 0.0)
         acc += -(w * x)
         wacc += w
         bad |= oob.to(tl.int32)
@@ -110,17 +111,13 @@ def nll_bwd(G, T, Wt, TWp, GI, N, C, sg, st, sw, ignore_index,
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     rm = rows < N
-    t = tl.load(T + rows * st, mask=rm, other=ignore_index).to(tl.int64)
-    valid = rm & (t != ignore_index)
-    oob = valid & ((t < 0) | (t >= C))
-    tl.device_assert(~oob, "nll_loss: target out of bounds")
-    ok = valid & ~oob
+    t, ok, oob, w = _targets(T, Wt, rows, rm, C, st, sw, ignore_index, HAS_W)
     g = tl.load(G + rows * sg, mask=ok, other=0.0).to(tl.float32)
     if MEAN:
         g = g / tl.load(TWp).to(tl.float32)
     grad = -g
     if HAS_W:
-        grad = tl.load(Wt + t * sw, mask=ok, other=0.0).to(tl.float32) * grad
+        grad = w * grad
     hit = (cols[None, :] == t[:, None]) & ok[:, None]
     v = tl.where(hit, grad[:, None], 0.0)
     v = tl.where(oob[:, None], float("nan"), v)
