@@ -1,9 +1,14 @@
-"""softmax / log_softmax forward and backward over any dim.
+"""softmax / log_softmax / _safe_softmax forward and backward over any dim.
 
 A tensor is viewed as (M, N, K): N is the softmax dim, K the elements after it. One program owns
 one (m, block of k) and all N: when N fits one tile (SINGLE) the row stays in registers and each
 byte is read once and written once (2 passes over memory in total, the minimum); otherwise an
 online max/sum pass is followed by a write pass (3 passes). Arithmetic is in fp32 for every dtype.
+
+_safe_softmax (SDPA's math path, BERT's padding masks) is softmax with the SAFE flag: a row whose
+entries are all -inf gives zeros instead of 0/0 = NaN. Such a row is exactly one whose sum is 0: in
+any other row the max element adds exp(0) = 1 to the sum (a NaN anywhere makes the sum NaN).
+Its backward is autograd's `_softmax_backward_data` of the zeros, which is zero.
 """
 import functools
 
@@ -23,9 +28,10 @@ _TUNERS = {}
 
 @kernel
 @triton.jit
-def softmax_fwd(X, Y, N, K, LOG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+def softmax_fwd(X, Y, N, K, LOG: tl.constexpr, SAFE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
                 SINGLE: tl.constexpr):
-    """Y[m, :, k] = exp(X - max) / sum(exp(X - max))   (LOG: X - max - log(sum(exp(X - max))))."""
+    """Y[m, :, k] = exp(X - max) / sum(exp(X - max))   (LOG: X - max - log(sum(exp(X - max))));
+    SAFE (softmax only): Y = 0 on rows where the sum is 0, i.e. rows of only -inf."""
     m = tl.program_id(0).to(tl.int64)
     k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)[:, None]
     n = tl.arange(0, BLOCK_N)[None, :]
@@ -44,6 +50,8 @@ def softmax_fwd(X, Y, N, K, LOG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: t
             y = x - mx - tl.log(s)
         else:
             y = e / s
+            if SAFE:
+                y = tl.where(s == 0.0, 0.0, y)
         tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
     else:
         mx = tl.full([BLOCK_K, 1], -float("inf"), tl.float32)
@@ -64,6 +72,8 @@ def softmax_fwd(X, Y, N, K, LOG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: t
                 y = x - mx - tl.log(s)
             else:
                 y = tl.exp(x - mx) / s
+                if SAFE:
+                    y = tl.where(s == 0.0, 0.0, y)
             tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -134,13 +144,13 @@ def _geometry(shape, dim):
     return M, N, K, block_k, block_n
 
 
-def _launch_fwd(x, dim, out_dtype, log, out=None):
+def _launch_fwd(x, dim, out_dtype, log, out=None, safe=False):
     y = prepare_out(out, x.shape, out_dtype, x.device)
     if x.numel() == 0:
         return y
     x = x.contiguous()
     M, N, K, bk, bn = _geometry(x.shape, dim)
-    grid, args = (M, cdiv(K, bk)), (x, y, N, K, log, bk, bn, N <= bn)
+    grid, args = (M, cdiv(K, bk)), (x, y, N, K, log, safe, bk, bn, N <= bn)
     softmax_fwd.run(grid, args, _warps("fwd", x, M, bk, bn, lambda w: softmax_fwd.run(grid, args, w)))
     return y
 
@@ -192,6 +202,23 @@ def softmax(x, dim, half_to_float, *, out=None):
 def log_softmax(x, dim, half_to_float, *, out=None):
     """log_softmax along one dim (fp32 math)."""
     return _launch_fwd(x, dim, _fwd_dtype(x, half_to_float), True, out)
+
+
+def _safe_dtype(x, dim, dtype=None):
+    # ATen converts the input to `dtype` before the softmax: the kernel reproduces that only where the
+    # conversion is exact (none, or a 16-bit float input read as fp32); a narrowing or float64 dtype
+    # (and an integer one, which ATen rejects) goes to ATen
+    if dtype is None or dtype == x.dtype:
+        return None
+    if dtype == torch.float32 and x.dtype in (torch.float16, torch.bfloat16):
+        return None
+    return f"dtype {dtype} for a {x.dtype} input"
+
+
+@register("_safe_softmax", category="norm", dtypes=FLOATS, check=_safe_dtype)
+def safe_softmax(x, dim, dtype=None):
+    """softmax along one dim; a row of only -inf gives zeros, not NaN (SDPA's math path)."""
+    return _launch_fwd(x, dim, dtype or x.dtype, False, safe=True)
 
 
 def _bwd_dtypes(grad, output, dim, input_dtype, **_):

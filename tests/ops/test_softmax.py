@@ -91,3 +91,83 @@ def test_backward_dtype_combinations_answer_or_raise_like_aten(log):
                 got = op(*args)
             assert got.dtype == want.dtype, (gdt, idt, got.dtype, want.dtype)
             torch.testing.assert_close(got.double(), want.double(), rtol=2e-3, atol=2e-3)
+
+
+def _safe(x, dim, dtype=None):
+    return torch.ops.aten._safe_softmax(x, dim, dtype)
+
+
+def _with_dead_rows(shape, dim, dtype):
+    """Random values with -inf entries, and about a third of the rows along `dim` entirely -inf."""
+    x = make(shape, dtype)
+    x = x.masked_fill(torch.rand(shape, device=x.device) < 0.2, float("-inf"))
+    rows = list(shape)
+    rows[dim] = 1
+    dead = torch.rand(rows, device=x.device) < 0.35
+    dead.view(-1)[0] = True     # at least one dead row, whatever the draw
+    return x.masked_fill(dead, float("-inf"))
+
+
+@dtype_params()
+@pytest.mark.parametrize("shape", SHAPES)
+def test_safe_softmax_all_dims(shape, dtype):
+    for dim in range(len(shape)):
+        x = _with_dead_rows(shape, dim, dtype)
+        out = check_op(_safe, (x, dim - len(shape)), dtype=dtype, served_ops=["_safe_softmax"])
+        assert not out.isnan().any() and (out == 0).all(dim=dim).any()   # dead rows are zeros, not NaN
+
+
+def test_safe_softmax_tile_crossing_and_edges():
+    x = make((3, 1100))   # longer than one tile: the online path (and a GPU block)
+    x[0] = float("-inf")
+    x[1, :700] = float("-inf")
+    x[2, 5] = float("nan")     # NaN stays NaN: only an all -inf row becomes zeros
+    x[2, 6:] = float("-inf")
+    out = check_op(_safe, (x, 1), dtype=torch.float32, served_ops=["_safe_softmax"])
+    assert (out[0] == 0).all() and out[2].isnan().all()
+    check_op(_safe, (torch.tensor(float("-inf"), device=DEVICE), 0), dtype=torch.float32, served_ops=["_safe_softmax"])
+    check_op(_safe, (make(()), -1), dtype=torch.float32)
+    with gems.use_gems():
+        assert _safe(make((0, 5)), 1).shape == (0, 5)
+    for name, x in layouts((6, 19)):
+        x = x.clone().masked_fill(torch.rand(6, 19, device=x.device) < 0.3, float("-inf"))
+        check_op(_safe, (x.expand(6, 19) if name == "expanded" else x, -1), dtype=torch.float32)
+        check_op(_safe, (x, 0), dtype=torch.float32)
+
+
+def test_safe_softmax_dtype_argument():
+    x = _with_dead_rows((5, 40), 1, torch.float16)
+    out = check_op(_safe, (x, 1, torch.float32), dtype=torch.float16, served_ops=["_safe_softmax"])
+    assert out.dtype == torch.float32   # a half input read as fp32: exact, served
+    impl = gems.registry.get("_safe_softmax")
+    before = impl.fell_back
+    with gems.use_gems():
+        # narrowing: ATen rounds the input first; the kernel would not, so ATen runs it (counted)
+        got = _safe(x.float(), 1, torch.float16)
+        with pytest.raises(IndexError):
+            _safe(x, 2)
+        with pytest.raises(NotImplementedError):   # ATen has no integer softmax
+            _safe(x.float(), 1, torch.int64)
+    assert impl.fell_back >= before + 2
+    torch.testing.assert_close(got, _safe(x.float(), 1, torch.float16))
+
+
+@dtype_params()
+@pytest.mark.parametrize("shape,dim", [((5, 37), 1), ((4, 6, 3), 1), ((2, 1100), -1)])
+def test_safe_softmax_backward(shape, dim, dtype):
+    x = _with_dead_rows(shape, dim, dtype)
+    g = check_grad(lambda t: _safe(t, dim), [x], dtype=dtype, served_ops=["_safe_softmax", "_softmax_backward_data"])
+    assert not g[0].isnan().any()
+
+
+def test_sdpa_math_path_serves_safe_softmax():
+    # what SDPA's math backend runs (the models on the meta device, BERT's padding masks): a query
+    # whose keys are all masked out attends to nothing and gets zeros
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v = make((2, 3, 5, 8)), make((2, 3, 7, 8)), make((2, 3, 7, 8))
+    mask = torch.rand(2, 1, 5, 7, device=DEVICE) > 0.3
+    mask[:, :, 1] = False
+    with sdpa_kernel(SDPBackend.MATH):
+        out = check_op(torch.nn.functional.scaled_dot_product_attention, (q, k, v, mask), dtype=torch.float32,
+                       served_ops=["_safe_softmax"])
+    assert (out[:, :, 1] == 0).all()
