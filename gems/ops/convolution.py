@@ -299,8 +299,12 @@ def _strides(shape, channels_last):
     return (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
 
 
+# offsets switch to int64 beyond this many elements (a module variable so tests can lower it)
+_INT64_FROM = blas._I32_MAX
+
+
 def _i64(*ts):
-    return max(blas._span(t) for t in ts) > blas._I32_MAX
+    return max(blas._span(t) for t in ts) > _INT64_FROM
 
 
 def _conv_fwd(x, weight, bias, p):
