@@ -25,11 +25,54 @@ def exp_f(x):
 
 
 @triton.jit
+def fma_f(a, b, c):
+    """a * b + c rounded once, like a fused multiply-add (ATen's CPU kernels are compiled with fp
+    contraction: its addcmul and lerp round once). The GPU's tl.fma; the interpreter's tl.fma rounds
+    twice (numpy), so there: the exact product in fp64, the fp64 sum rounded to odd (its TwoSum error
+    moves an inexact sum off an even last bit), then one rounding to fp32 that equals the fused one."""
+    if GPU:
+        return tl.fma(a, b, c)
+    else:
+        p = a.to(tl.float64) * b.to(tl.float64)         # exact: 24 + 24 significant bits
+        c64 = c.to(tl.float64)
+        s = p + c64
+        bb = s - p
+        e = (p - (s - bb)) + (c64 - bb)                  # s + e == p + c exactly (s finite)
+        bits = s.to(tl.int64, bitcast=True)
+        odd = tl.where(e != 0, tl.where(tl.abs(s) < float("inf"), (bits & 1) == 0, False), False)
+        step = tl.where((e > 0) == (s > 0), 1, -1)      # away from zero when e has s's sign
+        s = tl.where(odd, (bits + step).to(tl.float64, bitcast=True), s)
+        return s.to(a.dtype)
+
+
+# fp32 magnitudes below 2**-102 are where a subnormal can enter or leave fmod (a result is a multiple
+# of the smaller operand's ulp): the GPU's fmod takes them scaled by 2**100 (exact)
+_FMOD_TINY = tl.constexpr(1.9721522630525295e-31)    # 2**-102
+_FMOD_UP = tl.constexpr(1.2676506002282294e+30)      # 2**100
+_FMOD_DOWN = tl.constexpr(7.888609052210118e-31)     # 2**-100
+
+
+@triton.jit
 def fmod_f(a, b):
     """C fmod (sign of the dividend) for floats, C remainder for integers. On the GPU Triton's
-    float `%` is not fmod at the edges (inf % inf gives inf, -0.0 % 5 gives +0.0): libdevice's is."""
+    float `%` is not fmod at the edges (inf % inf gives inf, -0.0 % 5 gives +0.0): libdevice's is,
+    but it flushes fp32 subnormals (operands and result: fmod(1e-40, 1) gives 0, ATen 1e-40), so fp32
+    operands below 2**-102 take it scaled: |a| < 2**-102 <= |b| gives a itself; a divisor below 2**-102
+    gives fmod(fmod(a, c) * 2**100, c) * 2**-100 with c = b * 2**100 (fmod(a, b) = fmod(fmod(a, c), b)
+    since c is a multiple of b; every fmod sees normal numbers, the products are exact). Ordinary
+    lanes pay a few selects and a second fmod of (0, 1)."""
     if GPU and a.dtype.is_floating():
-        return libdevice.fmod(a, b)
+        if a.dtype == tl.float32:
+            tiny_a = tl.abs(a) < _FMOD_TINY
+            tiny_b = tl.abs(b) < _FMOD_TINY
+            c = tl.where(tiny_b, b * _FMOD_UP, b)
+            r = tl.where(tiny_a, a, libdevice.fmod(a, c))
+            x = tl.where(tiny_b, r * _FMOD_UP, 0.0)
+            y = tl.where(tiny_b, c, 1.0)
+            r = tl.where(tiny_b, libdevice.fmod(x, y) * _FMOD_DOWN, r)
+            return tl.where(b != b, b, r)        # fmod(tiny, NaN) is NaN, not the tiny a
+        else:
+            return libdevice.fmod(a, b)
     else:
         return a % b
 

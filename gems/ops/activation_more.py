@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ..codegen import pointwise
-from ..codegen.tlmath import GPU, sigmoid, tanh
+from ..codegen.tlmath import GPU, exp_f, sigmoid, tanh
 from ..registry import FLOATS, INTS
 from .unary import expm1_f, log1p_f
 
@@ -50,11 +50,26 @@ def _softplus(x, beta, threshold):
     return tl.where(xb > threshold, x, log1p_f(tl.exp(xb)) / beta)
 
 
+# softplus_backward: below _SP_LOW, z = exp(x * beta) may be an fp32 subnormal; below _SP_ZERO
+# (-150 ln 2) it rounds to 0
+_SP_LOW = tl.constexpr(-87.0)
+_SP_ZERO = tl.constexpr(-103.97207708399179)
+
+
 @triton.jit
 def _softplus_bwd(g, x, beta, threshold):
-    """x * beta > threshold ? grad : grad * z / (z + 1), z = exp(x * beta) (= grad * sigmoid(x * beta))"""
+    """x * beta > threshold ? grad : grad * z / (z + 1), z = exp(x * beta) (= grad * sigmoid(x * beta))
+
+    ATen's formula on both devices: an inf grad times a tiny z stays inf (grad * sigmoid gave
+    inf * 0 = NaN), z = inf gives NaN, a z that rounds to 0 gives grad * 0. Where z is subnormal
+    (z + 1 is 1 there) the product is taken as grad * h * h, h = exp(x * beta / 2): no subnormal
+    intermediate for the GPU's exp, which flushes them."""
     xb = x * beta
-    return tl.where(xb > threshold, g, g * sigmoid(xb))
+    low = xb < _SP_LOW
+    h = exp_f(tl.where(low, xb * 0.5, xb))
+    d = tl.where(low, g * h * h, tl.math.div_rn(g * h, h + 1.0))
+    d = tl.where(xb < _SP_ZERO, g * 0.0, d)
+    return tl.where(xb > threshold, g, d)
 
 
 @triton.jit
@@ -71,7 +86,11 @@ def _elu_bwd(g, x, alpha, scale, input_scale, IS_RESULT: tl.constexpr):
         neg = g * input_scale * (x + alpha * scale)
     else:
         neg = g * input_scale * alpha * scale * tl.exp(x * input_scale)
-    return tl.where(x <= 0, neg, g * scale)
+    # a NaN x: CUDA's kernel tests x <= 0 (grad * scale), ATen's CPU vector path x > 0 (NaN)
+    if GPU:
+        return tl.where(x <= 0, neg, g * scale)
+    else:
+        return tl.where(x > 0, g * scale, neg)
 
 
 @triton.jit
@@ -94,8 +113,13 @@ def _hardtanh(x, lo, hi):
 
 @triton.jit
 def _hardtanh_bwd(g, x, lo, hi):
-    """x <= min_val || x >= max_val ? 0 : grad"""
-    return tl.where((x <= lo) | (x >= hi), 0.0, g)
+    """x <= min_val || x >= max_val ? 0 : grad
+
+    A NaN x: grad on CUDA (its test), 0 on ATen's CPU vector path (min_val < x < max_val ? grad : 0)."""
+    if GPU:
+        return tl.where((x <= lo) | (x >= hi), 0.0, g)
+    else:
+        return tl.where((x > lo) & (x < hi), g, 0.0)
 
 
 @triton.jit
@@ -124,8 +148,14 @@ def _hardswish(x):
 
 @triton.jit
 def _hardswish_bwd(g, x):
-    """x <= -3 ? 0 : x < 3 ? grad * (x / 3 + 0.5) : grad"""
-    return tl.where(x <= -3.0, 0.0, tl.where(x < 3.0, g * (x / 3.0 + 0.5), g))
+    """x <= -3 ? 0 : x < 3 ? grad * (x / 3 + 0.5) : grad
+
+    A NaN x: grad on CUDA (its tests), NaN on ATen's CPU vector path
+    (x >= 3 ? grad : grad * (x / 3 + 0.5))."""
+    if GPU:
+        return tl.where(x <= -3.0, 0.0, tl.where(x < 3.0, g * (x / 3.0 + 0.5), g))
+    else:
+        return tl.where(x <= -3.0, 0.0, tl.where(x >= 3.0, g, g * (x / 3.0 + 0.5)))
 
 
 @triton.jit
@@ -156,14 +186,17 @@ def _logit(x, EPS: tl.constexpr):
 @triton.jit
 def _logit_bwd(g, x, EPS: tl.constexpr):
     """eps None / < 0: x outside [0, 1] -> NaN, else grad / (x (1 - x));
-    eps >= 0: x outside [eps, 1 - eps] -> 0, else grad / (x (1 - x))"""
+    eps >= 0: x outside [eps, 1 - eps] -> 0, else grad / (x (1 - x)) (a NaN x: see below)"""
     d = g / (x * (1.0 - x))
     if EPS == "none":
         return tl.where((x < 0) | (x > 1.0), float("nan"), d)
     elif EPS < 0:
         return tl.where((x < 0) | (x > 1.0), float("nan"), d)
-    else:
+    elif GPU:
         return tl.where((x < EPS) | (x > 1.0 - EPS), 0.0, d)
+    else:
+        # a NaN x: 0 on ATen's CPU vector path (eps <= x <= 1 - eps ? d : 0), d = NaN on CUDA's
+        return tl.where((x >= EPS) & (x <= 1.0 - EPS), d, 0.0)
 
 
 def _elu_bwd_check(grad_output, alpha, scale, input_scale, is_result, self_or_result, **kw):

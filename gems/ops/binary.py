@@ -50,17 +50,21 @@ def _fmod(a, b):
 
 @triton.jit
 def _pow_float(a, b):
+    """C's pow, which ATen computes for a tensor exponent on both devices (and for a scalar one but
+    the special exponents of _pow)"""
     if _GPU:
         return libdevice.pow(a, b)
     else:
         # the interpreter: exp2(b * log2|a|) in fp64 (numpy), C pow's special cases by hand
         a64 = a.to(tl.float64)
         b64 = b.to(tl.float64)
-        mag = tl.exp2(b64 * tl.log2(tl.abs(a64)))
-        b_int = tl.floor(b64) == b64
-        odd = tl.floor(b64 * 0.5) * 2.0 != b64
-        neg = tl.where(b_int, tl.where(odd, -mag, mag), tl.where(tl.abs(b64) == float("inf"), mag, float("nan")))
-        r = tl.where(tl.where(a64 == 0, 1.0 / a64 < 0, a64 < 0), neg, mag)   # -0.0 counts as negative
+        mag = tl.exp2(b64 * tl.log2(tl.abs(a64)))       # +-inf and zero bases too: 0 or inf
+        b_int = tl.floor(b64) == b64                     # +-inf count as even integers
+        odd = tl.where(b_int, tl.floor(b64 * 0.5) * 2.0 != b64, False)
+        neg = tl.where(a64 == 0, 1.0 / a64 < 0, a64 < 0)     # the sign bit: -0.0 and -inf too
+        r = tl.where(neg, tl.where(odd, mag * -1.0, mag), mag)     # not -mag: Triton's -x is 0 - x
+        # a negative finite base to a finite non-integer power: NaN (-0.0 and -inf give the magnitude)
+        r = tl.where(a64 < 0, tl.where(a64 > float("-inf"), tl.where(b_int, r, float("nan")), r), r)
         r = tl.where(a64 == -1, tl.where(tl.abs(b64) == float("inf"), 1.0, r), r)
         r = tl.where(b64 == 0, 1.0, r)
         r = tl.where(a64 == 1, 1.0, r)
@@ -69,7 +73,13 @@ def _pow_float(a, b):
 
 @triton.jit
 def _pow(a, b):
-    """self ** exponent (exponents 2, 3, 0.5, -1 computed exactly like ATen's special cases)"""
+    """self ** exponent (a scalar exponent 2, 3, -2, 0.5, -0.5 or -1 computed like ATen's special cases)
+
+    Those scalar exponents: products (2, 3, -2) and sqrt, 1 / sqrt, reciprocal, whose special values
+    differ from pow's ((-inf) ** 0.5 is NaN, not inf). A tensor exponent: C pow for every element
+    (ATen's tensor-exponent kernels have no special cases). ATen's CPU kernel skips the sqrt forms for
+    fp16 tensors, which a body computing in fp32 cannot tell apart. Integers: ATen's powi, wrapping
+    like its C++ on overflow."""
     if a.dtype.is_floating():
         if len(b.shape) == 0:
             # a scalar exponent (x.pow(2) in RMSNorm): a uniform branch, so the special cases skip
@@ -80,29 +90,28 @@ def _pow(a, b):
                 g = a * a * a
             elif b == 0.5:
                 g = tl.sqrt_rn(a)
+            elif b == -0.5:
+                g = tl.math.div_rn(tl.full(a.shape, 1.0, a.dtype), tl.sqrt_rn(a))
             elif b == -1.0:
                 g = tl.math.div_rn(tl.full(a.shape, 1.0, a.dtype), a)
+            elif b == -2.0:
+                g = tl.math.div_rn(tl.full(a.shape, 1.0, a.dtype), a * a)
             else:
                 g = _pow_float(a, b)
         else:
             g = _pow_float(a, b)
-            g = tl.where(b == 2.0, a * a, g)
-            g = tl.where(b == 3.0, a * a * a, g)
-            g = tl.where(b == 0.5, tl.sqrt_rn(a), g)
-            g = tl.where(b == -1.0, tl.math.div_rn(tl.full(a.shape, 1.0, a.dtype), a), g)
         return g
     else:
-        # integers by squaring; negative exponents: 1 ** e = 1, (-1) ** e = +-1, else 0 (ATen)
+        # integers by squaring over every bit of the exponent: products wrap like ATen's; negative
+        # exponents: 1 ** e = 1, (-1) ** e = +-1, else 0 (ATen)
+        BITS: tl.constexpr = a.dtype.primitive_bitwidth
         r = tl.full(a.shape, 1, a.dtype) if len(a.shape) else a * 0 + 1
         base = a
         e = b
-        for _ in tl.static_range(6):             # |e| < 64 covers every non-overflowing case but |a| <= 1
+        for _ in tl.static_range(BITS):
             r = tl.where((e & 1) != 0, r * base, r)
             base = base * base
             e = e >> 1
-        # larger exponents only matter for |a| <= 1: 0, 1, -1
-        big = b >= 64
-        r = tl.where(big, tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0)), r)
         neg = b < 0
         r = tl.where(neg, tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0)), r)
         return r

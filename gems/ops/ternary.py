@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from ..codegen import pointwise
+from ..codegen.tlmath import GPU, fma_f
 from ..registry import FLOATS, INTS, register
 
 NUMERIC = FLOATS + INTS
@@ -49,15 +50,29 @@ def _clamp(a, lo, hi):
 
 @triton.jit
 def _lerp(a, b, w):
-    """self + w (end - self), evaluated from the nearer end like ATen (exact at w = 0 and w = 1)"""
+    """self + w (end - self), evaluated from the nearer end like ATen (exact at w = 0 and w = 1)
+
+    CUDA: end - (end - self) * (1 - w) for |w| >= 0.5. CPU (ATen's vector path, fused):
+    fma(w - 1, end - self, end), whose zero keeps end's sign (lerp(0, -0.0, 1) is -0.0 there)."""
     d = b - a
-    return tl.where(tl.abs(w) < 0.5, a + w * d, b - d * (1.0 - w))
+    small = tl.abs(w) < 0.5
+    if GPU:
+        return tl.where(small, a + w * d, b - d * (1.0 - w))
+    else:
+        return fma_f(tl.where(small, w, w - 1.0), d, tl.where(small, a, b))
 
 
 @triton.jit
 def _addcmul(a, t1, t2, value):
-    """self + value * tensor1 * tensor2"""
-    return a + value * t1 * t2
+    """self + value * tensor1 * tensor2
+
+    Floats fused like ATen: fma(value * tensor1, tensor2, self) (its CPU kernel is compiled with fp
+    contraction; on the GPU Triton contracts the unfused form the same way), so an overflowing product
+    next to an infinite self gives that infinity, not NaN."""
+    if a.dtype.is_floating():
+        return fma_f(value * t1, t2, a)
+    else:
+        return a + value * t1 * t2
 
 
 @triton.jit
