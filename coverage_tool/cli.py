@@ -51,6 +51,26 @@ def _nonneg_int(s):
     return v
 
 
+def _positive_float(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got '{s}'") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got '{s}'")
+    return v
+
+
+def _unit_interval(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got '{s}'") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got '{s}'")
+    return v
+
+
 def _pct(s):
     try:
         v = float(s)
@@ -83,6 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--new-tokens", type=_positive_int, default=None,
                         help="tokens for --mode generate (default 4; only with generate)")
 
+    def sample_opts(sp):
+        sp.add_argument("--sample", action="store_true",
+                        help="generate by sampling (transformers' temperature/top-k/top-p warpers, softmax, "
+                             "multinomial) instead of greedy argmax; only with generate")
+        sp.add_argument("--temperature", type=_positive_float, default=None,
+                        help="--sample: logits divided by this (default 0.7; 1: off)")
+        sp.add_argument("--top-k", type=_nonneg_int, default=None,
+                        help="--sample: keep the k most likely tokens (default 50; 0: off)")
+        sp.add_argument("--top-p", type=_unit_interval, default=None,
+                        help="--sample: keep the smallest set of tokens reaching probability p (default 0.9; "
+                             "1: off)")
+
     def out_opts(sp, formats=R.FORMATS):
         sp.add_argument("--format", choices=formats, default="table")
         sp.add_argument("--output", "-o", default=None, help="write the result to FILE instead of stdout")
@@ -93,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "its module importable: in the current folder, on PYTHONPATH or installed)")
     t.add_argument("--mode", choices=("inference", "generate", "training"), default="inference")
     run_opts(t)
+    sample_opts(t)
     g = t.add_mutually_exclusive_group()
     g.add_argument("--gems", dest="gems", action="store_true", default=None,
                    help="run with Gems enabled and record served/fallback per op (default on cpu/cuda when "
@@ -107,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("models", nargs="*", help="models (default: the four built-ins)")
     r.add_argument("--modes", default="inference,training", help="comma-separated (default inference,training)")
     run_opts(r)
+    sample_opts(r)
     r.add_argument("--all-ops", action="store_true", help="include view/creation/other ops in the matrix")
     r.add_argument("--fail-under", type=_pct, default=None, metavar="PCT")
     out_opts(r)
@@ -242,13 +276,32 @@ def _new_tokens(a, applies: bool, where: str, default: int = 4) -> int:
     return a.new_tokens
 
 
+def _sampling(a, applies: bool, where: str):
+    """The runner.Sampling that --sample (and its knobs) ask for, None for greedy; a knob without
+    --sample, or --sample where nothing generates, is bad input."""
+    knobs = [f for f, v in (("--temperature", a.temperature), ("--top-k", a.top_k), ("--top-p", a.top_p))
+             if v is not None]
+    if not getattr(a, "sample", False):
+        if knobs:
+            raise UsageError(f"{knobs[0]} applies with --sample only")
+        return None
+    if not applies:
+        raise UsageError(f"--sample applies to {where} only")
+    from .runner import Sampling
+    d = Sampling()
+    return Sampling(temperature=d.temperature if a.temperature is None else a.temperature,
+                    top_k=d.top_k if a.top_k is None else a.top_k,
+                    top_p=d.top_p if a.top_p is None else a.top_p)
+
+
 def cmd_trace(a, ctx):
     from . import report as R
     from . import tracer
     new_tokens = _new_tokens(a, a.mode == "generate", "--mode generate")
+    sampling = _sampling(a, a.mode == "generate", "--mode generate")
     res = tracer.trace(a.model, mode=a.mode, device=a.device, dtype=a.dtype, batch=a.batch, seq_len=a.seq_len,
                        size=a.size, new_tokens=new_tokens, use_gems=a.gems,
-                       profile=False if a.no_profile else None, progress=ctx.say)
+                       profile=False if a.no_profile else None, progress=ctx.say, sampling=sampling)
     d = R.trace_to_dict(res)
     _emit(R.format_trace(d, a.format), a.output, ctx)
     if a.fail_under is not None and d["summary"]["coverage_pct"] < a.fail_under:
@@ -271,7 +324,7 @@ def collect(models_, modes, a, ctx, info=None):
             ctx.say(f"{m}: {mode}")
             res = tracer.trace(m, mode=mode, device=a.device, dtype=a.dtype, batch=a.batch, seq_len=a.seq_len,
                                size=a.size, new_tokens=a.new_tokens or 4, use_gems=False, profile=False,
-                               gems_info=info)
+                               gems_info=info, sampling=getattr(a, "sampling", None) if mode == "generate" else None)
             docs.append(R.trace_to_dict(res))
     return docs, info
 
@@ -293,6 +346,7 @@ def cmd_report(a, ctx):
     recipes = [M.resolve(n) for n in names]   # fail fast on a bad name, before tracing anything
     modes = _modes(a.modes)
     _new_tokens(a, "generate" in modes, "--modes with generate")
+    a.sampling = _sampling(a, "generate" in modes, "--modes with generate")
     if "generate" in modes and not any(r.kind in ("causal_lm", "llava") for r in recipes):
         raise UsageError("--modes generate needs a causal LM (or Llava); none of the models is one: "
                          + ", ".join(f"{r.name} ({r.kind})" for r in recipes))

@@ -1,10 +1,11 @@
-"""Run a built model in one of the modes: inference, generate (greedy, KV cache) or training.
+"""Run a built model in one of the modes: inference, generate (KV cache; greedy or sampling) or training.
 
 Training = forward with labels, backward, and one optimizer step (AdamW with ``foreach=False`` so the
 per-parameter ATen ops are the ones a plain training loop calls; that also runs on the meta device).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 MODES = ("inference", "generate", "training")
@@ -138,12 +139,53 @@ def run_inference(bundle):
     return out
 
 
-def run_generate(bundle, new_tokens: int = 4, times: Optional[list] = None, sync=None):
-    """Greedy decoding: a prefill, then ``new_tokens - 1`` one-token steps with the KV cache.
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling decoding as ``generate(do_sample=True, ...)`` runs it: transformers' own logits warpers
+    (temperature, top-k, top-p, in generate()'s order; a warper that would change nothing is left out
+    as generate() leaves it out: temperature 1, top_k 0, top_p 1), then softmax and one
+    ``torch.multinomial`` draw per sequence."""
+    temperature: float = 0.7
+    top_k: int = 50
+    top_p: float = 0.9
 
-    Returns the generated token ids (batch, new_tokens). A hand-written loop (rather than ``generate()``)
-    keeps it free of data-dependent stopping checks so it also runs on the meta device. With ``times``,
-    the decode steps (not the prefill) are timed, bracketed by ``sync()``, and ms per step appended.
+    def __post_init__(self):
+        # the warpers' own checks raise ValueError too; these say which option is wrong
+        if not self.temperature > 0 or self.temperature == float("inf"):
+            raise ValueError(f"temperature must be a positive number, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1: off), got {self.top_p}")
+
+    def describe(self) -> str:
+        return f"temperature {self.temperature:g}, top_k {self.top_k}, top_p {self.top_p:g}"
+
+    def warpers(self):
+        from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                            TopPLogitsWarper)
+        out = []
+        if self.temperature != 1.0:
+            out.append(TemperatureLogitsWarper(self.temperature))
+        if self.top_k > 0:
+            out.append(TopKLogitsWarper(self.top_k))
+        if self.top_p < 1.0:
+            out.append(TopPLogitsWarper(self.top_p))
+        return out
+
+
+def run_generate(bundle, new_tokens: int = 4, times: Optional[list] = None, sync=None,
+                 sampling: Optional[Sampling] = None):
+    """Decoding: a prefill, then ``new_tokens - 1`` one-token steps with the KV cache.
+
+    Greedy (argmax of the last logits) by default; with ``sampling`` each token is drawn as
+    ``generate(do_sample=True)`` draws it: the last logits copied to float32, transformers'
+    temperature / top-k / top-p warpers, softmax, ``torch.multinomial(probs, 1)``. The warpers
+    used here do not read the token history, so they get the prompt's ids (no per-step cat).
+    Returns the generated token ids (batch, new_tokens). A hand-written loop (rather than
+    ``generate()``) keeps it free of data-dependent stopping checks (no ``.item()``) so it also runs
+    on the meta device. With ``times``, the decode steps (not the prefill) are timed, bracketed by
+    ``sync()``, and ms per step appended.
     """
     import time
     import torch
@@ -151,10 +193,23 @@ def run_generate(bundle, new_tokens: int = 4, times: Optional[list] = None, sync
     m.eval()
     inputs = dict(bundle.inputs)
     mask = inputs.get("attention_mask")
+    warpers = sampling.warpers() if sampling is not None else None
+    prompt = inputs.get("input_ids")
+
+    def pick(logits):
+        last = logits[:, -1, :]
+        if warpers is None:
+            return last.argmax(dim=-1)
+        scores = last.to(dtype=torch.float32, copy=True)
+        for w in warpers:
+            scores = w(prompt, scores)
+        probs = torch.softmax(scores, dim=-1)
+        return torch.multinomial(probs, num_samples=1).squeeze(1)
+
     toks = []
     with torch.no_grad():
         out = m(**inputs, use_cache=True)
-        nxt = out.logits[:, -1, :].argmax(dim=-1)
+        nxt = pick(out.logits)
         toks.append(nxt)
         past = out.past_key_values
         if times is not None:
@@ -166,7 +221,7 @@ def run_generate(bundle, new_tokens: int = 4, times: Optional[list] = None, sync
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 step["attention_mask"] = mask
             out = m(**step)
-            nxt = out.logits[:, -1, :].argmax(dim=-1)
+            nxt = pick(out.logits)
             toks.append(nxt)
             past = out.past_key_values
         if times is not None:
@@ -199,11 +254,11 @@ def run_training(bundle, optimizer: str = "adamw", lr: float = 1e-3, after_backw
     return loss.detach()
 
 
-def run(bundle, mode: str, new_tokens: int = 4, optimizer: str = "adamw"):
+def run(bundle, mode: str, new_tokens: int = 4, optimizer: str = "adamw", sampling: Optional[Sampling] = None):
     if mode == "inference":
         return run_inference(bundle)
     if mode == "generate":
-        return run_generate(bundle, new_tokens)
+        return run_generate(bundle, new_tokens, sampling=sampling)
     if mode == "training":
         return run_training(bundle, optimizer)
     check_mode(bundle, mode)

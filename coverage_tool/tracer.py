@@ -149,8 +149,9 @@ def trace(model: str, *, mode: str = "inference", device: str = "meta", dtype=No
           seq_len: Optional[int] = None, size: Optional[str] = None, new_tokens: int = 4,
           use_gems: Optional[bool] = None, profile: Optional[bool] = None, optimizer: str = "adamw",
           progress: Optional[Callable[[str], None]] = None, gems_info: Optional[gemsinfo.GemsInfo] = None,
-          seed: int = 0) -> TraceResult:
-    """Build ``model`` on ``device`` and record every ATen overload it calls in ``mode``."""
+          seed: int = 0, sampling=None) -> TraceResult:
+    """Build ``model`` on ``device`` and record every ATen overload it calls in ``mode``
+    (``sampling``: a ``runner.Sampling`` makes generate draw tokens instead of taking the argmax)."""
     import torch
     import models
     from . import runner
@@ -190,6 +191,9 @@ def trace(model: str, *, mode: str = "inference", device: str = "meta", dtype=No
                       dtype=str(dt).replace("torch.", ""), batch=batch, seq_len=seq_len,
                       new_tokens=new_tokens if mode == "generate" else None, ops={}, gems=info,
                       gems_enabled=bool(use_gems), params=nparams)
+    if mode == "generate":
+        res.notes.append(f"generate: sampling ({sampling.describe()}; transformers' warpers, softmax, multinomial)"
+                         if sampling is not None else "generate: greedy (argmax)")
     if dev_type == "meta":
         res.notes.append("meta device: shapes only, no data and no time; attention takes the math path "
                          "(bmm + softmax), unlike CPU/CUDA fused attention kernels")
@@ -203,11 +207,11 @@ def trace(model: str, *, mode: str = "inference", device: str = "meta", dtype=No
             before = gemsinfo.stats()
             with gems.use_gems():
                 with rec:
-                    runner.run(bundle, mode, new_tokens=new_tokens, optimizer=optimizer)
+                    runner.run(bundle, mode, new_tokens=new_tokens, optimizer=optimizer, sampling=sampling)
             res.served = gemsinfo.stats_delta(before, gemsinfo.stats())
         else:
             with rec:
-                runner.run(bundle, mode, new_tokens=new_tokens, optimizer=optimizer)
+                runner.run(bundle, mode, new_tokens=new_tokens, optimizer=optimizer, sampling=sampling)
         if dev_type == "cuda":
             torch.cuda.synchronize()
     except models.ModelError:
@@ -219,7 +223,7 @@ def trace(model: str, *, mode: str = "inference", device: str = "meta", dtype=No
         say("profiling (ATen, time per op) ...")
         if use_gems:
             _unregister_gems()
-        res.times, res.time_source = _profile(bundle, mode, new_tokens, optimizer, dev_type, res.ops)
+        res.times, res.time_source = _profile(bundle, mode, new_tokens, optimizer, dev_type, res.ops, sampling)
         res.notes.append(f"time: torch.profiler {res.time_source} time of one ATen run (Gems off), each op "
                          f"with the ATen calls it makes internally")
     res.seconds = time.perf_counter() - t0
@@ -237,7 +241,7 @@ def _unregister_gems():
         pass
 
 
-def _profile(bundle, mode, new_tokens, optimizer, dev_type, ops):
+def _profile(bundle, mode, new_tokens, optimizer, dev_type, ops, sampling=None):
     import torch
     from torch.profiler import ProfilerActivity, profile
     from . import runner
@@ -247,7 +251,7 @@ def _profile(bundle, mode, new_tokens, optimizer, dev_type, ops):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with profile(activities=acts) as prof:
-            runner.run(bundle, mode, new_tokens=new_tokens, optimizer=optimizer)
+            runner.run(bundle, mode, new_tokens=new_tokens, optimizer=optimizer, sampling=sampling)
             if dev_type == "cuda":
                 torch.cuda.synchronize()
         events = prof.events()

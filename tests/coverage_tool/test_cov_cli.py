@@ -83,6 +83,14 @@ def test_fail_under_gate(capsys):
     (["trace", "llama2", "--device", "cpu", "--seq-len", "300"], "(tiny) takes at most 256 positions"),
     (["trace", "llama2", "--mode", "generate", "--seq-len", "4090", "--new-tokens", "10"],
      "--seq-len 4090 + 9 generated = 4099"),
+    (["trace", "llama2", "--sample"], "--sample applies to --mode generate only"),
+    (["trace", "llama2", "--mode", "generate", "--top-k", "5"], "--top-k applies with --sample only"),
+    (["trace", "llama2", "--mode", "generate", "--temperature", "0.5"], "--temperature applies with --sample only"),
+    (["trace", "llama2", "--mode", "generate", "--sample", "--top-p", "1.5"], "expected a number in (0, 1]"),
+    (["trace", "llama2", "--mode", "generate", "--sample", "--top-p", "0"], "expected a number in (0, 1]"),
+    (["trace", "llama2", "--mode", "generate", "--sample", "--temperature", "0"], "expected a positive number"),
+    (["trace", "llama2", "--mode", "generate", "--sample", "--top-k", "-1"], "non-negative integer"),
+    (["report", "llama2", "--sample"], "--sample applies to --modes with generate only"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv, msg):
     rc, out, err = run(capsys, *argv)
@@ -206,3 +214,23 @@ def test_module_function_from_the_current_folder(tmp_path):
                        capture_output=True, text=True, env=dict(os.environ), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout)["model"] == "cov_cli_models:mlp"
+
+
+def test_trace_generate_sampling_options(capsys):
+    # --sample with its knobs reaches the runner: the trace's note says what ran, and top-k / top-p
+    # add their ops (topk; sort, cumsum, scatter) next to multinomial
+    rc, out, err = run(capsys, "-q", "trace", "llama2", "--mode", "generate", "--seq-len", "8", "--new-tokens", "2",
+                       "--sample", "--temperature", "0.5", "--top-k", "7", "--top-p", "0.8", "--format", "json")
+    d = json.loads(out)
+    names = {o["name"] for o in d["ops"]}
+    assert rc == 0 and "generate: sampling (temperature 0.5, top_k 7, top_p 0.8" in " ".join(d["notes"])
+    assert {"multinomial.default", "topk.default", "sort.default", "cumsum.default", "scatter.src"} <= names
+    assert "argmax.default" not in names
+    # knobs that switch a warper off leave its ops out (as generate() leaves the warper out)
+    rc, out, err = run(capsys, "-q", "trace", "llama2", "--mode", "generate", "--seq-len", "8", "--new-tokens", "2",
+                       "--sample", "--top-k", "0", "--top-p", "1", "--format", "json")
+    names = {o["name"] for o in json.loads(out)["ops"]}
+    assert rc == 0 and "multinomial.default" in names and not names & {"topk.default", "sort.default"}
+    rc, out, err = run(capsys, "-q", "trace", "llama2", "--mode", "generate", "--seq-len", "8", "--format", "json")
+    d = json.loads(out)
+    assert "generate: greedy (argmax)" in d["notes"] and "argmax.default" in {o["name"] for o in d["ops"]}

@@ -6,7 +6,7 @@ import pytest
 
 import gems
 from coverage_tool import classify as C
-from coverage_tool import report, tracer
+from coverage_tool import report, runner, tracer
 
 BUILTINS = ["llama2", "bert", "llava", "aquila"]
 
@@ -46,6 +46,52 @@ def test_generate_on_meta_uses_the_kv_cache():
     # 3 forward passes: 32 layers x 3 calls of silu
     assert res.ops["silu.default"].calls == 32 * 3
     assert res.new_tokens == 3
+
+
+def test_generate_sampling_on_meta():
+    # do_sample's path at full size on meta: no .item() on meta values anywhere in the loop
+    res = tracer.trace("llama2", mode="generate", device="meta", seq_len=16, new_tokens=3,
+                       sampling=runner.Sampling())
+    assert res.ops["silu.default"].calls == 32 * 3
+    for op in ("multinomial.default", "topk.default", "sort.default", "cumsum.default", "scatter.src",
+               "_softmax.default", "masked_fill.Scalar"):
+        assert res.ops[op].calls >= 3, op
+    assert "argmax.default" not in res.ops
+
+
+def test_generate_sampling_tiny_cpu_with_gems():
+    # the sampling decode's own ops are served by Gems (sort/topk may still fall back to ATen)
+    res = tracer.trace("llama2", mode="generate", device="cpu", new_tokens=3, profile=False,
+                       sampling=runner.Sampling())
+    assert res.gems_enabled
+    for op in ("multinomial.default", "cumsum.default", "scatter.src", "stack.default"):
+        assert res.served[op]["served"] >= 1, (op, res.served.get(op))
+    greedy = tracer.trace("llama2", mode="generate", device="cpu", new_tokens=3, profile=False)
+    assert greedy.served["argmax.default"]["served"] == 3
+
+
+def test_run_generate_sampling():
+    import torch
+    import models
+    b = models.build(models.resolve("llama2"), size="tiny", device="cpu", dtype=torch.float32, batch=2, seq_len=6,
+                     seed=0)
+    greedy = runner.run_generate(b, 4)
+    vocab = b.model.config.vocab_size
+    torch.manual_seed(1)
+    a = runner.run_generate(b, 4, sampling=runner.Sampling())
+    torch.manual_seed(1)
+    again = runner.run_generate(b, 4, sampling=runner.Sampling())
+    assert a.shape == (2, 4) and a.dtype == torch.int64 and ((a >= 0) & (a < vocab)).all()
+    assert torch.equal(a, again)
+    # top_k = 1 keeps only the argmax: sampling must reproduce greedy decoding exactly
+    assert torch.equal(runner.run_generate(b, 4, sampling=runner.Sampling(temperature=1.0, top_k=1, top_p=1.0)),
+                       greedy)
+    # a very high temperature over the whole vocabulary: the draws differ from greedy
+    hot = runner.run_generate(b, 4, sampling=runner.Sampling(temperature=100.0, top_k=0, top_p=1.0))
+    assert not torch.equal(hot, greedy)
+    for bad in (dict(temperature=0.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)):
+        with pytest.raises(ValueError):
+            runner.Sampling(**bad)
 
 
 def test_meta_and_cpu_differ_in_attention():

@@ -224,7 +224,7 @@ _VALID = {"other": 2, "alpha": 2, "value": 2, "min": 0, "max": 2, "exponent": 2,
           "negative_slope": 0.5, "min_val": -1, "max_val": 1, "beta": 1, "threshold": 1, "eps": 0.1,
           "scale": 1, "input_scale": 1}
 # arguments that are not numbers: valid values by name
-_OTHER = {"is_result": False, "self_is_result": False, "approximate": "none", "normalized_shape": [3]}
+_OTHER = {"is_result": False, "self_is_result": False, "approximate": "none", "normalized_shape": [3], "dim": 0}
 # per dtype of the tensors: numbers that do not fit it (or are of another kind), and a tensor's values
 _MISFITS = {torch.int8: (300, 2.5), torch.uint8: (-256, True), torch.int16: (40000,), torch.int32: (-2 ** 31 - 1,),
             torch.float16: (-1e9, 70000), torch.float32: (1e40, True)}
@@ -251,6 +251,8 @@ def _number_rows(dtype):
             if _tensor_typed(a):
                 if a.name in ("mask", "condition"):
                     args[a.name] = (lambda: _t([True, False, True], torch.bool))
+                elif a.name == "index":    # scatter.value's index along dim 0
+                    args[a.name] = (lambda: _t([2, 0], torch.int64))
                 elif matrix:
                     args[a.name] = (lambda: _t([[0.25, 0.5], [0.75, 1.0]], dtype))
                 else:

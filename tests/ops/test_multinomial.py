@@ -1,0 +1,174 @@
+"""multinomial, one sample per row (gems/ops/multinomial.py): the same distribution as ATen, not the
+same bits, so the contract is tested: a chi-square statistic of many draws against p / sum(p) (a
+sampler off by a few percent on a class fails it), zero-probability classes never drawn (also next to
+subnormal probabilities), one-hot rows drawn exactly (row indexing), unnormalized weights, fp16,
+non-contiguous (expanded, transposed) probabilities, rows longer than one block, reproducibility under
+torch.manual_seed and a generator=, successive calls differ, out=, ATen's errors for invalid input,
+fallbacks counted."""
+import math
+
+import pytest
+import torch
+
+import gems
+from harness import DEVICE, DTYPES, FLOAT_IDS, ON_GPU, dtype_params, make, served
+
+mn = torch.multinomial
+# draws per chi-square test (rows of one call): the interpreter runs Philox in numpy, slowly
+DRAWS = 1500 if not ON_GPU else 200000
+
+
+def _draw(p, n=1, **kw):
+    with served("multinomial.default"), gems.use_gems():
+        return mn(p, n, **kw)
+
+
+def chi2_bound(df, z=4.75):
+    """Wilson-Hilferty: the chi-square quantile with upper tail ~1e-6 (z standard deviations)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def _chi2(counts, p):
+    """Pearson's statistic of the counts against probabilities p (classes with p > 0); df."""
+    n = counts.sum().item()
+    exp = p / p.sum() * n
+    pos = p > 0
+    return (((counts[pos] - exp[pos]) ** 2) / exp[pos]).sum().item(), int(pos.sum()) - 1
+
+
+@dtype_params()
+def test_distribution_chi_square(dtype):
+    V, B = 37, DRAWS
+    p = torch.rand(V, dtype=torch.float64) + 0.05
+    p[[3, 17, 36]] = 0.0          # zero classes, the last one in the second vocabulary block
+    p[5] = 0.004                  # a rare class
+    probs = p.to(dtype).to(DEVICE)
+    s = _draw(probs.expand(B, V))            # one call, B rows sharing one row of memory (stride 0)
+    assert s.shape == (B, 1) and s.dtype == torch.int64
+    counts = torch.bincount(s.flatten().cpu(), minlength=V).double()
+    assert counts[[3, 17, 36]].sum() == 0, "a zero-probability class was drawn"
+    stat, df = _chi2(counts, probs.cpu().double())
+    assert stat < chi2_bound(df), f"chi-square {stat:.1f} with {df} degrees of freedom"
+
+
+def test_detects_a_biased_sampler():
+    # the statistic has the power the test relies on: ATen's draws pass, draws from a distribution off by
+    # 5 percentage points on two classes fail (at the CPU run's number of draws)
+    V, B = 10, 1500
+    p = torch.linspace(1, 2, V, dtype=torch.float64)
+    q = p / p.sum()
+    q[0] += 0.05
+    q[1] -= 0.05
+    good = torch.bincount(mn(p.expand(B, V), 1).flatten(), minlength=V).double()
+    bad = torch.bincount(mn(q.expand(B, V), 1).flatten(), minlength=V).double()
+    assert _chi2(good, p)[0] < chi2_bound(V - 1) < _chi2(bad, p)[0]
+
+
+def test_rows_are_their_own_distributions():
+    # one-hot rows (times a random positive weight) must give their class exactly: row indexing, blocks
+    B, V = 45, 70
+    target = torch.randint(0, V, (B,))
+    w = torch.zeros(B, V)
+    w[torch.arange(B), target] = torch.rand(B) + 0.5
+    w[0, :] = 0.0
+    w[0, 66] = 1e-40              # a subnormal probability: p / E underflows, still beats zeros
+    target[0] = 66
+    s = _draw(w.to(DEVICE))
+    assert torch.equal(s.flatten().cpu(), target)
+    # the transposed layout (a column per row)
+    s = _draw(w.t().contiguous().to(DEVICE).t())
+    assert torch.equal(s.flatten().cpu(), target)
+    # two classes per row: only those two ever appear
+    w2 = torch.zeros(B, V)
+    w2[:, 3] = 1.0
+    w2[:, 60] = 3.0
+    for _ in range(3):
+        s = _draw(w2.to(DEVICE)).flatten().cpu()
+        assert set(s.tolist()) <= {3, 60}
+
+
+@dtype_params()
+def test_one_d_and_unnormalized(dtype):
+    w = make((300,), dtype, low=0.0, high=5.0)       # weights, not probabilities; 300 > one block
+    s = _draw(w)
+    assert s.shape == (1,) and 0 <= s.item() < 300
+    torch.manual_seed(7)
+    a = [_draw(w).item() for _ in range(6)]
+    torch.manual_seed(7)
+    b = [_draw(w).item() for _ in range(6)]
+    assert a == b, "torch.manual_seed does not make the draws reproducible"
+    assert len(set(a)) > 1, "successive calls drew the same class six times out of 300"
+    # without replacement is the same for one sample
+    assert _draw(w, replacement=True).shape == (1,)
+
+
+def test_generator_argument():
+    p = make((4, 50), low=0.1, high=1.0)
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+    a = _draw(p, generator=g)
+    g.manual_seed(3)
+    b = _draw(p, generator=g)
+    assert torch.equal(a, b)
+    c = _draw(p, generator=g)
+    d = _draw(p, generator=g)
+    assert not (torch.equal(a, c) and torch.equal(c, d)), "the generator's state did not advance"
+
+
+def test_decode_pattern():
+    # what sampling decoders call: softmax of top-k-masked logits [batch, vocab]
+    logits = make((2, 500))
+    kth = torch.topk(logits, 20).values[..., -1, None]
+    masked = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(masked, -1)
+    for _ in range(3):
+        s = _draw(probs)
+        assert (probs.gather(1, s) > 0).all(), "a token outside the top-k was drawn"
+
+
+def test_out_variant():
+    p = make((3, 40), low=0.1, high=1.0)
+    out = torch.empty(0, dtype=torch.int64, device=DEVICE)
+    with served("multinomial.out"), gems.use_gems():
+        got = mn(p, 1, out=out)
+    assert got is out and out.shape == (3, 1) and ((out >= 0) & (out < 40)).all()
+
+
+def _rejects():
+    t = lambda v, **k: torch.tensor(v, device=DEVICE, **k)   # noqa: E731
+    nan, inf = float("nan"), float("inf")
+    return [lambda: mn(t([0.2, -0.1, 0.5]), 1),
+            lambda: mn(t([0.2, inf]), 1),
+            lambda: mn(t([[0.2, 0.3], [nan, 1.0]]), 1),
+            lambda: mn(t([[0.2, 0.3], [0.0, 0.0]]), 1),              # a row summing to 0
+            lambda: mn(t([[0.0, 0.0], [0.0, -1.0]]), 1),             # both: the bad value is reported
+            lambda: mn(t([0.0, 0.0], dtype=torch.float16), 1),
+            lambda: mn(t(1.0), 1),                                   # 0-dim
+            lambda: mn(torch.ones(2, 3, 4, device=DEVICE), 1),       # 3-D
+            lambda: mn(torch.ones(3, dtype=torch.long, device=DEVICE), 1),
+            lambda: mn(torch.ones(3, device=DEVICE), 0),
+            lambda: mn(torch.ones(2, 0, device=DEVICE), 1),
+            lambda: mn(torch.ones(3, device=DEVICE), 1, out=torch.empty(1, dtype=torch.int32, device=DEVICE))]
+
+
+def test_errors_like_aten():
+    for k, f in enumerate(_rejects()):
+        try:
+            f()
+        except Exception as e:   # noqa: BLE001
+            want = type(e)
+        else:
+            raise AssertionError(f"row {k}: ATen accepted a case the test expects it to reject")
+        with gems.use_gems():
+            with pytest.raises(want):
+                f()
+
+
+def test_fallbacks_counted():
+    gems.reset_stats()
+    p = make((3, 6), low=0.1, high=1.0)
+    with gems.use_gems():
+        s = mn(p, 3)                        # more than one sample: ATen
+        e = mn(torch.ones(0, 4, device=DEVICE), 1)
+    assert s.shape == (3, 3) and e.shape == (0, 1)
+    st = gems.stats()["multinomial.default"]
+    assert st["fallback"] == 2 and "num_samples != 1" in st["reasons"]
