@@ -23,8 +23,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
+from .runner import OPTIMIZERS  # noqa: F401 - the training step's optimizers (runner.make_optimizer)
+
 WORKLOADS = ("prefill", "decode", "train")
-OPTIMIZERS = ("adamw", "adamw-fused", "sgd")
 # a profiler annotation around the prompt's forward in a decode run: its ops are not decode steps
 PROMPT_MARK = "gems_bench::prompt"
 
@@ -131,7 +132,7 @@ class _Workload:
         if kind == "train":
             bundle.model.train()
             params = [p for p in bundle.model.parameters() if p.requires_grad]
-            self.opt = _make_optimizer(params, optimizer, self.on_cuda)
+            self.opt = _make_optimizer(params, optimizer)
             # the agreement runs start both modes from these weights; dropped afterwards (peak memory)
             self.start = {k: v.detach().clone() for k, v in bundle.model.state_dict().items()}
         else:
@@ -265,14 +266,10 @@ def _cpu(x):
     return x
 
 
-def _make_optimizer(params, name, on_cuda):
-    import torch
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3)
-    if name == "adamw-fused":
-        return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, fused=True)
-    # what users run: PyTorch's default, foreach on CUDA; the per-parameter loop on CPU
-    return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, foreach=None if on_cuda else False)
+def _make_optimizer(params, name):
+    # runner.make_optimizer's (adamw: foreach=True, what CUDA users run; adamw-loop; adamw-fused; sgd)
+    from . import runner
+    return runner.make_optimizer(params, name, lr=1e-3 if name == "sgd" else 1e-4)
 
 
 @contextlib.contextmanager

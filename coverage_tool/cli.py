@@ -83,6 +83,7 @@ def _pct(s):
 
 def build_parser() -> argparse.ArgumentParser:
     from . import report as R
+    from .runner import OPTIMIZERS
     p = _Parser(prog=PROG, description="Which ATen ops a model calls, which Gems covers, what is missing, "
                                        "and whether the model gives the same answers with Gems on.")
     p.add_argument("-q", "--quiet", action="store_true",
@@ -131,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run with Gems enabled and record served/fallback per op (default on cpu/cuda when "
                         "Gems has a backend there)")
     g.add_argument("--no-gems", dest="gems", action="store_false")
+    t.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                   help="--mode training's step: adamw (default: AdamW with foreach=True, what CUDA users run), "
+                        "adamw-loop (foreach=False), adamw-fused (fused=True; not on meta) or sgd")
     t.add_argument("--no-profile", action="store_true", help="skip the torch.profiler timing run")
     t.add_argument("--fail-under", type=_pct, default=None, metavar="PCT",
                    help="exit 1 when compute-op coverage is below PCT")
@@ -199,8 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed runs per mode (default 5 on cuda, 1 on cpu)")
     b.add_argument("--warmup", type=_nonneg_int, default=None,
                    help="untimed runs per mode before the timed ones (default 2 on cuda, 1 on cpu)")
-    b.add_argument("--optimizer", choices=("adamw", "adamw-fused", "sgd"), default="adamw",
-                   help="train: AdamW as PyTorch defaults it (foreach on CUDA), fused AdamW, or SGD")
+    b.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
+                   help="train: AdamW with foreach=True (default; what CUDA users run), adamw-loop "
+                        "(foreach=False), adamw-fused (fused=True), or sgd")
     b.add_argument("--include", default=None, help="comma-separated ATen names Gems serves (default all)")
     b.add_argument("--exclude", default=None, help="comma-separated ATen names left to ATen")
     b.add_argument("--no-attribution", action="store_true", help="skip the profiled per-op attribution")
@@ -299,9 +304,12 @@ def cmd_trace(a, ctx):
     from . import tracer
     new_tokens = _new_tokens(a, a.mode == "generate", "--mode generate")
     sampling = _sampling(a, a.mode == "generate", "--mode generate")
+    if a.optimizer is not None and a.mode != "training":
+        raise UsageError("--optimizer applies with --mode training only")
     res = tracer.trace(a.model, mode=a.mode, device=a.device, dtype=a.dtype, batch=a.batch, seq_len=a.seq_len,
                        size=a.size, new_tokens=new_tokens, use_gems=a.gems,
-                       profile=False if a.no_profile else None, progress=ctx.say, sampling=sampling)
+                       profile=False if a.no_profile else None, progress=ctx.say, sampling=sampling,
+                       optimizer=a.optimizer or "adamw")
     d = R.trace_to_dict(res)
     _emit(R.format_trace(d, a.format), a.output, ctx)
     if a.fail_under is not None and d["summary"]["coverage_pct"] < a.fail_under:
@@ -379,7 +387,8 @@ def _report_header(a, mtx):
         "path for attention (`bmm` + `_safe_softmax`); on CPU and CUDA, `scaled_dot_product_attention` "
         "picks fused kernels instead, so trace on the device you care about "
         "(`gems-coverage trace MODEL --device cuda`). Training = forward, backward and one AdamW step "
-        "(`foreach=False`). Aquila-7B is built as `LlamaForCausalLM` with Aquila's config values.",
+        "(`foreach=True`, what CUDA users run: the `_foreach_*` ops). Aquila-7B is built as `LlamaForCausalLM` "
+        "with Aquila's config values.",
         "",
         "Coverage says which ops Gems serves, not whether the model gets faster: `gems-coverage bench MODEL "
         "--device cuda --workload prefill|decode|train` runs a workload with ATen and with Gems and "

@@ -1,7 +1,9 @@
 """Run a built model in one of the modes: inference, generate (KV cache; greedy or sampling) or training.
 
-Training = forward with labels, backward, and one optimizer step (AdamW with ``foreach=False`` so the
-per-parameter ATen ops are the ones a plain training loop calls; that also runs on the meta device).
+Training = forward with labels, backward, and one optimizer step: by default AdamW as users run it on
+CUDA, ``foreach=True`` (PyTorch's default there; explicit, since on CPU and meta the default is the
+per-parameter loop), so the ``_foreach_*`` ops it calls are the ones traced; ``adamw-loop`` (the
+loop's per-parameter ops), ``adamw-fused`` (``_fused_adamw_``; not on meta) and ``sgd`` choose others.
 """
 from __future__ import annotations
 
@@ -230,11 +232,25 @@ def run_generate(bundle, new_tokens: int = 4, times: Optional[list] = None, sync
     return torch.stack(toks, dim=1)
 
 
+# the optimizers a training step can take (gems-coverage trace/bench --optimizer, parity's optimizer)
+OPTIMIZERS = ("adamw", "adamw-loop", "adamw-fused", "sgd")
+
+
 def make_optimizer(params, name: str = "adamw", lr: float = 1e-3):
+    """adamw: AdamW with foreach=True (what CUDA users run: PyTorch's default there, explicit so that CPU
+    and meta runs take it too); adamw-loop: the per-parameter loop (foreach=False); adamw-fused: one
+    _fused_adamw_ op (fused=True; CUDA and CPU); sgd: SGD without momentum, the loop (parity's
+    default: an update linear in the gradient)."""
     import torch
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.0, foreach=False)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.01, foreach=False)
+    from models import ModelError
+    if name not in OPTIMIZERS:
+        raise ModelError(f"unknown optimizer '{name}' ({', '.join(OPTIMIZERS)})")
+    if name == "adamw-fused" and any(p.device.type == "meta" for p in params):
+        raise ModelError("adamw-fused: PyTorch's fused AdamW has no meta kernel (trace it on cpu or cuda)")
+    how = {"adamw": {"foreach": True}, "adamw-loop": {"foreach": False}, "adamw-fused": {"fused": True}}[name]
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.01, **how)
 
 
 def run_training(bundle, optimizer: str = "adamw", lr: float = 1e-3, after_backward=None):

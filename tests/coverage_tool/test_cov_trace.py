@@ -24,9 +24,10 @@ def test_full_size_on_meta(model, mode):
     assert "mm.default" in names or "addmm.default" in names
     assert res.ops["view.default"].category == C.VIEW
     if mode == "training":
-        # backward ops and the optimizer step (AdamW, foreach=False) are in the trace
+        # backward ops and the optimizer step (AdamW, foreach=True as on CUDA) are in the trace
         assert any(n.endswith("_backward.default") or "backward" in n for n in names)
-        assert "addcdiv_.default" in names and "lerp_.Scalar" in names
+        assert "_foreach_addcdiv_.ScalarList" in names and "_foreach_lerp_.Scalar" in names
+        assert "addcdiv_.default" not in names
     if model == "llava":
         assert "convolution.default" in names and "masked_scatter.default" in names
     if model in ("llama2", "aquila", "llava"):
@@ -160,3 +161,16 @@ def test_json_schema_meta():
     # untimed: gaps ranked by calls
     calls = [o["calls"] for o in d["ops"] if o["category"] == "compute"]
     assert calls == sorted(calls, reverse=True)
+
+
+def test_training_optimizer_choices(capsys):
+    # adamw-loop: the per-parameter loop's ops instead of the _foreach_ ones
+    names = _names(tracer.trace("llama2", mode="training", device="meta", seq_len=16, optimizer="adamw-loop"))
+    assert "addcdiv_.default" in names and "lerp_.Scalar" in names
+    assert not any(n.startswith("_foreach_") for n in names)
+    from coverage_tool.cli import main
+    # bad input, one line, exit 2: --optimizer without training; fused AdamW on meta (no kernel there)
+    assert main(["-q", "trace", "llama2", "--optimizer", "sgd"]) == 2
+    assert "--optimizer applies with --mode training only" in capsys.readouterr().err
+    assert main(["-q", "trace", "llama2", "--mode", "training", "--optimizer", "adamw-fused"]) == 2
+    assert "adamw-fused" in capsys.readouterr().err

@@ -257,6 +257,8 @@ def _number_rows(dtype):
                     args[a.name] = (lambda: _t([[0.25, 0.5], [0.75, 1.0]], dtype))
                 else:
                     args[a.name] = (lambda: _t(_VALUES[dtype], dtype))
+            elif str(a.type) == "List[Tensor]":   # _foreach_ ops: two tensors per list
+                args[a.name] = (lambda: [_t(_VALUES[dtype], dtype), _t(_VALUES[dtype][:2], dtype)])
             elif a.name in _OTHER:
                 args[a.name] = _OTHER[a.name]
         valid = {n: _VALID[n] for n in nums}

@@ -1,0 +1,512 @@
+"""_foreach_* ops (what torch.optim's foreach implementations call): one launch per call, any number
+of tensors.
+
+ATen's CUDA kernels (multi_tensor_apply) pass the tensors' addresses in the kernel's argument space:
+a launch takes 30 to 110 tensors (by the number of lists) and 320 chunks of 64K elements, so a
+model's parameter list takes many launches. Triton kernels take no arrays as arguments; here the host
+writes the addresses into one int64 *table* instead, copied to the device with the call, and one
+launch covers every tensor:
+
+    Tab = [S_0 .. S_{N-1} | row_0 | .. | row_{N-1}]      row_i = [n_i, a_i(list 0) .. a_i(list k), out_i, s_i]
+
+S_i is the number of chunks (CHUNK elements each) of the tensors before i, n_i tensor i's element
+count, a_i the data addresses of tensor i in each list, out_i that of its result (functional
+variants only), s_i its scalar (ScalarList variants: the number's float64 bits; a List variant whose
+second list holds 0-dim tensors: that tensor's address). Program p finds its tensor as the last i
+with S_i <= p (a binary search: log2 N scalar loads, the price of not cutting the launch), and its
+chunk c = p - S_i. Addresses become pointers as Base + (a_i - a_Base) / elsize, with Base a tensor
+argument of the list's dtype: the offset is exact (every address is a multiple of the element
+size), and when every address is 16-byte aligned a hint says so, so the loads can stay 128-bit
+vectors as for a plain tensor argument. A chunk is CHUNK // BLOCK unrolled blocks
+(multi_tensor_apply's ILP loop), so the search is paid once per CHUNK elements.
+
+Formulas (x, y, z the elements of the lists in order, s the scalar: a Scalar argument, the list's
+entry for this tensor, or a 0-dim tensor's value; all in fp32, ATen's opmath; one rounding on store):
+    add: x + alpha * y | x + s    sub: x - alpha * y | x - s    mul: x * y | x * s
+    div: x / y | x / s (IEEE)     maximum / minimum: NaN if either is NaN
+    lerp: x + w (y - x) from the nearer end, w = z or s      pow: x ** y | x ** s | s ** x
+    addcmul: x + s * (y * z)      addcdiv: x + s * (y / z)     sqrt, neg, reciprocal, zero_
+Bytes moved: each list read once, the result written once; plus the table (8 bytes per tensor and
+column).
+
+Host cost per call, O(N) Python: per tensor and list its address, shape, dtype, device and
+contiguity are read, and for in-place variants the written tensors are checked for overlaps (an
+element written by one program and read or written by another would race; ATen's CPU loop applies
+the op tensor by tensor, so such calls go to ATen). The device copy of a table is cached by content
+(optimizers pass the same parameters and states every step), so a repeat call copies nothing.
+
+Served: contiguous tensors, one dtype (fp32/fp16, bf16 on the GPU) and one device across all lists.
+Anything else (mixed dtypes, which ATen promotes; non-contiguous tensors; different shapes, which
+ATen's loop broadcasts; overlapping in-place operands; numbers out of the dtype's range) goes to
+ATen, counted. No call plans (results are lists or None, which a plan does not map): the
+registrations skip the signature too, which would read every element of every list per call.
+"""
+from __future__ import annotations
+
+import itertools
+import operator
+from array import array
+from functools import reduce
+
+import torch
+import triton
+import triton.language as tl
+
+from ..codegen.generator import number_misfit
+from ..codegen.tlmath import GPU
+from ..registry import FLOATS, Unsupported, register
+from ..runtime import backend, kernel
+from ..runtime.utils import empty
+from .arith import _add, _div, _mul, _neg, _sub
+from .binary import _maximum, _minimum, _pow
+from .ternary import _lerp
+from .unary import _reciprocal, _sqrt
+
+# how a program gets its scalar s: a kernel argument, its tensor's table entry (float64 bits),
+# a 0-dim tensor's value, entry i of a 1-D tensor (addcmul/addcdiv .Tensor), or the value of its
+# tensor's own 0-dim tensor, whose address is in the table (a .List variant whose second list holds
+# 0-dim tensors: capturable Adam divides by per-parameter bias corrections kept on the device)
+_S_ARG, _S_TABLE, _S_TENSOR, _S_TENSOR_I, _S_TENSORS = 0, 1, 2, 3, 4
+
+
+@triton.jit
+def _address(row, k, B0, ES: tl.constexpr, VEC: tl.constexpr):
+    """Element offset from Base of the tensor whose address is row[k] (a multiple of VEC elements)."""
+    d = (tl.load(row + k) - B0) // ES
+    if VEC > 1:
+        d = tl.multiple_of(d, VEC)
+    return d
+
+
+@kernel
+@triton.jit
+def foreach_kernel(Base, Tab, N, TOP, LOGN, B0, s, alpha, S, S0,
+                   OP: tl.constexpr, NIN: tl.constexpr, FUNC: tl.constexpr, SMODE: tl.constexpr,
+                   W: tl.constexpr, ES: tl.constexpr, SES: tl.constexpr, VEC: tl.constexpr,
+                   BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """out_i[j] = f(x_i[j], y_i[j], z_i[j], s) for chunk p - S_i of tensor i (module doc): NIN input
+    lists, the result in place into list 0 or (FUNC) into out_i. S: the scalar tensor (SMODE 2, 3)
+    or the first of the per-tensor 0-dim tensors (SMODE 4, at S + (address - S0) / SES)."""
+    pid = tl.program_id(0)
+    # the last i < N with S_i <= pid: binary lifting over steps TOP, TOP / 2, .., 1 (TOP the
+    # largest power of two below N; LOGN steps)
+    i = pid * 0
+    step = TOP + pid * 0
+    for _ in range(LOGN):
+        c = i + step
+        v = tl.load(Tab + tl.minimum(c, N - 1))
+        i = tl.where(c < N, tl.where(v <= pid, c, i), i)
+        step = step // 2
+    row = Tab + N + i.to(tl.int64) * W
+    n = tl.load(row)
+    lo = (pid - tl.load(Tab + i)).to(tl.int64) * CHUNK
+    d0 = _address(row, 1, B0, ES, VEC)
+    if NIN >= 2:
+        d1 = _address(row, 2, B0, ES, VEC)
+    if NIN >= 3:
+        d2 = _address(row, 3, B0, ES, VEC)
+    if FUNC:
+        dout = _address(row, 1 + NIN, B0, ES, VEC)
+    else:
+        dout = d0
+    if SMODE == 0:
+        sv = s
+    elif SMODE == 1:
+        sv = tl.load(row + W - 1).to(tl.float64, bitcast=True).to(tl.float32)
+    elif SMODE == 3:
+        sv = tl.load(S + i).to(tl.float32)
+    else:
+        if SMODE == 2:
+            sv = tl.load(S).to(tl.float32)
+        else:
+            sv = tl.load(S + (tl.load(row + W - 1) - S0) // SES).to(tl.float32)
+        if GPU:
+            # a 0-dim tensor operand is cast to the list's dtype first by CUDA's TensorIterator (ATen's
+            # loop over the tensors, taken when the dtypes differ); its CPU kernels read it unrounded
+            sv = sv.to(Base.dtype.element_ty).to(tl.float32)
+    for k in tl.static_range(CHUNK // BLOCK):
+        offs = lo + k * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        if OP == "zero":
+            r = tl.zeros([BLOCK], tl.float32)
+        else:
+            x = tl.load(Base + d0 + offs, mask=mask).to(tl.float32)
+            if NIN >= 2:
+                b = tl.load(Base + d1 + offs, mask=mask).to(tl.float32)
+            else:
+                b = sv
+            if NIN >= 3:
+                c3 = tl.load(Base + d2 + offs, mask=mask).to(tl.float32)
+            if OP == "add":
+                r = _add(x, b, alpha)
+            elif OP == "sub":
+                r = _sub(x, b, alpha)
+            elif OP == "mul":
+                r = _mul(x, b)
+            elif OP == "div":
+                r = _div(x, b, "none")
+            elif OP == "maximum":
+                r = _maximum(x, b)
+            elif OP == "minimum":
+                r = _minimum(x, b)
+            elif OP == "pow":
+                r = _pow(x, b)
+            elif OP == "rpow":
+                r = _pow(tl.zeros([BLOCK], tl.float32) + sv, x)
+            elif OP == "lerp":
+                if NIN == 3:
+                    r = _lerp(x, b, c3)
+                else:
+                    r = _lerp(x, b, sv)
+            elif OP == "addcmul":
+                r = x + sv * (b * c3)
+            elif OP == "addcdiv":
+                r = x + sv * tl.math.div_rn(b, c3)
+            elif OP == "sqrt":
+                r = _sqrt(x)
+            elif OP == "neg":
+                r = _neg(x)
+            else:
+                tl.static_assert(OP == "reciprocal")
+                r = _reciprocal(x)
+        tl.store(Base + dout + offs, r.to(Base.dtype.element_ty), mask=mask)
+
+
+# BLOCK: elements per unrolled step; CHUNK: elements per program (the interpreter pays per program and
+# per op, not per element: few wide programs). Not yet tuned on a GPU. The tests shrink the
+# interpreter's so that their small tensors span several chunks.
+_CONFIGS = {"cuda": dict(BLOCK=1024, CHUNK=4096, num_warps=4),
+            "interpreter": dict(BLOCK=1024, CHUNK=4096, num_warps=1)}
+
+_T = torch.Tensor
+_ptr, _numel, _contig, _dev = _T.data_ptr, _T.numel, _T.is_contiguous, _T.get_device
+_dtype, _shape = operator.attrgetter("dtype"), operator.attrgetter("shape")
+
+# device copies of tables by (device, stream, content): optimizers pass the same tensors every step
+_TABLES: dict = {}
+_MAX_TABLES = 64
+
+
+def _device_table(arr: array, device: torch.device):
+    """The table as an int64 tensor on `device`: on the CPU a view of `arr`; on a GPU one pinned
+    host copy and one asynchronous copy, or a cached earlier copy of the same content."""
+    host = torch.frombuffer(arr, dtype=torch.int64)
+    if device.type == "cpu":
+        return host
+    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index), arr.tobytes())
+    t = _TABLES.get(key)
+    if t is None:
+        # non_blocking from pinned memory: no wait for the stream (a pageable copy may wait); the host
+        # allocator keeps the pinned block until the copy has run. The cache is per stream so that a
+        # table evicted here is freed in the order of the stream that used it.
+        t = host.pin_memory().to(device, non_blocking=True)
+        if len(_TABLES) >= _MAX_TABLES:
+            _TABLES.pop(next(iter(_TABLES)))
+        _TABLES[key] = t
+    return t
+
+
+def _number(v, dtype, what="scalar"):
+    """A Scalar argument as the kernel's float, or Unsupported where ATen may convert it otherwise."""
+    if isinstance(v, complex):
+        raise Unsupported(f"complex {what}")
+    why = number_misfit(v, dtype)
+    if why is not None:
+        raise Unsupported(f"{what}: {why}")
+    return float(v)
+
+
+_LIMITS = {torch.float16: 65504.0, torch.bfloat16: 3.3895313892515355e38, torch.float32: 3.4028234663852886e38}
+
+
+def _number_list(vals, dtype) -> array:
+    """A Scalar[] argument as float64 values (the table carries their bits: -0.0 keeps its sign)."""
+    lim = _LIMITS[dtype]
+    try:
+        fits = -lim <= min(vals) and max(vals) <= lim   # the common case, without a call per number
+    except TypeError:
+        raise Unsupported("complex scalar in the list") from None
+    if not fits:
+        for v in vals:
+            why = None if v == 0 else number_misfit(v, dtype)
+            if why is not None:
+                raise Unsupported(f"scalars: {why}")
+    return array("d", vals)
+
+
+def _overlap(written, nbytes, reads) -> bool:
+    """Whether a written tensor's memory meets another written tensor's, or a read tensor's other
+    than the same memory at the same position (read and written by the same lane: safe). `reads`:
+    (addresses, byte sizes, whether position i is read for tensor i only) per read list."""
+    w0 = list(map(_ptr, written))
+    iv = {(p, p + b) for p, b in zip(w0, nbytes) if b}
+    if len(iv) != sum(1 for b in nbytes if b):
+        return True                                   # the same tensor twice in the written list
+    xs = set()
+    for ptrs, sizes, own in reads:
+        if own:
+            xs.update((p, p + b) for p, b, q, wb in zip(ptrs, sizes, w0, nbytes) if b and (p != q or b != wb))
+        else:
+            xs.update((p, p + b) for p, b in zip(ptrs, sizes) if b)
+    if xs & iv:
+        return True
+    # sorted by start, every interval must end before the next begins (reads overlapping other
+    # reads, e.g. a list passed twice, are counted too: harmless, they just go to ATen)
+    allv = sorted(iv | xs)
+    return any(a[1] > b[0] for a, b in zip(allv, allv[1:]))
+
+
+_SCALAR_DTYPES = FLOATS + (torch.float64,)
+
+
+def _foreach(op, lists, inplace, *, s=0.0, alpha=1.0, smode=_S_ARG, svals=None, stensor=None):
+    """Run `op` over `lists` (list 0 written in place, or shaping the functional outputs).
+
+    svals: per-tensor numbers (ScalarList); stensor: a 0-dim tensor (_S_TENSOR), a 1-D tensor of N
+    numbers (_S_TENSOR_I) or a list of N 0-dim tensors (_S_TENSORS)."""
+    first = lists[0]
+    n = len(first)
+    if n == 0:
+        raise RuntimeError("Tensor list must have at least one tensor.")
+    for lst in lists[1:] + ([stensor] if smode == _S_TENSORS else []):
+        if len(lst) != n:
+            raise RuntimeError(f"Tensor lists must have the same number of tensors, got {n} and {len(lst)}")
+    if svals is not None and len(svals) != n:
+        raise RuntimeError("Tensor list must have same number of elements as scalar list.")
+    t0 = first[0]
+    dtype = t0.dtype
+    if dtype not in FLOATS:
+        raise Unsupported(f"dtype {dtype}")
+    dev = t0.get_device()
+    be = backend()
+    if be.device_type == "cuda":
+        if dev != torch.cuda.current_device():
+            raise Unsupported("tensors on a non-current device")
+        if torch.cuda.is_current_stream_capturing():
+            # the table's host-to-device copy would be captured with a host buffer reused later
+            raise Unsupported("CUDA graph capture")
+    shapes = list(map(_shape, first))
+    one_dtype, one_dev = {dtype}, {dev}
+    for lst in lists:
+        if set(map(_dtype, lst)) != one_dtype:
+            raise Unsupported("tensors of different dtypes")
+        if set(map(_dev, lst)) != one_dev:
+            raise Unsupported("tensors on different devices")
+        if not all(map(_contig, lst)):
+            raise Unsupported("non-contiguous tensor")
+        if lst is not first and list(map(_shape, lst)) != shapes:
+            raise Unsupported("tensors of different shapes")   # ATen's loop broadcasts or raises
+    device = t0.device
+    numel = list(map(_numel, first))
+    es = t0.element_size()
+    nbytes = [k * es for k in numel]
+    reads = [(list(map(_ptr, lst)), nbytes, True) for lst in lists[1:]]
+    if svals is not None:
+        svals = _number_list(svals, dtype)
+    S, S0, ses = None, 0, 1
+    if smode == _S_TENSORS:
+        S = stensor[0]
+        sdt, S0, ses = S.dtype, S.data_ptr(), S.element_size()
+        if sdt not in _SCALAR_DTYPES or set(map(_dtype, stensor)) != {sdt}:
+            raise Unsupported("0-dim tensors of a non-float or of several dtypes")
+        if set(map(_dev, stensor)) != one_dev:
+            raise Unsupported("tensors on different devices")
+        sptrs = list(map(_ptr, stensor))
+        reads.append((sptrs, [ses] * n, True))
+    elif stensor is not None:
+        if stensor.device != device:
+            if smode == _S_TENSOR and stensor.device.type == "cpu":
+                s, smode = float(stensor.item()), _S_ARG      # a CPU scalar next to GPU lists
+            else:
+                raise Unsupported("scalar tensor on another device")
+        else:
+            S = stensor
+            if stensor.numel():
+                # read by every program: it must not be written by any
+                reads.append(([stensor.data_ptr()], [stensor.numel() * stensor.element_size()], False))
+    if inplace:
+        if _overlap(first, nbytes, reads):
+            raise Unsupported("overlapping in-place operands")
+        outs = None
+    else:
+        outs = [empty(sh, dtype, device) for sh in shapes]
+    cfg = _CONFIGS[be.name]
+    chunk = cfg["CHUNK"]
+    counts = [-(-k // chunk) for k in numel]
+    starts = array("q", itertools.accumulate(counts, initial=0))
+    total = starts.pop()
+    if total == 0:
+        return outs
+    ptr_cols = [list(map(_ptr, first))] + [r[0] for r in reads[:len(lists) - 1]]
+    if outs is not None:
+        ptr_cols.append(list(map(_ptr, outs)))
+    cols = [numel] + ptr_cols
+    if svals is not None:
+        cols.append(array("q", svals.tobytes()))
+    elif smode == _S_TENSORS:
+        cols.append(sptrs)
+    starts.extend(itertools.chain.from_iterable(zip(*cols)))
+    tab = _device_table(starts, device)
+    # Base: a tensor with memory (an empty tensor's address may be 0, which a launcher refuses)
+    base = first[next(j for j, k in enumerate(numel) if k)]
+    aligned = reduce(operator.or_, itertools.chain.from_iterable(ptr_cols)) & 15 == 0
+    top = 1 << (n - 1).bit_length() - 1 if n > 1 else 0
+    foreach_kernel[(total,)](base, tab, n, top, top.bit_length(), base.data_ptr(), s, alpha, S, S0,
+                             op, len(lists), outs is not None, smode, len(cols), es, ses,
+                             16 // es if aligned else 1, cfg["BLOCK"], chunk, num_warps=cfg["num_warps"])
+    return outs
+
+
+# ---------------------------------------------------------------------------------------------
+# registrations: ATen's argument lists, per overload kind
+# ---------------------------------------------------------------------------------------------
+
+def _doc(fn, text):
+    fn.__doc__ = text
+    return fn
+
+
+def _alpha(alpha, dtype):
+    # ATen's add/sub check alpha's kind ("Boolean alpha only supported for Boolean results."): let it
+    if isinstance(alpha, bool):
+        raise Unsupported("bool alpha")
+    return _number(alpha, dtype, "alpha")
+
+
+def _scalar_variant(op, inplace):
+    label = "exponent" if op == "pow" else "scalar"
+
+    def fn(self, scalar):
+        return _foreach(op, [self], inplace, s=_number(scalar, self[0].dtype if self else None, label))
+    return _doc(fn, f"{op} of every tensor with a Scalar: one launch")
+
+
+def _list_variant(op, inplace, with_alpha):
+    if with_alpha:
+        def fn(self, other, *, alpha=1):
+            a = _alpha(alpha, self[0].dtype) if self else 1.0
+            return _with_list(op, self, other, inplace, a)
+    else:
+        def fn(self, other):
+            return _with_list(op, self, other, inplace, 1.0)
+    return _doc(fn, f"{op} of two tensor lists elementwise (or with one 0-dim tensor per tensor): one launch")
+
+
+def _with_list(op, self, other, inplace, alpha):
+    if other and all(t.dim() == 0 for t in other) and not all(t.dim() == 0 for t in self):
+        # one 0-dim tensor per tensor (capturable Adam's bias corrections): a per-tensor scalar. ATen's
+        # loop computes self[i] op other[i], whose dtype is self's unless self[i] is 0-dim too: then
+        # the two promote, and a functional result would take the other dtype. (In place the result
+        # is self's dtype; CUDA's TensorIterator then computes with the scalar unrounded, where the
+        # kernel rounds it to self's dtype for every tensor: within half an ulp of the scalar.)
+        if not inplace and any(t.dim() == 0 for t in self) and any(t.dtype is not self[0].dtype for t in other):
+            raise Unsupported("0-dim tensors of both lists with different dtypes")
+        return _foreach(op, [self], inplace, alpha=alpha, smode=_S_TENSORS, stensor=other)
+    return _foreach(op, [self, other], inplace, alpha=alpha)
+
+
+def _scalarlist_variant(op, inplace):
+    def fn(self, scalars):
+        return _foreach(op, [self], inplace, smode=_S_TABLE, svals=scalars)
+    return _doc(fn, f"{op} of every tensor with its own Scalar: one launch")
+
+
+def _tensor_variant(op, inplace, with_alpha):
+    if with_alpha:
+        def fn(self, other, *, alpha=1):
+            a = _alpha(alpha, self[0].dtype) if self else 1.0
+            return _foreach(op, [self], inplace, alpha=a, smode=_S_TENSOR, stensor=_scalar_tensor(other))
+    else:
+        def fn(self, other):
+            return _foreach(op, [self], inplace, smode=_S_TENSOR, stensor=_scalar_tensor(other))
+    return _doc(fn, f"{op} of every tensor with a 0-dim tensor's value (no host read): one launch")
+
+
+def _scalar_tensor(t):
+    if t.dim() != 0:
+        raise Unsupported("scalar tensor with dims")   # ATen raises
+    if t.is_complex():
+        raise Unsupported("complex scalar tensor")
+    return t
+
+
+def _unary_variant(op, inplace):
+    def fn(self):
+        return _foreach(op, [self], inplace)
+    return _doc(fn, f"{op} of every tensor: one launch")
+
+
+def _names(base, kind, inplace=True):
+    sfx = "" if kind == "default" else "." + kind
+    return [f"_foreach_{base}{sfx}"] + ([f"_foreach_{base}_{sfx}"] if inplace else [])
+
+
+def _reg(names, make):
+    for name in names:
+        register(name, category="pointwise", dtypes=FLOATS, plan=False)(make(name.split(".")[0].endswith("_")))
+
+
+for _op, _kinds in (("add", ("Scalar", "List", "ScalarList", "Tensor")), ("sub", ("Scalar", "List", "ScalarList")),
+                    ("mul", ("Scalar", "List", "ScalarList", "Tensor")), ("div", ("Scalar", "List", "ScalarList", "Tensor")),
+                    ("maximum", ("Scalar", "List", "ScalarList")), ("minimum", ("Scalar", "List", "ScalarList")),
+                    ("pow", ("Scalar", "List", "ScalarList"))):
+    _with_alpha = _op in ("add", "sub")
+    for _k in _kinds:
+        _make = {"Scalar": lambda ip, o=_op: _scalar_variant(o, ip),
+                 "List": lambda ip, o=_op, a=_with_alpha: _list_variant(o, ip, a),
+                 "ScalarList": lambda ip, o=_op: _scalarlist_variant(o, ip),
+                 "Tensor": lambda ip, o=_op, a=_with_alpha: _tensor_variant(o, ip, a)}[_k]
+        _reg(_names(_op, _k), _make)
+
+for _op in ("sqrt", "neg", "reciprocal"):
+    _reg(_names(_op, "default"), lambda ip, o=_op: _unary_variant(o, ip))
+
+
+@register("_foreach_zero_", category="pointwise", dtypes=FLOATS, plan=False)
+def foreach_zero_(self):
+    """Zero every tensor: one launch"""
+    return _foreach("zero", [self], True)
+
+
+@register("_foreach_pow.ScalarAndTensor", category="pointwise", dtypes=FLOATS, plan=False)
+def foreach_pow_scalar_and_tensor(self, exponent):
+    """A Scalar to the power of every tensor: one launch"""
+    return _foreach("rpow", [exponent], False, s=_number(self, exponent[0].dtype if exponent else None, "self"))
+
+
+def _lerp_variant(kind, inplace):
+    if kind == "List":
+        def fn(self, tensors1, weights):
+            return _foreach("lerp", [self, tensors1, weights], inplace)
+    elif kind == "Scalar":
+        def fn(self, tensors1, weight):
+            return _foreach("lerp", [self, tensors1], inplace, s=_number(weight, self[0].dtype if self else None, "weight"))
+    else:
+        def fn(self, tensors1, weight):
+            return _foreach("lerp", [self, tensors1], inplace, smode=_S_TABLE, svals=weight)
+    return _doc(fn, "lerp of two tensor lists (weights per element, one Scalar or one per tensor): one launch")
+
+
+for _k in ("List", "Scalar", "ScalarList"):
+    _reg(_names("lerp", _k), lambda ip, k=_k: _lerp_variant(k, ip))
+
+
+def _pointwise_variant(op, kind, inplace):
+    if kind == "Scalar":
+        def fn(self, tensor1, tensor2, value=1):
+            v = _number(value, self[0].dtype if self else None, "value")
+            return _foreach(op, [self, tensor1, tensor2], inplace, s=v)
+    elif kind == "ScalarList":
+        def fn(self, tensor1, tensor2, scalars):
+            return _foreach(op, [self, tensor1, tensor2], inplace, smode=_S_TABLE, svals=scalars)
+    else:
+        def fn(self, tensor1, tensor2, scalars):
+            if scalars.dim() != 1 or scalars.numel() != len(self) or scalars.is_complex():
+                raise Unsupported("scalars is not a 1-D tensor of one value per tensor")   # ATen raises
+            return _foreach(op, [self, tensor1, tensor2], inplace, smode=_S_TENSOR_I, stensor=scalars)
+    return _doc(fn, f"{op} of three tensor lists (value: a Scalar, one per tensor, or a 1-D tensor): one launch")
+
+
+for _op in ("addcmul", "addcdiv"):
+    for _k in ("Scalar", "ScalarList", "Tensor"):
+        _reg(_names(_op, _k), lambda ip, o=_op, k=_k: _pointwise_variant(o, k, ip))

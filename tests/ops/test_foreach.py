@@ -1,0 +1,452 @@
+"""_foreach_* ops (gems/ops/foreach.py) against ATen in float64: every registered overload on lists of
+mixed shapes (0-dim, empty, more chunks than one, odd sizes), in place and functional; one launch per
+call; the optimizers' steps (AdamW / Adam / SGD with foreach=True, capturable too) against the same
+step in float64; special values; what goes to ATen (non-contiguous, mixed dtypes, different shapes,
+overlapping in-place operands, numbers out of range), and ATen's errors."""
+import importlib
+import re
+
+import pytest
+import torch
+
+import gems
+from gems import registry
+from gems.runtime.launch import LaunchCache
+from harness import DEVICE, ON_GPU, assert_close, dtype_params, make, served, to_ref
+from gems.ops import foreach
+
+A = torch.ops.aten
+# 0-dim, empty, odd sizes, and (the interpreter's chunks are 32 elements) one to three chunks with a
+# partial block
+SHAPES = [(3, 5), (37,), (), (0,), (2, 3, 4), (65,)]
+NAMES = sorted(i.name for i in registry.all_impls() if i.name.startswith("_foreach_"))
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks(request, monkeypatch):
+    # the interpreter's programs cover 4096 elements: the tests cut the small tensors above into chunks
+    # of 32 (blocks of 16) instead, so that they meet every edge (test_large_tensors keeps the real ones)
+    if "large_tensors" not in request.node.name:
+        monkeypatch.setitem(foreach._CONFIGS, "interpreter", dict(BLOCK=16, CHUNK=32, num_warps=1))
+
+
+def _op(name):
+    base, ov = name.split(".")
+    return getattr(getattr(A, base), ov)
+
+
+def _base(name):
+    return name.split(".")[0][len("_foreach_"):].rstrip("_")
+
+
+def _list(dtype, low=-3.0, high=3.0, shapes=SHAPES):
+    return [make(s, dtype, low=low, high=high) for s in shapes]
+
+
+def _args(name, dtype, n=len(SHAPES)):
+    """(args, kwargs) for one call: lists whose values keep every op finite in fp16 (positive bases
+    for pow and sqrt, divisors away from zero), numbers of each kind the schema asks for."""
+    base = _base(name)
+    shapes = SHAPES[:n]
+    args, kwargs, lists = [], {}, 0
+    for a in _op(name)._schema.arguments:
+        ty = str(a.type)
+        if ty == "List[Tensor]":
+            if base in ("sqrt", "pow") and a.name == "self":
+                v = _list(dtype, 0.5, 3.0, shapes)
+            elif a.name == "exponent":
+                v = _list(dtype, -2.0, 2.0, shapes)
+            elif (base in ("div",) and lists == 1) or (base == "addcdiv" and lists == 2) or base == "reciprocal":
+                v = _list(dtype, 0.5, 3.0, shapes)
+            else:
+                v = _list(dtype, shapes=shapes)
+            lists += 1
+        elif ty == "List[number]":
+            v = ([2, 0.5, -1, 1.5, 3, -2] if base == "pow" else [1.5, -2, 0.25, 3, -0.5, 2.5])[:n]
+        elif ty == "number":
+            v = {"scalar": 1.7, "exponent": 1.5, "weight": 0.3, "value": 0.7, "self": 0.9, "alpha": 0.5}[a.name]
+        elif ty == "Tensor" and a.name == "other":
+            v = make((), dtype, low=0.5, high=3.0)
+        elif ty == "Tensor" and a.name == "scalars":
+            v = make((n,), torch.float32)
+        else:
+            raise AssertionError(f"{name}: argument {a.name} of type {ty}")
+        (kwargs.__setitem__(a.name, v) if a.kwarg_only else args.append(v))
+    return args, kwargs
+
+
+def _clone(x, memo):
+    """A copy of an argument; a tensor or list met twice is copied once (aliasing is kept)."""
+    if isinstance(x, (torch.Tensor, list)):
+        if id(x) not in memo:
+            memo[id(x)] = x.clone() if isinstance(x, torch.Tensor) else [_clone(v, memo) for v in x]
+        return memo[id(x)]
+    return x
+
+
+def _copies(args, kwargs):
+    memo = {}
+    return [_clone(a, memo) for a in args], {k: _clone(v, memo) for k, v in kwargs.items()}
+
+
+def _call(name, args, kwargs):
+    """The op's result: its returned list, or (in place) the written list 0, after checking that the
+    in-place variant returned None and wrote into the very tensors it was given."""
+    op = _op(name)
+    if name.split(".")[0].endswith("_"):
+        ptrs = [t.data_ptr() for t in args[0]]
+        assert op(*args, **kwargs) is None
+        assert [t.data_ptr() for t in args[0]] == ptrs
+        return args[0]
+    return list(op(*args, **kwargs))
+
+
+def check(name, args, kwargs, dtype, fresh=None):
+    """Gems (asserting it served the call) vs float64 ATen, within the harness's tolerance or 2x
+    ATen's own error at this dtype. `fresh()` gives the (args, kwargs) of each run (default: copies
+    of `args`, aliasing kept); the reference takes float64 copies of `args`."""
+    fresh = fresh or (lambda: _copies(args, kwargs))
+    with served(name), gems.use_gems():
+        got = _call(name, *fresh())
+    ref = _call(name, to_ref(args), to_ref(kwargs))
+    aten = _call(name, *fresh())
+    assert all(g.dtype == dtype for g in got)
+    assert_close(got, ref, dtype, aten, msg=name)
+    return got, ref
+
+
+def check_fallback(name, fresh, reason):
+    """A call Gems leaves to ATen: not served, counted under `reason`, and ATen's answer exactly."""
+    gems.reset_stats()
+    with gems.use_gems():
+        got = _call(name, *fresh())
+    want = _call(name, *fresh())
+    st = gems.stats()[name]
+    assert st["served"] == 0 and st["reasons"] == {reason: 1}, st
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w), name
+
+
+def test_every_optimizer_overload_is_served():
+    # what AdamW / Adam / SGD call with foreach=True (capturable or not, amsgrad, maximize, L2 decay)
+    used = {"_foreach_add_.Scalar", "_foreach_add_.Tensor", "_foreach_add_.List", "_foreach_add.List",
+            "_foreach_mul_.Scalar", "_foreach_mul_.Tensor", "_foreach_mul.Tensor", "_foreach_lerp_.Scalar",
+            "_foreach_addcmul_.Scalar", "_foreach_addcdiv_.Scalar", "_foreach_addcdiv_.ScalarList",
+            "_foreach_sqrt.default", "_foreach_sqrt_.default", "_foreach_div_.ScalarList", "_foreach_div_.List",
+            "_foreach_div_.Scalar", "_foreach_div_.Tensor", "_foreach_sub_.Scalar", "_foreach_neg.default",
+            "_foreach_neg_.default", "_foreach_reciprocal_.default", "_foreach_maximum_.List",
+            "_foreach_pow.ScalarAndTensor"}
+    assert used <= set(NAMES), used - set(NAMES)
+    assert len(NAMES) >= 70
+
+
+@pytest.mark.parametrize("name", NAMES)
+@dtype_params()
+def test_overload(name, dtype):
+    args, kwargs = _args(name, dtype)
+    check(name, args, kwargs, dtype)
+
+
+@pytest.mark.parametrize("shapes", [[(37,)], [(5,), (40,)], [(0,)] + [((i * 7) % 40 + 1,) if i % 4 else (0,)
+                                                                  for i in range(20)] + [(0,)]],
+                         ids=["one", "two", "22-with-empties"])
+def test_list_lengths(shapes):
+    # the program -> tensor search at its edges: one tensor (no search step), two, and 22 (5 steps)
+    # with empty tensors between and at both ends
+    xs, ys = _list(torch.float32, shapes=shapes), _list(torch.float32, shapes=shapes)
+    check("_foreach_addcmul.Scalar", [xs, ys, ys], {"value": 0.5}, torch.float32)
+    check("_foreach_sqrt_.default", [[t.abs() + 0.5 for t in xs]], {}, torch.float32)
+
+
+def test_one_launch_per_call(monkeypatch):
+    launches = []
+    run = LaunchCache.run
+
+    def counting(self, *a, **k):
+        launches.append(self.name)
+        return run(self, *a, **k)
+    monkeypatch.setattr(LaunchCache, "run", counting)
+    xs = _list(torch.float32, shapes=[(5,), (40,), (3, 7), (), (70,)] * 3)
+    dens = [t.abs() + 1 for t in xs]
+    with gems.use_gems():
+        torch._foreach_mul_(xs, 1.5)
+        torch._foreach_addcdiv_(xs, xs, dens, [0.5] * len(xs))
+        torch._foreach_sqrt(dens)
+    assert launches == [foreach.foreach_kernel.name] * 3
+
+
+@pytest.mark.parametrize("name", ["_foreach_div_.List", "_foreach_mul.List", "_foreach_add_.List",
+                                  "_foreach_sub.List", "_foreach_maximum_.List", "_foreach_pow.List"])
+@dtype_params()
+def test_zero_dim_tensor_per_tensor(name, dtype):
+    # a List variant whose second list holds one 0-dim tensor per tensor (capturable Adam divides by
+    # its bias corrections so), also of another dtype: each program reads its tensor's scalar
+    xs = _list(dtype, 0.5, 3.0)
+    kw = {"alpha": 0.5} if "add" in name or "sub" in name else {}
+    for sdt in (dtype, torch.float32):
+        ss = [make((), sdt, low=0.5, high=2.0) for _ in xs]
+        if not name.split(".")[0].endswith("_"):
+            xs = [x for x in xs if x.dim()]     # a 0-dim self would promote with a 0-dim fp32 other
+            ss = ss[:len(xs)]
+        check(name, [xs, ss], kw, dtype)
+    # the same 0-dim tensor at the same position: one lane reads and writes it
+    zs = [make((), dtype, low=0.5, high=2.0) for _ in range(3)]
+    if name.split(".")[0].endswith("_"):
+        check(name, [[xs[0]] + zs, [make((), dtype, low=0.5, high=2.0)] + zs], kw, dtype)
+
+
+@dtype_params()
+def test_zero_dim_tensor_per_tensor_fallbacks(dtype):
+    a, z = make((5,), dtype), make((), dtype)
+    # scalars of different dtypes
+    s32, s64 = make((), torch.float32), make((), torch.float64)
+    check_fallback("_foreach_mul.List", lambda: ([[a.clone(), a.clone()], [s32, s64]], {}),
+                   "0-dim tensors of a non-float or of several dtypes")
+    # functional, a 0-dim self with another dtype's 0-dim other: the result would promote
+    other = torch.float16 if dtype == torch.float32 else torch.float32
+    so = make((), other)
+    check_fallback("_foreach_mul.List", lambda: ([[a.clone(), z.clone()], [so, so]], {}),
+                   "0-dim tensors of both lists with different dtypes")
+    # a scalar that is an element of a tensor written at another position
+    check_fallback("_foreach_div_.List", lambda: ([[(c := a.clone()), z.clone()], [z.clone(), c[2]]], {}),
+                   "overlapping in-place operands")
+    # ... or the first element of the tensor written at its own position: ATen's loop raises
+    big = make((65,), dtype)
+    fresh = lambda: ([[(c := big.clone())], [c[0]]], {})   # noqa: E731
+    typ, msg = _raised(lambda: _call("_foreach_div_.List", *fresh()))
+    with gems.use_gems(), pytest.raises(typ, match=re.escape(msg)):
+        _call("_foreach_div_.List", *fresh())
+
+
+@dtype_params()
+def test_large_tensors(dtype):
+    # the backend's own chunks (4096 elements): several per tensor, and a partial last block
+    shapes = [(3, 4097), (5000,), (7,), ()]
+    xs, ys = _list(dtype, shapes=shapes), _list(dtype, shapes=shapes)
+    check("_foreach_lerp_.Scalar", [xs, ys, 0.3], {}, dtype)
+    check("_foreach_addcdiv.ScalarList", [xs, ys, [t.abs() + 0.5 for t in ys], [0.5, -1.0, 2, 0.25]], {}, dtype)
+
+
+@dtype_params()
+def test_exponent_special_cases(dtype):
+    # pow's uniform branches for a Scalar exponent: 2, 3, 0.5, -1 (and a general one)
+    for e in (2, 3.0, 0.5, -1, 0.75):
+        check("_foreach_pow.Scalar", [_list(dtype, 0.5, 3.0)], {"exponent": e}, dtype)
+
+
+def _views(flat, shapes, start):
+    out, k = [], start
+    for s in shapes:
+        n = 1
+        for d in s:
+            n *= d
+        out.append(flat[k:k + n].view(s))
+        k += n
+    return out
+
+
+@dtype_params()
+def test_views_of_one_buffer(dtype):
+    # flattened parameters (views of one buffer) at odd element offsets: not 16-byte aligned
+    flat = make((200,), dtype)
+    shapes = [(15,), (37,), (), (0,), (2, 3, 4)]
+    ys = _list(dtype, shapes=shapes)
+    xs = _views(flat, shapes, 1)
+    assert xs[0].data_ptr() % 16
+    fresh = lambda: ([_views(flat.clone(), shapes, 1), [y.clone() for y in ys]], {"alpha": 0.5})   # noqa: E731
+    check("_foreach_add_.List", [xs, ys], {"alpha": 0.5}, dtype, fresh)
+    check("_foreach_mul.Scalar", [xs, 1.7], {}, dtype, lambda: ([_views(flat.clone(), shapes, 1), 1.7], {}))
+
+
+@dtype_params()
+def test_inplace_aliasing_served(dtype):
+    # x += x and v += g * g: the same tensor at the same position is read and written by one lane
+    xs = _list(dtype)
+    check("_foreach_add_.List", [xs, xs], {"alpha": 0.5}, dtype)
+    gs = _list(dtype)
+    check("_foreach_addcmul_.Scalar", [xs, gs, gs], {"value": 0.25}, dtype)
+
+
+@dtype_params()
+def test_fallbacks_stay_correct(dtype):
+    other = torch.float16 if dtype == torch.float32 else torch.float32
+    t, v, m, f = make((4, 6), dtype), make((9,), dtype), make((3,), other), make((40,), dtype)
+    a, b, s = make((5,), dtype), make((37,), dtype), make((), dtype)
+    rows = [
+        # non-contiguous tensors
+        ("_foreach_mul.Scalar", lambda: ([[t.clone().t(), v.clone()[::2]], 2.5], {}), "non-contiguous tensor"),
+        # mixed dtypes: ATen promotes the functional result
+        ("_foreach_add.List", lambda: ([[a.clone(), m.clone()], [a.clone(), m.clone()]], {}),
+         "tensors of different dtypes"),
+        # shapes that differ: ATen's loop broadcasts
+        ("_foreach_mul.List", lambda: ([[t.clone(), a.clone()], [t[:1].clone(), a[:1].clone()]], {}),
+         "tensors of different shapes"),
+        # the same tensor twice in the written list: ATen applies the op twice
+        ("_foreach_add_.Scalar", lambda: ([[(c := a.clone()), c], 1.5], {}), "overlapping in-place operands"),
+        # overlapping views
+        ("_foreach_mul_.Scalar", lambda: ([[(g := f.clone())[0:10], g[5:15]], 1.5], {}),
+         "overlapping in-place operands"),
+        # an input at one position meeting the tensor written at another
+        ("_foreach_add_.List", lambda: ([[a.clone(), (d := b.clone())], [d[:5], b.clone()]], {}),
+         "overlapping in-place operands"),
+        # a 0-dim scalar tensor that is one of the written tensors
+        ("_foreach_mul_.Tensor", lambda: ([[a.clone(), (c := s.clone())], c], {}), "overlapping in-place operands"),
+    ]
+    for name, fresh, reason in rows:
+        check_fallback(name, fresh, reason)
+
+
+@dtype_params()
+def test_numbers_out_of_range_go_to_aten(dtype):
+    big = 1e6 if dtype == torch.float16 else 1e39
+    xs = _list(dtype)
+    range_reason = f"scalar: out of {dtype}'s range"
+    check_fallback("_foreach_add.Scalar", lambda: ([[x.clone() for x in xs], big], {}), range_reason)
+    check_fallback("_foreach_div.ScalarList", lambda: ([[x.clone() for x in xs], [1.5, big, 2, 3, 4, 5]], {}),
+                   f"scalars: out of {dtype}'s range")
+    # -0.0 as a kernel argument would lose its sign: it goes to ATen; in a list it keeps it
+    check_fallback("_foreach_mul.Scalar", lambda: ([[x.clone() for x in xs], -0.0], {}),
+                   "scalar: -0.0 (the sign of a zero number does not reach Triton's kernels)")
+    got, ref = check("_foreach_mul.ScalarList", [xs, [-0.0, 1, 2, 3, 4, 5]], {}, dtype)
+    assert torch.equal(torch.signbit(got[0]), torch.signbit(ref[0]))
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@dtype_params()
+def test_special_values(dtype):
+    sp = [torch.tensor(v, dtype=dtype, device=DEVICE) for v in
+          ([NAN, INF, -INF, 0.0, -0.0, 1.0, -2.0], [1.0, NAN, 0.0, -0.0, INF, -INF, 2.0])]
+    for name, extra in (("_foreach_maximum.List", [sp[::-1]]), ("_foreach_minimum.List", [sp[::-1]]),
+                        ("_foreach_div.List", [sp[::-1]]), ("_foreach_maximum.Scalar", [NAN]),
+                        ("_foreach_minimum.ScalarList", [[0.5, NAN]]), ("_foreach_lerp.Scalar", [sp[::-1], 0.75]),
+                        ("_foreach_neg.default", []), ("_foreach_sqrt.default", []),
+                        ("_foreach_reciprocal.default", []), ("_foreach_pow.Scalar", [0.5]),
+                        ("_foreach_addcdiv.Scalar", [sp, sp[::-1], 0.5])):
+        got, ref = check(name, [sp] + extra, {}, dtype)
+        if "maximum" in name or "minimum" in name:
+            continue   # a +-0.0 tie may give either zero (docs/known-differences.md; ATen's kernels differ)
+        for g, r in zip(got, ref):      # the sign of zeros too (assert_close cannot see it)
+            z = r == 0
+            assert torch.equal(torch.signbit(g.cpu()[z]), torch.signbit(r[z])), name
+
+
+def _raised(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - ATen's exception is what the test compares with
+        return type(e), str(e).split("\n")[0]
+    return None
+
+
+def test_errors_are_atens():
+    xs, ys = _list(torch.float32, shapes=[(3,), (4,)]), _list(torch.float32, shapes=[(3,)])
+    s1 = torch.tensor([2.0], device=DEVICE)
+    for fn in (lambda: torch._foreach_add_([], 1.0),
+               lambda: torch._foreach_add(xs, ys),
+               lambda: torch._foreach_mul_(xs, [1.0]),
+               lambda: torch._foreach_mul(xs, s1),
+               lambda: torch._foreach_add_(xs, xs, alpha=True),
+               lambda: torch._foreach_addcdiv_(xs, xs, xs, torch.tensor([1.0, 2.0, 3.0], device=DEVICE)),
+               lambda: torch._foreach_addcmul(xs, xs, xs, torch.tensor(1.0, device=DEVICE)),
+               lambda: torch._foreach_add(xs, [make((2,)), make((4,))])):
+        raised = _raised(fn)
+        if raised is None:
+            assert ON_GPU, "ATen's CPU loop raises for each of these"   # (CUDA's may take bool alpha)
+            continue
+        typ, msg = raised
+        with gems.use_gems(), pytest.raises(typ, match=re.escape(msg)):
+            fn()
+
+
+# ------------------------------------------------------------------------------------ optimizers
+PARAM_SHAPES = [(4, 7), (37,), (), (3, 2, 5), (70,)]
+
+
+def _steps(make_opt, dtype, steps, on):
+    """Params after `steps` optimizer steps (the same gradients in every run), and the optimizer's
+    floating state, from one seed; in float64 on the CPU when dtype is float64."""
+    g = torch.Generator().manual_seed(1234)
+    base = [torch.empty(s, dtype=torch.float64).uniform_(-1, 1, generator=g) for s in PARAM_SHAPES]
+    grads = [[torch.empty(s, dtype=torch.float64).uniform_(-1, 1, generator=g) for s in PARAM_SHAPES]
+             for _ in range(steps)]
+    dev = "cpu" if dtype == torch.float64 else DEVICE
+    params = [torch.nn.Parameter(p.to(dev, dtype)) for p in base]
+    opt = make_opt(params)
+    for k in range(steps):
+        for p, gr in zip(params, grads[k]):
+            p.grad = gr.to(dev, dtype)
+        if on:
+            with gems.use_gems():
+                opt.step()
+        else:
+            opt.step()
+    state = [v for p in params for v in opt.state[p].values() if isinstance(v, torch.Tensor) and v.dim()]
+    return [p.detach() for p in params] + state
+
+
+OPTIMIZERS = {
+    "adamw": (lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01, foreach=True),
+              ["_foreach_mul_.Scalar", "_foreach_lerp_.Scalar", "_foreach_addcmul_.Scalar", "_foreach_sqrt.default",
+               "_foreach_div_.ScalarList", "_foreach_add_.Scalar", "_foreach_addcdiv_.ScalarList"]),
+    "adamw-amsgrad-maximize": (lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01, amsgrad=True,
+                                                            maximize=True, foreach=True),
+                               ["_foreach_maximum_.List", "_foreach_neg.default"]),
+    "adam-l2": (lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.01, foreach=True), ["_foreach_add.List"]),
+    "sgd-momentum": (lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, foreach=True),
+                     ["_foreach_mul_.Scalar", "_foreach_add_.List"]),
+    "sgd-nesterov-decay": (lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True, weight_decay=1e-2,
+                                                      dampening=0.0, foreach=True),
+                           ["_foreach_add.List", "_foreach_add_.List", "_foreach_mul_.Scalar"]),
+}
+
+
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+@dtype_params()
+def test_optimizer_step(opt, dtype):
+    make_opt, used = OPTIMIZERS[opt]
+    gems.reset_stats()
+    with served(*used):
+        got = _steps(make_opt, dtype, 3, True)
+    fe = {k: v for k, v in gems.stats().items() if k.startswith("_foreach_")}
+    assert not any(v["fallback"] for v in fe.values()), fe
+    ref = _steps(make_opt, torch.float64, 3, False)
+    aten = _steps(make_opt, dtype, 3, False)
+    assert_close(got, ref, dtype, aten, msg=opt)
+
+
+@dtype_params()
+def test_adamw_capturable(dtype, monkeypatch):
+    # capturable=True keeps the step counts on the device and computes the bias corrections with
+    # _foreach ops (pow.ScalarAndTensor, sub_, neg_, div_, reciprocal_, sqrt_): what CUDA graphs use.
+    # torch allows it for accelerators only; on the CPU the check is lifted for the test
+    if not ON_GPU:
+        adam = importlib.import_module("torch.optim.adam")
+        monkeypatch.setattr(adam, "_get_capturable_supported_devices", lambda supports_xla=True: ["cpu"])
+    make_opt = lambda ps: torch.optim.AdamW(ps, lr=torch.tensor(1e-2, device=ps[0].device), weight_decay=0.01,  # noqa: E731
+                                            amsgrad=True, foreach=True, capturable=True)
+    gems.reset_stats()
+    with served("_foreach_pow.ScalarAndTensor", "_foreach_sub_.Scalar", "_foreach_neg_.default",
+                "_foreach_div_.Tensor", "_foreach_reciprocal_.default", "_foreach_sqrt_.default",
+                "_foreach_div_.List", "_foreach_addcdiv_.Scalar", "_foreach_maximum_.List"):
+        got = _steps(make_opt, dtype, 2, True)
+    fe = {k: v for k, v in gems.stats().items() if k.startswith("_foreach_")}
+    assert not any(v["fallback"] for v in fe.values()), fe
+    ref = _steps(make_opt, torch.float64, 2, False)
+    aten = _steps(make_opt, dtype, 2, False)
+    assert_close(got, ref, dtype, aten, msg="adamw capturable")
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the table's device copy and its cache exist on the GPU only")
+def test_table_cache_on_gpu():
+    xs = _list(torch.float32)
+    with gems.use_gems():
+        torch._foreach_mul_(xs, 1.0)
+        n = len(foreach._TABLES)
+        torch._foreach_mul_(xs, 1.0)
+        assert len(foreach._TABLES) == n              # the same tensors: the cached copy
+        torch._foreach_mul_(_list(torch.float32), 1.0)
+        assert len(foreach._TABLES) == min(n + 1, foreach._MAX_TABLES)
+    # a CPU 0-dim tensor next to GPU lists: read on the host, served
+    check("_foreach_mul.Tensor", [xs, torch.tensor(2.5)], {}, torch.float32)
