@@ -70,7 +70,7 @@ class PointwiseOp:
     """A declared pointwise op; calling it runs the general path (tests use this directly)."""
 
     def __init__(self, names, body, promotion, operands, scalars, constexprs, promote, dtypes, operand_dtypes,
-                 n_out, defaults, result_dtype, category, backward, check, doc, divisor=None):
+                 n_out, defaults, result_dtype, category, backward, check, doc, divisor=None, round_numbers=False):
         if not callable(promotion) and promotion not in PROMOTIONS:
             raise ValueError(f"promotion {promotion!r}: expected one of {sorted(PROMOTIONS)} or a callable")
         self.name = names[0] if names else getattr(body, "__name__", "op")
@@ -88,6 +88,10 @@ class PointwiseOp:
         self.result_dtype = result_dtype
         # the operand ATen's CPU kernels check for an integer zero (ZeroDivisionError), or None
         self.divisor = None if divisor is None else self.operands.index(divisor)
+        # number operands (and 0-dim CPU tensors read on the host) are rounded to an fp16/bf16 common dtype
+        # before the body, as ATen's TensorIterator converts CPU scalars to the common dtype and the
+        # comparison kernels then read that value (x_half == 0.1 compares with half(0.1) on CPU and CUDA)
+        self.round_numbers = round_numbers
         self.doc = doc or (getattr(getattr(body, "fn", body), "__doc__", None) or "").strip().split("\n")[0]
         self.ident = f"{getattr(body, '__module__', '?')}.{getattr(getattr(body, 'fn', body), '__qualname__', '?')}"
         self._promo: dict = {}
@@ -353,6 +357,13 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
     ctl = _TL[compute]
     casts = tuple(ctl if i in op.promote else (_TL[v.dtype] if isinstance(v, _T) else None)
                   for i, v in enumerate(vals))
+    if op.round_numbers:
+        common = op.common_dtype(operands)
+        if common in _REDUCED:
+            # numbers, and 0-dim tensors of a wider dtype that did not take part in the promotion, go
+            # through the common dtype (double -> float -> half, as c10 converts)
+            casts = tuple((_TL[common], c or ctl) if not isinstance(v, _T) or v.dtype != common else c
+                          for c, v in zip(casts, vals))
     cvals = [_norm_const(c) for c in consts]
     # layout plan over outputs + tensor operands
     out_st = tuple(out_list[0].stride())
@@ -387,6 +398,7 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
 
 
 _INTEGRAL = frozenset([torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8])
+_REDUCED = frozenset([torch.float16, torch.bfloat16])
 
 
 def number_misfit(v, dtype) -> Optional[str]:
@@ -543,9 +555,10 @@ def _has_default(a):
 
 def pointwise(*names, body, promotion="default", operands=("self", "other"), scalars=(), constexprs=(),
               promote=None, dtypes=None, operand_dtypes=None, outputs=1, defaults=None, result_dtype=None,
-              category="pointwise", backward=False, check=None, doc=None, divisor=None) -> PointwiseOp:
+              category="pointwise", backward=False, check=None, doc=None, divisor=None,
+              round_numbers=False) -> PointwiseOp:
     """Declare a pointwise op; see the package docstring."""
     from ..registry import FLOATS
     return PointwiseOp(names, body, promotion, operands, scalars, constexprs, promote,
                        dtypes if dtypes is not None else FLOATS, operand_dtypes, outputs, defaults, result_dtype,
-                       category, backward, check, doc, divisor)
+                       category, backward, check, doc, divisor, round_numbers)

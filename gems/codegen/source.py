@@ -48,8 +48,12 @@ def _compute(lines, ind, n_ops, is_tensor, casts, n_scalars, scalar_cast, n_cons
     """Lines loading operands, calling the body and storing outputs; `load(i)` gives operand i's pointer."""
     for i in range(n_ops):
         src = f"tl.load({load(i)}, mask=mask)" if is_tensor[i] else f"x{i}"
-        # tl.cast, not .to(): an int argument equal to 1 arrives as a constexpr on the GPU
-        lines.append(f"{ind}v{i} = " + (f"tl.cast({src}, {casts[i]})" if casts[i] else src))
+        # tl.cast, not .to(): an int argument equal to 1 arrives as a constexpr on the GPU; a pair of
+        # dtypes rounds through the first (a number converted to the common dtype, as ATen does)
+        c = casts[i]
+        if isinstance(c, tuple):
+            src, c = f"tl.cast({src}, {c[0]})", c[1]
+        lines.append(f"{ind}v{i} = " + (f"tl.cast({src}, {c})" if c else src))
     for i in range(n_scalars):
         lines.append(f"{ind}w{i} = " + (f"tl.cast(s{i}, {scalar_cast})" if scalar_cast else f"s{i}"))
     args = [f"v{i}" for i in range(n_ops)] + [f"w{i}" for i in range(n_scalars)] + [f"C{i}" for i in range(n_consts)]

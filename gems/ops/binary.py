@@ -286,7 +286,7 @@ _CMP = {}
 for _name, _body in (("eq", _eq), ("ne", _ne), ("lt", _lt), ("le", _le), ("gt", _gt), ("ge", _ge)):
     _CMP[_name] = pointwise(*_variants(_name, "Tensor", "Scalar", "Tensor_out", "Scalar_out",
                                        inplace=("Tensor", "Scalar")),
-                            body=_body, promotion="always_bool", dtypes=ALL)
+                            body=_body, promotion="always_bool", dtypes=ALL, round_numbers=True)
 eq, ne, lt, le, gt, ge = (_CMP[n] for n in ("eq", "ne", "lt", "le", "gt", "ge"))
 
 logical_and = pointwise("logical_and", "logical_and.out", "logical_and_", body=_logical_and,

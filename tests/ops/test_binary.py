@@ -1,10 +1,12 @@
 """Binary pointwise ops (gems/ops/binary.py) against ATen in float64: one table, shared checks for
 layouts, broadcast, 0-dim, empty, Python scalars, out=, in-place, NaN/Inf, integer signs, fallbacks."""
+import contextlib
+
 import pytest
 import torch
 
 import gems
-from harness import DEVICE, assert_close, check_op, dtype_params, layouts, make, served, to_ref
+from harness import DEVICE, DTYPES, FLOAT_IDS, assert_close, check_op, dtype_params, layouts, make, served, to_ref
 
 # On CUDA, pow.Tensor_Tensor is deliberately left to ATen (see gems/ops/binary.py)
 POW_TT = "pow.Tensor_Tensor" if DEVICE == "cpu" else None
@@ -170,3 +172,26 @@ def test_pow_tensor_tensor_backend_choice():
     with gems.use_gems():
         got = 2.0 ** x
     assert_close(got, 2.0 ** to_ref(x), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32], ids=lambda d: FLOAT_IDS[d])
+@pytest.mark.parametrize("op", ["eq", "ne", "lt", "le", "gt", "ge"])
+def test_comparison_rounds_numbers_to_the_tensor_dtype(op, dtype):
+    """ATen converts a number (and a 0-dim tensor of a wider dtype) to the fp16/bf16 common dtype before
+    comparing: x == 0.1 holds for x = half(0.1). The float64 reference cannot show that; ATen's result on
+    the same device is the expected value, and these are discrete answers (no tolerance)."""
+    vals = [0.1, 1 / 3, 0.7071, 2.5, -1e-3, 1e-40, 6e4]
+    x = torch.tensor(vals + [-v for v in vals] + [0.0], dtype=dtype, device=DEVICE)
+    x = torch.cat([x, (x * 3.7).to(dtype)])      # neighbours that round differently
+    f = getattr(torch, op)
+    others = vals + [torch.tensor(0.1), torch.tensor(1 / 3, dtype=torch.float64),
+                     torch.tensor(0.7071, device=DEVICE)]
+    for v in others:
+        for args in ((x, v), (v if isinstance(v, torch.Tensor) else torch.tensor(v, device=DEVICE), x)):
+            want = f(*args)
+            # a float64 operand is not a dtype Gems serves here: ATen answers (counted), still compared
+            ovl = f"{op}.Scalar" if not isinstance(args[1], torch.Tensor) else f"{op}.Tensor"
+            f64 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in args)
+            with (contextlib.nullcontext() if f64 else served(ovl)), gems.use_gems():
+                got = f(*args)
+            assert torch.equal(got, want), (op, v, x[got != want], got[got != want])
