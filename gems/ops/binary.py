@@ -260,13 +260,17 @@ def _pow_check(self, exponent, *args, **kwargs):
     return _no_bool(self, exponent)
 
 
+# round_numbers: ATen converts a number operand to an fp16/bf16 common dtype first, and the remainder
+# of a rounded divisor differs from the exact one by up to the divisor (half(0.1) % 0.1 is 0 in ATen).
+# add/sub/rsub convert too, but there the difference is one rounding of the result (mul and div read the
+# number unrounded), and with alpha ATen's CPU kernel reads it unrounded: left as they are.
 # divisor="other": ATen's CPU kernels raise ZeroDivisionError for an integer zero there (Gems checks
 # on the CPU backend and leaves the call to ATen); on CUDA the bodies give ATen's answer
 remainder = pointwise(*_variants("remainder", "Tensor", "Scalar", "Scalar_Tensor", "Tensor_out", "Scalar_out",
                                  "Scalar_Tensor_out", inplace=("Tensor", "Scalar")),
-                      body=_remainder, dtypes=NUMERIC, check=_no_bool, divisor="other")
+                      body=_remainder, dtypes=NUMERIC, check=_no_bool, divisor="other", round_numbers=True)
 fmod = pointwise(*_variants("fmod", "Tensor", "Scalar", "Tensor_out", "Scalar_out", inplace=("Tensor", "Scalar")),
-                 body=_fmod, dtypes=NUMERIC, check=_no_bool, divisor="other")
+                 body=_fmod, dtypes=NUMERIC, check=_no_bool, divisor="other", round_numbers=True)
 # pow: floats only (integer pow is served too, but only for integer tensors with integer exponents)
 pow = pointwise(*_variants("pow", "Tensor_Tensor", "Tensor_Scalar", "Scalar", "Tensor_Tensor_out",
                            "Tensor_Scalar_out", "Scalar_out", inplace=("Tensor", "Scalar")),

@@ -195,3 +195,24 @@ def test_comparison_rounds_numbers_to_the_tensor_dtype(op, dtype):
             with (contextlib.nullcontext() if f64 else served(ovl)), gems.use_gems():
                 got = f(*args)
             assert torch.equal(got, want), (op, v, x[got != want], got[got != want])
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32], ids=lambda d: FLOAT_IDS[d])
+@pytest.mark.parametrize("op", ["remainder", "fmod"])
+def test_remainder_rounds_a_number_divisor_to_the_tensor_dtype(op, dtype):
+    """x % 0.1 divides by half(0.1) in ATen: for x = half(0.1) the answer is 0, not 0.0999 (what the exact
+    divisor, and so the float64 reference, gives). Compared with ATen on the same device."""
+    x = torch.cat([torch.tensor([0.1, 0.2, 0.3, 1.0, -0.7071, 5.0], dtype=dtype), make((257,), dtype).cpu()])
+    x = x.to(DEVICE)
+    f = getattr(torch, op)
+    for v in (0.1, 0.7071, 1 / 3, -0.3):
+        want = f(x, v)
+        with served(f"{op}.Scalar"), gems.use_gems():
+            got = f(x, v)
+        bad = (got != want) & ~(got.isnan() & want.isnan())
+        assert not bad.any(), (v, x[bad][:4], got[bad][:4], want[bad][:4])
+    if op == "remainder":   # the number as the dividend (remainder.Scalar_Tensor) goes through the same rule
+        want = torch.remainder(0.1, x)
+        with served("remainder.Scalar_Tensor"), gems.use_gems():
+            got = torch.remainder(0.1, x)
+        assert torch.equal(got, want)
