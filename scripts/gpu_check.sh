@@ -5,7 +5,7 @@
 #   bash scripts/gpu_check.sh                    # everything (about 15-20 min on an H100)
 #   bash scripts/gpu_check.sh suite models       # only some parts
 #
-# Parts: suite (GEMS_TEST_DEVICE=cuda pytest), kernels (benchmarks.run), gemm (benchmarks.gemm on the
+# Parts: suite (GEMS_TEST_DEVICE=cuda pytest), kernels (benchmarks.run and benchmarks.model_ops), gemm (benchmarks.gemm on the
 # model GEMMs), host (per-call host cost), fused (gems.fused vs ATen and Liger, when those modules
 # exist), attention (benchmarks.attention, when it exists), models (gems-coverage bench: Llama-2-7B
 # prefill and decode, TinyLlama-1.1B training, BERT training at the sizes of docs/perf.md), patched
@@ -45,6 +45,10 @@ if want kernels; then
   $PY -m benchmarks.run --json "$OUTDIR/kernels.json" --no-host > "$OUTDIR/kernels.txt" 2>&1
   note "kernels (rc $?): $(grep -cE " (met|MISS)" "$OUTDIR/kernels.txt") cases with a target, $(grep -c "MISS" "$OUTDIR/kernels.txt") missed, $(grep -cE "FELL BACK|not served" "$OUTDIR/kernels.txt") not served"
   grep "MISS" "$OUTDIR/kernels.txt" | cut -c1-160 | head -20 | tee -a "$SUMMARY"
+  step model_ops
+  $PY -m benchmarks.model_ops --json "$OUTDIR/model_ops.json" > "$OUTDIR/model_ops.txt" 2>&1
+  note "model ops (rc $?): $(grep -c "MISS" "$OUTDIR/model_ops.txt") slower than ATen, $(grep -cE "FELL BACK|not served" "$OUTDIR/model_ops.txt") not served"
+  grep -E "MISS|FELL BACK|not served|Error" "$OUTDIR/model_ops.txt" | cut -c1-160 | head -25 | tee -a "$SUMMARY"
 fi
 if want gemm; then
   step gemm
