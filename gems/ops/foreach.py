@@ -61,6 +61,7 @@ from .arith import _add, _div, _mul, _neg, _sub
 from .binary import _maximum, _minimum, _pow
 from .ternary import _lerp
 from .unary import _reciprocal, _sqrt
+from .vector_norm import vector_norm
 
 # how a program gets its scalar s: a kernel argument, its tensor's table entry (float64 bits),
 # a 0-dim tensor's value, entry i of a 1-D tensor (addcmul/addcdiv .Tensor), or the value of its
@@ -510,3 +511,14 @@ def _pointwise_variant(op, kind, inplace):
 for _op in ("addcmul", "addcdiv"):
     for _k in ("Scalar", "ScalarList", "Tensor"):
         _reg(_names(_op, _k), lambda ip, o=_op, k=_k: _pointwise_variant(o, k, ip))
+
+
+@register("_foreach_norm.Scalar", category="reduction", dtypes=FLOATS, plan=False)
+def foreach_norm(self, ord=2, dtype=None):
+    """Vector norm of every tensor (0-dim results in the tensor's dtype or `dtype`): for now one
+    reduction (linalg_vector_norm's kernels) per tensor, not one launch."""
+    # TODO one launch: per-chunk partials through the pointer table into an fp32 workspace, then a
+    # second small launch summing each tensor's chunks and taking the root
+    if len(self) == 0:
+        raise Unsupported("empty tensor list")   # ATen raises
+    return [vector_norm(t, ord, None, False, dtype=dtype) for t in self]

@@ -41,6 +41,13 @@ from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, wrap_dims
 # flags a split writes to its workspace read back unchanged (flag != 0 is the flag), so the second
 # stage is the same op
 _SUM, _MAX, _ANY, _ALL = 0, 1, 2, 3
+# vector norms (linalg_vector_norm, _foreach_norm): the op transforms each element on load (|x|^2,
+# |x|, x != 0, |x|^p) and reduces with sum, max or min (NaN propagates); `_POST_*` (added as
+# 16 * post) finishes the last stage: sqrt, or the 1/p-th power. A split's first stage writes the
+# transformed partials without the finish; the second reads them as they are (`_split_ops`). For
+# _NORM_POW and _POST_ROOT the `scale` argument carries p (no mean scaling there).
+_NORM_SQ, _NORM_ABSMAX, _NORM_ABSMIN, _NORM_ABS, _NORM_NZ, _NORM_POW, _MIN = 4, 5, 6, 7, 8, 9, 10
+_POST_SQRT, _POST_ROOT = 16, 32
 
 # Launch parameters per backend. tile: elements per program and loop step; max_r / max_k: widest
 # reduced (inner kernel) / kept (outer kernel) extent of a tile; programs_per_sm: grid size below
@@ -81,12 +88,20 @@ def _combine_max(acc, x):
 
 
 @triton.jit
+def _combine_min(acc, x):
+    return tl.where((x < acc) | (x != x), x, acc)
+
+
+@triton.jit
 def _acc_init(B0: tl.constexpr, B1: tl.constexpr, OP: tl.constexpr, ACC: tl.constexpr, IS_FLOAT: tl.constexpr):
-    """The identity of the reduction: 0 for sum and any, 1 for all (of 0/1 flags), the lowest value for max."""
-    if OP == 0 or OP == 2:
+    """The identity of the reduction: 0 for sums and any, 1 for all (of 0/1 flags), the lowest value
+    for max, +inf for min (float only: the -inf norm)."""
+    if OP % 16 == 0 or OP % 16 == 2 or OP % 16 == 4 or OP % 16 == 7 or OP % 16 == 8 or OP % 16 == 9:
         acc = tl.zeros([B0, B1], ACC)
-    elif OP == 3:
+    elif OP % 16 == 3:
         acc = tl.full([B0, B1], 1, ACC)
+    elif OP % 16 == 6 or OP % 16 == 10:
+        acc = tl.full([B0, B1], float("inf"), ACC)
     else:
         if IS_FLOAT:
             acc = tl.full([B0, B1], -float("inf"), ACC)
@@ -96,22 +111,35 @@ def _acc_init(B0: tl.constexpr, B1: tl.constexpr, OP: tl.constexpr, ACC: tl.cons
 
 
 @triton.jit
-def _load_acc(ptrs, mask, OP: tl.constexpr, ACC: tl.constexpr):
-    """The input in the accumulation dtype; any/all read (x != 0): NaN counts as true, -0.0 as false."""
+def _load_acc(ptrs, mask, OP: tl.constexpr, ACC: tl.constexpr, p):
+    """The input in the accumulation dtype; any/all and the 0-norm read (x != 0): NaN counts as true,
+    -0.0 as false; the norms |x|^2, |x|, |x|^p = 2^(p log2 |x|) (|0|^p: 0 for p > 0, inf for p < 0)."""
     x = tl.load(ptrs, mask=mask, other=0)
-    if OP >= 2:
-        x = x != 0
-    return x.to(ACC)
+    if OP % 16 == 2 or OP % 16 == 3 or OP % 16 == 8:
+        x = (x != 0).to(ACC)
+    else:
+        x = x.to(ACC)
+    if OP % 16 == 4:
+        x = x * x
+    elif OP % 16 == 5 or OP % 16 == 6 or OP % 16 == 7:
+        x = tl.abs(x)
+    elif OP % 16 == 9:
+        x = tl.exp2(tl.log2(tl.abs(x)) * p)
+    return x
 
 
 @triton.jit
 def _acc_step(acc, x, mask, OP: tl.constexpr):
     """Elementwise accumulation inside the loop; the cross-lane reduction happens once, at the end."""
-    if OP == 0:
+    if OP % 16 == 9:
+        acc += tl.where(mask, x, 0)   # masked lanes read 0, and |0|^p is inf for p < 0
+    elif OP % 16 == 0 or OP % 16 == 4 or OP % 16 == 7 or OP % 16 == 8:
         acc += x
-    elif OP == 2:
+    elif OP % 16 == 6 or OP % 16 == 10:
+        acc = _combine_min(acc, tl.where(mask, x, acc))
+    elif OP % 16 == 2:
         acc = tl.maximum(acc, tl.where(mask, x, acc))
-    elif OP == 3:
+    elif OP % 16 == 3:
         acc = tl.minimum(acc, tl.where(mask, x, acc))
     else:
         acc = _combine_max(acc, tl.where(mask, x, acc))
@@ -120,18 +148,28 @@ def _acc_step(acc, x, mask, OP: tl.constexpr):
 
 @triton.jit
 def _acc_finish(acc, AXIS: tl.constexpr, OP: tl.constexpr, IS_FLOAT: tl.constexpr, HAS_SCALE: tl.constexpr, scale):
-    """Reduce the tile along AXIS (sum, any/all flags, or max with NaN propagation like ATen) and scale (mean)."""
-    if OP == 0:
+    """Reduce the tile along AXIS (sum, any/all flags, or max / min with NaN propagation like ATen),
+    scale (mean) or finish a norm (sqrt, or res^(1/p) with p = scale)."""
+    if OP % 16 == 0 or OP % 16 == 4 or OP % 16 == 7 or OP % 16 == 8 or OP % 16 == 9:
         res = tl.sum(acc, AXIS)
-    elif OP == 2:
+    elif OP % 16 == 2:
         res = tl.max(acc, AXIS)
-    elif OP == 3:
+    elif OP % 16 == 3:
         res = tl.min(acc, AXIS)
+    elif OP % 16 == 6 or OP % 16 == 10:
+        res = tl.min(acc, AXIS)
+        has_nan = tl.max((acc != acc).to(tl.int32), AXIS) > 0
+        res = tl.where(has_nan, float("nan"), res)
     else:
         res = tl.max(acc, AXIS)
         if IS_FLOAT:
             has_nan = tl.max((acc != acc).to(tl.int32), AXIS) > 0
             res = tl.where(has_nan, float("nan"), res)
+    if OP // 16 == 1:
+        res = tl.sqrt(res)
+    elif OP // 16 == 2:
+        # 0 -> 0 (p > 0) and inf -> 0 (p < 0) through log2 = -inf / +inf
+        res = tl.exp2(tl.log2(res) / scale)
     if HAS_SCALE:
         res = res * scale
     return res
@@ -163,7 +201,7 @@ def reduce_inner(X, Y, M, R, sM, sR, r_per_split, scale,
             offs = base + r.to(tl.int64) * sR
         else:
             offs = base + r * sR
-        x = _load_acc(X + offs, mask, OP, ACC)
+        x = _load_acc(X + offs, mask, OP, ACC, scale)
         acc = _acc_step(acc, x, mask, OP)
     res = _acc_finish(acc, 1, OP, IS_FLOAT, HAS_SCALE, scale)
     tl.store(Y + split * M + m, res.to(Y.dtype.element_ty), mask=m < M)
@@ -196,7 +234,7 @@ def reduce_outer(X, Y, M, R, K, sM, sR, sK, r_per_split, scale,
             offs = base + r.to(tl.int64) * sR
         else:
             offs = base + r * sR
-        x = _load_acc(X + offs, mask, OP, ACC)
+        x = _load_acc(X + offs, mask, OP, ACC, scale)
         acc = _acc_step(acc, x, mask, OP)
     res = _acc_finish(acc, 0, OP, IS_FLOAT, HAS_SCALE, scale)
     if BIG:
@@ -240,6 +278,21 @@ def _plan(shape, strides, rset):
     return m, sm, R, sR, k, sk
 
 
+# a norm's second stage reads the first's transformed partials as they are (sum, max or min)
+_STAGE2 = {_NORM_SQ: _SUM, _NORM_ABS: _SUM, _NORM_NZ: _SUM, _NORM_POW: _SUM, _NORM_ABSMAX: _MAX, _NORM_ABSMIN: _MIN}
+
+
+def _split_ops(op):
+    """(first stage op, later stage op) of a reduction done in two passes: the finish (16 * post) only
+    on the last, the element transform only on the first."""
+    base, post = op % 16, op - op % 16
+    return base, _STAGE2.get(base, base) + post
+
+
+def _uses_p(op):
+    return op % 16 == _NORM_POW or op >= _POST_ROOT
+
+
 _TL = {torch.float32: tl.float32, torch.float64: tl.float64, torch.int64: tl.int64, torch.int32: tl.int32}
 
 
@@ -275,22 +328,26 @@ def _schedule(plan, op, acc_dtype, scale, target):
     # int64 offsets only when some offset can pass 2**31 (input span, or the workspace)
     big = int(max(span, split * M * K) >= _INT64_FROM)
     last = split == 1
-    s = scale if last else 1.0
-    hs = int(scale != 1.0) if last else 0
+    op1, op2 = (op, op) if last else _split_ops(op)
+    if _uses_p(op):
+        s, hs = scale, 0        # scale is p: every stage may need it, none multiplies by it
+    else:
+        s = scale if last else 1.0
+        hs = int(scale != 1.0) if last else 0
     if K == 1:
         nw = max(1, min(8, block_m * block_r // 512))
-        args = (M, R, sM, sR, r_per, s, op, acc, is_float, hs, big, block_m, block_r)
+        args = (M, R, sM, sR, r_per, s, op1, acc, is_float, hs, big, block_m, block_r)
         steps = [(reduce_inner, (grid0, split), 0, 1 if last else 2, args, nw)]
     else:
         nw = max(1, min(8, block_r * block_k // 512))
-        args = (M, R, K, sM, sR, sK, r_per, s, op, acc, is_float, hs, big, block_r, block_k)
+        args = (M, R, K, sM, sR, sK, r_per, s, op1, acc, is_float, hs, big, block_r, block_k)
         steps = [(reduce_outer, (grid0, split), 0, 1 if last else 2, args, nw)]
     if last:
         return steps, None
     # second stage: the [split, M*K] workspace reduced over split (K = M*K, contiguous)
     n = M * K
     plan2 = (1, 0, split, n, 1, 0) if n == 1 else (1, 0, split, n, n, 1)
-    steps2, ws2 = _schedule(plan2, op, acc_dtype, scale, target)
+    steps2, ws2 = _schedule(plan2, op2, acc_dtype, scale, target)
     if ws2 is not None:  # cannot happen with max_split <= the second stage's tile; keep it honest
         raise Unsupported("three-stage reduction")
     return steps + [(k, g, 2, d, a, w) for k, g, _, d, a, w in steps2], (split, n)
@@ -332,8 +389,9 @@ def _reduce_into(x, dims, y, op, acc_dtype, scale):
     # contiguous, but the reduced dims are apart: reduce the innermost run first (into acc dtype)
     last = _runs(dims)[-1]
     mid = empty([1 if d in last else s for d, s in enumerate(x.shape)], acc_dtype, x.device)
-    _reduce_into(x, last, mid, op, acc_dtype, 1.0)
-    _reduce_into(mid, [d for d in dims if d not in last], y, op, acc_dtype, scale)
+    op1, op2 = _split_ops(op)
+    _reduce_into(x, last, mid, op1, acc_dtype, scale if _uses_p(op1) else 1.0)
+    _reduce_into(mid, [d for d in dims if d not in last], y, op2, acc_dtype, scale)
 
 
 def _out_shape(shape, rset, keepdim):
@@ -354,7 +412,7 @@ _RECIPES: dict = {}
 _MAX_RECIPES = 4096
 
 
-def _recipe(x, dims, keepdim, out_dtype, op, mean):
+def _recipe(x, dims, keepdim, out_dtype, op, mean, p):
     nd = x.dim()
     if isinstance(dims, int):
         dims = [dims]
@@ -365,7 +423,7 @@ def _recipe(x, dims, keepdim, out_dtype, op, mean):
     for d in rset:
         count *= x.shape[d]
     acc = _acc_dtype(out_dtype)
-    scale = 1.0 / count if mean and count else 1.0
+    scale = 1.0 / count if mean and count else p
     sched = None
     if x.numel() and math.prod(shape):
         plan = _plan(x.shape, x.stride(), rset)
@@ -374,12 +432,13 @@ def _recipe(x, dims, keepdim, out_dtype, op, mean):
     return shape, sorted(rset), acc, scale, sched
 
 
-def _reduce(x, dims, keepdim, out_dtype, op, out=None, mean=False):
+def _reduce(x, dims, keepdim, out_dtype, op, out=None, mean=False, p=1.0):
+    """p: the norm's order for _NORM_POW / _POST_ROOT (module doc of the op codes)."""
     key = (x.shape, x.stride(), dims if dims.__class__ is not list else tuple(dims), keepdim, out_dtype, op, mean,
-           x.device)
+           x.device, p)
     rec = _RECIPES.get(key)
     if rec is None:
-        rec = _recipe(x, dims, keepdim, out_dtype, op, mean)
+        rec = _recipe(x, dims, keepdim, out_dtype, op, mean, p)
         if len(_RECIPES) >= _MAX_RECIPES:
             _RECIPES.clear()
         _RECIPES[key] = rec
@@ -391,7 +450,8 @@ def _reduce(x, dims, keepdim, out_dtype, op, out=None, mean=False):
     if y.numel() == 0:
         return y
     if x.numel() == 0:
-        # every output reduces an empty set: 0 for sum, 0/0 for mean (amax raised before this)
+        # every output reduces an empty set: 0 for sum and the norms that have an identity, 0/0 for
+        # mean (amax and the others raised before this)
         y.fill_(float("nan") if mean else 0)
         return y
     _reduce_into(x, rdims, y, op, acc, scale)

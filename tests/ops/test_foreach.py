@@ -64,11 +64,14 @@ def _args(name, dtype, n=len(SHAPES)):
         elif ty == "List[number]":
             v = ([2, 0.5, -1, 1.5, 3, -2] if base == "pow" else [1.5, -2, 0.25, 3, -0.5, 2.5])[:n]
         elif ty == "number":
-            v = {"scalar": 1.7, "exponent": 1.5, "weight": 0.3, "value": 0.7, "self": 0.9, "alpha": 0.5}[a.name]
+            v = {"scalar": 1.7, "exponent": 1.5, "weight": 0.3, "value": 0.7, "self": 0.9, "alpha": 0.5,
+                 "ord": 2}[a.name]
         elif ty == "Tensor" and a.name == "other":
             v = make((), dtype, low=0.5, high=3.0)
         elif ty == "Tensor" and a.name == "scalars":
             v = make((n,), torch.float32)
+        elif ty == "Optional[int]" and a.name == "dtype":
+            continue   # _foreach_norm's dtype: the default (the tensors' dtype)
         else:
             raise AssertionError(f"{name}: argument {a.name} of type {ty}")
         (kwargs.__setitem__(a.name, v) if a.kwarg_only else args.append(v))
@@ -450,3 +453,21 @@ def test_table_cache_on_gpu():
         assert len(foreach._TABLES) == min(n + 1, foreach._MAX_TABLES)
     # a CPU 0-dim tensor next to GPU lists: read on the host, served
     check("_foreach_mul.Tensor", [xs, torch.tensor(2.5)], {}, torch.float32)
+
+
+@pytest.mark.parametrize("ord", [2, float("inf"), 1, -float("inf"), 0, 3.0])
+@dtype_params()
+def test_norm(ord, dtype):
+    # one 0-dim result per tensor in its dtype; empty tensors only where the norm has an identity
+    shapes = [s for s in SHAPES if ord >= 0 and ord != float("inf") or s != (0,)] + [(2, 300)]
+    check("_foreach_norm.Scalar", [_list(dtype, shapes=shapes)], {"ord": ord}, dtype)
+
+
+def test_norm_dtype_and_errors():
+    xs = _list(torch.float16, shapes=[(3, 5), (37,)])
+    with served("_foreach_norm.Scalar"), gems.use_gems():
+        got = torch.ops.aten._foreach_norm(xs, 2, dtype=torch.float32)
+    assert all(g.dtype == torch.float32 and g.dim() == 0 for g in got)
+    assert_close(got, [torch.linalg.vector_norm(x.double()) for x in xs], torch.float32)
+    with gems.use_gems(), pytest.raises(RuntimeError, match="infinity norm on an empty tensor"):
+        torch.ops.aten._foreach_norm([make((3,)), make((0,))], float("inf"))
