@@ -166,3 +166,19 @@ def check_grad(fn, inputs, *, dtype, served_ops=(), rtol=None, atol=None, grad_o
     aten = grads(inputs, False) if dtype != torch.float32 else None
     assert_close(got, ref, dtype, aten, rtol, atol, msg="grad")
     return got
+
+
+def raises_like_aten(cases):
+    """Each case (a no-argument callable) must raise with Gems off (else the test's premise is wrong) and
+    raise the same exception type with Gems on."""
+    import pytest
+    for k, f in enumerate(cases):
+        try:
+            f()
+        except Exception as e:   # noqa: BLE001
+            want = type(e)
+        else:
+            raise AssertionError(f"case {k}: ATen accepted a case the test expects it to reject")
+        with gems.use_gems():
+            with pytest.raises(want):
+                f()
