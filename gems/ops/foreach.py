@@ -79,18 +79,12 @@ def _address(row, k, B0, ES: tl.constexpr, VEC: tl.constexpr):
     return d
 
 
-@kernel
 @triton.jit
-def foreach_kernel(Base, Tab, N, TOP, LOGN, B0, s, alpha, S, S0,
-                   OP: tl.constexpr, NIN: tl.constexpr, FUNC: tl.constexpr, SMODE: tl.constexpr,
-                   W: tl.constexpr, ES: tl.constexpr, SES: tl.constexpr, VEC: tl.constexpr,
-                   BLOCK: tl.constexpr, CHUNK: tl.constexpr):
-    """out_i[j] = f(x_i[j], y_i[j], z_i[j], s) for chunk p - S_i of tensor i (module doc): NIN input
-    lists, the result in place into list 0 or (FUNC) into out_i. S: the scalar tensor (SMODE 2, 3)
-    or the first of the per-tensor 0-dim tensors (SMODE 4, at S + (address - S0) / SES)."""
+def locate(Tab, N, TOP, LOGN, W: tl.constexpr, CHUNK: tl.constexpr):
+    """(i, row i's address, n_i, the first element of this program's chunk) for program p: tensor i
+    is the last i < N with S_i <= p, found by binary lifting over steps TOP, TOP / 2, .., 1 (TOP the
+    largest power of two below N; LOGN steps)."""
     pid = tl.program_id(0)
-    # the last i < N with S_i <= pid: binary lifting over steps TOP, TOP / 2, .., 1 (TOP the
-    # largest power of two below N; LOGN steps)
     i = pid * 0
     step = TOP + pid * 0
     for _ in range(LOGN):
@@ -101,6 +95,19 @@ def foreach_kernel(Base, Tab, N, TOP, LOGN, B0, s, alpha, S, S0,
     row = Tab + N + i.to(tl.int64) * W
     n = tl.load(row)
     lo = (pid - tl.load(Tab + i)).to(tl.int64) * CHUNK
+    return i, row, n, lo
+
+
+@kernel
+@triton.jit
+def foreach_kernel(Base, Tab, N, TOP, LOGN, B0, s, alpha, S, S0,
+                   OP: tl.constexpr, NIN: tl.constexpr, FUNC: tl.constexpr, SMODE: tl.constexpr,
+                   W: tl.constexpr, ES: tl.constexpr, SES: tl.constexpr, VEC: tl.constexpr,
+                   BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """out_i[j] = f(x_i[j], y_i[j], z_i[j], s) for chunk p - S_i of tensor i (module doc): NIN input
+    lists, the result in place into list 0 or (FUNC) into out_i. S: the scalar tensor (SMODE 2, 3)
+    or the first of the per-tensor 0-dim tensors (SMODE 4, at S + (address - S0) / SES)."""
+    i, row, n, lo = locate(Tab, N, TOP, LOGN, W, CHUNK)
     d0 = _address(row, 1, B0, ES, VEC)
     if NIN >= 2:
         d1 = _address(row, 2, B0, ES, VEC)
@@ -275,28 +282,9 @@ def _foreach(op, lists, inplace, *, s=0.0, alpha=1.0, smode=_S_ARG, svals=None, 
     if svals is not None and len(svals) != n:
         raise RuntimeError("Tensor list must have same number of elements as scalar list.")
     t0 = first[0]
-    dtype = t0.dtype
-    if dtype not in FLOATS:
-        raise Unsupported(f"dtype {dtype}")
-    dev = t0.get_device()
-    be = backend()
-    if be.device_type == "cuda":
-        if dev != torch.cuda.current_device():
-            raise Unsupported("tensors on a non-current device")
-        if torch.cuda.is_current_stream_capturing():
-            # the table's host-to-device copy would be captured with a host buffer reused later
-            raise Unsupported("CUDA graph capture")
-    shapes = list(map(_shape, first))
-    one_dtype, one_dev = {dtype}, {dev}
-    for lst in lists:
-        if set(map(_dtype, lst)) != one_dtype:
-            raise Unsupported("tensors of different dtypes")
-        if set(map(_dev, lst)) != one_dev:
-            raise Unsupported("tensors on different devices")
-        if not all(map(_contig, lst)):
-            raise Unsupported("non-contiguous tensor")
-        if lst is not first and list(map(_shape, lst)) != shapes:
-            raise Unsupported("tensors of different shapes")   # ATen's loop broadcasts or raises
+    dtype, dev = t0.dtype, t0.get_device()
+    shapes = uniform_lists(lists)
+    one_dev = {dev}
     device = t0.device
     numel = list(map(_numel, first))
     es = t0.element_size()
@@ -331,31 +319,71 @@ def _foreach(op, lists, inplace, *, s=0.0, alpha=1.0, smode=_S_ARG, svals=None, 
         outs = None
     else:
         outs = [empty(sh, dtype, device) for sh in shapes]
-    cfg = _CONFIGS[be.name]
-    chunk = cfg["CHUNK"]
+    cfg = _CONFIGS[backend().name]
+    ptr_cols = [list(map(_ptr, first))] + [r[0] for r in reads[:len(lists) - 1]]
+    if outs is not None:
+        ptr_cols.append(list(map(_ptr, outs)))
+    extra = []
+    if svals is not None:
+        extra.append(array("q", svals.tobytes()))
+    elif smode == _S_TENSORS:
+        extra.append(sptrs)
+    t = table(first, numel, ptr_cols, extra, cfg["CHUNK"])
+    if t is None:
+        return outs
+    tab, total, top, base, aligned = t
+    foreach_kernel[(total,)](base, tab, n, top, top.bit_length(), base.data_ptr(), s, alpha, S, S0,
+                             op, len(lists), outs is not None, smode, 1 + len(ptr_cols) + len(extra), es, ses,
+                             16 // es if aligned else 1, cfg["BLOCK"], cfg["CHUNK"], num_warps=cfg["num_warps"])
+    return outs
+
+
+def uniform_lists(lists):
+    """The shapes of list 0 after checking that every list is served as one launch: one float dtype
+    and the current device throughout, contiguous tensors, list 0's shapes; else Unsupported."""
+    first = lists[0]
+    t0 = first[0]
+    dtype = t0.dtype
+    if dtype not in FLOATS:
+        raise Unsupported(f"dtype {dtype}")
+    dev = t0.get_device()
+    if backend().device_type == "cuda":
+        if dev != torch.cuda.current_device():
+            raise Unsupported("tensors on a non-current device")
+        if torch.cuda.is_current_stream_capturing():
+            # the table's host-to-device copy would be captured with a host buffer reused later
+            raise Unsupported("CUDA graph capture")
+    shapes = list(map(_shape, first))
+    one_dtype, one_dev = {dtype}, {dev}
+    for lst in lists:
+        if set(map(_dtype, lst)) != one_dtype:
+            raise Unsupported("tensors of different dtypes")
+        if set(map(_dev, lst)) != one_dev:
+            raise Unsupported("tensors on different devices")
+        if not all(map(_contig, lst)):
+            raise Unsupported("non-contiguous tensor")
+        if lst is not first and list(map(_shape, lst)) != shapes:
+            raise Unsupported("tensors of different shapes")   # ATen's loop broadcasts or raises
+    return shapes
+
+
+def table(first, numel, ptr_cols, extra, chunk):
+    """The launch's table (module doc) on list 0's device, rows [n_i, ptr_cols.., extra..], as
+    (table, programs, TOP, Base, whether every address in ptr_cols is 16-byte aligned); None when
+    there is no element to visit."""
     counts = [-(-k // chunk) for k in numel]
     starts = array("q", itertools.accumulate(counts, initial=0))
     total = starts.pop()
     if total == 0:
-        return outs
-    ptr_cols = [list(map(_ptr, first))] + [r[0] for r in reads[:len(lists) - 1]]
-    if outs is not None:
-        ptr_cols.append(list(map(_ptr, outs)))
-    cols = [numel] + ptr_cols
-    if svals is not None:
-        cols.append(array("q", svals.tobytes()))
-    elif smode == _S_TENSORS:
-        cols.append(sptrs)
-    starts.extend(itertools.chain.from_iterable(zip(*cols)))
-    tab = _device_table(starts, device)
+        return None
+    starts.extend(itertools.chain.from_iterable(zip(numel, *ptr_cols, *extra)))
+    tab = _device_table(starts, first[0].device)
     # Base: a tensor with memory (an empty tensor's address may be 0, which a launcher refuses)
     base = first[next(j for j, k in enumerate(numel) if k)]
     aligned = reduce(operator.or_, itertools.chain.from_iterable(ptr_cols)) & 15 == 0
+    n = len(numel)
     top = 1 << (n - 1).bit_length() - 1 if n > 1 else 0
-    foreach_kernel[(total,)](base, tab, n, top, top.bit_length(), base.data_ptr(), s, alpha, S, S0,
-                             op, len(lists), outs is not None, smode, len(cols), es, ses,
-                             16 // es if aligned else 1, cfg["BLOCK"], chunk, num_warps=cfg["num_warps"])
-    return outs
+    return tab, total, top, base, aligned
 
 
 # ---------------------------------------------------------------------------------------------

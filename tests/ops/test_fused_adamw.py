@@ -1,0 +1,144 @@
+"""_fused_adamw_ (gems/ops/fused_adam.py): AdamW(fused=True) steps with Gems on against the same steps in
+float64 (plain, weight decay, amsgrad, maximize, a tensor lr), one launch per call, grad_scale's
+unscaled grads written back, found_inf == 1 leaving everything unchanged, and what goes to ATen."""
+import pytest
+import torch
+
+import gems
+from gems.ops import foreach, fused_adam
+from gems.runtime.launch import LaunchCache
+from harness import DEVICE, assert_close, dtype_params, served
+
+A = torch.ops.aten
+# 0-dim, empty, odd sizes; with the tests' chunks of 32 elements, one to three chunks
+PARAM_SHAPES = [(4, 7), (37,), (), (0,), (3, 2, 5), (70,)]
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks(monkeypatch):
+    monkeypatch.setitem(foreach._CONFIGS, "interpreter", dict(BLOCK=16, CHUNK=32, num_warps=1))
+
+
+def _steps(make_opt, dtype, steps, on):
+    """Params and floating state after `steps` steps (the same gradients in every run); float64: the
+    reference, on the CPU."""
+    g = torch.Generator().manual_seed(4321)
+    base = [torch.empty(s, dtype=torch.float64).uniform_(-1, 1, generator=g) for s in PARAM_SHAPES]
+    grads = [[torch.empty(s, dtype=torch.float64).uniform_(-1, 1, generator=g) for s in PARAM_SHAPES]
+             for _ in range(steps)]
+    dev = "cpu" if dtype == torch.float64 else DEVICE
+    params = [torch.nn.Parameter(p.to(dev, dtype)) for p in base]
+    opt = make_opt(params)
+    for k in range(steps):
+        for p, gr in zip(params, grads[k]):
+            p.grad = gr.to(dev, dtype)
+        if on:
+            with gems.use_gems():
+                opt.step()
+        else:
+            opt.step()
+    state = [v for p in params for v in opt.state[p].values() if isinstance(v, torch.Tensor) and v.dim()]
+    return [p.detach() for p in params] + state
+
+
+OPTS = {
+    "plain": dict(lr=1e-2, weight_decay=0.0),
+    "decay": dict(lr=1e-2, weight_decay=0.05),
+    "amsgrad": dict(lr=1e-2, weight_decay=0.01, amsgrad=True),
+    "maximize": dict(lr=1e-2, weight_decay=0.01, maximize=True),
+    "amsgrad-maximize-betas": dict(lr=3e-2, weight_decay=0.01, amsgrad=True, maximize=True, betas=(0.8, 0.99)),
+    "tensor-lr": dict(lr="tensor", weight_decay=0.01),
+}
+
+
+@pytest.mark.parametrize("opt", list(OPTS))
+@dtype_params()
+def test_adamw_fused_steps(opt, dtype):
+    kw = OPTS[opt]
+
+    def make_opt(ps):
+        k = dict(kw)
+        if k["lr"] == "tensor":
+            k["lr"] = torch.tensor(1e-2, device=ps[0].device)
+        return torch.optim.AdamW(ps, fused=True, **k)
+    name = "_fused_adamw_.tensor_lr" if kw["lr"] == "tensor" else "_fused_adamw_"
+    gems.reset_stats()
+    with served(name, at_least=3):
+        got = _steps(make_opt, dtype, 3, True)
+    st = gems.stats()
+    assert not any(v["fallback"] for k, v in st.items() if k.startswith("_fused_adamw_")), st
+    ref = _steps(make_opt, torch.float64, 3, False)
+    aten = _steps(make_opt, dtype, 3, False)
+    assert_close(got, ref, dtype, aten, msg=opt)
+
+
+def _call_args(dtype, amsgrad=True, n_shapes=PARAM_SHAPES):
+    g = torch.Generator().manual_seed(7)
+    mk = lambda s, lo=-1.0: torch.empty(s, dtype=torch.float64).uniform_(lo, 1, generator=g).to(DEVICE, dtype)  # noqa: E731
+    lists = [[mk(s) for s in n_shapes] for _ in range(2)]          # params, grads
+    lists += [[mk(s) for s in n_shapes], [mk(s, 0.0) for s in n_shapes]]   # exp_avgs, exp_avg_sqs (>= 0)
+    lists.append([mk(s, 0.0) for s in n_shapes] if amsgrad else [])
+    steps = [torch.tensor(3.0, device=DEVICE) for _ in n_shapes]
+    return lists, steps
+
+
+def _run(lists, steps, **kw):
+    kw = dict(dict(lr=1e-2, beta1=0.9, beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=True, maximize=False), **kw)
+    A._fused_adamw_(*lists, steps, **kw)
+
+
+@dtype_params()
+def test_grad_scale_and_found_inf(dtype):
+    # grad_scale divides the grads (and the unscaled grads are written back, as ATen's kernel does)
+    lists, steps = _call_args(dtype)
+    ref = [[t.clone() for t in lst] for lst in lists]
+    scale = torch.tensor(4.0, device=DEVICE)
+    with served("_fused_adamw_"), gems.use_gems():
+        _run(lists, steps, grad_scale=scale, found_inf=torch.tensor(0.0, device=DEVICE))
+    _run(ref, steps, grad_scale=scale, found_inf=torch.tensor(0.0, device=DEVICE))
+    assert_close([t for lst in lists for t in lst], [t for lst in ref for t in lst], dtype, msg="grad_scale")
+    # found_inf == 1: nothing changes, grads included
+    before = [[t.clone() for t in lst] for lst in lists]
+    with served("_fused_adamw_"), gems.use_gems():
+        _run(lists, steps, grad_scale=scale, found_inf=torch.tensor(1.0, device=DEVICE))
+    for a, b in zip(lists, before):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+
+
+def test_one_launch_per_call(monkeypatch):
+    launches = []
+    run = LaunchCache.run
+
+    def counting(self, *a, **k):
+        launches.append(self.name)
+        return run(self, *a, **k)
+    monkeypatch.setattr(LaunchCache, "run", counting)
+    lists, steps = _call_args(torch.float32)
+    with served("_fused_adamw_"), gems.use_gems():
+        _run(lists, steps)
+    assert launches == [fused_adam.fused_adamw_kernel.name]
+
+
+def test_fallbacks_stay_correct():
+    # non-contiguous, overlapping written tensors: ATen, counted
+    cases = []
+    lists, steps = _call_args(torch.float32)
+    lists[0][0] = torch.empty(7, 4, device=DEVICE).t().copy_(lists[0][0])
+    lists[1][0] = torch.empty(7, 4, device=DEVICE).t().copy_(lists[1][0])
+    cases.append((lists, steps, "non-contiguous"))
+    lists, steps = _call_args(torch.float32)
+    lists[3][1] = lists[2][1]
+    cases.append((lists, steps, "overlapping"))
+    for lists, steps, why in cases:
+        ref = [[t.clone() for t in lst] for lst in lists]
+        gems.reset_stats()
+        with gems.use_gems():
+            _run(lists, steps)
+        st = gems.stats()["_fused_adamw_.default"]
+        assert st["fallback"] == 1 and any(why in r for r in st["reasons"]), (why, st)
+        if why != "overlapping":   # aliasing: ATen's own result depends on its order; only counted
+            _run(ref, steps)
+            for a, b in zip(lists, ref):
+                for x, y in zip(a, b):
+                    assert torch.equal(x, y), why
