@@ -182,3 +182,23 @@ def raises_like_aten(cases):
         with gems.use_gems():
             with pytest.raises(want):
                 f()
+
+
+def optimizer_steps(make_opt, dtype, steps, on, shapes, seed):
+    """Params and the optimizer's floating state after `steps` steps of `make_opt(params)` on parameters
+    of `shapes`, the same gradients in every run (one seed); with Gems on or off. float64 runs on the CPU:
+    the reference."""
+    g = torch.Generator().manual_seed(seed)
+    base = [torch.empty(s, dtype=torch.float64).uniform_(-1, 1, generator=g) for s in shapes]
+    grads = [[torch.empty(s, dtype=torch.float64).uniform_(-1, 1, generator=g) for s in shapes]
+             for _ in range(steps)]
+    dev = "cpu" if dtype == torch.float64 else DEVICE
+    params = [torch.nn.Parameter(p.to(dev, dtype)) for p in base]
+    opt = make_opt(params)
+    for k in range(steps):
+        for p, gr in zip(params, grads[k]):
+            p.grad = gr.to(dev, dtype)
+        with gems.use_gems() if on else contextlib.nullcontext():
+            opt.step()
+    state = [v for p in params for v in opt.state[p].values() if isinstance(v, torch.Tensor) and v.dim()]
+    return [p.detach() for p in params] + state

@@ -12,7 +12,7 @@ import torch
 import gems
 from gems import registry
 from gems.runtime.launch import LaunchCache
-from harness import DEVICE, ON_GPU, assert_close, dtype_params, make, served, to_ref
+from harness import DEVICE, ON_GPU, assert_close, dtype_params, make, served, to_ref, optimizer_steps
 from gems.ops import foreach
 
 A = torch.ops.aten
@@ -368,25 +368,7 @@ PARAM_SHAPES = [(4, 7), (37,), (), (3, 2, 5), (70,)]
 
 
 def _steps(make_opt, dtype, steps, on):
-    """Params after `steps` optimizer steps (the same gradients in every run), and the optimizer's
-    floating state, from one seed; in float64 on the CPU when dtype is float64."""
-    g = torch.Generator().manual_seed(1234)
-    base = [torch.empty(s, dtype=torch.float64).uniform_(-1, 1, generator=g) for s in PARAM_SHAPES]
-    grads = [[torch.empty(s, dtype=torch.float64).uniform_(-1, 1, generator=g) for s in PARAM_SHAPES]
-             for _ in range(steps)]
-    dev = "cpu" if dtype == torch.float64 else DEVICE
-    params = [torch.nn.Parameter(p.to(dev, dtype)) for p in base]
-    opt = make_opt(params)
-    for k in range(steps):
-        for p, gr in zip(params, grads[k]):
-            p.grad = gr.to(dev, dtype)
-        if on:
-            with gems.use_gems():
-                opt.step()
-        else:
-            opt.step()
-    state = [v for p in params for v in opt.state[p].values() if isinstance(v, torch.Tensor) and v.dim()]
-    return [p.detach() for p in params] + state
+    return optimizer_steps(make_opt, dtype, steps, on, PARAM_SHAPES, 1234)
 
 
 OPTIMIZERS = {

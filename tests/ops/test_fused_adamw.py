@@ -7,7 +7,7 @@ import torch
 import gems
 from gems.ops import foreach, fused_adam
 from gems.runtime.launch import LaunchCache
-from harness import DEVICE, assert_close, dtype_params, served
+from harness import DEVICE, assert_close, dtype_params, served, optimizer_steps
 
 A = torch.ops.aten
 # 0-dim, empty, odd sizes; with the tests' chunks of 32 elements, one to three chunks
@@ -20,25 +20,7 @@ def _small_chunks(monkeypatch):
 
 
 def _steps(make_opt, dtype, steps, on):
-    """Params and floating state after `steps` steps (the same gradients in every run); float64: the
-    reference, on the CPU."""
-    g = torch.Generator().manual_seed(4321)
-    base = [torch.empty(s, dtype=torch.float64).uniform_(-1, 1, generator=g) for s in PARAM_SHAPES]
-    grads = [[torch.empty(s, dtype=torch.float64).uniform_(-1, 1, generator=g) for s in PARAM_SHAPES]
-             for _ in range(steps)]
-    dev = "cpu" if dtype == torch.float64 else DEVICE
-    params = [torch.nn.Parameter(p.to(dev, dtype)) for p in base]
-    opt = make_opt(params)
-    for k in range(steps):
-        for p, gr in zip(params, grads[k]):
-            p.grad = gr.to(dev, dtype)
-        if on:
-            with gems.use_gems():
-                opt.step()
-        else:
-            opt.step()
-    state = [v for p in params for v in opt.state[p].values() if isinstance(v, torch.Tensor) and v.dim()]
-    return [p.detach() for p in params] + state
+    return optimizer_steps(make_opt, dtype, steps, on, PARAM_SHAPES, 4321)
 
 
 OPTS = {
