@@ -29,7 +29,7 @@ import triton.language as tl
 from ..registry import FLOATS, INTS, Unsupported, register
 from ..runtime import kernel
 from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, wrap_dim
-from .reduction import _cfg, _merge, _plan, _target_programs
+from .reduction import _cfg, _merge, _plan, _target_programs, geometry
 
 # float64 goes to ATen: the project serves no float64 compute op (gems-coverage parity relies on it)
 DTYPES = FLOATS + INTS
@@ -192,24 +192,12 @@ def arg_outer(X, Y, YV, M, R, K, sM, sR, sK, r_per_split,
 def _launch(x, y, plan, is_min):
     """Write the arg-reduction of x (read through `plan`) into the contiguous int64 y (M*K)."""
     M, sM, R, sR, K, sK = plan
-    cfg = _cfg()
-    tile = cfg["tile"]
+    # the same tiles and R split as sum/amax (reduction.geometry)
+    block_a, block_b, grid0, split, r_per = geometry(M, R, K, _target_programs(x.device))
     if K == 1:
-        br = min(next_pow2(R), cfg["max_r"])
-        bm = min(next_pow2(M), max(tile // br, 1))
-        grid0 = cdiv(M, bm)
+        bm, br = block_a, block_b
     else:
-        tile_o = cfg.get("tile_outer", tile)
-        bk = min(next_pow2(K), max(cfg["max_k"], tile_o // next_pow2(R)))
-        br = min(next_pow2(R), max(tile_o // bk, 1))
-        grid0 = M * cdiv(K, bk)
-    split, r_per = 1, R
-    target = _target_programs(x.device)
-    if grid0 < target and R > br * cfg["min_iters"]:
-        split = min(cdiv(target, grid0), cdiv(R, br * cfg["min_iters"]), cfg["max_split"])
-        if split > 1:
-            r_per = cdiv(cdiv(R, split), br) * br
-            split = cdiv(R, r_per)
+        br, bk = block_a, block_b
     n = M * K
     span = 1 + (M - 1) * sM + (R - 1) * sR + (K - 1) * sK
     big = int(max(span, split * n, R) >= _INT64_FROM)
@@ -230,7 +218,7 @@ def _launch(x, y, plan, is_min):
     if partial:
         # second stage: the [split, n] winners reduced over split, indices read from the workspace
         br2 = next_pow2(split)
-        bm2 = min(next_pow2(n), max(tile // br2, 1))
+        bm2 = min(next_pow2(n), max(_cfg()["tile"] // br2, 1))
         arg_inner[(cdiv(n, bm2), 1)](wv, wi, y, None, n, split, 1, n, split, is_min, True, False, big, bm2, br2,
                                      num_warps=max(1, min(8, bm2 * br2 // 512)))
 

@@ -296,6 +296,30 @@ def _uses_p(op):
 _TL = {torch.float32: tl.float32, torch.float64: tl.float64, torch.int64: tl.int64, torch.int32: tl.int32}
 
 
+def geometry(M, R, K, target):
+    """Tiles and R split of a reduction read as [M, R, K] (also arg reductions, argmax.py):
+    (BLOCK_M, BLOCK_R, grid0, split, r_per) when K == 1, else (BLOCK_R, BLOCK_K, grid0, split, r_per)."""
+    cfg = _cfg()
+    tile = cfg["tile"]
+    if K == 1:
+        block_r = min(next_pow2(R), cfg["max_r"])
+        block_m = min(next_pow2(M), max(tile // block_r, 1))
+        blocks, grid0, step = (block_m, block_r), cdiv(M, block_m), block_r
+    else:
+        tile_o = cfg.get("tile_outer", tile)
+        # a short R leaves room for a wider K slice: programs keep ~tile_o elements either way
+        block_k = min(next_pow2(K), max(cfg["max_k"], tile_o // next_pow2(R)))
+        block_r = min(next_pow2(R), max(tile_o // block_k, 1))
+        blocks, grid0, step = (block_r, block_k), M * cdiv(K, block_k), block_r
+    split, r_per = 1, R
+    if grid0 < target and R > step * cfg["min_iters"]:
+        split = min(cdiv(target, grid0), cdiv(R, step * cfg["min_iters"]), cfg["max_split"])
+        if split > 1:
+            r_per = cdiv(cdiv(R, split), step) * step
+            split = cdiv(R, r_per)
+    return blocks + (grid0, split, r_per)
+
+
 @functools.lru_cache(maxsize=1024)
 def _schedule(plan, op, acc_dtype, scale, target):
     """The launches that reduce a tensor read through `plan` (pure ints: cached, no per-call math).
@@ -304,27 +328,14 @@ def _schedule(plan, op, acc_dtype, scale, target):
     with src/dst 0 = input, 1 = output, 2 = workspace.
     """
     M, sM, R, sR, K, sK = plan
-    cfg = _cfg()
     acc = _TL[acc_dtype]
     is_float = int(acc_dtype.is_floating_point)
     span = 1 + (M - 1) * sM + (R - 1) * sR + (K - 1) * sK
-    tile = cfg["tile"]
+    block_a, block_b, grid0, split, r_per = geometry(M, R, K, target)
     if K == 1:
-        block_r = min(next_pow2(R), cfg["max_r"])
-        block_m = min(next_pow2(M), max(tile // block_r, 1))
-        grid0, step = cdiv(M, block_m), block_r
+        block_m, block_r = block_a, block_b
     else:
-        tile_o = cfg.get("tile_outer", tile)
-        # a short R leaves room for a wider K slice: programs keep ~tile_o elements either way
-        block_k = min(next_pow2(K), max(cfg["max_k"], tile_o // next_pow2(R)))
-        block_r = min(next_pow2(R), max(tile_o // block_k, 1))
-        grid0, step = M * cdiv(K, block_k), block_r
-    split, r_per = 1, R
-    if grid0 < target and R > step * cfg["min_iters"]:
-        split = min(cdiv(target, grid0), cdiv(R, step * cfg["min_iters"]), cfg["max_split"])
-        if split > 1:
-            r_per = cdiv(cdiv(R, split), step) * step
-            split = cdiv(R, r_per)
+        block_r, block_k = block_a, block_b
     # int64 offsets only when some offset can pass 2**31 (input span, or the workspace)
     big = int(max(span, split * M * K) >= _INT64_FROM)
     last = split == 1
