@@ -36,7 +36,7 @@ import triton.language as tl
 from ..codegen.generator import number_misfit
 from ..registry import ALL, Unsupported, register
 from ..runtime import backend, kernel
-from ..runtime.utils import cdiv, empty, resize_like_aten, wrap_dim
+from ..runtime.utils import cdiv, prepare_out, wrap_dim
 from .cat import _overlap
 from .copy import _copy_fn
 
@@ -157,18 +157,11 @@ def _internal_overlap(t) -> bool:
 
 
 def _prepare(out, shape, dtype, device):
-    """A fresh contiguous result, or the caller's out (resized like ATen; any strides)."""
-    if out is None:
-        return empty(shape, dtype, device)
-    if out.dtype != dtype:
-        raise Unsupported("out dtype differs from the result dtype")
-    if out.device != device:
-        raise Unsupported("out on another device")
-    if tuple(out.shape) != tuple(shape):
-        resize_like_aten(out, shape, stacklevel=5)
-    if _internal_overlap(out):
+    """A fresh contiguous result, or the caller's out (resized like ATen; any strides, no overlap)."""
+    y = prepare_out(out, shape, dtype, device, contiguous=False)
+    if out is not None and _internal_overlap(y):
         raise Unsupported("out has overlapping elements (ATen raises)")
-    return out
+    return y
 
 
 def _zero_stride(strides, d):

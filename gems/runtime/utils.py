@@ -50,8 +50,9 @@ def resize_like_aten(out, shape, stacklevel=4):
     out.resize_(shape)
 
 
-def prepare_out(out, shape, dtype, device):
-    """A tensor of `shape`/`dtype` to write into: a new one, or the caller's `out` (resized like ATen)."""
+def prepare_out(out, shape, dtype, device, contiguous=True):
+    """A tensor of `shape`/`dtype` to write into: a new one, or the caller's `out` (resized like ATen);
+    contiguous=False accepts an `out` of any strides (kernels that write through its strides)."""
     if out is None:
         return empty(shape, dtype, device)
     if out.dtype != dtype:
@@ -61,7 +62,7 @@ def prepare_out(out, shape, dtype, device):
     shape = tuple(shape)
     if tuple(out.shape) != shape:
         resize_like_aten(out, shape, stacklevel=5)
-    if not out.is_contiguous():
+    if contiguous and not out.is_contiguous():
         raise Unsupported("non-contiguous out")
     return out
 
