@@ -220,8 +220,6 @@ def _(dev, dt, small):
 
 
 def main(argv=None):
-    from triton.testing import do_bench  # noqa: F401  (the GPU path only)
-
     from benchmarks import run
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="")
@@ -236,21 +234,7 @@ def main(argv=None):
         r = {"case": name, "target": 1.0}
         try:
             torch.manual_seed(0)
-            fn = setup("cuda", torch.bfloat16, False)
-            gems.disable()
-            ref = first(fn())
-            r["aten_ms"] = run.bench(fn)
-            gems.reset_stats()
-            gems.enable()
-            out = first(fn())
-            st = gems.stats()
-            r["served"] = sum(v["served"] for v in st.values())
-            r["fallback"] = {k: v["reasons"] for k, v in st.items() if v["fallback"]}
-            r["relerr"] = (((out.double() - ref.double()).norm() / (ref.double().norm() + 1e-12)).item()
-                           if deterministic else float("nan"))
-            r["gems_ms"] = run.bench(fn)
-            gems.disable()
-            r["ratio"] = r["gems_ms"] / r["aten_ms"]
+            r.update(run.measure(setup("cuda", torch.bfloat16, False), deterministic))
             b = nbytes(2) if nbytes else None
             if b:
                 r["aten_GBps"], r["gems_GBps"] = b / r["aten_ms"] / 1e6, b / r["gems_ms"] / 1e6

@@ -232,6 +232,29 @@ def _first(x):
     return x[0] if isinstance(x, (tuple, list)) else x
 
 
+def measure(fn, deterministic=True):
+    """ATen's and Gems' median times of fn, Gems' relative error against ATen (NaN when fn is random),
+    and whether Gems served it (from gems.stats(): a silent fallback never shows as a Gems time)."""
+    r = {}
+    gems.disable()
+    ref = _first(fn())
+    r["aten_ms"] = bench(fn)
+    gems.reset_stats()
+    gems.enable()
+    try:
+        out = _first(fn())
+        st = gems.stats()
+        r["served"] = sum(v["served"] for v in st.values())
+        r["fallback"] = {k: v["reasons"] for k, v in st.items() if v["fallback"]}
+        r["relerr"] = (((out.double() - ref.double()).norm() / (ref.double().norm() + 1e-12)).item()
+                       if deterministic else float("nan"))
+        r["gems_ms"] = bench(fn)
+    finally:
+        gems.disable()
+    r["ratio"] = r["gems_ms"] / r["aten_ms"]
+    return r
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
@@ -247,27 +270,13 @@ def main(argv=None):
             continue
         r = {"case": c["name"], "target": c["target"]}
         try:
-            fn = c["setup"]()
-            gems.disable()
-            ref = _first(fn())
-            r["aten_ms"] = bench(fn)
-            gems.reset_stats()
-            gems.enable()
-            out = _first(fn())
-            st = gems.stats()
-            r["served"] = sum(v["served"] for v in st.values())
-            r["fallback"] = {k: v["reasons"] for k, v in st.items() if v["fallback"]}
-            r["relerr"] = ((out.float() - ref.float()).norm() / (ref.float().norm() + 1e-12)).item()
-            r["gems_ms"] = bench(fn)
-            gems.disable()
-            r["ratio"] = r["gems_ms"] / r["aten_ms"]
+            r.update(measure(c["setup"]()))
             if c["bytes"]:
                 r["aten_GBps"] = c["bytes"] / r["aten_ms"] / 1e6
                 r["gems_GBps"] = c["bytes"] / r["gems_ms"] / 1e6
             if c["flops"]:
                 r["aten_TFLOPs"] = c["flops"] / r["aten_ms"] / 1e9
                 r["gems_TFLOPs"] = c["flops"] / r["gems_ms"] / 1e9
-            del fn, ref, out
         except Exception as e:  # one broken case must not hide the others
             gems.disable()
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
