@@ -43,3 +43,24 @@ def _seed_per_test(request):
     seed = (zlib.crc32(request.node.nodeid.encode()) + _SEED_SALT) % (2**31)
     torch.manual_seed(seed)
     yield
+
+
+# A CUDA fault (an illegal address, a device-side assert) poisons the process's CUDA context: every later
+# test in that process would error in its set-up. On the GPU, end the process after such a test, so
+# that xdist names it as the test that crashed the worker and runs the rest in a fresh one.
+_FATAL_CUDA = ("illegal memory access", "device-side assert", "unspecified launch failure",
+               "misaligned address", "an illegal instruction")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if _DEVICE != "cuda" or call.excinfo is None:
+        return
+    text = str(call.excinfo.value)
+    if any(s in text for s in _FATAL_CUDA):
+        report = outcome.get_result()
+        sys.stderr.write(f"\nCUDA context lost in {item.nodeid} ({call.when}): {text[:300]}\n")
+        sys.stderr.flush()
+        if report.failed:
+            os._exit(3)

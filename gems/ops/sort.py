@@ -67,13 +67,14 @@ _PAD = tl.constexpr(2 ** 63 - 1)   # the key of a padding slot: after every real
 
 # sort_max: longest row (padded to a power of two) one program sorts; tile: elements per program when
 # short rows are packed; chunk: topk stage-1 elements per program; run: the sorted chunks that long
-# rows are merged from (and the merge tile). Untuned starting points: 32768 int64 keys over 32 warps
-# are 32 keys (64 registers) per thread before temporaries.
+# rows are merged from (and the merge tile). Untuned starting points. sort_max is bounded by shared
+# memory: the compiled network stages the whole tile there, 8 bytes a key, and 32768 keys (256 KiB)
+# exceed an H100's 227 KiB per block; 16384 take 128 KiB.
 _CONFIGS = {
-    "cuda": dict(sort_max=32768, tile=4096, chunk=4096, run=4096),
+    "cuda": dict(sort_max=16384, tile=4096, chunk=4096, run=4096),
     # the interpreter runs programs one by one in Python (a few wide ones are fastest); the GPU's
-    # sort_max and chunk, so that the tests' 32000-element rows take the same paths as on the GPU
-    "interpreter": dict(sort_max=32768, tile=1024, chunk=4096, run=16384),
+    # sort_max and chunk, so that the tests' rows take the same paths as on the GPU
+    "interpreter": dict(sort_max=16384, tile=1024, chunk=4096, run=16384),
 }
 
 
@@ -93,11 +94,12 @@ def _merge(h, s: tl.constexpr, ALTERNATE: tl.constexpr):
     else:
         desc = 0
     for i in tl.static_range(s):
-        AX: tl.constexpr = ND - s + i    # the axis of index bit s-1-i
+        # axis ND - s + i holds index bit s-1-i. (Written out, not named: compiled code may not re-bind
+        # a constexpr name in a loop, and an unannotated name would make it a tensor)
         # a + b - self is the partner; int64 wrap-around keeps it exact for any keys. (tl.sum's own
         # combine, called directly: the interpreter runs it with numpy, and tl.sum is one more jit call)
-        partner = tl.reduce(h, AX, tl.standard._sum_combine, keep_dims=True) - h
-        upper = tl.reshape(tl.arange(0, 2), [1] * AX + [2] + [1] * (ND - 1 - AX))
+        partner = tl.reduce(h, ND - s + i, tl.standard._sum_combine, keep_dims=True) - h
+        upper = tl.reshape(tl.arange(0, 2), [1] * (ND - s + i) + [2] + [1] * (s - 1 - i))
         h = tl.where((upper ^ desc) != 0, tl.maximum(h, partner), tl.minimum(h, partner))
     return h
 
@@ -112,10 +114,9 @@ def _bitonic(keys, ROWS: tl.constexpr, LOG_N: tl.constexpr, LOG_K: tl.constexpr)
     for s in tl.static_range(1, LOG_K + 1):
         h = _merge(h, s, s < LOG_N)
     for s in tl.static_range(LOG_K + 1, LOG_N + 1):
-        ND: tl.constexpr = len(h.shape)
         # runs of 2^LOG_K alternate ascending / descending: the min of a pair of runs is a bitonic
         # run holding the 2^LOG_K smallest of both
-        h = tl.min(h, ND - 1 - LOG_K)
+        h = tl.min(h, len(h.shape) - 1 - LOG_K)
         h = _merge(h, LOG_K, s < LOG_N)
     return tl.reshape(h, [ROWS, 2 ** LOG_K])
 
