@@ -22,6 +22,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import warnings  # noqa: E402
 
+if _DEVICE == "cpu" and os.environ.get("GEMS_COMPILE_RECORD"):   # scripts/compile_check.py
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import compile_check  # noqa: E402
+
+    compile_check.install_recorder(os.environ["GEMS_COMPILE_RECORD"])
+
 # the interpreter evaluates masked-out lanes too (e.g. -inf - -inf); numpy's warnings about them are noise
 warnings.filterwarnings("ignore", message="invalid value encountered", category=RuntimeWarning)
 warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning)
