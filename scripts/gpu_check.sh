@@ -35,10 +35,15 @@ q() { [ "$QUICK" = 1 ] && echo "$1"; }
 
 if want suite; then
   step suite
-  GEMS_TEST_DEVICE=cuda $PY -m pytest -n "$WORKERS" -p no:cacheprovider -rfEX tests/core tests/ops tests/codegen \
+  # verbose (-o addopts= undoes the -q of pyproject): each result is named as it happens, so a suite
+  # cut off by a time limit still says which tests failed. tests/conftest.py ends a worker whose CUDA
+  # context is lost (xdist names that test and goes on in a fresh worker).
+  GEMS_TEST_DEVICE=cuda timeout "${GEMS_CHECK_SUITE_S:-3000}" $PY -m pytest -n "$WORKERS" -o addopts= -v \
+    -p no:cacheprovider -rfEX --tb=short tests/core tests/ops tests/codegen \
     $( [ -d tests/fused ] && echo tests/fused ) > "$OUTDIR/suite.txt" 2>&1
   note "suite (rc $?): $(tail -1 "$OUTDIR/suite.txt")"
-  grep -E "^(FAILED|ERROR|XPASS)" "$OUTDIR/suite.txt" | cut -c1-200 | head -30 | tee -a "$SUMMARY"
+  grep -E "(FAILED|ERROR|XPASS|CUDA context lost)" "$OUTDIR/suite.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' \
+    | grep -vE "^(tests/.*) $" | cut -c1-200 | sort -u | head -60 | tee -a "$SUMMARY"
 fi
 if want kernels; then
   step kernels

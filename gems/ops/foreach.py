@@ -67,7 +67,7 @@ from .vector_norm import vector_norm
 # a 0-dim tensor's value, entry i of a 1-D tensor (addcmul/addcdiv .Tensor), or the value of its
 # tensor's own 0-dim tensor, whose address is in the table (a .List variant whose second list holds
 # 0-dim tensors: capturable Adam divides by per-parameter bias corrections kept on the device)
-_S_ARG, _S_TABLE, _S_TENSOR, _S_TENSOR_I, _S_TENSORS = 0, 1, 2, 3, 4
+_S_ARG, _S_TABLE, _S_TENSOR, _S_TENSORS = 0, 1, 2, 4
 
 
 @triton.jit
@@ -105,7 +105,7 @@ def foreach_kernel(Base, Tab, N, TOP, LOGN, B0, s, alpha, S, S0,
                    W: tl.constexpr, ES: tl.constexpr, SES: tl.constexpr, VEC: tl.constexpr,
                    BLOCK: tl.constexpr, CHUNK: tl.constexpr):
     """out_i[j] = f(x_i[j], y_i[j], z_i[j], s) for chunk p - S_i of tensor i (module doc): NIN input
-    lists, the result in place into list 0 or (FUNC) into out_i. S: the scalar tensor (SMODE 2, 3)
+    lists, the result in place into list 0 or (FUNC) into out_i. S: the 0-dim scalar tensor (SMODE 2)
     or the first of the per-tensor 0-dim tensors (SMODE 4, at S + (address - S0) / SES)."""
     i, row, n, lo = locate(Tab, N, TOP, LOGN, W, CHUNK)
     d0 = _address(row, 1, B0, ES, VEC)
@@ -121,8 +121,6 @@ def foreach_kernel(Base, Tab, N, TOP, LOGN, B0, s, alpha, S, S0,
         sv = s
     elif SMODE == 1:
         sv = tl.load(row + W - 1).to(tl.float64, bitcast=True).to(tl.float32)
-    elif SMODE == 3:
-        sv = tl.load(S + i).to(tl.float32)
     else:
         if SMODE == 2:
             sv = tl.load(S).to(tl.float32)
@@ -270,8 +268,8 @@ _SCALAR_DTYPES = FLOATS + (torch.float64,)
 def _foreach(op, lists, inplace, *, s=0.0, alpha=1.0, smode=_S_ARG, svals=None, stensor=None):
     """Run `op` over `lists` (list 0 written in place, or shaping the functional outputs).
 
-    svals: per-tensor numbers (ScalarList); stensor: a 0-dim tensor (_S_TENSOR), a 1-D tensor of N
-    numbers (_S_TENSOR_I) or a list of N 0-dim tensors (_S_TENSORS)."""
+    svals: per-tensor numbers (ScalarList); stensor: a 0-dim tensor (_S_TENSOR) or a list of N 0-dim
+    tensors (_S_TENSORS)."""
     first = lists[0]
     n = len(first)
     if n == 0:
@@ -530,9 +528,12 @@ def _pointwise_variant(op, kind, inplace):
             return _foreach(op, [self, tensor1, tensor2], inplace, smode=_S_TABLE, svals=scalars)
     else:
         def fn(self, tensor1, tensor2, scalars):
-            if scalars.dim() != 1 or scalars.numel() != len(self) or scalars.is_complex():
-                raise Unsupported("scalars is not a 1-D tensor of one value per tensor")   # ATen raises
-            return _foreach(op, [self, tensor1, tensor2], inplace, smode=_S_TENSOR_I, stensor=scalars)
+            # ATen reads the packed scalars on the host (a CPU tensor, whatever the lists' device) and
+            # runs its ScalarList kernel: so does Gems. Anything else ATen rejects: it raises its error
+            if (scalars.device.type != "cpu" or scalars.dim() != 1 or not scalars.is_contiguous()
+                    or scalars.numel() != len(self) or scalars.is_complex()):
+                raise Unsupported("scalars is not a contiguous 1-D CPU tensor of one value per tensor")
+            return _foreach(op, [self, tensor1, tensor2], inplace, smode=_S_TABLE, svals=scalars.tolist())
     return _doc(fn, f"{op} of three tensor lists (value: a Scalar, one per tensor, or a 1-D tensor): one launch")
 
 

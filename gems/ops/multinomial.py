@@ -90,6 +90,14 @@ def multinomial_one(P, Out, Status, B, V, sB, sV, seed, offset,
     tl.atomic_max(Status, code)
 
 
+def _same_device(a, b):
+    """torch.Generator(device="cuda") may carry no index: it is the current device's."""
+    if a.type != b.type:
+        return False
+    cur = torch.cuda.current_device() if a.type == "cuda" else None
+    return (cur if a.index is None else a.index) == (cur if b.index is None else b.index)
+
+
 def _seed_offset(device, counters, generator):
     """A fresh (seed, offset) per call from `generator`, or torch's default generator of `device`."""
     if device.type == "cuda":
@@ -120,7 +128,7 @@ def multinomial(self, num_samples, replacement=False, *, generator=None, out=Non
     dev = self.device
     if be == "cuda" and torch.cuda.is_current_stream_capturing():
         raise Unsupported("CUDA graph capture")
-    if generator is not None and generator.device != dev:
+    if generator is not None and not _same_device(generator.device, dev):
         raise Unsupported("generator on another device (ATen raises)")
     if out is not None:
         if out.dtype != torch.int64:

@@ -123,14 +123,23 @@ def _bitonic(keys, ROWS: tl.constexpr, LOG_N: tl.constexpr, LOG_K: tl.constexpr)
 
 @triton.jit
 def _keys(x, idx, valid, IS_FLOAT: tl.constexpr, FLIP: tl.constexpr, B: tl.constexpr):
-    """key = (vkey(x) ^ flip) << B | idx (module docstring); padding slots get _PAD."""
+    """key = (vkey(x) ^ flip) << B | idx (module docstring); padding slots get _PAD.
+
+    Floats are keyed from their bits with integer operations only: the GPU's float compares and
+    conversions flush subnormals to zero, which would tie them with 0 (bf16 widens by a shift, fp16
+    exactly through fp32, whose subnormals it cannot reach)."""
     if IS_FLOAT:
-        f = x.to(tl.float32)
-        bits = f.to(tl.int32, bitcast=True)
+        if x.dtype == tl.bfloat16:
+            bits = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
+        elif x.dtype == tl.float32:
+            bits = x.to(tl.int32, bitcast=True)
+        else:
+            bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+        mag = bits & 0x7FFFFFFF
         # negative floats: flip the magnitude bits so that larger magnitudes order lower
         v = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-        v = tl.where(f == 0, 0, v)              # -0.0 ties with +0.0
-        v = tl.where(f != f, 0x7FC00000, v)     # every NaN: one value above +inf (0x7F800000)
+        v = tl.where(mag == 0, 0, v)                    # -0.0 ties with +0.0
+        v = tl.where(mag > 0x7F800000, 0x7FC00000, v)   # every NaN: one value above +inf (0x7F800000)
         v = v.to(tl.int64)
     else:
         v = x.to(tl.int64)

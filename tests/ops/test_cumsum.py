@@ -7,8 +7,7 @@ import pytest
 import torch
 
 import gems
-from harness import (DEVICE, FLOAT_IDS, assert_close, dtype_params, layouts, make, raises_like_aten, served,
-                     to_ref)
+from harness import DEVICE, FLOAT_IDS, assert_close, dtype_params, layouts, make, raises_like_aten, served
 
 A = torch.ops.aten
 INT_DT = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
@@ -110,12 +109,15 @@ def test_inplace(dtype):
     for view in (lambda t: t, lambda t: t.t(), lambda t: t[:, ::2], lambda t: t[1:4]):
         for dim in (0, -1):
             want = view(base.clone()).cumsum_(dim)
+            ref = view(base.double()).cumsum_(dim)
             y = base.clone()
             v = view(y)
             with served("cumsum_.default"), gems.use_gems():
                 r = v.cumsum_(dim)
             assert r is v
-            assert_close(v, to_ref(want), dtype, want if dtype != torch.float32 else None, rtol=1e-5, atol=1e-5)
+            # vs float64, within the dtype's tolerance or 2x ATen's own error (ATen's CUDA scan adds in
+            # another order than a sequential one: at fp16/bf16 the two differ by an ulp here and there)
+            assert_close(v, ref, dtype, want)
             # elements outside the view are untouched
             mask = torch.ones_like(y, dtype=torch.bool)
             view(mask).fill_(False)

@@ -69,7 +69,7 @@ def _args(name, dtype, n=len(SHAPES)):
         elif ty == "Tensor" and a.name == "other":
             v = make((), dtype, low=0.5, high=3.0)
         elif ty == "Tensor" and a.name == "scalars":
-            v = make((n,), torch.float32)
+            v = make((n,), torch.float32).cpu()   # ATen takes the packed scalars on the CPU only
         elif ty == "Optional[int]" and a.name == "dtype":
             continue   # _foreach_norm's dtype: the default (the tensors' dtype)
         else:
@@ -405,10 +405,11 @@ def test_optimizer_step(opt, dtype):
 def test_adamw_capturable(dtype, monkeypatch):
     # capturable=True keeps the step counts on the device and computes the bias corrections with
     # _foreach ops (pow.ScalarAndTensor, sub_, neg_, div_, reciprocal_, sqrt_): what CUDA graphs use.
-    # torch allows it for accelerators only; on the CPU the check is lifted for the test
-    if not ON_GPU:
-        adam = importlib.import_module("torch.optim.adam")
-        monkeypatch.setattr(adam, "_get_capturable_supported_devices", lambda supports_xla=True: ["cpu"])
+    # torch allows it for accelerators only; the check is lifted for the test, whose float64 reference
+    # runs on the CPU (and, on the interpreter, Gems' too)
+    adam = importlib.import_module("torch.optim.adam")
+    monkeypatch.setattr(adam, "_get_capturable_supported_devices",
+                        lambda supports_xla=True: ["cpu", "cuda"])
     make_opt = lambda ps: torch.optim.AdamW(ps, lr=torch.tensor(1e-2, device=ps[0].device), weight_decay=0.01,  # noqa: E731
                                             amsgrad=True, foreach=True, capturable=True)
     gems.reset_stats()

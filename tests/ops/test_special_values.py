@@ -35,18 +35,8 @@ FIXED = {"is_result": [False], "self_is_result": [False], "rounding_mode": ["tru
 
 # Bugs found by this sweep, not yet fixed (issue 13): {overload: {device: why}}. Not differences to
 # document: each is ATen's answer that Gems should give.
-_FTZ = "subnormal inputs are flushed to zero on the GPU (ATen keeps them)"
-# fixed in the body, not yet run on a GPU (no device time): each entry then XPASSes (strict) and goes
-_AWAITS_GPU = " (a fix is in and awaits a GPU run)"
 KNOWN_BUGS = {
     "addcdiv.default": {"cuda": "inf + value * (t1 / t2) with an overflowing quotient gives inf, ATen NaN"},
-    # libdevice's ftz fmodf: tlmath.fmod_f now takes operands below 2**-102 scaled by 2**100
-    **{n: {"cuda": _FTZ + _AWAITS_GPU} for n in ("fmod.Scalar", "fmod.Tensor", "remainder.Scalar",
-                                                 "remainder.Scalar_Tensor", "remainder.Tensor")},
-    # ATen's grad * z / (z + 1) now, z's subnormal range through exp(x * beta / 2) squared
-    "softplus_backward.default": {"cuda": "an inf gradient times a tiny derivative gives NaN, ATen inf" + _AWAITS_GPU},
-    # a tensor exponent now takes pow alone (the per-element sqrt for 0.5 gave (-inf) ** 0.5 = NaN)
-    "pow.Scalar": {"cuda": "(-inf) ** 0.5 gives NaN, ATen inf" + _AWAITS_GPU},
 }
 
 

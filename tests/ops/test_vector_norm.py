@@ -96,7 +96,7 @@ def test_reduced_dims_apart_strided():
 
 def test_out():
     x = make((4, 33))
-    out = torch.empty(4)
+    out = torch.empty(4, device=DEVICE)
     with served("linalg_vector_norm.out"), gems.use_gems():
         r = torch.linalg.vector_norm(x, 2, dim=[1], out=out)
     assert r is out
