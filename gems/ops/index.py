@@ -29,6 +29,8 @@ TRITON_DEBUG=1 (docs/known-differences.md's rule for nll_loss and embedding). On
 """
 from __future__ import annotations
 
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -52,11 +54,13 @@ _DIMS = 4
 @triton.jit
 def index_copy(Dst, Src, Idx, N, n1, n2, n3, sd0, sd1, sd2, sd3, ss0, ss1, ss2, ss3, si0, si1, si2, si3,
                bound, s_dim, value,
-               SCATTER: tl.constexpr, HAS_SRC: tl.constexpr, BIG: tl.constexpr, BLOCK: tl.constexpr):
+               SCATTER: tl.constexpr, HAS_SRC: tl.constexpr, BIG: tl.constexpr, BLOCK: tl.constexpr,
+               VALUE_BITS: tl.constexpr = 0):
     """Element i of the iteration space [N / (n1 n2 n3), n1, n2, n3] at coordinates c:
     j = Idx[c . si] (masked unless 0 <= j < bound);
     gather (not SCATTER): Dst[c . sd] = Src[c . ss + j * s_dim]
-    scatter:              Dst[c . sd + j * s_dim] = Src[c . ss]   (value when not HAS_SRC)."""
+    scatter:              Dst[c . sd + j * s_dim] = Src[c . ss]   (value when not HAS_SRC).
+    VALUE_BITS (16, 32): value holds the bits of a float Dst's element, converted on the host."""
     if BIG:
         i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     else:
@@ -82,8 +86,15 @@ def index_copy(Dst, Src, Idx, N, n1, n2, n3, sd0, sd1, sd2, sd3, ss0, ss1, ss2, 
     if SCATTER:
         if HAS_SRC:
             v = tl.load(Src + src, mask=m)
+        elif VALUE_BITS:
+            # a float is written from its bits: any float operation on the GPU would turn a NaN into
+            # the canonical one and 0 + -0.0 into +0.0, where ATen stores its own conversion's bits
+            v = tl.zeros([BLOCK], tl.int32) + value
+            if VALUE_BITS == 16:
+                v = v.to(tl.int16)
+            v = v.to(Dst.dtype.element_ty, bitcast=True)
         else:
-            v = tl.zeros([BLOCK], tl.int32) + value     # the number's own type (int32 + fp32 is fp32)
+            v = tl.zeros([BLOCK], tl.int32) + value     # the number's own type (int32 + int64 is int64)
         tl.store(Dst + (dst + j * s_dim), v.to(Dst.dtype.element_ty), mask=m)
     else:
         v = tl.load(Src + (src + j * s_dim), mask=m, other=0)
@@ -120,7 +131,7 @@ def _span(shape, strides):
     return 1 + sum((n - 1) * abs(s) for n, s in zip(shape, strides) if n > 0)
 
 
-def _launch(dst, src, idx, shape, s_dst, s_src, s_idx, bound, s_dim, value, scatter):
+def _launch(dst, src, idx, shape, s_dst, s_src, s_idx, bound, s_dim, value, scatter, value_bits=0):
     """index_copy over `shape` (the iteration space) with the given per-tensor strides."""
     n = 1
     for v in shape:
@@ -135,7 +146,7 @@ def _launch(dst, src, idx, shape, s_dst, s_src, s_idx, bound, s_dim, value, scat
               _span(shape, s_idx)) >= _INT64_FROM
     block = _BLOCK[backend().name]
     index_copy[(cdiv(n, block),)](dst, src, idx, n, sizes[1], sizes[2], sizes[3], *sd, *ss, *si, bound, s_dim, value,
-                                  scatter, src is not None, big, block, num_warps=4)
+                                  scatter, src is not None, big, block, value_bits, num_warps=4)
 
 
 def _check_on_host(index, bound, error):
@@ -206,14 +217,34 @@ def _scatter_value(self, value):
     """The Python number scatter writes, converted like ATen's Scalar (overflow: ATen raises)."""
     if isinstance(value, complex) or self.dtype.is_complex:
         raise Unsupported("complex value")
+    if self.dtype.is_floating_point and value == 0:
+        return _float_bits(value, self.dtype)   # -0.0 too: its bits carry the sign to the kernel
     why = number_misfit(value, self.dtype)
     if why is not None:
         raise Unsupported(why)
     if self.dtype == torch.bool:
         return int(bool(value))
     if self.dtype.is_floating_point:
-        return float(value)
+        return _float_bits(value, self.dtype)
     return int(value)       # a float truncates toward zero, as c10's conversion does
+
+
+def _float_bits(value, dtype):
+    """The bits (a signed int of the dtype's width) of `value` converted to `dtype` the way c10 converts
+    a Scalar: double -> float, then float -> half (round to nearest even; NaN 0x7E00) or -> bfloat16
+    (round to nearest even; NaN 0x7FC0). The caller has ruled out values beyond the dtype's range."""
+    f32 = struct.unpack("<I", struct.pack("<f", float(value)))[0]
+    if dtype == torch.float32:
+        bits, width = f32, 32
+    elif dtype == torch.float16:
+        bits, width = struct.unpack("<H", struct.pack("<e", struct.unpack("<f", struct.pack("<I", f32))[0]))[0], 16
+    else:   # bfloat16
+        if (f32 & 0x7FFFFFFF) > 0x7F800000:
+            bits = 0x7FC0 | (f32 >> 16 & 0x8000)
+        else:
+            bits = ((f32 + 0x7FFF + (f32 >> 16 & 1)) >> 16) & 0xFFFF
+        width = 16
+    return bits - (1 << width) if bits >> (width - 1) else bits
 
 
 def _scatter(self, d, index, src, value, out, inplace):
@@ -259,7 +290,8 @@ def _scatter(self, d, index, src, value, out, inplace):
     shape, si = _dims(index)
     yd = _dims(y)[1]
     ss = _dims(src)[1] if src is not None else (0,) * len(shape)
-    _launch(y, src, index, shape, _zero_stride(yd, d), ss, si, bound, yd[d], 0 if src is not None else value, True)
+    _launch(y, src, index, shape, _zero_stride(yd, d), ss, si, bound, yd[d], 0 if src is not None else value, True,
+            y.element_size() * 8 if src is None and y.dtype.is_floating_point else 0)
     return y
 
 

@@ -109,7 +109,11 @@ def test_scatter_value_dtypes(dtype):
     i = _perm_rows(4, 30, 12)
     values = [1, 2.75, -3, True] if dtype != torch.uint8 else [1, 2.75, 255, True]
     if dtype.is_floating_point:
-        values += [float("inf"), float("-inf"), float("nan"), 0.1, 1e-30]
+        # compared bit for bit: -0.0 and NaN (a float operation on the GPU would change their bits),
+        # 1e-5 (subnormal in fp16), 0.1 (rounded twice by c10: to float, then to half/bfloat16),
+        # the largest values in range (3e38: fp32 and bf16 only)
+        values += [float("inf"), float("-inf"), float("nan"), -0.0, 0.1, 1e-30, 1e-5, 65504.0]
+        values += [3.0e38] if dtype != torch.float16 else []
     for v in values:
         got = _check("scatter.value", torch.scatter, x, 1, i, v)
         if dtype.is_floating_point and v != v:
