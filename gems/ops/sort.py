@@ -126,20 +126,21 @@ def _keys(x, idx, valid, IS_FLOAT: tl.constexpr, FLIP: tl.constexpr, B: tl.const
     """key = (vkey(x) ^ flip) << B | idx (module docstring); padding slots get _PAD.
 
     Floats are keyed from their bits with integer operations only: the GPU's float compares and
-    conversions flush subnormals to zero, which would tie them with 0 (bf16 widens by a shift, fp16
-    exactly through fp32, whose subnormals it cannot reach)."""
+    conversions flush subnormals to zero, which would tie them with 0. A 16-bit float's bits are
+    shifted into the top half: sign-magnitude order is value order in any IEEE width, and only the
+    infinity's pattern (INF, for the NaN test) differs between the layouts."""
     if IS_FLOAT:
-        if x.dtype == tl.bfloat16:
-            bits = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
-        elif x.dtype == tl.float32:
+        if x.dtype == tl.float32:
             bits = x.to(tl.int32, bitcast=True)
+            INF: tl.constexpr = 0x7F800000
         else:
-            bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+            bits = x.to(tl.int16, bitcast=True).to(tl.int32) << 16
+            INF: tl.constexpr = 0x7F800000 if x.dtype == tl.bfloat16 else 0x7C000000
         mag = bits & 0x7FFFFFFF
         # negative floats: flip the magnitude bits so that larger magnitudes order lower
         v = bits ^ ((bits >> 31) & 0x7FFFFFFF)
         v = tl.where(mag == 0, 0, v)                    # -0.0 ties with +0.0
-        v = tl.where(mag > 0x7F800000, 0x7FC00000, v)   # every NaN: one value above +inf (0x7F800000)
+        v = tl.where(mag > INF, 0x7FC00000, v)   # every NaN: one value above +inf in every layout
         v = v.to(tl.int64)
     else:
         v = x.to(tl.int64)
