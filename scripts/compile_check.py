@@ -10,6 +10,10 @@ Triton's real compiler (front end, LLVM and ptxas, all of which run without a GP
     GEMS_COMPILE_RECORD=/tmp/kernels.jsonl python -m pytest tests/ops/test_sort.py
     python scripts/compile_check.py /tmp/kernels.jsonl [--arch 90] [-j 2]
 
+tests/data/kernel_signatures.jsonl holds one record per kernel (`--per-kernel 1 --write FILE` after a
+recorded run of the whole suite); tests/core/test_gpu_compile.py compiles them in CI and fails when a
+`@kernel` has none or its record no longer matches its parameters.
+
 A record fails when compiling raises or the kernel needs more shared memory than one block of the
 target gets (227 KiB on sm_90). Generated pointwise kernels (gems.codegen) are left out: their source is
 written at run time; the GPU suite covers them.
@@ -145,6 +149,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--only", default="", help="substring of module.name")
+    ap.add_argument("--write", metavar="FILE", help="write the (sampled) records to FILE instead of compiling")
     ap.add_argument("--per-kernel", type=int, default=0,
                     help="compile at most N records of each kernel (those with the most distinct constexprs first)")
     a = ap.parse_args(argv)
@@ -153,6 +158,11 @@ def main(argv=None) -> int:
     lines = sorted({ln.strip() for ln in open(a.records) if ln.strip() and a.only in ln})
     if a.per_kernel:
         lines = _sample(lines, a.per_kernel)
+    if a.write:
+        with open(a.write, "w") as f:
+            f.writelines(ln + "\n" for ln in lines)
+        print(f"{len(lines)} records written to {a.write}")
+        return 0
     fails = 0
     with cf.ProcessPoolExecutor(a.jobs) as ex:
         for rec, err in ex.map(_compile, lines, [a.arch] * len(lines)):
