@@ -172,6 +172,15 @@ def raises_like_aten(cases):
     """Each case (a no-argument callable) must raise with Gems off (else the test's premise is wrong) and
     raise the same exception type with Gems on."""
     import pytest
+
+    def settled(k, who):
+        # on the GPU a kernel's device-side assert surfaces at the next synchronization: name the case
+        if ON_GPU:
+            try:
+                torch.cuda.synchronize()
+            except Exception as e:   # noqa: BLE001
+                raise AssertionError(f"case {k} ({who}): the device failed: {e}") from e
+
     for k, f in enumerate(cases):
         try:
             f()
@@ -179,9 +188,11 @@ def raises_like_aten(cases):
             want = type(e)
         else:
             raise AssertionError(f"case {k}: ATen accepted a case the test expects it to reject")
+        settled(k, "ATen")
         with gems.use_gems():
             with pytest.raises(want):
                 f()
+        settled(k, "Gems")
 
 
 def optimizer_steps(make_opt, dtype, steps, on, shapes, seed):
