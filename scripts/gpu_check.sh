@@ -5,7 +5,8 @@
 #   bash scripts/gpu_check.sh                    # everything (about 15-20 min on an H100)
 #   bash scripts/gpu_check.sh suite models       # only some parts
 #
-# Parts: suite (GEMS_TEST_DEVICE=cuda pytest), kernels (benchmarks.run and benchmarks.model_ops), gemm (benchmarks.gemm on the
+# Parts: suite (GEMS_TEST_DEVICE=cuda pytest; suite1 and suite2: each half of it, for runs under a time
+# limit), kernels (benchmarks.run and benchmarks.model_ops), gemm (benchmarks.gemm on the
 # model GEMMs), host (per-call host cost), fused (gems.fused vs ATen and Liger, when those modules
 # exist), attention (benchmarks.attention, when it exists), models (gems-coverage bench: Llama-2-7B
 # prefill and decode, TinyLlama-1.1B training, BERT training at the sizes of docs/perf.md), patched
@@ -33,18 +34,27 @@ note "device: $($PY -c 'import torch; print(torch.cuda.get_device_name())'); tor
 note "fast path: $($PY -c 'import torch, gems; gems.enable(); from gems.runtime import fast; print(fast.status()[:120])' 2>&1 | tail -1)"
 q() { [ "$QUICK" = 1 ] && echo "$1"; }
 
-if want suite; then
-  step suite
+suite() {  # tag files...
+  local tag=$1; shift
+  step "$tag"
   # verbose (-o addopts= undoes the -q of pyproject): each result is named as it happens, so a suite
   # cut off by a time limit still says which tests failed. tests/conftest.py ends a worker whose CUDA
   # context is lost (xdist names that test and goes on in a fresh worker).
   GEMS_TEST_DEVICE=cuda timeout "${GEMS_CHECK_SUITE_S:-3000}" $PY -m pytest -n "$WORKERS" -o addopts= -v \
-    -p no:cacheprovider -rfEX --tb=short tests/core tests/ops tests/codegen \
-    $( [ -d tests/fused ] && echo tests/fused ) > "$OUTDIR/suite.txt" 2>&1
-  note "suite (rc $?): $(tail -1 "$OUTDIR/suite.txt")"
-  grep -E "(FAILED|ERROR|XPASS|CUDA context lost)" "$OUTDIR/suite.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' \
+    -p no:cacheprovider -rfEX --tb=short --durations=15 "$@" > "$OUTDIR/$tag.txt" 2>&1
+  note "$tag (rc $?): $(tail -1 "$OUTDIR/$tag.txt")"
+  grep -E "(FAILED|ERROR|XPASS|CUDA context lost)" "$OUTDIR/$tag.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' \
     | grep -vE "^(tests/.*) $" | cut -c1-200 | sort -u | head -60 | tee -a "$SUMMARY"
-fi
+}
+# the suite's files; suite1 / suite2 take every other one (each about half the suite: on an H100 the
+# whole suite takes about 8 minutes with 16 workers, more than one 10-minute call leaves beside set-up)
+FILES=(tests/core/test_*.py tests/ops/test_*.py tests/codegen/test_*.py)
+[ -d tests/fused ] && FILES+=(tests/fused/test_*.py)
+HALF1=(); HALF2=()
+for i in "${!FILES[@]}"; do if (( i % 2 )); then HALF2+=("${FILES[$i]}"); else HALF1+=("${FILES[$i]}"); fi; done
+want suite && suite suite "${FILES[@]}"
+want suite1 && suite suite1 "${HALF1[@]}"
+want suite2 && suite suite2 "${HALF2[@]}"
 if want kernels; then
   step kernels
   $PY -m benchmarks.run --json "$OUTDIR/kernels.json" --no-host > "$OUTDIR/kernels.txt" 2>&1
