@@ -288,3 +288,26 @@ def test_repeat_calls_use_a_plan():
                 fn()
         info = gems.dispatch.plan_stats()[op]
         assert info["plans"] == before["plans"] + 1, (op, before, info)
+
+
+def test_scatter_value_bits_follow_c10():
+    # scatter's number reaches the kernel as the bits of c10's conversion (double -> float -> dtype):
+    # random magnitudes over every exponent, exact ties of the narrowing roundings, subnormals, specials
+    from gems.ops.index import _float_bits
+    g = torch.Generator().manual_seed(11)
+    vals = (torch.randn(4000, generator=g, dtype=torch.float64)
+            * torch.pow(2.0, torch.randint(-150, 128, (4000,), generator=g).double())).tolist()
+    vals += [1 + 2 ** -11, 1 + 3 * 2 ** -11, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -24, 2 ** -149, 2 ** -150,
+             2 ** -24, 2 ** -25, 3 * 2 ** -26, 65504.0, 65519.0, -0.0, 0.0, float("inf"), float("-inf"),
+             3.3895e38, 1e-45, -1e-40]
+    # NaN: c10's scalar conversions give the quiet NaN (torch's vectorized CPU cast to bf16 gives 0xFFFF)
+    assert [_float_bits(float("nan"), d) for d in (torch.float32, torch.float16, torch.bfloat16)] == \
+        [0x7FC00000, 0x7E00, 0x7FC0]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        lim = torch.finfo(dtype).max
+        ok = [v for v in vals if abs(v) <= lim or abs(v) == float("inf")]
+        want = torch.tensor(ok, dtype=torch.float64).to(torch.float32).to(dtype)
+        want = want.view({2: torch.int16, 4: torch.int32}[want.element_size()]).tolist()
+        got = [_float_bits(v, dtype) for v in ok]
+        bad = [(v, g_, w) for v, g_, w in zip(ok, got, want) if g_ != w]
+        assert not bad, f"{dtype}: {bad[:5]}"
