@@ -77,8 +77,9 @@ def _addcmul(a, t1, t2, value):
 
 @triton.jit
 def _addcdiv(a, t1, t2, value):
-    """self + value * tensor1 / tensor2"""
-    return a + value * (t1 / t2)
+    """self + value * (tensor1 / tensor2), the quotient IEEE-rounded as ATen's (Triton's `/` is the GPU's
+    approximate division, which differs where the quotient overflows or underflows)"""
+    return a + value * tl.math.div_rn(t1, t2)
 
 
 where = pointwise("where.self", "where.self_out", body=_where, operands=("condition", "self", "other"),
