@@ -195,6 +195,18 @@ def raises_like_aten(cases):
         settled(k, "Gems")
 
 
+def count_launches(monkeypatch) -> list:
+    """The names of the Gems kernels launched from now on (through LaunchCache), in order."""
+    from gems.runtime.launch import LaunchCache
+    launches, run = [], LaunchCache.run
+
+    def counting(self, *a, **k):
+        launches.append(self.name)
+        return run(self, *a, **k)
+    monkeypatch.setattr(LaunchCache, "run", counting)
+    return launches
+
+
 def optimizer_steps(make_opt, dtype, steps, on, shapes, seed):
     """Params and the optimizer's floating state after `steps` steps of `make_opt(params)` on parameters
     of `shapes`, the same gradients in every run (one seed); with Gems on or off. float64 runs on the CPU:

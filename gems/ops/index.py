@@ -233,11 +233,12 @@ def _float_bits(value, dtype):
     """The bits (a signed int of the dtype's width) of `value` converted to `dtype` the way c10 converts
     a Scalar: double -> float, then float -> half (round to nearest even; NaN 0x7E00) or -> bfloat16
     (round to nearest even; NaN 0x7FC0). The caller has ruled out values beyond the dtype's range."""
-    f32 = struct.unpack("<I", struct.pack("<f", float(value)))[0]
+    packed = struct.pack("<f", float(value))          # double -> float (round to nearest even)
+    f32 = struct.unpack("<I", packed)[0]
     if dtype == torch.float32:
         bits, width = f32, 32
     elif dtype == torch.float16:
-        bits, width = struct.unpack("<H", struct.pack("<e", struct.unpack("<f", struct.pack("<I", f32))[0]))[0], 16
+        bits, width = struct.unpack("<H", struct.pack("<e", struct.unpack("<f", packed)[0]))[0], 16
     else:   # bfloat16
         if (f32 & 0x7FFFFFFF) > 0x7F800000:
             bits = 0x7FC0 | (f32 >> 16 & 0x8000)

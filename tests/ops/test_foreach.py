@@ -11,8 +11,7 @@ import torch
 
 import gems
 from gems import registry
-from gems.runtime.launch import LaunchCache
-from harness import DEVICE, ON_GPU, assert_close, dtype_params, make, served, to_ref, optimizer_steps
+from harness import DEVICE, ON_GPU, assert_close, count_launches, dtype_params, make, served, to_ref, optimizer_steps
 from gems.ops import foreach
 
 A = torch.ops.aten
@@ -162,13 +161,7 @@ def test_list_lengths(shapes):
 
 
 def test_one_launch_per_call(monkeypatch):
-    launches = []
-    run = LaunchCache.run
-
-    def counting(self, *a, **k):
-        launches.append(self.name)
-        return run(self, *a, **k)
-    monkeypatch.setattr(LaunchCache, "run", counting)
+    launches = count_launches(monkeypatch)
     xs = _list(torch.float32, shapes=[(5,), (40,), (3, 7), (), (70,)] * 3)
     dens = [t.abs() + 1 for t in xs]
     with gems.use_gems():

@@ -6,8 +6,7 @@ import torch
 
 import gems
 from gems.ops import foreach, fused_adam
-from gems.runtime.launch import LaunchCache
-from harness import DEVICE, assert_close, dtype_params, served, optimizer_steps
+from harness import DEVICE, assert_close, count_launches, dtype_params, served, optimizer_steps
 
 A = torch.ops.aten
 # 0-dim, empty, odd sizes; with the tests' chunks of 32 elements, one to three chunks
@@ -89,13 +88,7 @@ def test_grad_scale_and_found_inf(dtype):
 
 
 def test_one_launch_per_call(monkeypatch):
-    launches = []
-    run = LaunchCache.run
-
-    def counting(self, *a, **k):
-        launches.append(self.name)
-        return run(self, *a, **k)
-    monkeypatch.setattr(LaunchCache, "run", counting)
+    launches = count_launches(monkeypatch)
     lists, steps = _call_args(torch.float32)
     with served("_fused_adamw_"), gems.use_gems():
         _run(lists, steps)
