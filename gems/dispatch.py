@@ -132,6 +132,7 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     # ATen calls some ops on a wrapped number alone (`_to_copy(2)`): with no tensor there is nothing to
     # launch on, so such a call goes to ATen
     tensor_slots = bool(tensor_positions(schema))
+    host_pos = tuple(i for i, a in enumerate(schema.arguments) if a.name in impl.host_args)
     broken = impl.broken
     sig = _plan.make_signature(schema, impl.dynamic, on_cuda) if impl.plan and _PLANS else None
     # plans outlive a registration: disable() followed by enable() finds them again
@@ -207,7 +208,8 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
                         return fallback("tensor on a non-current device", args, kwargs)
                 elif a.is_complex():
                     return fallback("complex", args, kwargs)
-                if on_cuda and not a.is_cuda and a.dim() != 0:
+                if on_cuda and not a.is_cuda and a.dim() != 0 and not any(
+                        i < len(args) and args[i] is a for i in host_pos):
                     return fallback("cpu tensor argument", args, kwargs)
         if first and tensor_slots:
             return fallback("Python number as the only tensor argument", args, kwargs)

@@ -64,6 +64,9 @@ class OpImpl:
     # "" or an opt-in group ("attention"): served only when the group is asked for (enable(opt_in=...),
     # GEMS_OPT_IN, or naming the overload in include=), because it is not yet faster than ATen
     opt_in: str = ""
+    # Tensor arguments ATen takes on the host whatever the device (the packed scalars of
+    # _foreach_addcmul.Tensor): a CPU tensor there does not send a GPU call to ATen
+    host_args: frozenset = frozenset()
     plans: object = None           # its runtime.plan.PlanCache once registered with the dispatcher
     fast: object = None            # its C++ fast-path op (runtime/fast.py) once registered there
     # [served, fell back]; a plain list keeps the hot-path increment cheap.
@@ -121,7 +124,7 @@ def canonical(name: str) -> str:
 def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bool = False,
              check: Optional[Callable] = None, backends: Iterable[str] = ("cuda", "interpreter"),
              plan: bool = True, dynamic: Iterable[str] = (), plan_key: Optional[Callable] = None,
-             opt_in: str = ""):
+             opt_in: str = "", host_args: Iterable[str] = ()):
     """Declare that the decorated function implements the ATen overloads `names`.
 
     Names are ATen overload names as `torch.ops.aten.<base>.<overload>` spells them; a name without
@@ -134,7 +137,8 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
     process state the implementation reads besides its arguments (it becomes part of the signature).
     `opt_in="group"` leaves the overloads out of the default selection of `enable()`/`use_gems()`
     (served only with `opt_in=("group",)`, `GEMS_OPT_IN=group` or an explicit `include=`): for
-    implementations that are correct but not yet faster than ATen on the models.
+    implementations that are correct but not yet faster than ATen on the models. `host_args` names
+    Tensor arguments ATen itself reads on the CPU: a CPU tensor there is served, not sent to ATen.
     """
     if category not in CATEGORIES:
         raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")
@@ -148,7 +152,7 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
                     raise ValueError(f"{name} is registered twice ({_IMPLS[name].fn.__module__} and {fn.__module__})")
                 _IMPLS[name] = OpImpl(name, fn, category, tuple(dtypes), backward, check, tuple(backends),
                                       (fn.__doc__ or "").strip().split("\n")[0], plan, frozenset(dynamic), plan_key,
-                                      opt_in=opt_in)
+                                      opt_in=opt_in, host_args=frozenset(host_args))
         return fn
 
     return deco

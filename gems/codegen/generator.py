@@ -364,6 +364,14 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
             # through the common dtype (double -> float -> half, as c10 converts)
             casts = tuple((_TL[common], c or ctl) if not isinstance(v, _T) or v.dtype != common else c
                           for c, v in zip(casts, vals))
+    elif be.device_type == "cuda":
+        common = op.common_dtype(operands)
+        if common in _REDUCED:
+            # ATen's CUDA kernels load each device tensor as the common dtype before widening to opmath
+            # (a dynamic cast): a 0-dim fp32 tensor beside bf16 ones (capturable Adam's steps) is rounded
+            # to bf16 first. Only a 0-dim operand can be wider than the common dtype.
+            casts = tuple((_TL[common], c) if i in op.promote and isinstance(v, _T) and v.dtype != common else c
+                          for i, (c, v) in enumerate(zip(casts, vals)))
     cvals = [_norm_const(c) for c in consts]
     # layout plan over outputs + tensor operands
     out_st = tuple(out_list[0].stride())

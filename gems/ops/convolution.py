@@ -230,13 +230,17 @@ def _precision(dtype):
 _TUNERS = {}
 
 
-def _pick(name, bucket, itemsize, run):
-    """Launch config for one of the three GEMMs: the interpreter's small tile, else blas's search space
-    (16-bit and fp32 lists) autotuned per bucket. `run(cfg)` launches into scratch for timing.
+def _pick(name, bucket, itemsize, run, macs):
+    """Launch config for one of the three GEMMs: the interpreter's small tile; blas's fixed mid-size
+    tile below `blas._TUNE_MIN_MACS` multiply-adds (launch-bound: compiling and timing nine configs
+    would cost seconds to save microseconds); else blas's search space (16-bit and fp32 lists)
+    autotuned per bucket. `run(cfg)` launches into scratch for timing.
     On the GPU the shapes worth tuning first are Llava's patch embedding (M = 576 rows per image,
     N = 1024, K = 588: BLOCK_K 32/64 both leave a K tail) and its grad_weight (M long, O x K small)."""
     if backend().name == "interpreter":
         return blas._INTERP_CONFIG
+    if macs < blas._TUNE_MIN_MACS:
+        return blas._SMALL[16 if itemsize <= 2 else 32]
     key = name + ("16" if itemsize <= 2 else "32")
     t = _TUNERS.get(key)
     if t is None:
@@ -326,7 +330,7 @@ def _conv_fwd(x, weight, bias, p):
                                                         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
     bucket = (next_pow2(M), next_pow2(O), next_pow2(K), str(x.dtype), args[-2], cl, bias is not None)
-    run(_pick("fwd", bucket, x.element_size(), lambda cfg: run(cfg, torch.empty_like(y))))
+    run(_pick("fwd", bucket, x.element_size(), lambda cfg: run(cfg, torch.empty_like(y)), M * O * K))
     return y
 
 
@@ -378,7 +382,7 @@ def _grad_weight(g, x, gw, p):
         reduction._reduce(ws, [0], False, out.dtype, reduction._SUM, out=flat)
 
     bucket = (next_pow2(M), next_pow2(O), next_pow2(K), str(x.dtype), prec, cl)
-    run(_pick("wgrad", bucket, x.element_size(), lambda cfg: run(cfg, torch.empty_like(gw))), gw)
+    run(_pick("wgrad", bucket, x.element_size(), lambda cfg: run(cfg, torch.empty_like(gw)), M * O * K), gw)
 
 
 def _grad_input(g, weight, gi, p):
@@ -398,7 +402,8 @@ def _grad_input(g, weight, gi, p):
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
     bucket = (next_pow2(Mq), next_pow2(C), next_pow2(O * KH * KW), str(g.dtype), args[-2], cl)
-    run(_pick("dgrad", bucket, g.element_size(), lambda cfg: run(cfg, torch.empty_like(gi))))
+    run(_pick("dgrad", bucket, g.element_size(), lambda cfg: run(cfg, torch.empty_like(gi)),
+              Mq * C * O * KH * KW))
 
 
 @register("convolution_backward", category="blas", dtypes=FLOATS, backward=True, plan_key=_tf32_key)

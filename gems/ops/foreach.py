@@ -468,9 +468,10 @@ def _names(base, kind, inplace=True):
     return [f"_foreach_{base}{sfx}"] + ([f"_foreach_{base}_{sfx}"] if inplace else [])
 
 
-def _reg(names, make):
+def _reg(names, make, host_args=()):
     for name in names:
-        register(name, category="pointwise", dtypes=FLOATS, plan=False)(make(name.split(".")[0].endswith("_")))
+        register(name, category="pointwise", dtypes=FLOATS, plan=False,
+                 host_args=host_args)(make(name.split(".")[0].endswith("_")))
 
 
 for _op, _kinds in (("add", ("Scalar", "List", "ScalarList", "Tensor")), ("sub", ("Scalar", "List", "ScalarList")),
@@ -539,7 +540,8 @@ def _pointwise_variant(op, kind, inplace):
 
 for _op in ("addcmul", "addcdiv"):
     for _k in ("Scalar", "ScalarList", "Tensor"):
-        _reg(_names(_op, _k), lambda ip, o=_op, k=_k: _pointwise_variant(o, k, ip))
+        _reg(_names(_op, _k), lambda ip, o=_op, k=_k: _pointwise_variant(o, k, ip),
+             host_args=("scalars",) if _k == "Tensor" else ())
 
 
 @register("_foreach_norm.Scalar", category="reduction", dtypes=FLOATS, plan=False)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gems
-from harness import DEVICE, DTYPES, FLOAT_IDS, assert_close, check_op, dtype_params, layouts, make, served, to_ref
+from harness import DEVICE, DTYPES, ON_GPU, FLOAT_IDS, assert_close, check_op, dtype_params, layouts, make, served, to_ref
 
 # On CUDA, pow.Tensor_Tensor is deliberately left to ATen (see gems/ops/binary.py)
 POW_TT = "pow.Tensor_Tensor" if DEVICE == "cpu" else None
@@ -216,3 +216,22 @@ def test_remainder_rounds_a_number_divisor_to_the_tensor_dtype(op, dtype):
         with served("remainder.Scalar_Tensor"), gems.use_gems():
             got = torch.remainder(0.1, x)
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32], ids=lambda d: FLOAT_IDS[d])
+def test_wider_zero_dim_tensor_reads_like_aten(dtype):
+    """x * s with s a 0-dim fp32 (or int64) tensor beside fp16/bf16 x (capturable Adam's step
+    tensors): ATen's CUDA kernels round s to x's dtype before computing in fp32, its CPU kernels read
+    s at fp32; either way Gems gives ATen's bits on the same device (no tolerance: 1001 * x differs
+    from bf16(1001) * x by a rounding the float64 reference cannot show)."""
+    x = make((517,), dtype)
+    for s in (torch.tensor(0.1, device=DEVICE), torch.tensor(1 / 3, device=DEVICE),
+              torch.tensor(1001, device=DEVICE)):
+        # sub on the CPU: ATen's CPU kernel rounds s, Gems reads it at fp32 (one rounding of the result
+        # apart; see gems/ops/binary.py on round_numbers)
+        for f, ovl in ((torch.mul, "mul.Tensor"), (torch.div, "div.Tensor")) + \
+                ((torch.sub, "sub.Tensor"),) * ON_GPU:
+            want = f(x, s)
+            with served(ovl), gems.use_gems():
+                got = f(x, s)
+            assert got.dtype == want.dtype and torch.equal(got, want), (ovl, s, x[got != want][:4], got[got != want][:4])

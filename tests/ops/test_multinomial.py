@@ -6,7 +6,9 @@ non-contiguous (expanded, transposed) probabilities, rows longer than one block,
 torch.manual_seed and a generator=, successive calls differ, out=, ATen's errors for invalid input,
 fallbacks counted."""
 import math
+import re
 
+import pytest
 import torch
 
 import gems
@@ -132,16 +134,21 @@ def test_out_variant():
     assert got is out and out.shape == (3, 1) and ((out >= 0) & (out < 40)).all()
 
 
-def _rejects():
-    t = lambda v, **k: torch.tensor(v, device=DEVICE, **k)   # noqa: E731
+def _value_rejects(dev):
+    """Calls ATen rejects for their values (negative, inf, NaN; a row summing to 0), on `dev`."""
+    t = lambda v, **k: torch.tensor(v, device=dev, **k)   # noqa: E731
     nan, inf = float("nan"), float("inf")
     return [lambda: mn(t([0.2, -0.1, 0.5]), 1),
             lambda: mn(t([0.2, inf]), 1),
             lambda: mn(t([[0.2, 0.3], [nan, 1.0]]), 1),
             lambda: mn(t([[0.2, 0.3], [0.0, 0.0]]), 1),              # a row summing to 0
             lambda: mn(t([[0.0, 0.0], [0.0, -1.0]]), 1),             # both: the bad value is reported
-            lambda: mn(t([0.0, 0.0], dtype=torch.float16), 1),
-            lambda: mn(t(1.0), 1),                                   # 0-dim
+            lambda: mn(t([0.0, 0.0], dtype=torch.float16), 1)]
+
+
+def _rejects():
+    t = lambda v, **k: torch.tensor(v, device=DEVICE, **k)   # noqa: E731
+    return [lambda: mn(t(1.0), 1),                                   # 0-dim
             lambda: mn(torch.ones(2, 3, 4, device=DEVICE), 1),       # 3-D
             lambda: mn(torch.ones(3, dtype=torch.long, device=DEVICE), 1),
             lambda: mn(torch.ones(3, device=DEVICE), 0),
@@ -151,6 +158,17 @@ def _rejects():
 
 def test_errors_like_aten():
     raises_like_aten(_rejects())
+    if not ON_GPU:
+        raises_like_aten(_value_rejects(DEVICE))
+        return
+    # ATen's CUDA kernel checks the values with a device-side assert, which ends the process's CUDA
+    # context (docs/known-differences.md): Gems raises ATen's CPU error for the same call on the GPU
+    for cpu, gpu in zip(_value_rejects("cpu"), _value_rejects(DEVICE)):
+        with pytest.raises(RuntimeError) as want:
+            cpu()
+        with gems.use_gems(), pytest.raises(RuntimeError, match=re.escape(str(want.value).split("\n")[0])):
+            gpu()
+        torch.cuda.synchronize()
 
 
 def test_fallbacks_counted():
