@@ -77,6 +77,9 @@ class BenchResult:
     profiled_units: Optional[int] = None              # units in the profiled run (None: no attribution)
     totals: Optional[dict] = None                     # per unit: host/device sums, profiled wall time
     no_plan: dict = field(default_factory=dict)       # overload -> why signatures kept the full path
+    # overload -> {reason: calls}: what ATen served with Gems on, and why ("aten faster": a tuned bucket
+    # where cuBLAS won); counted over the profiled Gems run with attribution, else over every Gems turn
+    fallbacks: dict = field(default_factory=dict)
     meaningful: bool = True
     notes: list = field(default_factory=list)
     versions: dict = field(default_factory=dict)
@@ -493,6 +496,9 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
                 res.notes.append(f"attribution per decode step: the profiled run's {units} one-token steps "
                                  f"(the prompt's forward left out), divided by {units}")
         res.no_plan = {k: v["reasons"] for k, v in gems.plan_stats().items() if v["no_plan"]}
+        res.fallbacks = {k: dict(sorted(v["reasons"].items(), key=lambda r: -r[1]))
+                         for k, v in sorted(gems.stats().items(), key=lambda kv: -kv[1]["fallback"])
+                         if v["fallback"]}
     finally:
         gems.disable()   # leave the process as it was: nothing registered
     return res
@@ -622,6 +628,11 @@ def format_result(res: BenchResult, fmt: str = "table", top: int = 25) -> str:
                  f"(Gems throughput / ATen's; > 1: Gems is faster)")
     for c in res.agreement:
         lines.append(("- agree " if md else "agree    ") + f"{'yes' if c['ok'] else 'NO'}: {c['check']}: {c['detail']}")
+    if res.fallbacks:
+        scope = "the profiled run" if res.profiled_units is not None else "every Gems turn"
+        lines.append(("- " if md else "") + f"fell back to ATen (calls in {scope}): " + "; ".join(
+            f"{k} {sum(v.values())} ({', '.join(f'{r}: {c}' for r, c in v.items())})"
+            for k, v in list(res.fallbacks.items())[:12]))
     if res.no_plan:
         lines.append(("- " if md else "") + "full path (no call plan): "
                      + "; ".join(f"{k}: {', '.join(v)}" for k, v in res.no_plan.items()))

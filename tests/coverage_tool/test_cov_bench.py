@@ -13,7 +13,7 @@ from coverage_tool import cli
 SCHEMA_KEYS = {"model", "workload", "device", "gpu", "size", "dtype", "batch", "seq_len", "new_tokens", "steps",
                "warmup", "optimizer", "unit", "tokens_per_unit", "aten_ms", "gems_ms", "aten_ms_median",
                "gems_ms_median", "aten_tokens_per_s", "gems_tokens_per_s", "throughput_ratio", "aten_peak_mib",
-               "gems_peak_mib", "agree", "agreement", "ops", "profiled_units", "totals", "no_plan", "meaningful",
+               "gems_peak_mib", "agree", "agreement", "ops", "profiled_units", "totals", "no_plan", "fallbacks", "meaningful",
                "notes", "versions", "baseline"}
 OP_KEYS = {"op", "aten_calls", "gems_calls", "aten_host_us_per_call", "gems_host_us_per_call",
            "aten_device_us_per_call", "gems_device_us_per_call", "delta_host_ms", "delta_device_ms", "served",
@@ -48,7 +48,7 @@ def test_train_json_follows_the_schema_and_attributes_served_ops(tmp_path):
 
 
 def test_decode_bf16_checks_against_fp32_and_attributes_decode_steps_only(tmp_path):
-    rc, d = _bench(tmp_path, "--workload", "decode", "--new-tokens", "3", "--dtype", "bfloat16")
+    rc, d = _bench(tmp_path, "--workload", "decode", "--new-tokens", "3", "--dtype", "bfloat16", include="rsqrt,silu")
     assert rc == 0, d
     assert d["agree"] and d["unit"] == "token" and d["tokens_per_unit"] == 1 and d["new_tokens"] == 3
     checks = {c["check"]: c for c in d["agreement"]}
@@ -58,6 +58,10 @@ def test_decode_bf16_checks_against_fp32_and_attributes_decode_steps_only(tmp_pa
     assert d["profiled_units"] == 2
     ops = {o["op"]: o for o in d["ops"]}
     assert ops["linear"]["aten_calls"] == ops["linear"]["gems_calls"] == LINEARS_PER_TOKEN
+    # the interpreter computes no bf16: every silu (of bf16 activations) of the profiled steps went to
+    # ATen, and the result says why
+    (why, calls), = d["fallbacks"]["silu.default"].items()
+    assert calls == ops["silu"]["fallback"] * d["profiled_units"] > 0 and "bfloat16" in why, d["fallbacks"]
 
 
 def test_prefill_table_says_ratio_na_and_meaningless(capsys):

@@ -35,10 +35,8 @@ FIXED = {"is_result": [False], "self_is_result": [False], "rounding_mode": ["tru
 
 # Bugs found by this sweep, not yet fixed (issue 13): {overload: {device: why}}. Not differences to
 # document: each is ATen's answer that Gems should give.
-KNOWN_BUGS = {
-    # the quotient is now div_rn (IEEE, as ATen's); not yet run on a GPU: an XPASS here means it is fixed
-    "addcdiv.default": {"cuda": "inf + value * (t1 / t2) with an overflowing quotient gives inf, ATen NaN"},
-}
+# (addcdiv's CUDA entry left on 2026-11-23: with the quotient as div_rn it XPASSed on an H100)
+KNOWN_BUGS = {}
 
 
 # ----------------------------------------------------------------------------- known differences
