@@ -454,3 +454,41 @@ def test_norm_dtype_and_errors():
     assert_close(got, [torch.linalg.vector_norm(x.double()) for x in xs], torch.float32)
     with gems.use_gems(), pytest.raises(RuntimeError, match="infinity norm on an empty tensor"):
         torch.ops.aten._foreach_norm([make((3,)), make((0,))], float("inf"))
+
+
+@dtype_params()
+def test_uniform_scalar_list(dtype):
+    # one value for every tensor (Adam's step sizes) is passed as a kernel argument: the same answer
+    xs, ys, zs = _list(dtype), _list(dtype), _list(dtype, 0.5, 3.0)
+    check("_foreach_addcdiv_.ScalarList", [xs, ys, zs, [-0.25] * len(xs)], {}, dtype)
+    check("_foreach_div.ScalarList", [xs, [1.5] * len(xs)], {}, dtype)
+    # zeros stay in the table: -0.0 keeps its sign (x * -0.0 is -0.0 for x > 0)
+    got, ref = check("_foreach_mul.ScalarList", [[x.abs() for x in xs], [-0.0] * len(xs)], {}, dtype)
+    for g, r in zip(got, ref):
+        assert torch.equal(torch.signbit(g).cpu(), torch.signbit(r))
+
+
+def test_launch_cache_follows_addresses_and_shapes():
+    # a repeat call with the same tensors reuses its launch (no new table); a view of the same memory
+    # with another shape, a new tensor, or in-place operands that overlap are decided again
+    foreach._LAUNCHES.clear()
+    xs = _list(torch.float32, shapes=[(4, 6), (37,)])
+    with gems.use_gems():
+        torch._foreach_mul_(xs, 1.5)
+        torch._foreach_mul_(xs, 0.5)
+        assert len(foreach._LAUNCHES) == 1
+        flat = [xs[0].view(6, 4), xs[1]]           # the same addresses, another shape
+        torch._foreach_mul_(flat, 2.0)
+        assert len(foreach._LAUNCHES) == 2
+    check("_foreach_add.List", [flat, [x.clone() for x in flat]], {"alpha": 0.5}, torch.float32)
+    # overlapping in-place operands: the verdict is kept with the launch key, both calls go to ATen
+    g = make((40,))
+    want = g.clone()
+    gems.reset_stats()
+    with gems.use_gems():
+        for _ in range(2):
+            torch._foreach_mul_([g[0:10], g[5:15]], 1.5)
+    torch._foreach_mul_([want[0:10], want[5:15]], 1.5)
+    torch._foreach_mul_([want[0:10], want[5:15]], 1.5)
+    assert torch.equal(g, want)
+    assert gems.stats()["_foreach_mul_.Scalar"]["reasons"] == {"overlapping in-place operands": 2}
