@@ -35,6 +35,7 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
 
@@ -897,6 +898,59 @@ struct Kernel final : c10::OperatorKernel {
 // registered underneath (the Python kernels)
 std::vector<std::unique_ptr<torch::Library>> g_libs;
 
+
+// ------------------------------------------------------------------------------------------------
+// _foreach_* ops (ops/foreach.py): one C++ pass over a call's tensor lists, which Python would walk
+// five times per list (about 1 us per tensor): whether one launch serves them (list 0's dtype and
+// device throughout, contiguous tensors, list 0's shapes; the reasons and their order are
+// foreach.uniform_lists'), the tensors' addresses and list 0's sizes, as bytes (the launch key).
+// ------------------------------------------------------------------------------------------------
+py::tuple foreach_lists(const py::list& lists) {
+  size_t nl = lists.size();
+  std::vector<std::vector<const at::Tensor*>> ts(nl);
+  for (size_t l = 0; l < nl; l++) {
+    py::handle lst = lists[l];
+    if (!PyList_Check(lst.ptr()) && !PyTuple_Check(lst.ptr())) throw py::type_error("foreach_lists: lists of tensors");
+    py::sequence seq = py::reinterpret_borrow<py::sequence>(lst);
+    for (py::handle o : seq) {
+      if (!THPVariable_Check(o.ptr())) throw py::type_error("foreach_lists: lists of tensors");
+      ts[l].push_back(&THPVariable_Unpack(o.ptr()));
+    }
+  }
+  py::object none = py::none();
+  auto fail = [&](const char* why) { return py::make_tuple(py::str(why), none, none); };
+  const auto& first = ts[0];
+  size_t n = first.size();
+  if (n == 0) return fail("empty tensor list");
+  auto dtype = first[0]->scalar_type();
+  auto device = first[0]->device();
+  for (size_t l = 0; l < nl; l++) {
+    const auto& v = ts[l];
+    if (v.size() != n) return fail("tensor lists of different lengths");
+    for (auto* t : v) if (t->scalar_type() != dtype) return fail("tensors of different dtypes");
+    for (auto* t : v) if (t->device() != device) return fail("tensors on different devices");
+    for (auto* t : v) if (!t->is_contiguous()) return fail("non-contiguous tensor");
+    if (l > 0) {
+      for (size_t i = 0; i < n; i++) if (v[i]->sizes() != first[i]->sizes()) return fail("tensors of different shapes");
+    }
+  }
+  // per list its addresses as int64 bytes: hashed as one object for the launch key, read as an
+  // array('q') only when a launch is planned
+  py::tuple ptrs(nl);
+  std::vector<int64_t> a(n);
+  for (size_t l = 0; l < nl; l++) {
+    for (size_t i = 0; i < n; i++) a[i] = reinterpret_cast<intptr_t>(ts[l][i]->const_data_ptr());
+    ptrs[l] = py::bytes(reinterpret_cast<const char*>(a.data()), n * sizeof(int64_t));
+  }
+  std::vector<int64_t> sz;
+  for (auto* t : first) {
+    sz.push_back(t->dim());
+    for (auto d : t->sizes()) sz.push_back(d);
+  }
+  py::bytes shapes(reinterpret_cast<const char*>(sz.data()), sz.size() * sizeof(int64_t));
+  return py::make_tuple(none, ptrs, shapes);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -996,6 +1050,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("depth", []() { return t_depth; });
   m.def("has_driver", []() { return load_driver(); });
   m.def("init_stream", &init_stream);
+  m.def("foreach_lists", &foreach_lists);
   m.attr("UNSCOPED") = kUnscoped;
   m.attr("MAX_CONFIGS") = kMaxConfigs;
 }

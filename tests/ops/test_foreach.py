@@ -5,6 +5,7 @@ step in float64; special values; what goes to ATen (non-contiguous, mixed dtypes
 overlapping in-place operands, numbers out of range), and ATen's errors."""
 import importlib
 import re
+from array import array
 
 import pytest
 import torch
@@ -492,3 +493,33 @@ def test_launch_cache_follows_addresses_and_shapes():
     torch._foreach_mul_([want[0:10], want[5:15]], 1.5)
     assert torch.equal(g, want)
     assert gems.stats()["_foreach_mul_.Scalar"]["reasons"] == {"overlapping in-place operands": 2}
+
+
+def test_cpp_list_check_agrees_with_python():
+    # the C++ fast path's pass over the lists (csrc/fastpath.cpp foreach_lists) must decide as
+    # uniform_lists does, with its reasons, and read the same addresses and shapes
+    from gems import dispatch
+    with gems.use_gems():
+        fast = foreach._fast_lists()
+    if fast is None:
+        pytest.skip("the C++ fast path is off (GEMS_FAST=0) or could not be built")
+    a, b = _list(torch.float32), _list(torch.float32)
+    other = torch.float16 if DEVICE == "cpu" else torch.bfloat16
+    cases = [[a], [a, b], [a, b, b],
+             [a, [b[0].to(other)] + b[1:]],                     # dtypes
+             [a, b[:1] + [b[1].t() if b[1].dim() == 2 else b[1]] + b[2:]],
+             [[make((4, 6)).t()] + a[1:], b],                  # non-contiguous
+             [a, [b[0].reshape(-1)] + b[1:]]]                  # shapes
+    for lists in cases:
+        try:
+            foreach.uniform_lists(lists)
+            want = None
+        except gems.registry.Unsupported as e:
+            want = str(e)
+        why, ptrs, shapes = fast(lists)
+        assert why == want, (why, want)
+        if want is None:
+            assert [list(array("q", p)) for p in ptrs] == [[t.data_ptr() for t in lst] for lst in lists]
+            sizes = [v for t in lists[0] for v in (t.dim(), *t.shape)]
+            assert list(array("q", shapes)) == sizes
+    assert dispatch._fast is not None
