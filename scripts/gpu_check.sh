@@ -12,7 +12,8 @@
 # prefill and decode, TinyLlama-1.1B training, BERT training at the sizes of docs/perf.md), patched
 # (the same workloads with gems.patch, when it exists).
 # Results go to $GEMS_CHECK_DIR (default gpu-check-<date>/): logs, JSON, summary.txt.
-# Env: GEMS_CHECK_QUICK=1 for fewer timed runs; GEMS_CHECK_WORKERS (default 8) test processes.
+# Env: GEMS_CHECK_QUICK=1 for fewer timed runs; GEMS_CHECK_WORKERS (default 8) test processes;
+# GEMS_CHECK_SUITE_S the suite's limit (SIGINT: the tracebacks still print), GEMS_CHECK_TEST_S one test's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -40,7 +41,11 @@ suite() {  # tag files...
   # verbose (-o addopts= undoes the -q of pyproject): each result is named as it happens, so a suite
   # cut off by a time limit still says which tests failed. tests/conftest.py ends a worker whose CUDA
   # context is lost (xdist names that test and goes on in a fresh worker).
-  GEMS_TEST_DEVICE=cuda timeout "${GEMS_CHECK_SUITE_S:-3000}" $PY -m pytest -n "$WORKERS" -o addopts= -v \
+  # the limit sends SIGINT first: pytest then stops and still prints the failures' tracebacks and the
+  # summary (a plain SIGTERM loses them); with pytest-timeout installed, a test hung past
+  # GEMS_CHECK_TEST_S is failed with its stack
+  GEMS_TEST_DEVICE=cuda timeout -s INT -k 30 "${GEMS_CHECK_SUITE_S:-3000}" $PY -m pytest -n "$WORKERS" -o addopts= -v \
+    $($PY -c "import pytest_timeout" 2>/dev/null && echo --timeout "${GEMS_CHECK_TEST_S:-240}") \
     -p no:cacheprovider -rfEX --tb=short --durations=15 "$@" > "$OUTDIR/$tag.txt" 2>&1
   note "$tag (rc $?): $(tail -1 "$OUTDIR/$tag.txt")"
   grep -E "(FAILED|ERROR|XPASS|CUDA context lost)" "$OUTDIR/$tag.txt" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' \
