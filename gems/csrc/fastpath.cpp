@@ -951,6 +951,23 @@ py::tuple foreach_lists(const py::list& lists) {
   return py::make_tuple(none, ptrs, shapes);
 }
 
+// the functional _foreach_* ops' results: one new contiguous tensor per tensor of `like` (its shape,
+// dtype and device, as ATen's foreach kernels allocate them), and their addresses as int64 bytes
+py::tuple foreach_empty(const py::list& like) {
+  size_t n = like.size();
+  py::list outs(n);
+  std::vector<int64_t> a(n);
+  for (size_t i = 0; i < n; i++) {
+    PyObject* o = like[i].ptr();
+    if (!THPVariable_Check(o)) throw py::type_error("foreach_empty: a list of tensors");
+    const at::Tensor& t = THPVariable_Unpack(o);
+    at::Tensor r = at::empty(t.sizes(), t.options().memory_format(c10::MemoryFormat::Contiguous));
+    a[i] = reinterpret_cast<intptr_t>(r.const_data_ptr());
+    outs[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(r)));
+  }
+  return py::make_tuple(outs, py::bytes(reinterpret_cast<const char*>(a.data()), n * sizeof(int64_t)));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -1051,6 +1068,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_driver", []() { return load_driver(); });
   m.def("init_stream", &init_stream);
   m.def("foreach_lists", &foreach_lists);
+  m.def("foreach_empty", &foreach_empty);
   m.attr("UNSCOPED") = kUnscoped;
   m.attr("MAX_CONFIGS") = kMaxConfigs;
 }

@@ -516,10 +516,16 @@ def test_cpp_list_check_agrees_with_python():
             want = None
         except gems.registry.Unsupported as e:
             want = str(e)
-        why, ptrs, shapes = fast(lists)
+        why, ptrs, shapes = fast.foreach_lists(lists)
         assert why == want, (why, want)
         if want is None:
             assert [list(array("q", p)) for p in ptrs] == [[t.data_ptr() for t in lst] for lst in lists]
             sizes = [v for t in lists[0] for v in (t.dim(), *t.shape)]
             assert list(array("q", shapes)) == sizes
+    # the functional results' allocation: list 0's shapes, dtype and device, contiguous, fresh memory
+    outs, optrs = fast.foreach_empty(a)
+    assert [(o.shape, o.dtype, o.device, o.is_contiguous()) for o in outs] == \
+        [(t.shape, t.dtype, t.device, True) for t in a]
+    assert list(array("q", optrs)) == [o.data_ptr() for o in outs]
+    assert not {o.data_ptr() for o in outs if o.numel()} & {t.data_ptr() for t in a}
     assert dispatch._fast is not None
