@@ -32,7 +32,8 @@ column).
 Host cost per call, O(N): per tensor and list its address, shape, dtype, device and contiguity are
 read, in one C++ pass when the fast path is loaded (csrc/fastpath.cpp `foreach_lists`; about 0.1 us a
 tensor, against about 1 us in Python, which serves without it), where the functional variants'
-results are allocated too (`foreach_empty`: 202 results in 0.35-0.55 ms against 1.1-2.0 ms). The first call with given addresses and shapes also checks the written tensors
+results are allocated too (`foreach_empty`: 202 results in 0.35-0.55 ms against 1.1-2.0 ms). The
+first call with given addresses and shapes also checks the written tensors
 of in-place variants for overlaps (an element written by one program and read or written by another
 would race; ATen's CPU loop applies the op tensor by tensor, so such calls go to ATen) and builds the
 table and its device copy; both are kept by those addresses and shapes (_LAUNCHES), so an optimizer's
