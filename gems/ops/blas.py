@@ -146,6 +146,14 @@ def _skinny(N, itemsize):
     return _cfg(16, 64 if wide else 32, bk, 4, 4)
 _TUNE_MIN_MACS = 2**27
 
+
+def small_config(macs, itemsize):
+    """The fixed tile for a GEMM-shaped problem below _TUNE_MIN_MACS multiply-adds on the GPU, else None
+    (tune). Shared by mm/bmm and convolution's implicit GEMMs."""
+    if backend().name == "interpreter" or macs >= _TUNE_MIN_MACS:
+        return None
+    return _SMALL[16 if itemsize <= 2 else 32]
+
 # ATen's own kernel (cuBLAS) as one more candidate of a tuned bucket (design decision 12): where it
 # beats every Triton config, the bucket records {"aten": True} and its calls run ATen, counted as
 # fallbacks with reason "aten faster". GEMS_GEMM=triton keeps Triton for every bucket (its own cache).
@@ -271,8 +279,9 @@ def _launch(a, b, c, bias, alpha, beta, config=None):
     if backend().name != "interpreter" and M <= 16 and nb == 1:
         run(_skinny(N, a.element_size()), c)
         return c
-    if backend().name != "interpreter" and nb * M * N * K < _TUNE_MIN_MACS:
-        run(_SMALL[16 if a.element_size() <= 2 else 32], c)
+    small = small_config(nb * M * N * K, a.element_size())
+    if small is not None:
+        run(small, c)
         return c
     bucket = (next_pow2(M), next_pow2(N), next_pow2(max(K, 1)), str(a.dtype).split(".")[-1], prec,
               _layout(sa[1], sa[2]), _layout(sb[1], sb[2]), nb > 1, has_bias)

@@ -239,8 +239,9 @@ def _pick(name, bucket, itemsize, run, macs):
     N = 1024, K = 588: BLOCK_K 32/64 both leave a K tail) and its grad_weight (M long, O x K small)."""
     if backend().name == "interpreter":
         return blas._INTERP_CONFIG
-    if macs < blas._TUNE_MIN_MACS:
-        return blas._SMALL[16 if itemsize <= 2 else 32]
+    small = blas.small_config(macs, itemsize)
+    if small is not None:
+        return small
     key = name + ("16" if itemsize <= 2 else "32")
     t = _TUNERS.get(key)
     if t is None:

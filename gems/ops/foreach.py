@@ -274,10 +274,11 @@ def _overlap(written, nbytes, reads) -> bool:
 _SCALAR_DTYPES = FLOATS + (torch.float64,)
 
 
-# launches by everything that decides their table: the variant, the lists' addresses and shapes, the
-# scalars' table entries, the device and stream. An optimizer passes the same tensors every step, so
-# from the second step a call skips the overlap check and the table (O(N) Python each) and reuses
-# the table's device copy: what is left per call is reading the addresses and checking the lists.
+# launches by everything that decides their table: the kind of variant, the lists' addresses and
+# shapes, the scalars' table entries, the device and stream. An optimizer passes the same tensors
+# every step, so from the second step a call skips the overlap check and the table (O(N) Python each)
+# and reuses the table's device copy: what is left per call is reading the addresses and checking
+# the lists.
 _LAUNCHES: dict = {}
 _MAX_LAUNCHES = 64
 _OVERLAP, _NOTHING = "overlap", "nothing"
@@ -307,7 +308,6 @@ def _foreach(op, lists, inplace, *, s=0.0, alpha=1.0, smode=_S_ARG, svals=None, 
         if why is not None:
             raise Unsupported(why)
         ptr_cols = list(ptr_cols)
-        shapes = None
     else:
         shapes = uniform_lists(lists)
         ptr_cols = [tuple(map(_ptr, lst)) for lst in lists]
@@ -339,19 +339,19 @@ def _foreach(op, lists, inplace, *, s=0.0, alpha=1.0, smode=_S_ARG, svals=None, 
             S = stensor
             skey = (stensor.data_ptr(), stensor.numel() * stensor.element_size())
     outs = None
-    if inplace:
-        pass
-    elif fast is not None:
-        outs, optrs = fast.foreach_empty(first)     # C++: one at::empty per tensor
-        if _alloc.POISON:
-            for o in outs:
-                _alloc.poison(o)
+    if not inplace:
+        if fast is not None:
+            outs, optrs = fast.foreach_empty(first)     # C++: one at::empty per tensor
+            if _alloc.POISON:
+                for o in outs:
+                    _alloc.poison(o)
+        else:
+            outs = [empty(sh, dtype, device) for sh in shapes]
+            optrs = tuple(map(_ptr, outs))
         ptr_cols.append(optrs)
-    else:
-        outs = [empty(sh, dtype, device) for sh in (shapes or map(_shape, first))]
-        ptr_cols.append(tuple(map(_ptr, outs)))
     stream = torch._C._cuda_getCurrentRawStream(dev) if device.type == "cuda" else None
-    key = (op, inplace, smode, dtype, tuple(ptr_cols), shape_key, skey,
+    # (not the op: the ops an optimizer runs over the same lists share one launch plan)
+    key = (inplace, smode, dtype, tuple(ptr_cols), shape_key, skey,
            None if svals is None else svals.tobytes(), dev, stream)
     hit = _LAUNCHES.get(key)
     if hit is None:
@@ -404,18 +404,11 @@ def _launch_plan(first, lists, inplace, ptr_cols, svals, smode, S, skey, ses):
     return tab, total, top, next(j for j, k in enumerate(numel) if k), aligned, 1 + len(ptr_cols) + len(extra)
 
 
-_FAST_LISTS = [None, None]   # [dispatch module, or None before the first call]
-
-
 def _fast_lists():
     """The C++ fast path's module (its foreach_lists and foreach_empty) when it is loaded
     (gems.enable() loads it), else None."""
-    d = _FAST_LISTS[0]
-    if d is None:
-        from .. import dispatch
-        d = _FAST_LISTS[0] = dispatch
-    fast = d._fast
-    return fast if fast is not None and hasattr(fast, "foreach_empty") else None
+    from .. import dispatch    # imported by then: a lookup in sys.modules
+    return dispatch._fast
 
 
 def _first_checks(t0):
