@@ -104,7 +104,25 @@ CASES = [
      lambda g, i, v: torch.ops.aten.embedding_dense_backward(g, i, v, -1, False)),
     ("mm of transposed grads g.t() @ x", lambda d, t, s: (_r(8, _dims(s)[0], dev=d, dt=t), _r(8, _dims(s)[0], dev=d, dt=t)),
      lambda g, x: g.t() @ x),
+    # AdamW(foreach)'s calls over BERT-base's 202 parameters (small tensors: the host path is per tensor);
+    # the gradients are new tensors every step (zero_grad(set_to_none=True)): two sets alternate
+    ("foreach addcmul_ x202, new grads", lambda d, t, s: _adam_lists(d, t, s),
+     lambda e, g1, g2, flip: torch._foreach_addcmul_(e, *((g1, g1) if flip() else (g2, g2)), value=0.001)),
+    ("foreach sqrt x202", lambda d, t, s: _adam_lists(d, t, s)[:1], torch._foreach_sqrt),
+    ("foreach mul_ x202", lambda d, t, s: _adam_lists(d, t, s)[:1], lambda e: torch._foreach_mul_(e, 0.999)),
 ]
+
+
+def _adam_lists(dev, dt, small):
+    """(exp_avg_sq, grads, other grads, a function alternating True/False): 202 tensors (20 on the CPU)."""
+    shapes = [(64, 12), (768,)] * (10 if small else 101)
+    lists = [[_r(*sh, dev=dev, dt=dt, low=0.1) for sh in shapes] for _ in range(3)]
+    state = [False]
+
+    def flip():
+        state[0] = not state[0]
+        return state[0]
+    return (*lists, flip)
 
 
 def _ln_bwd_args(dev, dt):

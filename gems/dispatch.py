@@ -33,7 +33,7 @@ import torch
 
 from . import registry
 from .codegen.numbers import numbers_to_tensors, tensor_positions
-from .registry import Unsupported
+from .registry import AtenError, Unsupported
 from .runtime import backends as _backends
 from .runtime import fast as _fastmod
 from .runtime import plan as _plan
@@ -231,6 +231,9 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
                 out = _record(impl, cache, key, schema, on_cuda, args, kwargs)
             else:
                 out = impl.fn(*args, **kwargs)
+        except AtenError as e:
+            tls.depth -= 1
+            raise e.error from None
         except Unsupported as e:
             tls.depth -= 1
             reason = str(e) or "unsupported arguments"

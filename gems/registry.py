@@ -40,6 +40,18 @@ class Unsupported(Exception):
         self.signature = signature
 
 
+class AtenError(Exception):
+    """Raised by an implementation that found the error ATen raises for this call (`error`, e.g. a
+    RuntimeError with ATen's message) where ATen itself must not run the call to raise it: ATen's CUDA
+    kernel would report it with a device-side assert, which ends the process's CUDA context. The
+    dispatcher raises `error` as is (any other exception from an implementation makes ATen run the
+    call, see dispatch.py)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
 @dataclass
 class OpImpl:
     """One ATen overload served by Gems.

@@ -30,18 +30,19 @@ Bytes moved: each list read once, the result written once; plus the table (8 byt
 column).
 
 Host cost per call, O(N): per tensor and list its address, shape, dtype, device and contiguity are
-read, in one C++ pass when the fast path is loaded (csrc/fastpath.cpp `foreach_lists`; about 0.1 us a
-tensor, against about 1 us in Python, which serves without it), where the functional variants'
-results are allocated too (`foreach_empty`: 202 results in 0.35-0.55 ms against 1.1-2.0 ms). The
-first call with given addresses and shapes also checks the written tensors
-of in-place variants for overlaps (an element written by one program and read or written by another
-would race; ATen's CPU loop applies the op tensor by tensor, so such calls go to ATen) and builds the
-table and its device copy; both are kept by those addresses and shapes (_LAUNCHES), so an optimizer's
-later steps, which pass the same tensors, only read the addresses and check the lists. A ScalarList
-holding one nonzero value for every tensor (Adam's step sizes) becomes a kernel argument, so that its
-table does not change with the step. Measured on BERT-base's AdamW (202 tensors; the development
-machine's CPU, kernel launches stubbed out): its six in-place calls took 4.1 ms of host time per step
-before, 1.4 ms with the launch cache, 0.25 ms with the C++ pass as well (25-70 us a call).
+read. With the fast path loaded (gems.enable() loads it) that is C++ (csrc/fastpath.cpp, about 0.05 us
+a tensor and list, against about 1 us in Python): `foreach_lists` checks the lists, `foreach_empty`
+allocates the functional variants' results, and `foreach_table` checks in-place operands for overlaps
+(an element written by one program and read or written by another would race; ATen's CPU loop applies
+the op tensor by tensor, so such calls go to ATen) and writes the table, every call: an optimizer's
+gradients are new tensors every step (zero_grad(set_to_none=True)), so a plan kept by addresses would
+be rebuilt at every step anyway. The table's device copy is kept by its content (_TABLES): where the
+addresses repeat, no copy. Without the fast path (GEMS_FAST=0) the overlap check and the table are
+Python and kept by the lists' addresses and shapes (_LAUNCHES). A ScalarList holding one nonzero
+value for every tensor (Adam's step sizes) becomes a kernel argument, so that its table does not
+change with the step. Measured on BERT-base's AdamW on an H100 (2026-11-23, session 8, before
+`foreach_table`): the seven calls took 12.4 ms of host time per step against ATen's 6.0, the
+address-keyed plans missing from step to step; see docs/perf.md for the numbers since.
 
 Served: contiguous tensors, one dtype (fp32/fp16, bf16 on the GPU) and one device across all lists.
 Anything else (mixed dtypes, which ATen promotes; non-contiguous tensors; different shapes, which
@@ -202,19 +203,25 @@ _TABLES: dict = {}
 _MAX_TABLES = 64
 
 
-def _device_table(arr: array, device: torch.device):
-    """The table as an int64 tensor on `device`: on the CPU a view of `arr`; on a GPU one pinned
-    host copy and one asynchronous copy, or a cached earlier copy of the same content."""
-    host = torch.frombuffer(arr, dtype=torch.int64)
-    if device.type == "cpu":
-        return host
-    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index), arr.tobytes())
+def _device_table(tab, device: torch.device):
+    """The table (an array('q'), or its bytes from the C++ pass) as an int64 tensor on `device`: on
+    the CPU a view of it; on a GPU one pinned host copy and one asynchronous copy, or a cached earlier
+    copy of the same content (an optimizer passes the same tensors from step to step)."""
+    if tab.__class__ is bytes:
+        raw = tab
+        if device.type == "cpu":
+            return torch.frombuffer(bytearray(tab), dtype=torch.int64)
+    else:
+        if device.type == "cpu":
+            return torch.frombuffer(tab, dtype=torch.int64)
+        raw = tab.tobytes()
+    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index), raw)
     t = _TABLES.get(key)
     if t is None:
         # non_blocking from pinned memory: no wait for the stream (a pageable copy may wait); the host
         # allocator keeps the pinned block until the copy has run. The cache is per stream so that a
         # table evicted here is freed in the order of the stream that used it.
-        t = host.pin_memory().to(device, non_blocking=True)
+        t = torch.frombuffer(bytearray(raw), dtype=torch.int64).pin_memory().to(device, non_blocking=True)
         if len(_TABLES) >= _MAX_TABLES:
             _TABLES.pop(next(iter(_TABLES)))
         _TABLES[key] = t
@@ -274,11 +281,10 @@ def _overlap(written, nbytes, reads) -> bool:
 _SCALAR_DTYPES = FLOATS + (torch.float64,)
 
 
-# launches by everything that decides their table: the kind of variant, the lists' addresses and
-# shapes, the scalars' table entries, the device and stream. An optimizer passes the same tensors
-# every step, so from the second step a call skips the overlap check and the table (O(N) Python each)
-# and reuses the table's device copy: what is left per call is reading the addresses and checking
-# the lists.
+# the Python path's launches (no fast path) by everything that decides their table: the kind of
+# variant, the lists' addresses and shapes, the scalars' table entries, the device and stream. Where an
+# optimizer passes the same tensors again, a call skips the overlap check and the table (O(N) Python
+# each) and reuses the table's device copy.
 _LAUNCHES: dict = {}
 _MAX_LAUNCHES = 64
 _OVERLAP, _NOTHING = "overlap", "nothing"
@@ -302,16 +308,14 @@ def _foreach(op, lists, inplace, *, s=0.0, alpha=1.0, smode=_S_ARG, svals=None, 
     dtype, dev = t0.dtype, t0.get_device()
     fast = _fast_lists()
     if fast is not None:
-        # the C++ pass (csrc/fastpath.cpp foreach_lists): uniform_lists' checks and the addresses
+        # the C++ pass (csrc/fastpath.cpp foreach_lists): uniform_lists' checks
         _first_checks(t0)
-        why, ptr_cols, shape_key = fast.foreach_lists(lists)
+        why = fast.foreach_lists(lists)
         if why is not None:
             raise Unsupported(why)
-        ptr_cols = list(ptr_cols)
+        shapes = None
     else:
         shapes = uniform_lists(lists)
-        ptr_cols = [tuple(map(_ptr, lst)) for lst in lists]
-        shape_key = tuple(shapes)
     device = t0.device
     if svals is not None:
         svals = _number_list(svals, dtype)
@@ -341,24 +345,17 @@ def _foreach(op, lists, inplace, *, s=0.0, alpha=1.0, smode=_S_ARG, svals=None, 
     outs = None
     if not inplace:
         if fast is not None:
-            outs, optrs = fast.foreach_empty(first)     # C++: one at::empty per tensor
+            outs = fast.foreach_empty(first)     # C++: one at::empty per tensor
             if _alloc.POISON:
                 for o in outs:
                     _alloc.poison(o)
         else:
             outs = [empty(sh, dtype, device) for sh in shapes]
-            optrs = tuple(map(_ptr, outs))
-        ptr_cols.append(optrs)
-    stream = torch._C._cuda_getCurrentRawStream(dev) if device.type == "cuda" else None
-    # (not the op: the ops an optimizer runs over the same lists share one launch plan)
-    key = (inplace, smode, dtype, tuple(ptr_cols), shape_key, skey,
-           None if svals is None else svals.tobytes(), dev, stream)
-    hit = _LAUNCHES.get(key)
-    if hit is None:
-        hit = _launch_plan(first, lists, inplace, ptr_cols, svals, smode, S, skey, ses)
-        if len(_LAUNCHES) >= _MAX_LAUNCHES:
-            _LAUNCHES.pop(next(iter(_LAUNCHES)))
-        _LAUNCHES[key] = hit
+    cfg = _CONFIGS[backend().name]
+    if fast is not None:
+        hit = _cpp_launch_plan(fast, lists, outs, inplace, svals, smode, skey, ses, cfg["CHUNK"])
+    else:
+        hit = _cached_launch_plan(lists, outs, inplace, svals, smode, S, skey, ses, shapes, dev)
     if hit is _OVERLAP:
         raise Unsupported("overlapping in-place operands")
     if hit is _NOTHING:
@@ -366,11 +363,48 @@ def _foreach(op, lists, inplace, *, s=0.0, alpha=1.0, smode=_S_ARG, svals=None, 
     tab, total, top, base_i, aligned, cols = hit
     base = first[base_i]
     es = t0.element_size()
-    cfg = _CONFIGS[backend().name]
     foreach_kernel[(total,)](base, tab, n, top, top.bit_length(), base.data_ptr(), s, alpha, S, S0,
                              op, len(lists), outs is not None, smode, cols, es, ses,
                              16 // es if aligned else 1, cfg["BLOCK"], cfg["CHUNK"], num_warps=cfg["num_warps"])
     return outs
+
+
+def _cpp_launch_plan(fast, lists, outs, inplace, svals, smode, skey, ses, chunk):
+    """The launch's table and its parameters from the C++ pass (csrc/fastpath.cpp foreach_table: the
+    overlap check and the table, per call; only the table's device copy is kept, by content)."""
+    extra = []
+    own = shared = None
+    if svals is not None:
+        extra.append(svals.tobytes())
+    elif smode == _S_TENSORS:
+        extra.append(array("q", skey).tobytes())
+        own = (extra[-1], ses)
+    elif skey is not None:
+        shared = skey
+    cols = lists if outs is None else lists + [outs]
+    status, tab, total, top, base_i, aligned = fast.foreach_table(cols, inplace, len(lists), extra, own, shared,
+                                                                  chunk)
+    if status is not None:
+        return _OVERLAP if status == "overlap" else _NOTHING
+    return _device_table(tab, lists[0][0].device), total, top, base_i, aligned, 1 + len(cols) + len(extra)
+
+
+def _cached_launch_plan(lists, outs, inplace, svals, smode, S, skey, ses, shapes, dev):
+    """Without the fast path: the launch plan built in Python, kept by what decides it (_LAUNCHES)."""
+    ptr_cols = [tuple(map(_ptr, lst)) for lst in lists]
+    if outs is not None:
+        ptr_cols.append(tuple(map(_ptr, outs)))
+    stream = torch._C._cuda_getCurrentRawStream(dev) if lists[0][0].is_cuda else None
+    # (not the op: the ops an optimizer runs over the same lists share one launch plan)
+    key = (inplace, smode, lists[0][0].dtype, tuple(ptr_cols), tuple(shapes), skey,
+           None if svals is None else svals.tobytes(), dev, stream)
+    hit = _LAUNCHES.get(key)
+    if hit is None:
+        hit = _launch_plan(lists[0], lists, inplace, ptr_cols, svals, smode, S, skey, ses)
+        if len(_LAUNCHES) >= _MAX_LAUNCHES:
+            _LAUNCHES.pop(next(iter(_LAUNCHES)))
+        _LAUNCHES[key] = hit
+    return hit
 
 
 def _launch_plan(first, lists, inplace, ptr_cols, svals, smode, S, skey, ses):
@@ -378,8 +412,6 @@ def _launch_plan(first, lists, inplace, ptr_cols, svals, smode, S, skey, ses):
     operands that meet, _NOTHING with no element to visit, else (table, programs, TOP, index of the
     Base tensor, whether every address is 16-byte aligned, table columns)."""
     n = len(first)
-    # the C++ pass gives each list's addresses as int64 bytes
-    ptr_cols = [array("q", c) if c.__class__ is bytes else c for c in ptr_cols]
     numel = list(map(_numel, first))
     es = first[0].element_size()
     nbytes = [k * es for k in numel]
@@ -405,7 +437,7 @@ def _launch_plan(first, lists, inplace, ptr_cols, svals, smode, S, skey, ses):
 
 
 def _fast_lists():
-    """The C++ fast path's module (its foreach_lists and foreach_empty) when it is loaded
+    """The C++ fast path's module (its foreach_lists, foreach_empty and foreach_table) when it is loaded
     (gems.enable() loads it), else None."""
     from .. import dispatch    # imported by then: a lookup in sys.modules
     return dispatch._fast

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..registry import FLOATS, Unsupported, register
+from ..registry import FLOATS, AtenError, Unsupported, register
 from ..runtime import backend, kernel
 from ..runtime.utils import cdiv, empty, next_pow2, resize_like_aten, zeros
 
@@ -149,10 +149,11 @@ def multinomial(self, num_samples, replacement=False, *, generator=None, out=Non
     multinomial_one[(cdiv(B, bb),)](self, res, status, B, V, sB, sV, seed, offset, big, bb, bv,
                                     num_warps=max(1, min(8, bb * bv // 512)))
     code = int(status.item())     # one synchronization, as ATen's own checks
+    # ATen's messages, raised here: ATen's CUDA kernel would report them with a device-side assert
     if code == _BAD_VALUE:
-        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        raise AtenError(RuntimeError("probability tensor contains either `inf`, `nan` or element < 0"))
     if code == _ZERO_ROW:
-        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+        raise AtenError(RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)"))
     if out is None:
         return res
     if tuple(out.shape) != tuple(res.shape):

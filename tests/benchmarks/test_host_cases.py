@@ -7,7 +7,8 @@ from benchmarks import host
 from harness import DEVICE, assert_close, to_ref
 
 # the slowest cases under the interpreter (big GEMMs, backward reductions) are exercised by the op tests
-_FAST = [c for c in host.CASES if not any(k in c[0] for k in ("linear", "bmm", "backward", "grads", "cat", "softmax"))]
+_FAST = [c for c in host.CASES if not any(k in c[0] for k in ("linear", "bmm", "backward", "grads", "cat", "softmax",
+                                                                  "foreach"))]
 
 
 @pytest.mark.parametrize("name,setup,fn", _FAST, ids=[c[0] for c in _FAST])
@@ -30,3 +31,10 @@ def test_main_prints_a_table(capsys):
     assert host.main(["--device", DEVICE, "--calls", "1", "--rounds", "1", "--only", "x +"]) == 0
     out = capsys.readouterr().out
     assert "x + x" in out and "geomean ratio" in out
+
+
+def test_foreach_cases_are_served(capsys):
+    # the optimizer rows (their results are checked by tests/ops/test_foreach.py): served, no fallback
+    assert host.main(["--device", DEVICE, "--calls", "1", "--rounds", "1", "--only", "foreach"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("_foreach_") == 3 and "FELL BACK" not in out, out

@@ -213,6 +213,22 @@ def test_gems_bug_on_many_signatures_switches_the_op_off(monkeypatch):
     assert any("from now on" in str(m.message) and "ATen serves" in str(m.message) for m in w)
 
 
+def test_aten_error_is_raised_without_running_aten():
+    """registry.AtenError: the implementation found ATen's error itself (where ATen's CUDA kernel would
+    assert on the device); the dispatcher raises it as is and ATen never sees the call."""
+    def finds_the_error(x, dim, half_to_float, *a, **k):
+        raise registry.AtenError(RuntimeError("the error ATen raises"))
+
+    gems.reset_stats()
+    # (a plain exception would make ATen run the call, which succeeds here: its result would come back)
+    with registry.override_impl("_softmax", finds_the_error), gems.use_gems():
+        with pytest.raises(RuntimeError, match="the error ATen raises") as e:
+            torch.softmax(make((2, 3)), 1)
+    assert type(e.value) is RuntimeError
+    st = gems.stats().get(SOFTMAX, {"fallback": 0})
+    assert st["fallback"] == 0
+
+
 def test_python_number_as_the_only_tensor_goes_to_aten():
     """ATen calls _to_copy on a wrapped number (`out=` of another dtype, `x << 1` on floats): a Gems
     kernel has nothing to launch on, ATen answers, and _to_copy keeps being served afterwards."""

@@ -469,18 +469,26 @@ def test_uniform_scalar_list(dtype):
         assert torch.equal(torch.signbit(g).cpu(), torch.signbit(r))
 
 
-def test_launch_cache_follows_addresses_and_shapes():
-    # a repeat call with the same tensors reuses its launch (no new table); a view of the same memory
-    # with another shape, a new tensor, or in-place operands that overlap are decided again
+@pytest.mark.parametrize("path", ["python", "cpp"])
+def test_launch_cache_follows_addresses_and_shapes(path, monkeypatch):
+    # the Python path (no fast path) keeps launches by addresses and shapes: a repeat call with the
+    # same tensors reuses its launch (no new table); a view of the same memory with another shape, a
+    # new tensor, or in-place operands that overlap are decided again. The C++ path decides per call.
+    if path == "python":
+        monkeypatch.setattr(foreach, "_fast_lists", lambda: None)
+    else:
+        with gems.use_gems():
+            if foreach._fast_lists() is None:
+                pytest.skip("the C++ fast path is off (GEMS_FAST=0) or could not be built")
     foreach._LAUNCHES.clear()
     xs = _list(torch.float32, shapes=[(4, 6), (37,)])
     with gems.use_gems():
         torch._foreach_mul_(xs, 1.5)
         torch._foreach_mul_(xs, 0.5)
-        assert len(foreach._LAUNCHES) == 1
+        assert len(foreach._LAUNCHES) == (1 if path == "python" else 0)
         flat = [xs[0].view(6, 4), xs[1]]           # the same addresses, another shape
         torch._foreach_mul_(flat, 2.0)
-        assert len(foreach._LAUNCHES) == 2
+        assert len(foreach._LAUNCHES) == (2 if path == "python" else 0)
     check("_foreach_add.List", [flat, [x.clone() for x in flat]], {"alpha": 0.5}, torch.float32)
     # overlapping in-place operands: the verdict is kept with the launch key, both calls go to ATen
     g = make((40,))
@@ -497,7 +505,7 @@ def test_launch_cache_follows_addresses_and_shapes():
 
 def test_cpp_list_check_agrees_with_python():
     # the C++ fast path's pass over the lists (csrc/fastpath.cpp foreach_lists) must decide as
-    # uniform_lists does, with its reasons, and read the same addresses and shapes
+    # uniform_lists does, with its reasons
     from gems import dispatch
     with gems.use_gems():
         fast = foreach._fast_lists()
@@ -516,16 +524,66 @@ def test_cpp_list_check_agrees_with_python():
             want = None
         except gems.registry.Unsupported as e:
             want = str(e)
-        why, ptrs, shapes = fast.foreach_lists(lists)
-        assert why == want, (why, want)
-        if want is None:
-            assert [list(array("q", p)) for p in ptrs] == [[t.data_ptr() for t in lst] for lst in lists]
-            sizes = [v for t in lists[0] for v in (t.dim(), *t.shape)]
-            assert list(array("q", shapes)) == sizes
+        assert fast.foreach_lists(lists) == want
     # the functional results' allocation: list 0's shapes, dtype and device, contiguous, fresh memory
-    outs, optrs = fast.foreach_empty(a)
+    outs = fast.foreach_empty(a)
     assert [(o.shape, o.dtype, o.device, o.is_contiguous()) for o in outs] == \
         [(t.shape, t.dtype, t.device, True) for t in a]
-    assert list(array("q", optrs)) == [o.data_ptr() for o in outs]
     assert not {o.data_ptr() for o in outs if o.numel()} & {t.data_ptr() for t in a}
     assert dispatch._fast is not None
+
+
+def test_cpp_table_agrees_with_python():
+    # the C++ pass's overlap verdict and table (csrc/fastpath.cpp foreach_table) against Python's
+    # _overlap and table(), which serve without the fast path: same verdicts, byte-identical tables
+    with gems.use_gems():
+        fast = foreach._fast_lists()
+    if fast is None:
+        pytest.skip("the C++ fast path is off (GEMS_FAST=0) or could not be built")
+    chunk = foreach._CONFIGS[gems.runtime.backend().name]["CHUNK"]
+    g = make((64,))
+    a, b = _list(torch.float32), _list(torch.float32)
+    sv = array("d", [0.5 + i for i in range(len(a))])
+    s0 = [make(()) for _ in a]
+    cases = [  # (lists, inplace, extra kind)
+        ([a], True, None), ([a, b], True, None), ([a, b, b], True, "svals"), ([a, a], True, None),
+        ([a, b], False, None), ([a, b], True, "s0"), ([a, b], True, "shared"),
+        ([[g[0:10], g[5:15]]], True, None),                    # written twice over the same memory
+        ([[g[0:10], g[20:30]], [g[20:30], g[40:50]]], True, None),   # read where another is written
+        ([[g[0:10], g[20:30]], [g[0:10], g[20:30]]], True, None),    # the same position: safe
+        ([[g[0:10], g[20:30]]], True, "shared_in"),             # a shared scalar inside a written one
+        ([[g[0:0], g[0:0]]], True, None),                       # nothing to visit
+    ]
+    for lists, inplace, kind in cases:
+        n = len(lists[0])
+        outs = None if inplace else [torch.empty_like(t) for t in lists[0]]
+        extra, own, shared, reads_extra = [], None, None, []
+        if kind == "svals":
+            extra = [array("d", list(sv[:n])).tobytes()]
+        elif kind == "s0":
+            extra = [array("q", [t.data_ptr() for t in s0[:n]]).tobytes()]
+            own = (extra[0], 4)
+            reads_extra = [([t.data_ptr() for t in s0[:n]], [4] * n, True)]
+        elif kind in ("shared", "shared_in"):
+            x = g[2:3] if kind == "shared_in" else make(())
+            shared = (x.data_ptr(), 4)
+            reads_extra = [([x.data_ptr()], [4], False)]
+        cols = lists if outs is None else lists + [outs]
+        got = fast.foreach_table(cols, inplace, len(lists), extra, own, shared, chunk)
+        numel = [t.numel() for t in lists[0]]
+        nbytes = [k * 4 for k in numel]
+        ptr_cols = [[t.data_ptr() for t in lst] for lst in cols]
+        reads = [(p, nbytes, True) for p in ptr_cols[1:len(lists)]] + reads_extra
+        if inplace and foreach._overlap(lists[0], nbytes, reads):
+            assert got[0] == "overlap", (kind, got[0])
+            continue
+        assert got[0] != "overlap", kind
+        py_extra = [array("q", e) for e in extra]
+        t = foreach.table(lists[0], numel, ptr_cols, py_extra, chunk)
+        if t is None:
+            assert got[0] == "empty"
+            continue
+        tab, total, top, base, aligned = t
+        assert got[0] is None
+        assert got[1] == bytes(array("q", tab.cpu().tolist()))
+        assert got[2:] == (total, top, next(i for i, k in enumerate(numel) if k), aligned)

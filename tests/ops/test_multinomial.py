@@ -173,10 +173,11 @@ def test_errors_like_aten():
             got = e
         else:
             raise AssertionError(f"case {k}: Gems accepted it")
-        st = gems.stats().get("multinomial.default")
-        # (2026-11-23, H100: case 0 ended in a device-side assert, as if ATen had served it: the stats say)
+        # (an implementation's RuntimeError makes the dispatcher run ATen, whose device-side assert
+        # ended the CUDA context on an H100 before multinomial raised registry.AtenError)
         assert type(got) is RuntimeError and str(got).split("\n")[0] == str(want.value).split("\n")[0], \
-            f"case {k}: {got!r}; multinomial stats {st}"
+            f"case {k}: {got!r}"
+        assert gems.stats()["multinomial.default"]["fallback"] == 0
         torch.cuda.synchronize()
 
 
