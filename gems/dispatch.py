@@ -248,6 +248,11 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
         except Exception as e:  # noqa: BLE001 - see module docstring, step 3
             tls.depth -= 1
             return _after_error(impl, e, call_orig, keyset, args, kwargs)
+        except BaseException:
+            # KeyboardInterrupt, a test's timeout: the thread's depth must not stay raised (every
+            # later call would go to ATen)
+            tls.depth -= 1
+            raise
         tls.depth -= 1
         counts[0] += 1
         return out

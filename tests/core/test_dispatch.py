@@ -8,7 +8,7 @@ import torch
 
 import gems
 from gems import registry
-from harness import DEVICE, assert_close, make, to_ref
+from harness import DEVICE, assert_close, make, served, to_ref
 
 SOFTMAX = "_softmax.default"
 
@@ -227,6 +227,23 @@ def test_aten_error_is_raised_without_running_aten():
     assert type(e.value) is RuntimeError
     st = gems.stats().get(SOFTMAX, {"fallback": 0})
     assert st["fallback"] == 0
+
+
+def test_interrupt_inside_an_implementation_leaves_gems_serving():
+    """A BaseException from inside an implementation (KeyboardInterrupt, a test timeout's Failed)
+    propagates, and the thread's re-entry depth is restored: later calls are served again."""
+    class Interrupt(BaseException):
+        pass
+
+    def interrupted(*a, **k):
+        raise Interrupt()
+
+    with registry.override_impl("_softmax", interrupted), gems.use_gems():
+        with pytest.raises(Interrupt):
+            torch.softmax(make((2, 3)), 1)
+    x = make((2, 3))
+    with served(SOFTMAX), gems.use_gems():
+        torch.testing.assert_close(torch.softmax(x, 1), torch.softmax(x.double(), 1).float())
 
 
 def test_python_number_as_the_only_tensor_goes_to_aten():

@@ -177,7 +177,8 @@ def test_errors_like_aten():
         # ended the CUDA context on an H100 before multinomial raised registry.AtenError)
         assert type(got) is RuntimeError and str(got).split("\n")[0] == str(want.value).split("\n")[0], \
             f"case {k}: {got!r}"
-        assert gems.stats()["multinomial.default"]["fallback"] == 0
+        # raised by Gems (registry.AtenError: neither served nor a fallback), ATen never ran it
+        assert "multinomial.default" not in gems.stats()
         torch.cuda.synchronize()
 
 
