@@ -159,6 +159,20 @@ def small_config(macs, itemsize):
 # fallbacks with reason "aten faster". GEMS_GEMM=triton keeps Triton for every bucket (its own cache).
 _ATEN = {"aten": True}
 ATEN_FASTER = "aten faster"
+# ATen's candidate is timed on the device, but a cuBLAS call also costs more host time than a Triton
+# launch replayed from the C++ fast path, and a training step's mid-size GEMMs are host-bound: in
+# BERT-base's backward (M = 4096, N, K = 768 / 3072, bf16; H100, 2026-11-23) cuBLAS took 27 us on the
+# device and 31-83 us of host per call, Triton 33 us and 16 us; the step ran 1.13x ATen with Triton
+# there and 0.90-0.96x with cuBLAS. So where ATen's device time is below _HOST_BOUND_MS (comparable
+# to a call's host time) it must win by _ATEN_HOST_MS to be chosen; larger GEMMs, whose device time
+# dwarfs any call's host cost (prefill, big training steps), go to cuBLAS wherever it is faster.
+_ATEN_HOST_MS = 0.010
+_HOST_BOUND_MS = 0.050
+
+
+def _aten_time(device_ms):
+    """ATen's candidate time in the tuner: device time, plus the host handicap for small GEMMs."""
+    return device_ms + (_ATEN_HOST_MS if device_ms < _HOST_BOUND_MS else 0.0)
 
 
 _POLICY = None
@@ -197,7 +211,8 @@ _TUNERS = {}
 def _tuner(itemsize):
     triton_only = gemm_policy() == "triton"
     # separate tuning caches: a bucket tuned without the ATen candidate must not answer for 'auto'
-    name = ("mm16" if itemsize <= 2 else "mm32") + ("" if triton_only else "-auto")
+    # ("-auto2": decisions since ATen's candidate carries _ATEN_HOST_MS; older caches decided without it)
+    name = ("mm16" if itemsize <= 2 else "mm32") + ("" if triton_only else "-auto2")
     t = _TUNERS.get(name)
     if t is None:
         if backend().name == "interpreter":
@@ -292,7 +307,7 @@ def _launch(a, b, c, bias, alpha, beta, config=None):
         if cfg is _ATEN or cfg.get("aten"):
             if c.dtype != a.dtype:   # fp32 results of 16-bit inputs (out_dtype): no like-for-like ATen call
                 raise RuntimeError("no ATen candidate")
-            return bench_ms(lambda: _aten_gemm(a, b, bias if has_bias else None, alpha, beta, scratch))
+            return _aten_time(bench_ms(lambda: _aten_gemm(a, b, bias if has_bias else None, alpha, beta, scratch)))
         return bench_ms(lambda: run(cfg, scratch))
 
     cfg = tuner.pick(bucket, bench)
