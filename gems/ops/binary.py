@@ -12,6 +12,7 @@ from triton.language.extra import libdevice
 from ..codegen import pointwise
 from ..codegen.tlmath import GPU as _GPU, fmod_f, int_div0
 from ..registry import FLOATS, INTS, restrict_backends
+from ..runtime import backend
 
 NUMERIC = FLOATS + INTS
 ALL = FLOATS + INTS + (torch.bool,)
@@ -257,6 +258,12 @@ def _pow_check(self, exponent, *args, **kwargs):
         # pow.Tensor_Scalar's meta function raises "Integers to negative integer powers are not allowed."
         # (the exponent's sign is part of a plan's signature, so a plan never sees this call)
         return "integer tensor to a negative integer power"
+    if isinstance(self, torch.Tensor) and self.dtype == torch.float16 and not isinstance(exponent, torch.Tensor) \
+            and backend().name == "interpreter":
+        # ATen's CPU Half kernel takes C pow for the exponents 0.5 and -0.5 ((-inf) ** 0.5 = inf), where
+        # its Float kernel and CUDA take sqrt forms (NaN); the body computes fp16 in fp32 and cannot tell
+        # them apart, and a plan keys the exponent by its sign only: every fp16 scalar power goes to ATen
+        return "float16 ** number on the CPU (ATen's Half kernel takes C pow for +-0.5)"
     return _no_bool(self, exponent)
 
 

@@ -97,10 +97,12 @@ def test_integer_and_bool(dt):
 def test_scalars_and_pow_special_exponents(dtype):
     x = make((5, 7), dtype)
     p = make((5, 7), dtype, low=0.2, high=3)
+    # fp16 ** number on the CPU goes to ATen (its Half kernel's C pow for +-0.5: test_special_values)
+    pw = [] if dtype == torch.float16 and DEVICE == "cpu" else ["pow.Tensor_Scalar"]
     for e in (2, 3, 0.5, -1, 2.5, -0.5, 0):
-        check_op(torch.pow, (p, e), dtype=dtype, served_ops=["pow.Tensor_Scalar"])
-    check_op(torch.pow, (x, 2), dtype=dtype, served_ops=["pow.Tensor_Scalar"])
-    check_op(torch.pow, (x.round(), 3.0), dtype=dtype, served_ops=["pow.Tensor_Scalar"])
+        check_op(torch.pow, (p, e), dtype=dtype, served_ops=pw)
+    check_op(torch.pow, (x, 2), dtype=dtype, served_ops=pw)
+    check_op(torch.pow, (x.round(), 3.0), dtype=dtype, served_ops=pw)
     check_op(torch.pow, (2.0, x), dtype=dtype, served_ops=["pow.Scalar"])
     for fn, name in ((torch.eq, "eq.Scalar"), (torch.lt, "lt.Scalar"), (torch.ge, "ge.Scalar"),
                      (torch.remainder, "remainder.Scalar"), (torch.fmod, "fmod.Scalar")):
@@ -133,7 +135,8 @@ def test_out_and_inplace(dtype):
     base = make((9, 4), dtype)
     keep = base.clone()
     a = base.t()
-    with served("remainder_.Tensor", "pow_.Scalar", "eq_.Scalar"), gems.use_gems():
+    pw = () if dtype == torch.float16 and DEVICE == "cpu" else ("pow_.Scalar",)   # fp16 ** number: ATen on the CPU
+    with served("remainder_.Tensor", "eq_.Scalar", *pw), gems.use_gems():
         a.remainder_(y).pow_(2)
         c = x.clone().eq_(x[0, 0].item())
     ref = torch.remainder(to_ref(keep.t()), to_ref(y)) ** 2
@@ -160,8 +163,9 @@ def test_autograd_through_pow_maximum():
     from harness import DTYPES, check_grad
     for dtype in DTYPES:
         a, b = make((5, 6), dtype, low=0.5, high=2.0), make((6,), dtype, low=0.5, high=2.0)
+        pw = [] if dtype == torch.float16 and DEVICE == "cpu" else ["pow.Tensor_Scalar"]   # (see above)
         check_grad(lambda p, q: torch.maximum(p.pow(2), q) * p.pow(q), [a, b], dtype=dtype,
-                   served_ops=["pow.Tensor_Scalar", "maximum.default"] + ([POW_TT] if POW_TT else []))
+                   served_ops=pw + ["maximum.default"] + ([POW_TT] if POW_TT else []))
 
 
 def test_pow_tensor_tensor_backend_choice():
