@@ -79,7 +79,8 @@ def _pow(a, b):
     Those scalar exponents: products (2, 3, -2) and sqrt, 1 / sqrt, reciprocal, whose special values
     differ from pow's ((-inf) ** 0.5 is NaN, not inf). A tensor exponent: C pow for every element
     (ATen's tensor-exponent kernels have no special cases). ATen's CPU kernel skips the sqrt forms for
-    fp16 tensors, which a body computing in fp32 cannot tell apart. Integers: ATen's powi, wrapping
+    fp16 tensors, which a body computing in fp32 cannot tell apart: there fp16 ** number goes to ATen
+    (_pow_check). Integers: ATen's powi, wrapping
     like its C++ on overflow."""
     if a.dtype.is_floating():
         if len(b.shape) == 0:
