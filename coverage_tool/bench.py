@@ -80,6 +80,10 @@ class BenchResult:
     # overload -> {reason: calls}: what ATen served with Gems on, and why ("aten faster": a tuned bucket
     # where cuBLAS won); counted over the profiled Gems run with attribution, else over every Gems turn
     fallbacks: dict = field(default_factory=dict)
+    # overload -> served calls that ran Python (no call plan replayed from C++: ops without plans, such as
+    # the _foreach_* ops, or signatures seen for the first time), same scope as fallbacks; None when
+    # the C++ fast path is not loaded (then every call runs Python)
+    python_path: Optional[dict] = None
     meaningful: bool = True
     notes: list = field(default_factory=list)
     versions: dict = field(default_factory=dict)
@@ -496,9 +500,13 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
                 res.notes.append(f"attribution per decode step: the profiled run's {units} one-token steps "
                                  f"(the prompt's forward left out), divided by {units}")
         res.no_plan = {k: v["reasons"] for k, v in gems.plan_stats().items() if v["no_plan"]}
+        st = gems.stats()
         res.fallbacks = {k: dict(sorted(v["reasons"].items(), key=lambda r: -r[1]))
-                         for k, v in sorted(gems.stats().items(), key=lambda kv: -kv[1]["fallback"])
-                         if v["fallback"]}
+                         for k, v in sorted(st.items(), key=lambda kv: -kv[1]["fallback"]) if v["fallback"]}
+        from gems.runtime import fast as _fast
+        if _fast.status().startswith("loaded"):
+            res.python_path = {k: v["python"] for k, v in sorted(st.items(), key=lambda kv: -kv[1]["python"])
+                               if v["python"]}
     finally:
         gems.disable()   # leave the process as it was: nothing registered
     return res
@@ -633,6 +641,10 @@ def format_result(res: BenchResult, fmt: str = "table", top: int = 25) -> str:
         lines.append(("- " if md else "") + f"fell back to ATen (calls in {scope}): " + "; ".join(
             f"{k} {sum(v.values())} ({', '.join(f'{r}: {c}' for r, c in v.items())})"
             for k, v in list(res.fallbacks.items())[:12]))
+    if res.python_path:
+        scope = "the profiled run" if res.profiled_units is not None else "every Gems turn"
+        lines.append(("- " if md else "") + f"served on the Python path, not replayed from C++ (calls in {scope}): "
+                     + "; ".join(f"{k} {n}" for k, n in list(res.python_path.items())[:12]))
     if res.no_plan:
         lines.append(("- " if md else "") + "full path (no call plan): "
                      + "; ".join(f"{k}: {', '.join(v)}" for k, v in res.no_plan.items()))

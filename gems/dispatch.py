@@ -631,12 +631,14 @@ class use_gems:
 
 
 def stats() -> dict:
-    """Per overload with any traffic: {'served': n, 'fallback': n, 'reasons': {reason: n}}."""
+    """Per overload with any traffic: {'served': n, 'fallback': n, 'reasons': {reason: n}, 'python': n}.
+    'python': the served calls that ran the Python kernel (a signature's first call, an op without call
+    plans, or every call without the C++ fast path) rather than a plan replayed from C++."""
     out = {}
     for impl in registry.all_impls():
         s, f = impl.served, impl.fell_back
         if s or f:
-            out[impl.name] = {"served": s, "fallback": f, "reasons": impl.all_reasons()}
+            out[impl.name] = {"served": s, "fallback": f, "reasons": impl.all_reasons(), "python": impl.counts[0]}
     return out
 
 

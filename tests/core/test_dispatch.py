@@ -372,3 +372,21 @@ def test_opt_in_overloads_are_registered_only_when_asked_for(monkeypatch):
         assert gems.stats()["add.Tensor"]["served"] == before + 1
     gems.disable()   # no scope left: the registrations (the opt-in one too) are gone
     assert dispatch._lib is None and not ours()
+
+
+def test_stats_count_python_path_calls():
+    """gems.stats()[op]['python']: served calls that ran the Python kernel. With the C++ fast path, a
+    signature's first call records the plan there and the repeats are replayed from C++."""
+    from gems import dispatch
+    from gems.runtime import fast
+    x = make((3, 5))
+    gems.reset_stats()
+    with gems.use_gems():
+        for _ in range(3):
+            torch.softmax(x, 1)
+    st = gems.stats()[SOFTMAX]
+    assert st["served"] == 3
+    if fast.status().startswith("loaded") and dispatch._PLANS:
+        assert st["python"] <= 1, st   # (0 when an earlier test recorded this signature's plan)
+    else:
+        assert st["python"] == 3, st

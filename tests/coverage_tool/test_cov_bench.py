@@ -13,7 +13,8 @@ from coverage_tool import cli
 SCHEMA_KEYS = {"model", "workload", "device", "gpu", "size", "dtype", "batch", "seq_len", "new_tokens", "steps",
                "warmup", "optimizer", "unit", "tokens_per_unit", "aten_ms", "gems_ms", "aten_ms_median",
                "gems_ms_median", "aten_tokens_per_s", "gems_tokens_per_s", "throughput_ratio", "aten_peak_mib",
-               "gems_peak_mib", "agree", "agreement", "ops", "profiled_units", "totals", "no_plan", "fallbacks", "meaningful",
+               "gems_peak_mib", "agree", "agreement", "ops", "profiled_units", "totals", "no_plan", "fallbacks", "python_path",
+               "meaningful",
                "notes", "versions", "baseline"}
 OP_KEYS = {"op", "aten_calls", "gems_calls", "aten_host_us_per_call", "gems_host_us_per_call",
            "aten_device_us_per_call", "gems_device_us_per_call", "delta_host_ms", "delta_device_ms", "served",
@@ -31,7 +32,7 @@ def _bench(tmp_path, *extra, include="rsqrt"):
 
 
 def test_train_json_follows_the_schema_and_attributes_served_ops(tmp_path):
-    rc, d = _bench(tmp_path, "--workload", "train", include="rsqrt,_log_softmax")
+    rc, d = _bench(tmp_path, "--workload", "train", include="rsqrt,_log_softmax,_foreach_sqrt")
     assert rc == 0
     assert SCHEMA_KEYS <= set(d), SCHEMA_KEYS - set(d)
     assert d["agree"] and d["agreement"][0]["ok"] and "loss" in d["agreement"][0]["check"]
@@ -45,6 +46,13 @@ def test_train_json_follows_the_schema_and_attributes_served_ops(tmp_path):
     assert ops["cross_entropy_loss"]["gems_overloads"]["_log_softmax.default"]["served"] == 1
     ranks = [abs(o["delta_host_ms"]) for o in d["ops"]]
     assert ranks == sorted(ranks, reverse=True)   # no device column on CPU: ranked by host delta
+    # AdamW(foreach)'s sqrt has no call plans: its profiled call ran Python; rsqrt's were replayed from C++
+    from gems.runtime import fast
+    if fast.status().startswith("loaded"):
+        assert d["python_path"].get("_foreach_sqrt.default") == 1, d["python_path"]
+        assert "rsqrt.default" not in d["python_path"], d["python_path"]
+    else:
+        assert d["python_path"] is None
 
 
 def test_decode_bf16_checks_against_fp32_and_attributes_decode_steps_only(tmp_path):
