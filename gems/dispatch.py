@@ -152,6 +152,17 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
         reasons[reason] = reasons.get(reason, 0) + 1
         return call_orig(keyset, *args, **kwargs)
 
+    def signature_fallback(reason, key, args, kwargs):
+        # a decision the call's signature alone makes (dtypes, devices, layouts and argument kinds are
+        # all in the key): recorded like Unsupported(signature=True), so repeat calls go straight to
+        # ATen, replayed from C++ on the fast path (a CPU tensor beside CUDA ones, e.g. a mask or
+        # position ids made on the host, costs no Python round trip per call)
+        if key is not None:
+            cache.put(key, AtenPlan(reason))
+            if fast_op is not None:
+                fast_op.publish_aten(reason)
+        return fallback(reason, args, kwargs)
+
     def kernel(*args, **kwargs):
         if tls.depth:
             return call_orig(keyset, *args, **kwargs)
@@ -203,20 +214,20 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
                 if first:
                     first = False
                     if a.dtype not in dtypes:
-                        return fallback(unserved.get(a.dtype) or f"dtype {a.dtype}", args, kwargs)
+                        return signature_fallback(unserved.get(a.dtype) or f"dtype {a.dtype}", key, args, kwargs)
                     if on_cuda and a.is_cuda and a.get_device() != get_device():
-                        return fallback("tensor on a non-current device", args, kwargs)
+                        return signature_fallback("tensor on a non-current device", key, args, kwargs)
                 elif a.is_complex():
-                    return fallback("complex", args, kwargs)
+                    return signature_fallback("complex", key, args, kwargs)
                 if on_cuda and not a.is_cuda and a.dim() != 0 and not any(
                         i < len(args) and args[i] is a for i in host_pos):
-                    return fallback("cpu tensor argument", args, kwargs)
+                    return signature_fallback("cpu tensor argument", key, args, kwargs)
         if first and tensor_slots:
-            return fallback("Python number as the only tensor argument", args, kwargs)
+            return signature_fallback("Python number as the only tensor argument", key, args, kwargs)
         if scan_unserved is not None:
             reason = scan_unserved(args, kwargs)
             if reason is not None:
-                return fallback(reason, args, kwargs)
+                return signature_fallback(reason, key, args, kwargs)
         if broken:
             bad = broken.get(_call_signature(args, kwargs))
             if bad is not None:

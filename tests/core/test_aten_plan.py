@@ -152,3 +152,23 @@ def test_aten_candidate_carries_its_host_cost(monkeypatch):
     assert seen["aten"] == pytest.approx(0.020 + blas._ATEN_HOST_MS) and seen["triton"] == 0.020
     assert blas._aten_time(0.5) == 0.5
     assert_close(got, to_ref(a) @ to_ref(b), torch.float32)
+
+
+def test_dispatcher_checks_record_aten_plans():
+    # the dispatcher's own checks that the signature decides (here: a dtype the overload does not
+    # declare) are recorded as ATen plans too: the repeats skip the Python kernel
+    impl = registry.get("silu.default")
+    impl.set_fn(impl.fn)
+    x = make((4, 6)).to(torch.float64)
+    gems.reset_stats()
+    with gems.use_gems():
+        outs = [torch.nn.functional.silu(x) for _ in range(3)]
+    for o in outs:
+        assert_close(o, torch.nn.functional.silu(to_ref(x)), torch.float64)
+    st = gems.stats()["silu.default"]
+    assert st["fallback"] == 3 and st["reasons"] == {"dtype torch.float64": 3}, st
+    ps = gems.plan_stats()["silu.default"]
+    assert ps["aten"] >= 1, ps
+    if _FAST:
+        # the first call went through the Python kernel, the two repeats were replayed from C++
+        assert impl.counts[1] == 1 and ps["fast_plans"] >= 1, (impl.counts, ps)
