@@ -14,8 +14,9 @@ bucket (M, N, K rounded up to powers of two, dtype, precision, the layouts of A 
 cached on disk; the interpreter takes the first (small) config. ATen's own GEMM (cuBLAS) is timed as
 one more candidate of each tuned bucket (design decision 12): where it beats every Triton config (by
 10 us, its extra host cost, when it takes under 50 us: _ATEN_HOST_MS), the bucket's calls run ATen (an
-ATen plan per signature, replayed from C++), counted in `gems.stats()` as fallbacks "aten faster". `GEMS_GEMM=triton` keeps Triton for every bucket. Skinny (decode, M <= 16)
-and small GEMMs are not tuned and always run Triton.
+ATen plan per signature, replayed from C++), counted in `gems.stats()` as fallbacks "aten faster".
+`GEMS_GEMM=triton` keeps Triton for every bucket. Skinny (decode, M <= 16) and small GEMMs are not
+tuned and always run Triton.
 
 ATen semantics kept here: beta == 0 ignores bias entirely (NaN/inf in it do not propagate), alpha == 0
 ignores A @ B (CPU BLAS convention), K == 0 gives beta * bias (or zeros), empty M/N gives an empty

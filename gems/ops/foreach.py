@@ -205,16 +205,11 @@ _MAX_TABLES = 64
 
 def _device_table(tab, device: torch.device):
     """The table (an array('q'), or its bytes from the C++ pass) as an int64 tensor on `device`: on
-    the CPU a view of it; on a GPU one pinned host copy and one asynchronous copy, or a cached earlier
+    the CPU a copy of it; on a GPU one pinned host copy and one asynchronous copy, or a cached earlier
     copy of the same content (an optimizer passes the same tensors from step to step)."""
-    if tab.__class__ is bytes:
-        raw = tab
-        if device.type == "cpu":
-            return torch.frombuffer(bytearray(tab), dtype=torch.int64)
-    else:
-        if device.type == "cpu":
-            return torch.frombuffer(tab, dtype=torch.int64)
-        raw = tab.tobytes()
+    raw = tab if tab.__class__ is bytes else tab.tobytes()
+    if device.type == "cpu":
+        return torch.frombuffer(bytearray(raw), dtype=torch.int64)
     key = (device.index, torch._C._cuda_getCurrentRawStream(device.index), raw)
     t = _TABLES.get(key)
     if t is None:
