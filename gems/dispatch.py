@@ -471,6 +471,9 @@ def _ensure_registered(cfg=frozenset()):
                 if be.device_type == "cuda":
                     dev = torch.cuda.current_device()
                     _fastmod.note_stream_mode(_fast.init_stream(dev, torch._C._cuda_getCurrentRawStream(dev)))
+        if _fast is not None:
+            # nothing of Gems is registered here now: ATen's copy_, for the C++ foreach tables' uploads
+            _fast.capture_copy(be.dispatch_key)
         keyset = torch._C.DispatchKeySet(be.dispatch_key)
         lib = torch.library.Library("aten", "IMPL")
         fast_ops = []
@@ -483,15 +486,17 @@ def _ensure_registered(cfg=frozenset()):
                 # the dispatcher spells the default overload without a suffix
                 schema_name = impl.name[:-8] if impl.name.endswith(".default") else impl.name
                 orig = torch.library.get_kernel(f"aten::{schema_name}", be.dispatch_key)
-                if _fast is not None and impl.plan and impl.fast is None:
+                if _fast is not None and (impl.plan or impl.foreach) and impl.fast is None:
                     impl.fast = _new_fast_op(impl)
+                    if impl.foreach:
+                        _set_foreach(impl, be)
                 if impl.fast is not None:
                     # ATen's kernel as it is now, before Gems' goes on top: replays of recorded
                     # ATen decisions call it from C++
                     impl.fast.capture_aten(be.dispatch_key)
                 k = _make_kernel(impl, orig, keyset, be)
                 lib.impl(schema_name, k, be.dispatch_key)
-                if _fast is not None and k.__gems_planned__:
+                if _fast is not None and (k.__gems_planned__ or impl.foreach):
                     impl.fast.set_kernel(k)
                     fast_ops.append((schema_name, impl.fast))
             if fast_ops:
@@ -519,6 +524,19 @@ def _new_fast_op(impl):
         if i < _fast.MAX_CONFIGS:
             op.set_member(i, impl.name in cfg)
     return op
+
+
+def _set_foreach(impl, be):
+    """Tell the C++ op of a _foreach_* overload how to serve it whole (fastpath.cpp foreach_serve):
+    its spec from ops/foreach.py, the dtypes the backend serves, each with the numbers that fit it."""
+    from .codegen.generator import _RANGE_LIMIT
+    from .ops.foreach import LIMITS
+    from .runtime import alloc
+    spec = impl.foreach
+    unserved = _backends.unserved_dtypes(be)
+    dtypes = [(d, _RANGE_LIMIT[d], LIMITS[d]) for d in impl.dtypes if d not in unserved and d in LIMITS]
+    impl.fast.set_foreach(list(spec["lists"]), spec.get("scalar", -1), spec.get("skind", 0), spec.get("alpha", -1),
+                          impl.name.split(".")[0].endswith("_"), alloc.POISON, dtypes)
 
 
 def _unregister_if_idle():

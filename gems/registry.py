@@ -79,6 +79,9 @@ class OpImpl:
     # Tensor arguments ATen takes on the host whatever the device (the packed scalars of
     # _foreach_addcmul.Tensor): a CPU tensor there does not send a GPU call to ATen
     host_args: frozenset = frozenset()
+    # a _foreach_* overload the C++ fast path serves whole (ops/foreach.py: where its lists and its
+    # number are among the arguments); None for every other op
+    foreach: Optional[dict] = None
     plans: object = None           # its runtime.plan.PlanCache once registered with the dispatcher
     fast: object = None            # its C++ fast-path op (runtime/fast.py) once registered there
     # [served, fell back]; a plain list keeps the hot-path increment cheap.
@@ -136,7 +139,7 @@ def canonical(name: str) -> str:
 def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bool = False,
              check: Optional[Callable] = None, backends: Iterable[str] = ("cuda", "interpreter"),
              plan: bool = True, dynamic: Iterable[str] = (), plan_key: Optional[Callable] = None,
-             opt_in: str = "", host_args: Iterable[str] = ()):
+             opt_in: str = "", host_args: Iterable[str] = (), foreach: Optional[dict] = None):
     """Declare that the decorated function implements the ATen overloads `names`.
 
     Names are ATen overload names as `torch.ops.aten.<base>.<overload>` spells them; a name without
@@ -151,6 +154,7 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
     (served only with `opt_in=("group",)`, `GEMS_OPT_IN=group` or an explicit `include=`): for
     implementations that are correct but not yet faster than ATen on the models. `host_args` names
     Tensor arguments ATen itself reads on the CPU: a CPU tensor there is served, not sent to ATen.
+    `foreach` (ops/foreach.py only) tells the C++ fast path how to serve a _foreach_* call whole.
     """
     if category not in CATEGORIES:
         raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")
@@ -164,7 +168,7 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
                     raise ValueError(f"{name} is registered twice ({_IMPLS[name].fn.__module__} and {fn.__module__})")
                 _IMPLS[name] = OpImpl(name, fn, category, tuple(dtypes), backward, check, tuple(backends),
                                       (fn.__doc__ or "").strip().split("\n")[0], plan, frozenset(dynamic), plan_key,
-                                      opt_in=opt_in, host_args=frozenset(host_args))
+                                      opt_in=opt_in, host_args=frozenset(host_args), foreach=foreach)
         return fn
 
     return deco

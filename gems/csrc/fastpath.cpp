@@ -74,6 +74,12 @@ ctx_get_fn g_cuCtxGetCurrent = nullptr;
 ctx_set_fn g_cuCtxSetCurrent = nullptr;
 dev_get_fn g_cuDeviceGet = nullptr;
 ctx_retain_fn g_cuDevicePrimaryCtxRetain = nullptr;
+typedef int (*capturing_fn)(void*, int*);
+capturing_fn g_cuStreamIsCapturing = nullptr;
+typedef int (*memset32_fn)(uint64_t, unsigned, size_t, void*);
+typedef int (*memset16_fn)(uint64_t, unsigned short, size_t, void*);
+memset32_fn g_cuMemsetD32Async = nullptr;
+memset16_fn g_cuMemsetD16Async = nullptr;
 
 // A thread that has made no CUDA runtime call yet has no current driver context (torch's autograd
 // device threads skip cudaSetDevice for the device that is already "current"), and cuLaunchKernel
@@ -127,6 +133,9 @@ bool load_driver() {
   g_cuCtxSetCurrent = (ctx_set_fn)dlsym(h, "cuCtxSetCurrent");
   g_cuDeviceGet = (dev_get_fn)dlsym(h, "cuDeviceGet");
   g_cuDevicePrimaryCtxRetain = (ctx_retain_fn)dlsym(h, "cuDevicePrimaryCtxRetain");
+  g_cuStreamIsCapturing = (capturing_fn)dlsym(h, "cuStreamIsCapturing");
+  g_cuMemsetD32Async = (memset32_fn)dlsym(h, "cuMemsetD32Async");
+  g_cuMemsetD16Async = (memset16_fn)dlsym(h, "cuMemsetD16Async");
   if (!g_cuCtxGetCurrent || !g_cuCtxSetCurrent || !g_cuDeviceGet || !g_cuDevicePrimaryCtxRetain) {
     g_cuLaunchKernel = nullptr;
   }
@@ -461,6 +470,32 @@ py::object num_to_py(const Num& n) {
 // ------------------------------------------------------------------------------------------------
 // one served overload
 // ------------------------------------------------------------------------------------------------
+// a _foreach_* overload served whole from here (see the foreach section below): where its tensor
+// lists and its number are on the stack, and the binaries it launched (one per binary facts)
+enum ForeachScalar : int { FS_NONE = 0, FS_SCALAR = 1, FS_LIST = 2, FS_TENSOR = 3 };
+struct ForeachDtype {
+  at::ScalarType dtype;
+  int64_t range_limit;   // the widest number range class that fits (generator.number_misfit)
+  double max_finite;     // a ScalarList's values must lie within +-this (foreach._number_list)
+};
+struct ForeachSpec {
+  std::vector<int> lists;   // schema argument indices of the kernel's input lists, in order
+  int scalar = -1, skind = FS_NONE, alpha = -1;
+  bool inplace = true;
+  bool poison = false;      // GEMS_POISON (a test aid): functional results start as NaN
+  std::vector<ForeachDtype> dtypes;
+};
+// the kernel parameters of foreach_kernel, in its order (ops/foreach.py)
+enum ForeachRole : int { R_BASE = 0, R_TAB, R_N, R_TOP, R_LOGN, R_B0, R_S, R_ALPHA, R_SPTR, R_S0, R_COUNT };
+struct ForeachLaunch {
+  bool cuda = true;
+  void* function = nullptr;
+  unsigned block = 128, shared = 0;
+  int64_t chunk = 4096;                      // the binary's CHUNK (the table is cut by it)
+  std::vector<std::pair<int, int>> params;   // (role, PType) of the non-constexpr parameters
+  py::object py_launch;                      // interpreter: callable(programs, *the ten arguments)
+};
+
 struct Op;
 struct Pending {           // the key a Python-kernel call may publish a recipe for
   Op* op = nullptr;
@@ -484,6 +519,8 @@ struct Op : std::enable_shared_from_this<Op> {
   std::atomic<int64_t> aten_counts[kMaxReasons] = {};
   std::mutex mu;
   std::unordered_map<uint64_t, std::vector<std::pair<std::vector<int64_t>, std::shared_ptr<Recipe>>>> plans;
+  std::shared_ptr<ForeachSpec> fe;   // a _foreach_* overload: served by foreach_serve
+  std::vector<std::pair<std::vector<int64_t>, std::shared_ptr<ForeachLaunch>>> fe_launches;
   size_t count = 0;
   static constexpr size_t kMaxPlans = 512;
 
@@ -517,7 +554,16 @@ struct Op : std::enable_shared_from_this<Op> {
   void clear() {
     std::lock_guard<std::mutex> g(mu);
     plans.clear();
+    fe_launches.clear();
     count = 0;
+  }
+
+  std::shared_ptr<ForeachLaunch> find_launch(const std::vector<int64_t>& facts) {
+    std::lock_guard<std::mutex> g(mu);
+    for (auto& e : fe_launches) {
+      if (e.first == facts) return e.second;
+    }
+    return nullptr;
   }
 
   size_t size() {
@@ -861,6 +907,14 @@ struct Op : std::enable_shared_from_this<Op> {
 
 thread_local Key t_key;
 
+// a _foreach_* call (see the foreach section)
+struct ForeachPending {    // the binary facts a Python-kernel call may publish a launch for
+  Op* op = nullptr;
+  std::vector<int64_t> facts;
+};
+thread_local ForeachPending t_fpending;
+bool foreach_serve(Op& o, Stack& stack, size_t n, std::vector<int64_t>& miss);
+
 // the boxed kernel the dispatcher calls
 struct Kernel final : c10::OperatorKernel {
   std::shared_ptr<Op> op;
@@ -873,6 +927,28 @@ struct Kernel final : c10::OperatorKernel {
       return;
     }
     size_t n = h.schema().arguments().size();
+    if (o.fe) {
+      std::vector<int64_t> miss;
+      if (foreach_serve(o, *stack, n, miss)) {
+        o.hits.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      if (miss.empty()) {
+        o.call_python(h, stack, nullptr);
+        return;
+      }
+      // served but not yet compiled: the Python kernel launches it and publishes the binary
+      ForeachPending prev = std::move(t_fpending);
+      t_fpending = ForeachPending{&o, std::move(miss)};
+      try {
+        o.call_python(h, stack, nullptr);
+      } catch (...) {
+        t_fpending = std::move(prev);
+        throw;
+      }
+      t_fpending = std::move(prev);
+      return;
+    }
     Key& key = t_key;
     if (!o.make_key(*stack, n, key)) {
       o.call_python(h, stack, nullptr);
@@ -973,24 +1049,63 @@ bool foreach_overlap(const std::vector<std::vector<int64_t>>& ptr, size_t n_in, 
   return false;
 }
 
-// The launch's table for lists already checked by foreach_lists (list 0's shapes throughout):
-// [S_0 .. S_{N-1} | row_i = (n_i, address_i in each list, extra_i ..)] as int64 bytes (ops/foreach.py).
-// lists: the n_in input lists, then the results' list (functional variants); extra: further columns,
-// N int64 each (a ScalarList's float64 bits, the addresses of per-tensor 0-dim tensors); own / shared:
-// see foreach_overlap (in-place calls only). Returns ("overlap" | "empty" | None, table bytes, programs,
-// TOP, the index of the Base tensor (the first with elements), whether every address is 16-byte aligned).
+// The launch's table (ops/foreach.py): [S_0 .. S_{N-1} | row_i = (n_i, address_i in each column of
+// ptr, extra_i ..)] as int64 bytes. ptr: per column (the input lists, then the results' list of a
+// functional variant) the N addresses; numel: list 0's element counts; extra: further columns of N
+// int64 (a ScalarList's float64 bits, the addresses of per-tensor 0-dim tensors).
+struct ForeachTable {
+  std::string bytes;
+  int64_t total = 0;   // programs
+  int64_t base = -1;   // the first tensor with elements (the kernel's Base)
+};
+
+void build_table(const std::vector<std::vector<int64_t>>& ptr, const std::vector<int64_t>& numel,
+                 const std::vector<const char*>& extra, int64_t chunk, ForeachTable& out) {
+  size_t n = numel.size(), nl = ptr.size();
+  size_t w = 1 + nl + extra.size();
+  out.bytes.assign((n + n * w) * sizeof(int64_t), '\0');
+  int64_t* t = reinterpret_cast<int64_t*>(&out.bytes[0]);
+  out.total = 0;
+  out.base = -1;
+  for (size_t i = 0; i < n; i++) {
+    t[i] = out.total;
+    out.total += (numel[i] + chunk - 1) / chunk;
+    if (out.base < 0 && numel[i]) out.base = static_cast<int64_t>(i);
+    int64_t* row = t + n + i * w;
+    row[0] = numel[i];
+    for (size_t l = 0; l < nl; l++) row[1 + l] = ptr[l][i];
+    for (size_t c = 0; c < extra.size(); c++) std::memcpy(row + 1 + nl + c, extra[c] + i * sizeof(int64_t), sizeof(int64_t));
+  }
+}
+
+// TOP: the largest power of two below N (the binary search's first step), 0 for one tensor
+int64_t table_top(size_t n) {
+  int64_t top = 0;
+  if (n > 1) {
+    top = 1;
+    while (top * 2 <= static_cast<int64_t>(n) - 1) top *= 2;
+  }
+  return top;
+}
+
+bool all_aligned(const std::vector<std::vector<int64_t>>& ptr) {
+  int64_t bits = 0;
+  for (const auto& col : ptr) for (int64_t p : col) bits |= p;
+  return (bits & 15) == 0;
+}
+
+// For the Python path: the lists already checked by foreach_lists (list 0's shapes throughout); lists:
+// the n_in input lists, then the results' list (functional variants); extra: bytes columns; own /
+// shared: see foreach_overlap (in-place calls only). Returns ("overlap" | "empty" | None, table bytes,
+// programs, TOP, the index of the Base tensor, whether every address is 16-byte aligned).
 py::tuple foreach_table(const py::list& lists, bool inplace, size_t n_in, const py::list& extra,
                         py::object own, py::object shared, int64_t chunk) {
   auto ts = tensor_lists(lists, "foreach_table");
   size_t n = ts[0].size();
   size_t nl = ts.size();
   std::vector<std::vector<int64_t>> ptr(nl, std::vector<int64_t>(n));
-  int64_t any_bits = 0;
   for (size_t l = 0; l < nl; l++) {
-    for (size_t i = 0; i < n; i++) {
-      ptr[l][i] = reinterpret_cast<intptr_t>(ts[l][i]->const_data_ptr());
-      any_bits |= ptr[l][i];
-    }
+    for (size_t i = 0; i < n; i++) ptr[l][i] = reinterpret_cast<intptr_t>(ts[l][i]->const_data_ptr());
   }
   std::vector<int64_t> numel(n), nbytes(n);
   int64_t es = n ? static_cast<int64_t>(ts[0][0]->element_size()) : 1;
@@ -999,10 +1114,12 @@ py::tuple foreach_table(const py::list& lists, bool inplace, size_t n_in, const 
     nbytes[i] = numel[i] * es;
   }
   std::vector<std::string> cols;
+  std::vector<const char*> extra_cols;
   for (py::handle e : extra) {
     cols.push_back(e.cast<std::string>());
     TORCH_CHECK(cols.back().size() == n * sizeof(int64_t), "foreach_table: an extra column of the wrong length");
   }
+  for (const auto& c : cols) extra_cols.push_back(c.data());
   py::object none = py::none();
   if (inplace) {
     std::vector<int64_t> own_ptr;
@@ -1023,27 +1140,351 @@ py::tuple foreach_table(const py::list& lists, bool inplace, size_t n_in, const 
       return py::make_tuple(py::str("overlap"), none, 0, 0, 0, false);
     }
   }
-  size_t w = 1 + nl + cols.size();
-  std::string tab((n + n * w) * sizeof(int64_t), '\0');
-  int64_t* t = reinterpret_cast<int64_t*>(&tab[0]);
-  int64_t total = 0;
-  int64_t base = -1;
-  for (size_t i = 0; i < n; i++) {
-    t[i] = total;
-    total += (numel[i] + chunk - 1) / chunk;
-    if (base < 0 && numel[i]) base = static_cast<int64_t>(i);
-    int64_t* row = t + n + i * w;
-    row[0] = numel[i];
-    for (size_t l = 0; l < nl; l++) row[1 + l] = ptr[l][i];
-    for (size_t c = 0; c < cols.size(); c++) std::memcpy(row + 1 + nl + c, cols[c].data() + i * sizeof(int64_t), sizeof(int64_t));
+  ForeachTable tb;
+  build_table(ptr, numel, extra_cols, chunk, tb);
+  if (tb.total == 0) return py::make_tuple(py::str("empty"), none, 0, 0, 0, false);
+  return py::make_tuple(none, py::bytes(tb.bytes), tb.total, table_top(n), tb.base, all_aligned(ptr));
+}
+
+// ------------------------------------------------------------------------------------------------
+// _foreach_* calls served whole from here (Op::fe): an optimizer's step makes about ten such calls
+// over hundreds of tensors, and the Python path pays, per call, the lists' conversion to Python,
+// the Python kernel, two C++ passes and Triton's launcher (about 50 us on an H100's host against ATen's
+// 47 for a one-list call; docs/perf.md). Here, per call: the checks of foreach_lists on the stack's
+// lists, the numbers' checks (foreach._number, _number_list), results, the overlap check, the table
+// and its device copy (kept by content, as foreach._TABLES), one cuLaunchKernel. The binary is the
+// one the Python path compiled for the same *binary facts* (dtype, device, scalar mode, table width,
+// vector width, alignments, which ints need 64 bits: all that selects foreach_kernel's binary and its
+// parameter list); a call whose facts have none yet runs the Python kernel, which publishes its
+// launch (foreach_publish) only if its own facts are these: a disagreement between the two paths
+// costs speed, never a wrong binary. Anything this code does not serve goes to the Python kernel,
+// which decides as always (ATen fallbacks, their counts, errors).
+// ------------------------------------------------------------------------------------------------
+std::optional<c10::OperatorHandle> g_copy_op;         // aten::copy_
+std::optional<c10::SafeKernelFunction> g_copy_kernel; // ATen's copy_ at the CUDA key, captured before
+                                                      // Gems registers its own there (a table's upload
+                                                      // must not come back into Gems)
+
+struct TableCache {
+  std::mutex mu;
+  std::unordered_map<std::string, at::Tensor> map;
+  std::vector<std::string> order;   // oldest first
+} g_tables;
+constexpr size_t kMaxTables = 64;
+
+// the table on `dev`: on the CPU (the interpreter) a copy; on a GPU the cached copy of the same
+// content on this stream, else one pinned host copy and an asynchronous upload (ATen's copy_ records
+// the pinned block's use on the stream, so the host allocator keeps it until the upload has run)
+at::Tensor device_table(const std::string& bytes, const c10::Device& dev, void* stream) {
+  int64_t len = static_cast<int64_t>(bytes.size() / sizeof(int64_t));
+  if (!dev.is_cuda()) {
+    at::Tensor t = at::empty({len}, at::TensorOptions().dtype(at::kLong));
+    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    return t;
   }
-  if (total == 0) return py::make_tuple(py::str("empty"), none, 0, 0, 0, false);
-  int64_t top = 0;
-  if (n > 1) {
-    top = 1;
-    while (top * 2 <= static_cast<int64_t>(n) - 1) top *= 2;
+  std::string key(16 + bytes.size(), '\0');
+  int64_t d = dev.index();
+  std::memcpy(&key[0], &d, 8);
+  std::memcpy(&key[8], &stream, 8);
+  std::memcpy(&key[16], bytes.data(), bytes.size());
+  {
+    std::lock_guard<std::mutex> g(g_tables.mu);
+    auto it = g_tables.map.find(key);
+    if (it != g_tables.map.end()) return it->second;
   }
-  return py::make_tuple(none, py::bytes(tab), total, top, base, (any_bits & 15) == 0);
+  at::Tensor host = at::empty({len}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  std::memcpy(host.data_ptr(), bytes.data(), bytes.size());
+  at::Tensor t = at::detail::empty_generic({len}, cuda_allocator(), c10::DispatchKeySet(c10::DispatchKey::CUDA),
+                                           at::kLong, std::nullopt);
+  Stack st;
+  st.emplace_back(t);
+  st.emplace_back(host);
+  st.emplace_back(true);   // non_blocking
+  g_copy_kernel->callBoxed(*g_copy_op, c10::DispatchKeySet(c10::DispatchKey::CUDA), &st);
+  std::lock_guard<std::mutex> g(g_tables.mu);
+  if (g_tables.map.size() >= kMaxTables && !g_tables.order.empty()) {
+    g_tables.map.erase(g_tables.order.front());
+    g_tables.order.erase(g_tables.order.begin());
+  }
+  if (g_tables.map.emplace(key, t).second) g_tables.order.push_back(std::move(key));
+  return t;
+}
+
+bool stream_capturing(void* stream) {
+  if (!g_cuStreamIsCapturing) return true;   // cannot tell: the Python path decides
+  int status = 0;
+  if (g_cuStreamIsCapturing(stream, &status) != 0) return true;
+  return status != 0;
+}
+
+// a Scalar argument as the kernel's number, false where foreach._number would not take it
+// (complex; a number generator.number_misfit sends to ATen: -0.0, out of the dtype's range)
+bool fits_number(const IValue& v, int64_t range_limit, double& out) {
+  if (v.isDouble()) {
+    double d = v.toDouble();
+    if (!std::isnan(d)) {
+      if (d == 0 && std::signbit(d)) return false;
+      int64_t r = float_range(d);
+      if (r > range_limit && r != 9) return false;
+    }
+    out = d;
+    return true;
+  }
+  if (v.isBool()) {
+    out = v.toBool() ? 1.0 : 0.0;
+    return true;
+  }
+  if (v.isInt()) {
+    int64_t i = v.toInt();
+    if (int_range(i) > range_limit) return false;
+    out = static_cast<double>(i);
+    return true;
+  }
+  return false;
+}
+
+bool fits32(int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }
+
+// GEMS_POISON (a test aid): a fresh float result filled with NaN without a dispatcher call (which
+// Gems' own fill_ would serve); false where that cannot be done here
+bool poison_nan(at::Tensor& t, void* stream) {
+  size_t n = static_cast<size_t>(t.numel());
+  auto st = t.scalar_type();
+  if (st != at::kFloat && st != at::kHalf && st != at::kBFloat16) return false;
+  uint32_t bits32 = 0x7FC00000u;
+  uint16_t bits16 = st == at::kHalf ? 0x7E00 : 0x7FC0;
+  if (!t.is_cuda()) {
+    if (st == at::kFloat) {
+      std::fill_n(static_cast<uint32_t*>(t.data_ptr()), n, bits32);
+    } else {
+      std::fill_n(static_cast<uint16_t*>(t.data_ptr()), n, bits16);
+    }
+    return true;
+  }
+  if (n == 0) return true;
+  auto ptr = reinterpret_cast<uintptr_t>(t.data_ptr());
+  if (st == at::kFloat) return g_cuMemsetD32Async && g_cuMemsetD32Async(ptr, bits32, n, stream) == 0;
+  return g_cuMemsetD16Async && g_cuMemsetD16Async(ptr, bits16, n, stream) == 0;
+}
+
+// the call on top of the stack served here (true: results pushed), or false with the stack untouched:
+// then `miss` holds the call's binary facts when a binary was all that was missing
+bool foreach_serve(Op& o, Stack& stack, size_t n, std::vector<int64_t>& miss) {
+  const ForeachSpec& sp = *o.fe;
+  const IValue* args = stack.data() + stack.size() - n;
+  size_t nin = sp.lists.size();
+  c10::SmallVector<c10::ArrayRef<IValue>, 4> L;
+  for (int a : sp.lists) {
+    if (!args[a].isList()) return false;
+    L.push_back(args[a].toListRef());
+  }
+  size_t N = L[0].size();
+  if (N == 0) return false;
+  for (const auto& l : L) if (l.size() != N) return false;
+  if (!L[0][0].isTensor() || !L[0][0].toTensor().defined()) return false;
+  const at::Tensor& t0 = L[0][0].toTensor();
+  at::ScalarType dtype = t0.scalar_type();
+  const ForeachDtype* fd = nullptr;
+  for (const auto& d : sp.dtypes) if (d.dtype == dtype) fd = &d;
+  if (fd == nullptr) return false;
+  c10::Device device = t0.device();
+  bool cuda = device.is_cuda();
+  void* stream = nullptr;
+  if (cuda) {
+    if (device.index() != Op::current_device() || g_stream_mode == 0 || !load_driver() || !cuda_allocator() ||
+        !g_copy_kernel) {
+      return false;
+    }
+    stream = cuda_stream(device.index());
+    if (stream_capturing(stream)) return false;   // the table's upload would be captured (foreach._first_checks)
+  } else if (!device.is_cpu()) {
+    return false;
+  }
+  // foreach_lists' checks, reading the addresses on the way
+  std::vector<std::vector<int64_t>> ptr(nin + (sp.inplace ? 0 : 1), std::vector<int64_t>(N));
+  std::vector<int64_t> numel(N);
+  for (size_t l = 0; l < nin; l++) {
+    for (size_t i = 0; i < N; i++) {
+      const IValue& e = L[l][i];
+      if (!e.isTensor()) return false;
+      const at::Tensor& t = e.toTensor();
+      if (!t.defined()) return false;
+      c10::TensorImpl* ti = t.unsafeGetTensorImpl();
+      if (ti->has_symbolic_sizes_strides() || t.layout() != c10::kStrided || t.scalar_type() != dtype ||
+          t.device() != device || t.is_neg() || t.is_conj() || !t.is_contiguous()) {
+        return false;
+      }
+      if (l == 0) {
+        numel[i] = t.numel();
+      } else if (t.sizes() != L[0][i].toTensor().sizes()) {
+        return false;
+      }
+      ptr[l][i] = reinterpret_cast<intptr_t>(t.const_data_ptr());
+    }
+  }
+  // the number: a kernel argument (smode 0), per tensor in the table (1), a 0-dim tensor's value (2)
+  double s = 0.0, alpha = 1.0;
+  int64_t smode = 0;
+  std::vector<int64_t> svals;
+  const at::Tensor* S = nullptr;
+  if (sp.skind == FS_SCALAR) {
+    if (!fits_number(args[sp.scalar], fd->range_limit, s)) return false;
+  } else if (sp.skind == FS_LIST) {
+    const IValue& v = args[sp.scalar];
+    if (!v.isList()) return false;
+    auto vals = v.toListRef();
+    if (vals.size() != N) return false;
+    svals.resize(N);
+    bool same = true;
+    double v0 = 0.0;
+    for (size_t i = 0; i < N; i++) {
+      double d;
+      if (vals[i].isDouble()) {
+        d = vals[i].toDouble();
+      } else if (vals[i].isInt()) {
+        d = static_cast<double>(vals[i].toInt());
+      } else {
+        return false;
+      }
+      if (!(d >= -fd->max_finite && d <= fd->max_finite)) return false;
+      if (i == 0) {
+        v0 = d;
+      } else if (d != v0) {
+        same = false;
+      }
+      std::memcpy(&svals[i], &d, sizeof d);
+    }
+    if (same && v0 != 0) {   // one value for every tensor (Adam's step sizes): a kernel argument
+      s = v0;
+      svals.clear();
+    } else {
+      smode = 1;
+    }
+  } else if (sp.skind == FS_TENSOR) {
+    const IValue& v = args[sp.scalar];
+    if (!v.isTensor()) return false;
+    const at::Tensor& st = v.toTensor();
+    if (!st.defined() || st.dim() != 0 || st.is_complex() || st.layout() != c10::kStrided || st.is_neg() ||
+        st.is_conj()) {
+      return false;
+    }
+    if (st.device() != device) {
+      if (!st.device().is_cpu()) return false;
+      s = st.item().toDouble();   // a CPU scalar beside device lists
+    } else {
+      S = &st;
+      smode = 2;
+    }
+  }
+  if (sp.alpha >= 0) {
+    const IValue& a = args[sp.alpha];
+    if (a.isBool() || !fits_number(a, fd->range_limit, alpha)) return false;
+  }
+  int64_t es = static_cast<int64_t>(t0.element_size());
+  if (sp.inplace) {
+    std::vector<int64_t> nbytes(N);
+    for (size_t i = 0; i < N; i++) nbytes[i] = numel[i] * es;
+    int64_t sh_ptr = 0, sh_bytes = 0;
+    if (S != nullptr) {
+      sh_ptr = reinterpret_cast<intptr_t>(S->const_data_ptr());
+      sh_bytes = S->numel() * static_cast<int64_t>(S->element_size());
+    }
+    if (foreach_overlap(ptr, nin, nbytes, nullptr, 0, sh_ptr, sh_bytes)) return false;
+  }
+  int64_t base_i = -1;
+  for (size_t i = 0; i < N; i++) {
+    if (numel[i]) {
+      base_i = static_cast<int64_t>(i);
+      break;
+    }
+  }
+  if (base_i < 0) return false;   // nothing to visit: Python's answer (no launch)
+  // results (functional variants), as foreach_empty allocates them
+  c10::List<at::Tensor> outs;
+  if (!sp.inplace) {
+    outs.reserve(N);
+    for (size_t i = 0; i < N; i++) {
+      const at::Tensor& t = L[0][i].toTensor();
+      at::Tensor r = cuda ? at::detail::empty_generic(t.sizes(), cuda_allocator(),
+                                                      c10::DispatchKeySet(c10::DispatchKey::CUDA), dtype, std::nullopt)
+                          : at::empty(t.sizes(), t.options().memory_format(c10::MemoryFormat::Contiguous));
+      if (sp.poison && !poison_nan(r, stream)) return false;
+      ptr[nin][i] = reinterpret_cast<intptr_t>(r.const_data_ptr());
+      outs.push_back(std::move(r));
+    }
+  }
+  int64_t b0 = ptr[0][base_i];
+  int64_t top = table_top(N);
+  int64_t logn = 0;
+  while ((int64_t(1) << logn) <= top) logn++;   // top.bit_length()
+  int64_t W = 1 + static_cast<int64_t>(ptr.size()) + (svals.empty() ? 0 : 1);
+  int64_t vec = all_aligned(ptr) ? 16 / es : 1;
+  int64_t sptr = S ? reinterpret_cast<intptr_t>(S->const_data_ptr()) : 0;
+  std::vector<int64_t> facts = {static_cast<int64_t>(dtype), device.index(), smode, W, vec, (b0 & 15) == 0,
+                                S ? static_cast<int64_t>(S->scalar_type()) : -1, S ? (sptr & 15) == 0 : 0,
+                                fits32(static_cast<int64_t>(N)), fits32(top), fits32(logn), fits32(b0), 1};
+  auto fl = o.find_launch(facts);
+  if (!fl) {
+    miss = std::move(facts);
+    return false;
+  }
+  ForeachTable tb;
+  std::vector<const char*> extra;
+  if (!svals.empty()) extra.push_back(reinterpret_cast<const char*>(svals.data()));
+  build_table(ptr, numel, extra, fl->chunk, tb);
+  if (fl->cuda && tb.total > INT32_MAX) return false;
+  at::Tensor tab = device_table(tb.bytes, device, stream);
+  if (reinterpret_cast<uintptr_t>(tab.const_data_ptr()) & 15) return false;   // the binary assumes it
+  const at::Tensor& base = L[0][base_i].toTensor();
+  if (fl->cuda) {
+    uint64_t storage[R_COUNT];
+    void* params[R_COUNT + 2];
+    size_t np = fl->params.size();
+    for (size_t i = 0; i < np; i++) {
+      int role = fl->params[i].first, type = fl->params[i].second;
+      uint64_t v = 0;
+      switch (role) {
+        case R_BASE: v = static_cast<uint64_t>(b0); break;
+        case R_TAB: v = reinterpret_cast<uintptr_t>(tab.const_data_ptr()); break;
+        case R_N: v = N; break;
+        case R_TOP: v = static_cast<uint64_t>(top); break;
+        case R_LOGN: v = static_cast<uint64_t>(logn); break;
+        case R_B0: v = static_cast<uint64_t>(b0); break;
+        case R_S: v = pack(Num{true, s, 0}, type); break;
+        case R_ALPHA: v = pack(Num{true, alpha, 0}, type); break;
+        case R_SPTR: v = static_cast<uint64_t>(sptr); break;
+        default: v = 0;   // R_S0: per-tensor 0-dim tensors are the Python path's
+      }
+      storage[i] = v;
+      params[i] = &storage[i];
+    }
+    uint64_t scratch[2] = {0, 0};   // Triton's global and profile scratch pointers (unused)
+    params[np] = &scratch[0];
+    params[np + 1] = &scratch[1];
+    ensure_context(device.index());
+    int err = g_cuLaunchKernel(fl->function, static_cast<unsigned>(tb.total), 1, 1, fl->block, 1, 1, fl->shared,
+                               stream, params, nullptr);
+    if (err != 0) {
+      const char* msg = "unknown";
+      if (g_cuGetErrorString) g_cuGetErrorString(err, &msg);
+      TORCH_CHECK(false, "gems: cuLaunchKernel failed for aten::", o.name, ": ", msg);
+    }
+  } else {
+    py::gil_scoped_acquire gil;
+    auto wrap = [](const at::Tensor& t) { return py::reinterpret_steal<py::object>(THPVariable_Wrap(t)); };
+    py::object sobj = S ? wrap(*S) : py::none();
+    t_depth++;
+    try {
+      fl->py_launch(tb.total, wrap(base), wrap(tab), N, top, logn, b0, s, alpha, sobj, 0);
+    } catch (...) {
+      t_depth--;
+      throw;
+    }
+    t_depth--;
+  }
+  torch::jit::drop(stack, n);
+  if (!sp.inplace) stack.emplace_back(std::move(outs));
+  return true;
 }
 
 // the functional _foreach_* ops' results: one new contiguous tensor per tensor of `like` (its shape,
@@ -1075,6 +1516,26 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return o;
            }))
       .def("set_kernel", [](Op& o, py::object k) { o.py_kernel = std::move(k); })
+      // a _foreach_* overload (ops/foreach.py's registrations): served whole by foreach_serve.
+      // dtypes: (dtype, widest number range class, largest finite value) per served dtype
+      .def("set_foreach", [](Op& o, std::vector<int> lists, int scalar, int skind, int alpha, bool inplace,
+                             bool poison, py::list dtypes) {
+        auto sp = std::make_shared<ForeachSpec>();
+        sp->lists = std::move(lists);
+        sp->scalar = scalar;
+        sp->skind = skind;
+        sp->alpha = alpha;
+        sp->inplace = inplace;
+        sp->poison = poison;
+        for (auto d : dtypes) {
+          auto t = d.cast<py::tuple>();
+          TORCH_CHECK(THPDtype_Check(t[0].ptr()), "set_foreach: a dtype");
+          sp->dtypes.push_back({reinterpret_cast<THPDtype*>(t[0].ptr())->scalar_type, t[1].cast<int64_t>(),
+                                t[2].cast<double>()});
+        }
+        TORCH_CHECK(!sp->lists.empty(), "set_foreach: no tensor list");
+        o.fe = std::move(sp);
+      })
       .def("set_member", [](Op& o, int cfg, bool on) {
         TORCH_CHECK(cfg >= 0 && cfg < kMaxConfigs, "gems: config id out of range");
         o.member[cfg] = on;
@@ -1163,6 +1624,60 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("foreach_lists", &foreach_lists);
   m.def("foreach_table", &foreach_table);
   m.def("foreach_empty", &foreach_empty);
+  // ATen's copy_ at `dispatch_key`, captured before Gems registers anything there
+  m.def("capture_copy", [](const std::string& dispatch_key) {
+    if (g_copy_kernel || dispatch_key != "CUDA") return;
+    auto h = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+    if (h.hasComputedKernelForDispatchKey(c10::DispatchKey::CUDA)) {
+      g_copy_op.emplace(h);
+      g_copy_kernel.emplace(h.getComputedKernelForDispatchKey(c10::DispatchKey::CUDA));
+    }
+  });
+  // whether this thread's Python kernel serves a _foreach_* call whose binary C++ is waiting for
+  m.def("foreach_pending", []() { return t_fpending.op != nullptr; });
+  // the launch of that call: taken (true) only if the Python path's binary facts are the ones C++
+  // computed for the call. facts: (dtype, device index, smode, W, VEC, Base aligned, S's dtype or None,
+  // S aligned, then whether N, TOP, LOGN, B0, S0 fit 32 bits); launch: (0, CUfunction, threads, shared
+  // bytes, chunk, ((role, type), ..)) or (1, interpreter callable, chunk)
+  m.def("foreach_publish", [](py::tuple facts, py::tuple launch) {
+    ForeachPending& p = t_fpending;
+    if (p.op == nullptr || facts.size() != 13) return false;
+    std::vector<int64_t> f;
+    for (size_t i = 0; i < facts.size(); i++) {
+      py::handle h = facts[i];
+      if (THPDtype_Check(h.ptr())) {
+        f.push_back(static_cast<int64_t>(reinterpret_cast<THPDtype*>(h.ptr())->scalar_type));
+      } else if (h.is_none()) {
+        f.push_back(-1);
+      } else {
+        f.push_back(h.cast<int64_t>());
+      }
+    }
+    Op* op = p.op;
+    p.op = nullptr;
+    if (f != p.facts) return false;
+    auto fl = std::make_shared<ForeachLaunch>();
+    fl->cuda = launch[0].cast<int>() == 0;
+    if (fl->cuda) {
+      if (g_stream_mode == 0 || !load_driver()) return false;
+      fl->function = reinterpret_cast<void*>(launch[1].cast<uint64_t>());
+      fl->block = launch[2].cast<unsigned>();
+      fl->shared = launch[3].cast<unsigned>();
+      fl->chunk = launch[4].cast<int64_t>();
+      for (auto e : launch[5]) {
+        auto t = e.cast<std::pair<int, int>>();
+        TORCH_CHECK(t.first >= 0 && t.first < R_COUNT, "foreach_publish: unknown parameter role");
+        fl->params.push_back(t);
+      }
+    } else {
+      fl->py_launch = py::reinterpret_borrow<py::object>(launch[1]);
+      fl->chunk = launch[2].cast<int64_t>();
+    }
+    std::lock_guard<std::mutex> g(op->mu);
+    if (op->fe_launches.size() >= 64) op->fe_launches.clear();
+    op->fe_launches.emplace_back(std::move(f), std::move(fl));
+    return true;
+  });
   m.attr("UNSCOPED") = kUnscoped;
   m.attr("MAX_CONFIGS") = kMaxConfigs;
 }

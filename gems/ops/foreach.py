@@ -66,6 +66,7 @@ from ..codegen.tlmath import GPU
 from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
 from ..runtime import alloc as _alloc
+from ..runtime import plan as _plan
 from ..runtime.utils import empty
 from .arith import _add, _div, _mul, _neg, _sub
 from .binary import _maximum, _minimum, _pow
@@ -108,8 +109,11 @@ def locate(Tab, N, TOP, LOGN, W: tl.constexpr, CHUNK: tl.constexpr):
     return i, row, n, lo
 
 
+# the ints are not specialized (no "== 1" constant, no divisibility hint): one binary, with one
+# parameter list, serves every number of tensors, which the C++ fast path relies on (fastpath.cpp
+# foreach_serve launches the binary the Python path compiled for the same binary facts)
 @kernel
-@triton.jit
+@triton.jit(do_not_specialize=["N", "TOP", "LOGN", "B0", "S0"])
 def foreach_kernel(Base, Tab, N, TOP, LOGN, B0, s, alpha, S, S0,
                    OP: tl.constexpr, NIN: tl.constexpr, FUNC: tl.constexpr, SMODE: tl.constexpr,
                    W: tl.constexpr, ES: tl.constexpr, SES: tl.constexpr, VEC: tl.constexpr,
@@ -233,12 +237,12 @@ def _number(v, dtype, what="scalar"):
     return float(v)
 
 
-_LIMITS = {torch.float16: 65504.0, torch.bfloat16: 3.3895313892515355e38, torch.float32: 3.4028234663852886e38}
+LIMITS = {torch.float16: 65504.0, torch.bfloat16: 3.3895313892515355e38, torch.float32: 3.4028234663852886e38}
 
 
 def _number_list(vals, dtype) -> array:
     """A Scalar[] argument as float64 values (the table carries their bits: -0.0 keeps its sign)."""
-    lim = _LIMITS[dtype]
+    lim = LIMITS[dtype]
     try:
         fits = -lim <= min(vals) and max(vals) <= lim   # the common case, without a call per number
     except TypeError:
@@ -358,10 +362,52 @@ def _foreach(op, lists, inplace, *, s=0.0, alpha=1.0, smode=_S_ARG, svals=None, 
     tab, total, top, base_i, aligned, cols = hit
     base = first[base_i]
     es = t0.element_size()
-    foreach_kernel[(total,)](base, tab, n, top, top.bit_length(), base.data_ptr(), s, alpha, S, S0,
-                             op, len(lists), outs is not None, smode, cols, es, ses,
-                             16 // es if aligned else 1, cfg["BLOCK"], cfg["CHUNK"], num_warps=cfg["num_warps"])
+    args = (base, tab, n, top, top.bit_length(), base.data_ptr(), s, alpha, S, S0)
+    consts = (op, len(lists), outs is not None, smode, cols, es, ses, 16 // es if aligned else 1, cfg["BLOCK"],
+              cfg["CHUNK"])
+    foreach_kernel[(total,)](*args, *consts, num_warps=cfg["num_warps"])
+    if fast is not None and fast.foreach_pending():
+        _publish(fast, args, consts, cfg)
     return outs
+
+
+def _fits32(v: int) -> bool:
+    return -0x80000000 <= v <= 0x7FFFFFFF
+
+
+def _publish(fast, args, consts, cfg):
+    """Give the C++ fast path this call's launch (it asked: fastpath.cpp foreach_serve found no binary for
+    the call's binary facts). It keeps it only if the facts below are the ones it computed."""
+    base, tab, n, top, logn, b0, s, alpha, S, S0 = args
+    smode, cols, vec, chunk = consts[3], consts[4], consts[7], consts[9]
+    if tab.data_ptr() & 15:
+        return
+    facts = (base.dtype, base.get_device(), smode, cols, vec, int(b0 & 15 == 0), None if S is None else S.dtype,
+             0 if S is None else int(S.data_ptr() & 15 == 0), *(int(_fits32(v)) for v in (n, top, logn, b0, S0)))
+    nw = cfg["num_warps"]
+    if foreach_kernel.interpreted:
+        fn = foreach_kernel.fn
+
+        def launch(programs, *a):
+            with _plan.reentry_guard():
+                fn[(programs,)](*a, *consts, num_warps=nw)
+        fast.foreach_publish(facts, (1, launch, chunk))
+        return
+    entry = foreach_kernel.entry(args + consts, nw)
+    if entry is None or entry[1] is None or entry[3] or entry[4]:
+        return   # no direct launcher (scratch memory, cooperative or PDL launches): Python keeps it
+    kernel = entry[0]
+    md = kernel.metadata
+    if getattr(md, "num_ctas", 1) != 1:
+        return
+    params = []
+    for role, ty in enumerate(list(kernel.src.signature.values())[:len(args)]):
+        if ty == "constexpr":
+            continue
+        if not isinstance(ty, str) or not (ty.startswith("*") or ty in _plan._PTYPES):
+            return
+        params.append((role, 8 if ty.startswith("*") else _plan._PTYPES[ty]))
+    fast.foreach_publish(facts, (0, int(entry[2]), 32 * md.num_warps, int(md.shared), chunk, tuple(params)))
 
 
 def _cpp_launch_plan(fast, lists, outs, inplace, svals, smode, skey, ses, chunk):
@@ -574,10 +620,19 @@ def _names(base, kind, inplace=True):
     return [f"_foreach_{base}{sfx}"] + ([f"_foreach_{base}_{sfx}"] if inplace else [])
 
 
-def _reg(names, make, host_args=()):
+# how the C++ fast path reads a call (fastpath.cpp ForeachSpec): the schema positions of the kernel's
+# input lists, of its number and the number's kind, of alpha
+_SCALAR, _SCALARLIST, _TENSOR = 1, 2, 3
+
+
+def _spec(lists, scalar=-1, skind=0, alpha=-1):
+    return dict(lists=lists, scalar=scalar, skind=skind, alpha=alpha)
+
+
+def _reg(names, make, host_args=(), spec=None):
     for name in names:
-        register(name, category="pointwise", dtypes=FLOATS, plan=False,
-                 host_args=host_args)(make(name.split(".")[0].endswith("_")))
+        register(name, category="pointwise", dtypes=FLOATS, plan=False, host_args=host_args,
+                 foreach=spec)(make(name.split(".")[0].endswith("_")))
 
 
 for _op, _kinds in (("add", ("Scalar", "List", "ScalarList", "Tensor")), ("sub", ("Scalar", "List", "ScalarList")),
@@ -590,19 +645,24 @@ for _op, _kinds in (("add", ("Scalar", "List", "ScalarList", "Tensor")), ("sub",
                  "List": lambda ip, o=_op, a=_with_alpha: _list_variant(o, ip, a),
                  "ScalarList": lambda ip, o=_op: _scalarlist_variant(o, ip),
                  "Tensor": lambda ip, o=_op, a=_with_alpha: _tensor_variant(o, ip, a)}[_k]
-        _reg(_names(_op, _k), _make)
+        _alpha_at = 2 if _with_alpha else -1
+        _reg(_names(_op, _k), _make, spec={"Scalar": _spec([0], 1, _SCALAR),
+                                           "List": _spec([0, 1], alpha=_alpha_at),
+                                           "ScalarList": _spec([0], 1, _SCALARLIST),
+                                           "Tensor": _spec([0], 1, _TENSOR, _alpha_at)}[_k])
 
 for _op in ("sqrt", "neg", "reciprocal"):
-    _reg(_names(_op, "default"), lambda ip, o=_op: _unary_variant(o, ip))
+    _reg(_names(_op, "default"), lambda ip, o=_op: _unary_variant(o, ip), spec=_spec([0]))
 
 
-@register("_foreach_zero_", category="pointwise", dtypes=FLOATS, plan=False)
+@register("_foreach_zero_", category="pointwise", dtypes=FLOATS, plan=False, foreach=_spec([0]))
 def foreach_zero_(self):
     """Zero every tensor: one launch"""
     return _foreach("zero", [self], True)
 
 
-@register("_foreach_pow.ScalarAndTensor", category="pointwise", dtypes=FLOATS, plan=False)
+@register("_foreach_pow.ScalarAndTensor", category="pointwise", dtypes=FLOATS, plan=False,
+          foreach=_spec([1], 0, _SCALAR))
 def foreach_pow_scalar_and_tensor(self, exponent):
     """A Scalar to the power of every tensor: one launch"""
     return _foreach("rpow", [exponent], False, s=_number(self, exponent[0].dtype if exponent else None, "self"))
@@ -621,8 +681,9 @@ def _lerp_variant(kind, inplace):
     return _doc(fn, "lerp of two tensor lists (weights per element, one Scalar or one per tensor): one launch")
 
 
-for _k in ("List", "Scalar", "ScalarList"):
-    _reg(_names("lerp", _k), lambda ip, k=_k: _lerp_variant(k, ip))
+for _k, _sp in (("List", _spec([0, 1, 2])), ("Scalar", _spec([0, 1], 2, _SCALAR)),
+                ("ScalarList", _spec([0, 1], 2, _SCALARLIST))):
+    _reg(_names("lerp", _k), lambda ip, k=_k: _lerp_variant(k, ip), spec=_sp)
 
 
 def _pointwise_variant(op, kind, inplace):
@@ -646,8 +707,11 @@ def _pointwise_variant(op, kind, inplace):
 
 for _op in ("addcmul", "addcdiv"):
     for _k in ("Scalar", "ScalarList", "Tensor"):
+        # (.Tensor: ATen's packed scalars read on the host stay on the Python path)
         _reg(_names(_op, _k), lambda ip, o=_op, k=_k: _pointwise_variant(o, k, ip),
-             host_args=("scalars",) if _k == "Tensor" else ())
+             host_args=("scalars",) if _k == "Tensor" else (),
+             spec={"Scalar": _spec([0, 1, 2], 3, _SCALAR), "ScalarList": _spec([0, 1, 2], 3, _SCALARLIST),
+                   "Tensor": None}[_k])
 
 
 @register("_foreach_norm.Scalar", category="reduction", dtypes=FLOATS, plan=False)

@@ -148,6 +148,13 @@ class LaunchCache:
         rec.launch(self, entry, grid, args, num_warps, num_stages)
         return out
 
+    def entry(self, args, num_warps=4, num_stages=3):
+        """The cached (kernel, launcher, function, cooperative, pdl, metadata) of a launch that has
+        run with these arguments on the current device, or None (the interpreter, not run yet)."""
+        if self.interpreted:
+            return None
+        return self._cache.get((_get_device(), num_warps, num_stages, self._key(*args)))
+
     def cache_info(self) -> dict:
         return {"entries": len(self._cache), "hits": self.hits, "misses": self.misses}
 

@@ -157,6 +157,23 @@ def test_overload(name, dtype):
     check(name, args, kwargs, dtype)
 
 
+@pytest.mark.parametrize("name", [n for n in NAMES if registry.get(n).foreach is not None])
+@dtype_params()
+def test_cpp_serves_repeat_calls(name, dtype):
+    # a call the C++ fast path serves whole (fastpath.cpp foreach_serve): the first call of its binary
+    # facts runs the Python kernel, which hands over its binary; the next runs from C++ alone
+    args, kwargs = _args(name, dtype)
+    gems.reset_stats()
+    for _ in range(2):
+        check(name, args, kwargs, dtype)
+    st = gems.stats()[name]
+    assert st["served"] == 2 and st["fallback"] == 0, st
+    with gems.use_gems():
+        cpp = foreach._fast_lists() is not None
+    if cpp:
+        assert st["python"] <= 1, st
+
+
 @pytest.mark.parametrize("shapes", [[(37,)], [(5,), (40,)], [(0,)] + [((i * 7) % 40 + 1,) if i % 4 else (0,)
                                                                   for i in range(20)] + [(0,)]],
                          ids=["one", "two", "22-with-empties"])
@@ -168,7 +185,19 @@ def test_list_lengths(shapes):
     check("_foreach_sqrt_.default", [[t.abs() + 0.5 for t in xs]], {}, torch.float32)
 
 
+def _python_path(monkeypatch, cpp_lists=True):
+    """Every _foreach_* call on the Python path: the C++ fast path forgets the binaries it serves calls
+    with and gets no new ones (with `cpp_lists=False` Python's own C++ passes are off too)."""
+    monkeypatch.setattr(foreach, "_publish", lambda *a: None)
+    for i in registry.all_impls():
+        if i.foreach is not None and i.fast is not None:
+            i.fast.clear()
+    if not cpp_lists:
+        monkeypatch.setattr(foreach, "_fast_lists", lambda: None)
+
+
 def test_one_launch_per_call(monkeypatch):
+    _python_path(monkeypatch)
     launches = count_launches(monkeypatch)
     xs = _list(torch.float32, shapes=[(5,), (40,), (3, 7), (), (70,)] * 3)
     dens = [t.abs() + 1 for t in xs]
@@ -475,7 +504,7 @@ def test_launch_cache_follows_addresses_and_shapes(path, monkeypatch):
     # same tensors reuses its launch (no new table); a view of the same memory with another shape, a
     # new tensor, or in-place operands that overlap are decided again. The C++ path decides per call.
     if path == "python":
-        monkeypatch.setattr(foreach, "_fast_lists", lambda: None)
+        _python_path(monkeypatch, cpp_lists=False)
     else:
         with gems.use_gems():
             if foreach._fast_lists() is None:
