@@ -1054,17 +1054,24 @@ bool foreach_overlap(const std::vector<std::vector<int64_t>>& ptr, size_t n_in, 
 // functional variant) the N addresses; numel: list 0's element counts; extra: further columns of N
 // int64 (a ScalarList's float64 bits, the addresses of per-tensor 0-dim tensors).
 struct ForeachTable {
-  std::string bytes;
+  std::string bytes;   // `head` words of the caller's (a cache key's header), then the table
+  size_t head = 0;
   int64_t total = 0;   // programs
   int64_t base = -1;   // the first tensor with elements (the kernel's Base)
+  size_t table_bytes() const { return bytes.size() - head * sizeof(int64_t); }
+  const char* table() const { return bytes.data() + head * sizeof(int64_t); }
 };
 
 void build_table(const std::vector<std::vector<int64_t>>& ptr, const std::vector<int64_t>& numel,
-                 const std::vector<const char*>& extra, int64_t chunk, ForeachTable& out) {
+                 const std::vector<const char*>& extra, int64_t chunk, ForeachTable& out,
+                 const std::vector<int64_t>& head = {}) {
   size_t n = numel.size(), nl = ptr.size();
   size_t w = 1 + nl + extra.size();
-  out.bytes.assign((n + n * w) * sizeof(int64_t), '\0');
+  out.head = head.size();
+  out.bytes.assign((out.head + n + n * w) * sizeof(int64_t), '\0');
   int64_t* t = reinterpret_cast<int64_t*>(&out.bytes[0]);
+  for (size_t k = 0; k < out.head; k++) t[k] = head[k];
+  t += out.head;
   out.total = 0;
   out.base = -1;
   for (size_t i = 0; i < n; i++) {
@@ -1172,28 +1179,29 @@ struct TableCache {
 } g_tables;
 constexpr size_t kMaxTables = 64;
 
-// the table on `dev`: on the CPU (the interpreter) a copy; on a GPU the cached copy of the same
-// content on this stream, else one pinned host copy and an asynchronous upload (ATen's copy_ records
-// the pinned block's use on the stream, so the host allocator keeps it until the upload has run)
-at::Tensor device_table(const std::string& bytes, const c10::Device& dev, void* stream) {
-  int64_t len = static_cast<int64_t>(bytes.size() / sizeof(int64_t));
+// A table's device copy on `dev` (a GPU) kept by the key `tb.bytes`: a header naming the device, the
+// stream and what else the call's overlap verdict depends on, then the table's content (foreach._TABLES'
+// rule: an optimizer passes the same tensors every step, and the caching allocator hands gradients
+// the same addresses from step to step). Only tables that passed the overlap check are kept, so a hit
+// also stands for that check. Undefined when there is none.
+at::Tensor cached_table(const ForeachTable& tb) {
+  std::lock_guard<std::mutex> g(g_tables.mu);
+  auto it = g_tables.map.find(tb.bytes);
+  return it == g_tables.map.end() ? at::Tensor() : it->second;
+}
+
+// the table on `dev`: on the CPU (the interpreter) a copy; on a GPU one pinned host copy and an
+// asynchronous upload (ATen's copy_ records the pinned block's use on the stream, so the host
+// allocator keeps it until the upload has run), then kept (cached_table)
+at::Tensor upload_table(const ForeachTable& tb, const c10::Device& dev) {
+  int64_t len = static_cast<int64_t>(tb.table_bytes() / sizeof(int64_t));
   if (!dev.is_cuda()) {
     at::Tensor t = at::empty({len}, at::TensorOptions().dtype(at::kLong));
-    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    std::memcpy(t.data_ptr(), tb.table(), tb.table_bytes());
     return t;
   }
-  std::string key(16 + bytes.size(), '\0');
-  int64_t d = dev.index();
-  std::memcpy(&key[0], &d, 8);
-  std::memcpy(&key[8], &stream, 8);
-  std::memcpy(&key[16], bytes.data(), bytes.size());
-  {
-    std::lock_guard<std::mutex> g(g_tables.mu);
-    auto it = g_tables.map.find(key);
-    if (it != g_tables.map.end()) return it->second;
-  }
   at::Tensor host = at::empty({len}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-  std::memcpy(host.data_ptr(), bytes.data(), bytes.size());
+  std::memcpy(host.data_ptr(), tb.table(), tb.table_bytes());
   at::Tensor t = at::detail::empty_generic({len}, cuda_allocator(), c10::DispatchKeySet(c10::DispatchKey::CUDA),
                                            at::kLong, std::nullopt);
   Stack st;
@@ -1206,7 +1214,7 @@ at::Tensor device_table(const std::string& bytes, const c10::Device& dev, void* 
     g_tables.map.erase(g_tables.order.front());
     g_tables.order.erase(g_tables.order.begin());
   }
-  if (g_tables.map.emplace(key, t).second) g_tables.order.push_back(std::move(key));
+  if (g_tables.map.emplace(tb.bytes, t).second) g_tables.order.push_back(tb.bytes);
   return t;
 }
 
@@ -1381,16 +1389,6 @@ bool foreach_serve(Op& o, Stack& stack, size_t n, std::vector<int64_t>& miss) {
     if (a.isBool() || !fits_number(a, fd->range_limit, alpha)) return false;
   }
   int64_t es = static_cast<int64_t>(t0.element_size());
-  if (sp.inplace) {
-    std::vector<int64_t> nbytes(N);
-    for (size_t i = 0; i < N; i++) nbytes[i] = numel[i] * es;
-    int64_t sh_ptr = 0, sh_bytes = 0;
-    if (S != nullptr) {
-      sh_ptr = reinterpret_cast<intptr_t>(S->const_data_ptr());
-      sh_bytes = S->numel() * static_cast<int64_t>(S->element_size());
-    }
-    if (foreach_overlap(ptr, nin, nbytes, nullptr, 0, sh_ptr, sh_bytes)) return false;
-  }
   int64_t base_i = -1;
   for (size_t i = 0; i < N; i++) {
     if (numel[i]) {
@@ -1428,12 +1426,29 @@ bool foreach_serve(Op& o, Stack& stack, size_t n, std::vector<int64_t>& miss) {
     miss = std::move(facts);
     return false;
   }
+  // the table, headed by what its cache key needs besides (device, stream, the shared 0-dim tensor
+  // the overlap check reads, the lists' count and kind); a cached upload of it passed the overlap check
+  int64_t sh_ptr = 0, sh_bytes = 0;
+  if (S != nullptr) {
+    sh_ptr = sptr;
+    sh_bytes = S->numel() * static_cast<int64_t>(S->element_size());
+  }
   ForeachTable tb;
   std::vector<const char*> extra;
   if (!svals.empty()) extra.push_back(reinterpret_cast<const char*>(svals.data()));
-  build_table(ptr, numel, extra, fl->chunk, tb);
+  build_table(ptr, numel, extra, fl->chunk, tb,
+              {device.index(), static_cast<int64_t>(reinterpret_cast<intptr_t>(stream)), static_cast<int64_t>(N),
+               static_cast<int64_t>(nin), sp.inplace, sh_ptr, sh_bytes, W, es});
   if (fl->cuda && tb.total > INT32_MAX) return false;
-  at::Tensor tab = device_table(tb.bytes, device, stream);
+  at::Tensor tab = cuda ? cached_table(tb) : at::Tensor();
+  if (!tab.defined()) {
+    if (sp.inplace) {
+      std::vector<int64_t> nbytes(N);
+      for (size_t i = 0; i < N; i++) nbytes[i] = numel[i] * es;
+      if (foreach_overlap(ptr, nin, nbytes, nullptr, 0, sh_ptr, sh_bytes)) return false;
+    }
+    tab = upload_table(tb, device);
+  }
   if (reinterpret_cast<uintptr_t>(tab.const_data_ptr()) & 15) return false;   // the binary assumes it
   const at::Tensor& base = L[0][base_i].toTensor();
   if (fl->cuda) {

@@ -3,6 +3,7 @@ is attributed per ATen op (tiny models on CPU: timings meaningless, all else rea
 cheap ops here (--include) to keep the interpreter's share of CI time small; `_log_softmax` is one of
 them because it runs under the composite `cross_entropy_loss`, which is where its counts must land."""
 import json
+import os
 
 import pytest
 import torch
@@ -20,6 +21,10 @@ OP_KEYS = {"op", "aten_calls", "gems_calls", "aten_host_us_per_call", "gems_host
            "aten_device_us_per_call", "gems_device_us_per_call", "delta_host_ms", "delta_device_ms", "served",
            "fallback", "gems_overloads"}
 TOTAL_KEYS = {"aten_host_ms", "gems_host_ms", "aten_device_ms", "gems_device_ms", "aten_wall_ms", "gems_wall_ms"}
+# the tiny benches run on the CPU through the interpreter backend; under GEMS_TEST_DEVICE=cuda Gems'
+# backend serves CUDA tensors, and bench rightly refuses --device cpu (the GPU benches: docs/perf.md)
+pytestmark = pytest.mark.skipif(os.environ.get("GEMS_TEST_DEVICE", "cpu") != "cpu",
+                                reason="tiny CPU benches: the interpreter backend only")
 # tiny Llama: 2 layers x (q, k, v, o, gate, up, down) + lm_head
 LINEARS_PER_TOKEN = 15
 
@@ -46,10 +51,11 @@ def test_train_json_follows_the_schema_and_attributes_served_ops(tmp_path):
     assert ops["cross_entropy_loss"]["gems_overloads"]["_log_softmax.default"]["served"] == 1
     ranks = [abs(o["delta_host_ms"]) for o in d["ops"]]
     assert ranks == sorted(ranks, reverse=True)   # no device column on CPU: ranked by host delta
-    # AdamW(foreach)'s sqrt has no call plans: its profiled call ran Python; rsqrt's were replayed from C++
+    # the profiled step's calls ran from C++: rsqrt's plans and AdamW(foreach)'s sqrt (served whole by
+    # fastpath.cpp foreach_serve with the binary its first, timed call published)
     from gems.runtime import fast
     if fast.status().startswith("loaded"):
-        assert d["python_path"].get("_foreach_sqrt.default") == 1, d["python_path"]
+        assert "_foreach_sqrt.default" not in d["python_path"], d["python_path"]
         assert "rsqrt.default" not in d["python_path"], d["python_path"]
     else:
         assert d["python_path"] is None
