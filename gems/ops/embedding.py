@@ -103,29 +103,40 @@ def embedding_bwd_chunks(G, S, P, Lo, Out, Partial, n, V, D, s_g0, s_g1, padding
 
 @kernel
 @triton.jit
-def embedding_bwd_rows(Lo, Out, Partial, D, padding_idx,
-                       SCALE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Out[r] = 0 for rows without a run (or the padding row); sum of chunk partials for multi-chunk runs."""
-    r = tl.program_id(0)
+def embedding_bwd_rows(Lo, Out, Partial, V, D, padding_idx,
+                       SCALE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    """Out[r] = 0 for rows without a run (or the padding row); sum of chunk partials for multi-chunk runs.
+
+    ROWS rows per program: nearly every row of a vocabulary-sized table is a zero row, so this kernel
+    is a V x D write (V * D * itemsize bytes) and a program must write enough (ROWS x BLOCK_D) to keep
+    the writes near the memory's bandwidth; the rare multi-chunk runs are summed row by row after."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
-    lo = tl.load(Lo + r)
-    hi = tl.load(Lo + r + 1)
-    out = Out + r.to(tl.int64) * D + cols
-    if (hi == lo) | (r == padding_idx):
-        tl.store(out, tl.zeros((BLOCK_D,), dtype=Out.dtype.element_ty), mask=cmask)
-    else:
-        cf = lo // CHUNK
-        cl = (hi - 1) // CHUNK
-        if cf != cl:
-            # in chunk cf the run is the first run (slot 0) iff it starts the chunk, else its last (slot 1)
-            slot = tl.where(lo == cf * CHUNK, 0, 1)
-            acc = tl.load(Partial + (cf * 2 + slot) * D + cols, mask=cmask, other=0.0)
-            for c in range(cf + 1, cl + 1):
-                acc += tl.load(Partial + c * 2 * D + cols, mask=cmask, other=0.0)
-            if SCALE:
-                acc = acc / (hi - lo).to(tl.float32)
-            tl.store(out, acc.to(Out.dtype.element_ty), mask=cmask)
+    rmask = rows < V
+    lo = tl.load(Lo + rows, mask=rmask, other=0)
+    hi = tl.load(Lo + rows + 1, mask=rmask, other=0)
+    zero_row = (hi == lo) | (rows == padding_idx)
+    tl.store(Out + rows.to(tl.int64)[:, None] * D + cols[None, :], tl.zeros((ROWS, BLOCK_D), Out.dtype.element_ty),
+             mask=(rmask & zero_row)[:, None] & cmask[None, :])
+    multi = rmask & ~zero_row & ((lo // CHUNK) != ((hi - 1) // CHUNK))
+    if tl.sum(multi.to(tl.int32)) > 0:
+        for k in tl.static_range(ROWS):
+            sel = tl.arange(0, ROWS) == k
+            if tl.sum(tl.where(sel & multi, 1, 0)) > 0:
+                lo_k = tl.sum(tl.where(sel, lo, 0))
+                hi_k = tl.sum(tl.where(sel, hi, 0))
+                cf = lo_k // CHUNK
+                cl = (hi_k - 1) // CHUNK
+                # in chunk cf the run is the first run (slot 0) iff it starts the chunk, else its last (slot 1)
+                slot = tl.where(lo_k == cf * CHUNK, 0, 1)
+                acc = tl.load(Partial + (cf * 2 + slot) * D + cols, mask=cmask, other=0.0)
+                for c in range(cf + 1, cl + 1):
+                    acc += tl.load(Partial + c * 2 * D + cols, mask=cmask, other=0.0)
+                if SCALE:
+                    acc = acc / (hi_k - lo_k).to(tl.float32)
+                r = tl.program_id(0).to(tl.int64) * ROWS + k
+                tl.store(Out + r * D + cols, acc.to(Out.dtype.element_ty), mask=cmask)
 
 
 def _block_d(D, itemsize):
@@ -223,6 +234,8 @@ def _sort_runs(idx, V):
 # sorted positions per chunk of the backward's first kernel; small in the interpreter so that the
 # tests' short index lists still cut runs across chunks
 _CHUNK = {"cuda": 16, "interpreter": 4}
+# rows per program of the backward's last kernel (zero rows: 8 x 4 KiB written per program on a GPU)
+_ROWS = {"cuda": 8, "interpreter": 2}
 _BWD_TILE = 8192  # elements of the chunk kernel's tile: 64 fp32 registers per thread at 4 warps
 
 
@@ -253,5 +266,7 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
         bblock = min(block, _BWD_TILE // chunk)  # a CHUNK x bblock fp32 tile stays in registers
         embedding_bwd_chunks[(nchunks, cdiv(D, bblock))](g, s, p, lo, y, partial, n, V, D, g.stride(0), g.stride(1),
                                                          pad, scale, chunk, bblock, num_warps=4)
-    embedding_bwd_rows[(V, cdiv(D, block))](lo, y, partial, D, pad, scale, chunk, block, num_warps=warps)
+    rows = _ROWS[backend().name]
+    embedding_bwd_rows[(cdiv(V, rows), cdiv(D, block))](lo, y, partial, V, D, pad, scale, chunk, block, rows,
+                                                       num_warps=warps)
     return y
