@@ -1177,7 +1177,7 @@ struct TableCache {
   std::unordered_map<std::string, at::Tensor> map;
   std::vector<std::string> order;   // oldest first
 } g_tables;
-constexpr size_t kMaxTables = 64;
+constexpr size_t kMaxTables = 64;   // foreach._MAX_TABLES
 
 // A table's device copy on `dev` (a GPU) kept by the key `tb.bytes`: a header naming the device, the
 // stream and what else the call's overlap verdict depends on, then the table's content (foreach._TABLES'
@@ -1190,16 +1190,7 @@ at::Tensor cached_table(const ForeachTable& tb) {
   return it == g_tables.map.end() ? at::Tensor() : it->second;
 }
 
-// the table on `dev`: on the CPU (the interpreter) a copy; on a GPU one pinned host copy and an
-// asynchronous upload (ATen's copy_ records the pinned block's use on the stream, so the host
-// allocator keeps it until the upload has run), then kept (cached_table)
-at::Tensor upload_table(const ForeachTable& tb, const c10::Device& dev) {
-  int64_t len = static_cast<int64_t>(tb.table_bytes() / sizeof(int64_t));
-  if (!dev.is_cuda()) {
-    at::Tensor t = at::empty({len}, at::TensorOptions().dtype(at::kLong));
-    std::memcpy(t.data_ptr(), tb.table(), tb.table_bytes());
-    return t;
-  }
+at::Tensor upload(const ForeachTable& tb, int64_t len) {
   at::Tensor host = at::empty({len}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   std::memcpy(host.data_ptr(), tb.table(), tb.table_bytes());
   at::Tensor t = at::detail::empty_generic({len}, cuda_allocator(), c10::DispatchKeySet(c10::DispatchKey::CUDA),
@@ -1209,6 +1200,21 @@ at::Tensor upload_table(const ForeachTable& tb, const c10::Device& dev) {
   st.emplace_back(host);
   st.emplace_back(true);   // non_blocking
   g_copy_kernel->callBoxed(*g_copy_op, c10::DispatchKeySet(c10::DispatchKey::CUDA), &st);
+  return t;
+}
+
+// the table on `dev`: on the CPU (the interpreter) a copy; on a GPU one pinned host copy and an
+// asynchronous upload (ATen's copy_ records the pinned block's use on the stream, so the host
+// allocator keeps it until the upload has run), then kept (cached_table)
+at::Tensor upload_table(const ForeachTable& tb, const c10::Device& dev) {
+  int64_t len = static_cast<int64_t>(tb.table_bytes() / sizeof(int64_t));
+  at::Tensor t;
+  if (!dev.is_cuda()) {
+    t = at::empty({len}, at::TensorOptions().dtype(at::kLong));
+    std::memcpy(t.data_ptr(), tb.table(), tb.table_bytes());
+  } else {
+    t = upload(tb, len);
+  }
   std::lock_guard<std::mutex> g(g_tables.mu);
   if (g_tables.map.size() >= kMaxTables && !g_tables.order.empty()) {
     g_tables.map.erase(g_tables.order.front());
@@ -1440,7 +1446,7 @@ bool foreach_serve(Op& o, Stack& stack, size_t n, std::vector<int64_t>& miss) {
               {device.index(), static_cast<int64_t>(reinterpret_cast<intptr_t>(stream)), static_cast<int64_t>(N),
                static_cast<int64_t>(nin), sp.inplace, sh_ptr, sh_bytes, W, es});
   if (fl->cuda && tb.total > INT32_MAX) return false;
-  at::Tensor tab = cuda ? cached_table(tb) : at::Tensor();
+  at::Tensor tab = cached_table(tb);
   if (!tab.defined()) {
     if (sp.inplace) {
       std::vector<int64_t> nbytes(N);
@@ -1649,6 +1655,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
   });
   // whether this thread's Python kernel serves a _foreach_* call whose binary C++ is waiting for
+  m.def("foreach_tables", []() {   // how many table uploads are kept (a test aid)
+    std::lock_guard<std::mutex> g(g_tables.mu);
+    return g_tables.map.size();
+  });
   m.def("foreach_pending", []() { return t_fpending.op != nullptr; });
   // the launch of that call: taken (true) only if the Python path's binary facts are the ones C++
   // computed for the call. facts: (dtype, device index, smode, W, VEC, Base aligned, S's dtype or None,
