@@ -30,19 +30,20 @@ Bytes moved: each list read once, the result written once; plus the table (8 byt
 column).
 
 Host cost per call, O(N): per tensor and list its address, shape, dtype, device and contiguity are
-read. With the fast path loaded (gems.enable() loads it) that is C++ (csrc/fastpath.cpp, about 0.05 us
-a tensor and list, against about 1 us in Python): `foreach_lists` checks the lists, `foreach_empty`
-allocates the functional variants' results, and `foreach_table` checks in-place operands for overlaps
-(an element written by one program and read or written by another would race; ATen's CPU loop applies
-the op tensor by tensor, so such calls go to ATen) and writes the table, every call: an optimizer's
-gradients are new tensors every step (zero_grad(set_to_none=True)), so a plan kept by addresses would
-be rebuilt at every step anyway. The table's device copy is kept by its content (_TABLES): where the
-addresses repeat, no copy. Without the fast path (GEMS_FAST=0) the overlap check and the table are
-Python and kept by the lists' addresses and shapes (_LAUNCHES). A ScalarList holding one nonzero
+read. With the fast path loaded (gems.enable() loads it) a call runs whole in C++ (csrc/fastpath.cpp
+foreach_serve, about 0.05 us a tensor and list against about 1 us in Python): the checks, the numbers,
+the results, the overlap check of in-place operands (an element written by one program and read or
+written by another would race; ATen's CPU loop applies the op tensor by tensor, so such calls go to
+ATen), the table and its upload (kept by content: an optimizer passes the same tensors every step),
+one launch of the binary that the Python path compiled and handed over (_publish) for the call's
+binary facts. A call C++ does not serve, or the first one with new facts, runs the Python kernel
+below: the same checks and table in C++ passes (`foreach_lists`, `foreach_empty`, `foreach_table`),
+the table's device copy kept by content (_TABLES); without the module (GEMS_FAST=0) all in Python,
+launches kept by the lists' addresses and shapes (_LAUNCHES). A ScalarList holding one nonzero
 value for every tensor (Adam's step sizes) becomes a kernel argument, so that its table does not
-change with the step. Measured on BERT-base's AdamW on an H100 (2026-11-23, session 8, before
-`foreach_table`): the seven calls took 12.4 ms of host time per step against ATen's 6.0, the
-address-keyed plans missing from step to step; see docs/perf.md for the numbers since.
+change with the step. Measured on BERT-base's AdamW on an H100: session 8 (address-keyed plans) 12.4
+ms of host per step against ATen's 6.0; since the C++ path, the foreach rows of benchmarks.host run
+at 0.63-0.91x ATen (docs/perf.md).
 
 Served: contiguous tensors, one dtype (fp32/fp16, bf16 on the GPU) and one device across all lists.
 Anything else (mixed dtypes, which ATen promotes; non-contiguous tensors; different shapes, which
