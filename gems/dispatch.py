@@ -529,12 +529,12 @@ def _new_fast_op(impl):
 def _set_foreach(impl, be):
     """Tell the C++ op of a _foreach_* overload how to serve it whole (fastpath.cpp foreach_serve):
     its spec from ops/foreach.py, the dtypes the backend serves, each with the numbers that fit it."""
-    from .codegen.generator import _RANGE_LIMIT
+    from .codegen.generator import range_limit
     from .ops.foreach import LIMITS
     from .runtime import alloc
     spec = impl.foreach
     unserved = _backends.unserved_dtypes(be)
-    dtypes = [(d, _RANGE_LIMIT[d], LIMITS[d]) for d in impl.dtypes if d not in unserved and d in LIMITS]
+    dtypes = [(d, range_limit(d), LIMITS[d]) for d in impl.dtypes if d not in unserved and d in LIMITS]
     impl.fast.set_foreach(list(spec["lists"]), spec.get("scalar", -1), spec.get("skind", 0), spec.get("alpha", -1),
                           impl.name.split(".")[0].endswith("_"), alloc.POISON, dtypes)
 

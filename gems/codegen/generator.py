@@ -445,6 +445,12 @@ _RANGE_LIMIT = {torch.int8: 0, torch.uint8: 1, torch.int16: 2, torch.int32: 4, t
                 torch.bfloat16: 6, torch.float32: 7, torch.float64: 8}
 
 
+def range_limit(dtype) -> Optional[int]:
+    """The widest number range class that fits `dtype` by number_misfit's rule (the C++ fast path's
+    foreach checks use it), or None for a dtype no number is checked against."""
+    return _RANGE_LIMIT.get(dtype)
+
+
 def _check_numbers(op, ovl, operands, scalars, consts):
     """Numbers ATen may convert otherwise than Gems' kernels do go to ATen (Unsupported): those at
     Scalar / float arguments by number_misfit's rule; those at Tensor positions (wrapped numbers:
