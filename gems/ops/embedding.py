@@ -103,40 +103,32 @@ def embedding_bwd_chunks(G, S, P, Lo, Out, Partial, n, V, D, s_g0, s_g1, padding
 
 @kernel
 @triton.jit
-def embedding_bwd_rows(Lo, Out, Partial, V, D, padding_idx,
-                       SCALE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+def embedding_bwd_rows(Lo, Out, Partial, D, padding_idx,
+                       SCALE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
     """Out[r] = 0 for rows without a run (or the padding row); sum of chunk partials for multi-chunk runs.
 
     Nearly every row of a vocabulary-sized table is a zero row: this kernel is a V x D write (V * D *
-    itemsize bytes), whose speed is the size of a program's write (ROWS x BLOCK_D: _rows_config). The
-    rare multi-chunk runs are summed row by row after the zero rows are written."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    itemsize bytes), whose speed is the size of one program's write (BLOCK_D: _rows_block)."""
+    r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
-    rmask = rows < V
-    lo = tl.load(Lo + rows, mask=rmask, other=0)
-    hi = tl.load(Lo + rows + 1, mask=rmask, other=0)
-    zero_row = (hi == lo) | (rows == padding_idx)
-    tl.store(Out + rows.to(tl.int64)[:, None] * D + cols[None, :], tl.zeros((ROWS, BLOCK_D), Out.dtype.element_ty),
-             mask=(rmask & zero_row)[:, None] & cmask[None, :])
-    multi = rmask & ~zero_row & ((lo // CHUNK) != ((hi - 1) // CHUNK))
-    if tl.sum(multi.to(tl.int32)) > 0:
-        for k in tl.static_range(ROWS):
-            sel = tl.arange(0, ROWS) == k
-            if tl.sum(tl.where(sel & multi, 1, 0)) > 0:
-                lo_k = tl.sum(tl.where(sel, lo, 0))
-                hi_k = tl.sum(tl.where(sel, hi, 0))
-                cf = lo_k // CHUNK
-                cl = (hi_k - 1) // CHUNK
-                # in chunk cf the run is the first run (slot 0) iff it starts the chunk, else its last (slot 1)
-                slot = tl.where(lo_k == cf * CHUNK, 0, 1)
-                acc = tl.load(Partial + (cf * 2 + slot) * D + cols, mask=cmask, other=0.0)
-                for c in range(cf + 1, cl + 1):
-                    acc += tl.load(Partial + c * 2 * D + cols, mask=cmask, other=0.0)
-                if SCALE:
-                    acc = acc / (hi_k - lo_k).to(tl.float32)
-                r = tl.program_id(0).to(tl.int64) * ROWS + k
-                tl.store(Out + r * D + cols, acc.to(Out.dtype.element_ty), mask=cmask)
+    lo = tl.load(Lo + r)
+    hi = tl.load(Lo + r + 1)
+    out = Out + r.to(tl.int64) * D + cols
+    if (hi == lo) | (r == padding_idx):
+        tl.store(out, tl.zeros((BLOCK_D,), dtype=Out.dtype.element_ty), mask=cmask)
+    else:
+        cf = lo // CHUNK
+        cl = (hi - 1) // CHUNK
+        if cf != cl:
+            # in chunk cf the run is the first run (slot 0) iff it starts the chunk, else its last (slot 1)
+            slot = tl.where(lo == cf * CHUNK, 0, 1)
+            acc = tl.load(Partial + (cf * 2 + slot) * D + cols, mask=cmask, other=0.0)
+            for c in range(cf + 1, cl + 1):
+                acc += tl.load(Partial + c * 2 * D + cols, mask=cmask, other=0.0)
+            if SCALE:
+                acc = acc / (hi - lo).to(tl.float32)
+            tl.store(out, acc.to(Out.dtype.element_ty), mask=cmask)
 
 
 def _block_d(D, itemsize):
@@ -234,14 +226,16 @@ def _sort_runs(idx, V):
 # sorted positions per chunk of the backward's first kernel; small in the interpreter so that the
 # tests' short index lists still cut runs across chunks
 _CHUNK = {"cuda": 16, "interpreter": 4}
-def _rows_config(D, itemsize):
-    """(ROWS, BLOCK_D, warps) of the backward's last kernel, nearly all of it a V x D zero write.
-    Measured on an H100 (V 32000, D 4096, bf16; 2026-11-23): one row of up to 8 KiB per program at 4
-    warps wrote at 3.15 TB/s (ATen's zero fill: 3.2); 2-4 KiB per program 2.9-3.1, and several rows per
-    program no better (8 x 4 KiB: 3.0). The interpreter takes 2 rows, so that the tests meet both paths."""
+
+
+def _rows_block(D, itemsize):
+    """(BLOCK_D, warps) of the backward's last kernel, nearly all of it a V x D zero write. Measured on
+    an H100 (V 32000, D 4096, bf16; 2026-11-23): a program writing one row of up to 8 KiB at 4 warps
+    reached 3.15 TB/s (ATen's zero fill: 3.2); 4 KiB 3.08, and several rows per program no better (8 rows
+    of 4 KiB: 2.99)."""
     if backend().name == "interpreter":
-        return 2, min(next_pow2(D), 1024), 1
-    return 1, min(next_pow2(D), 8192 // itemsize), 4
+        return min(next_pow2(D), 1024), 1
+    return min(next_pow2(D), 8192 // itemsize), 4
 
 
 _BWD_TILE = 8192  # elements of the chunk kernel's tile: 64 fp32 registers per thread at 4 warps
@@ -274,7 +268,6 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
         bblock = min(block, _BWD_TILE // chunk)  # a CHUNK x bblock fp32 tile stays in registers
         embedding_bwd_chunks[(nchunks, cdiv(D, bblock))](g, s, p, lo, y, partial, n, V, D, g.stride(0), g.stride(1),
                                                          pad, scale, chunk, bblock, num_warps=4)
-    rows, rblock, rwarps = _rows_config(D, grad_output.element_size())
-    embedding_bwd_rows[(cdiv(V, rows), cdiv(D, rblock))](lo, y, partial, V, D, pad, scale, chunk, rblock, rows,
-                                                         num_warps=rwarps)
+    rblock, rwarps = _rows_block(D, grad_output.element_size())
+    embedding_bwd_rows[(V, cdiv(D, rblock))](lo, y, partial, D, pad, scale, chunk, rblock, num_warps=rwarps)
     return y
