@@ -1190,7 +1190,7 @@ at::Tensor cached_table(const ForeachTable& tb) {
   return it == g_tables.map.end() ? at::Tensor() : it->second;
 }
 
-at::Tensor upload(const ForeachTable& tb, int64_t len) {
+at::Tensor upload_cuda(const ForeachTable& tb, int64_t len) {
   at::Tensor host = at::empty({len}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   std::memcpy(host.data_ptr(), tb.table(), tb.table_bytes());
   at::Tensor t = at::detail::empty_generic({len}, cuda_allocator(), c10::DispatchKeySet(c10::DispatchKey::CUDA),
@@ -1213,7 +1213,7 @@ at::Tensor upload_table(const ForeachTable& tb, const c10::Device& dev) {
     t = at::empty({len}, at::TensorOptions().dtype(at::kLong));
     std::memcpy(t.data_ptr(), tb.table(), tb.table_bytes());
   } else {
-    t = upload(tb, len);
+    t = upload_cuda(tb, len);
   }
   std::lock_guard<std::mutex> g(g_tables.mu);
   if (g_tables.map.size() >= kMaxTables && !g_tables.order.empty()) {

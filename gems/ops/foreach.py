@@ -405,9 +405,10 @@ def _publish(fast, args, consts, cfg):
     for role, ty in enumerate(list(kernel.src.signature.values())[:len(args)]):
         if ty == "constexpr":
             continue
-        if not isinstance(ty, str) or not (ty.startswith("*") or ty in _plan._PTYPES):
+        code = _plan.param_type(ty)
+        if code is None:
             return
-        params.append((role, 8 if ty.startswith("*") else _plan._PTYPES[ty]))
+        params.append((role, code))
     fast.foreach_publish(facts, (0, int(entry[2]), 32 * md.num_warps, int(md.shared), chunk, tuple(params)))
 
 

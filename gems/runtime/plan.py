@@ -530,6 +530,14 @@ _PTYPES = {"i1": 0, "i8": 0, "u1": 0, "u8": 0, "i16": 1, "u16": 1, "i32": 2, "u3
            "fp32": 4, "f32": 4, "fp64": 5, "fp16": 6, "bf16": 7}
 
 
+def param_type(ty) -> Optional[int]:
+    """The fast path's code (fastpath.cpp PType) of a Triton signature type: 8 (T_PTR) for a pointer,
+    _PTYPES' code for a number, None for what it cannot pass (a constexpr, a tuple, ...)."""
+    if not isinstance(ty, str):
+        return None
+    return 8 if ty.startswith("*") else _PTYPES.get(ty)
+
+
 def _pack(value, ty: str) -> int:
     """A constant kernel argument as the bits Triton's launcher would pass (little endian)."""
     import struct
