@@ -90,10 +90,23 @@ def test_forward_fallback():
     assert st["fallback"] == 1 and st["served"] == 0
 
 
+@pytest.fixture(params=["few", "sorted"])
+def bwd_path(request, monkeypatch):
+    """Run the backward through its few-indices kernel (every test list here is short) or through the
+    sort / bounds / chunk kernels. Plans recorded on the other path are dropped before and after."""
+    impls = [gems.registry.get(n) for n in ("embedding_dense_backward", "embedding_dense_backward.out")]
+    monkeypatch.setattr(emb_mod, "_FEW", 1 << 20 if request.param == "few" else 0)
+    for impl in impls:
+        impl.set_fn(impl.fn)
+    yield request.param
+    for impl in impls:
+        impl.set_fn(impl.fn)
+
+
 @dtype_params()
 @pytest.mark.parametrize("padding_idx", [None, 4, 0], ids=["nopad", "pad4", "pad0"])
 @pytest.mark.parametrize("scale", [False, True], ids=["sum", "freq"])
-def test_backward(padding_idx, scale, dtype):
+def test_backward(padding_idx, scale, dtype, bwd_path):
     V = 9
     i = runs_indices(V).reshape(2, -1)
     fn = lambda w, i: F.embedding(i, w, padding_idx=padding_idx, scale_grad_by_freq=scale)  # noqa: E731
@@ -101,7 +114,7 @@ def test_backward(padding_idx, scale, dtype):
 
 
 @dtype_params()
-def test_backward_shapes(dtype):
+def test_backward_shapes(dtype, bwd_path):
     # random indices (mostly short runs, untouched rows), int32 indices, a wide row (several column blocks)
     fn = lambda w, i: F.embedding(i, w)  # noqa: E731
     check_grad(fn, [make((17, 7), dtype), idx((3, 5), 17)], dtype=dtype, served_ops=["embedding_dense_backward"])
@@ -112,7 +125,7 @@ def test_backward_shapes(dtype):
 
 
 @dtype_params()
-def test_dense_backward_direct(dtype):
+def test_dense_backward_direct(dtype, bwd_path):
     V, D = 12, 10
     i = runs_indices(V)
     n = i.numel()
@@ -126,7 +139,7 @@ def test_dense_backward_direct(dtype):
              dtype=dtype, served_ops=["embedding_dense_backward"])
 
 
-def test_dense_backward_deterministic_out_empty():
+def test_dense_backward_deterministic_out_empty(bwd_path):
     V, D = 7, 9
     i = runs_indices(V)
     g = make((i.numel(), D))
@@ -163,10 +176,12 @@ def test_dense_backward_sorts_in_a_kernel_and_plans(int32, monkeypatch):
     i = runs_indices(V, torch.int32 if int32 else torch.int64)
     g = make((i.numel(), D))
     op = torch.ops.aten.embedding_dense_backward
+    monkeypatch.setattr(emb_mod, "_FEW", 0)    # this short list would take the one-kernel path
+    impl = gems.registry.get("embedding_dense_backward")
+    impl.set_fn(impl.fn)                        # no plan recorded on that path for this signature
     ref = op(g.double().cpu(), i.cpu(), V, 4, True)
     # plan statistics are per process (other tests' signatures count too): compare before and after
-    empty_info = {"plans": 0, "reasons": {}}
-    before = gems.dispatch.plan_stats().get("embedding_dense_backward.default", empty_info)
+    before = impl.plans.info() if impl.plans is not None else {"plans": 0, "reasons": {}}
     with gems.use_gems():
         for _ in range(3):
             assert_close(op(g, i, V, 4, True), ref, torch.float32)
@@ -176,3 +191,15 @@ def test_dense_backward_sorts_in_a_kernel_and_plans(int32, monkeypatch):
     with served("embedding_dense_backward"), gems.use_gems():
         assert_close(op(g[:-1], i[:-1], V, -1, False), op(g.double().cpu()[:-1], i.cpu()[:-1], V, -1, False),
                      torch.float32)
+    impl.set_fn(impl.fn)
+
+
+@dtype_params()
+def test_dense_backward_paths_by_count(dtype):
+    # the default threshold: a few indices take the one-kernel path, more take the sorted path; both
+    # against float64, with repeated indices and a wide row
+    op = torch.ops.aten.embedding_dense_backward
+    for n in (emb_mod._FEW, emb_mod._FEW + 1, 3 * emb_mod._FEW):
+        i = idx((n,), 9)
+        g = make((n, 130), dtype)
+        check_op(op, (g, i, 9, 2, False), dtype=dtype, served_ops=["embedding_dense_backward"])
