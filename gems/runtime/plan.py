@@ -330,7 +330,17 @@ def make_signature(schema, dynamic=frozenset(), on_cuda=False):
         parts.append("_cur()")
     # int -> float promotions (true division, exp of ints, int tensor + 1.5) follow the default dtype
     parts.append("_ddt()")
-    src = f"def sig({params}):\n    return ({', '.join(parts)},)\n"
+    body = f"    return ({', '.join(parts)},)\n"
+    plain = [name for name, ty, _ in info if ty == "Tensor"]
+    if plain and not lists:
+        # the common call, every Tensor argument a tensor: one flat tuple (no inner tuples to build
+        # and hash; about 0.9 us less per two-tensor call on the Python path). It is longer than the
+        # general form's tuple (4 more elements per tensor), so the two kinds of key never meet.
+        flat = [_TENSOR_SIG.format(name)[1:-1] if name in plain else part
+                for (name, _, _), part in zip(info, parts)] + parts[len(info):]
+        test = " and ".join(f"isinstance({n}, _T)" for n in plain)
+        body = f"    if {test}:\n        return ({', '.join(flat)},)\n" + body
+    src = f"def sig({params}):\n{body}"
     ns.update(_T=_T, _num=_num_sig, _dyn=_dyn_sig, _cur=getattr(torch._C, "_cuda_getDevice", None),
               _ddt=torch.get_default_dtype, _tlist=_tensor_list_sig, _alias=_alias_sig,
               _tlist1=_only_list_sig)
