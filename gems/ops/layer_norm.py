@@ -15,9 +15,11 @@ Backward: with xhat = (x - mean) * rstd and wg = dy * w,
     dx = rstd * (wg - mean(wg * xhat) * xhat - mean(wg))          per row, one pass
     dw = sum_rows dy * xhat,  db = sum_rows dy                      over rows
 Each program owns a contiguous range of rows, keeps its dw/db partial sums in fp32 registers, and
-writes them once to a workspace [programs, N]; a column-sum (the reduction module's kernel, reading
-[programs, N] coalesced along N) gives dw and db. No atomics: deterministic. The workspace is
-programs * N * 4 bytes (a few % of the traffic of dy + x + dx for LLM shapes).
+writes them once to a workspace [2, programs, N]; one column-sum launch (reading it coalesced along
+N) gives dw and db. No atomics: deterministic. The workspace is programs * N * 4 bytes per gradient
+(a few % of the traffic of dy + x + dx for LLM shapes). Two launches in all: at decode and BERT
+sizes each launch is host time (a separate column sum per gradient made it 1.17x ATen's per-call
+time on an H100, 2026-11-24).
 
 Mean and rstd follow ATen's dtypes: the input dtype on CPU, fp32 for fp16/bf16 inputs on CUDA;
 shape input.shape[:axis] + (1,) * len(normalized_shape).
@@ -32,7 +34,6 @@ import triton.language as tl
 
 from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
-from .reduction import reduce_launch
 from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, zeros
 
 # max_n: widest row kept in registers; tile: elements per program for short rows;
@@ -41,10 +42,10 @@ _CONFIGS = {
     # bwd: N=4096 bf16 at 16 warps is 64 registers/thread (8 warps: 114), two programs fit an SM
     # either way, so two per SM and no second wave; more warps keep more row loads in flight
     "cuda": dict(max_n=16384, tile=4096, elems_per_warp=512, bwd_elems_per_warp=256, max_warps=16,
-                 bwd_programs_per_sm=2),
+                 bwd_programs_per_sm=2, colsum_n=64, colsum_p=32),
     # the interpreter: few programs; a small max_n so that tests (also gems.fused's) reach the looping path
     "interpreter": dict(max_n=128, tile=1024, elems_per_warp=512, bwd_elems_per_warp=512, max_warps=1,
-                        programs=4),
+                        programs=4, colsum_n=32, colsum_p=4),
 }
 
 
@@ -243,6 +244,32 @@ def layer_norm_bwd(G, DS, X, W, MEAN, RSTD, DX, WS_W, WS_B, M, N, sG, sDS, sX, r
                     tl.store(p, tl.load(p, mask=cmask, other=0.0) + g, mask=cmask)
 
 
+@kernel
+@triton.jit
+def layer_norm_bwd_colsum(WS, DW, DB, P, N, DO_DW: tl.constexpr, DO_DB: tl.constexpr,
+                          BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dw[n] = sum_p WS[0, p, n] (DO_DW), db[n] = sum_p WS[DO_DW, p, n] (DO_DB): the backward's
+    workspace rows summed per column in fp32, stored in dw / db's dtypes, both in one launch.
+    Bytes: P * N * 4 read and N * itemsize written per gradient."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    rows = tl.arange(0, BLOCK_P)
+    aw = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+    ab = tl.zeros([BLOCK_P, BLOCK_N], tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        r = p0 + rows
+        m = (r < P)[:, None] & cmask[None, :]
+        off = r.to(tl.int64)[:, None] * N + cols[None, :]
+        if DO_DW:
+            aw += tl.load(WS + off, mask=m, other=0.0)
+        if DO_DB:
+            ab += tl.load(WS + DO_DW * P.to(tl.int64) * N + off, mask=m, other=0.0)
+    if DO_DW:
+        tl.store(DW + cols, tl.sum(aw, 0).to(DW.dtype.element_ty), mask=cmask)
+    if DO_DB:
+        tl.store(DB + cols, tl.sum(ab, 0).to(DB.dtype.element_ty), mask=cmask)
+
+
 def _split(x, normalized_shape):
     """(M, N) of a layer norm over the trailing `normalized_shape`; mismatches are ATen's to report."""
     ns = [int(s) for s in normalized_shape]
@@ -318,19 +345,18 @@ def backward_rows(gv, sg, xv, sx, w, mean, rstd, dx, dw, db, M, N, device, dsv=N
         block_n = cfg["max_n"]
     P, rows = _bwd_programs(M, do_dw or do_db, device)
     ws_alloc = empty if single else zeros
-    ws_w = ws_alloc((P, N), torch.float32, device) if do_dw else None
-    ws_b = ws_alloc((P, N), torch.float32, device) if do_db else None
+    ws = ws_alloc((int(do_dw) + int(do_db), P, N), torch.float32, device) if do_dw or do_db else None
+    ws_w = ws[0] if do_dw else None
+    ws_b = ws[int(do_dw)] if do_db else None
     big = int(max(M * max(sg, sx, sds, N), P * N) >= _INT64_FROM)
     consts = (int(w is not None), int(dsv is not None), int(do_dx), int(do_dw), int(do_db), single, big, block_n)
     layer_norm_bwd[(P,)](
         gv, dsv, xv, w, mean, rstd, dx, ws_w, ws_b, M, N, sg, sds, sx, rows, *consts,
         num_warps=_warps(block_n, "bwd_elems_per_warp"))
-    # column sums of the [P, N] workspaces, straight into dw / db in their dtypes
-    plan = (1, 0, P, N, N, 1) if N > 1 else (1, 0, P, 1, 1, 0)
-    if do_dw:
-        reduce_launch(ws_w, dw, plan, 0, torch.float32, 1.0)
-    if do_db:
-        reduce_launch(ws_b, db, plan, 0, torch.float32, 1.0)
+    if ws is not None:
+        # column sums of the [P, N] workspaces, straight into dw / db in their dtypes
+        bn = min(next_pow2(N), cfg["colsum_n"])
+        layer_norm_bwd_colsum[(cdiv(N, bn),)](ws, dw, db, P, N, do_dw, do_db, cfg["colsum_p"], bn, num_warps=4)
 
 
 def _forward(x, normalized_shape, weight, bias, eps, outs=(None, None, None)):
