@@ -246,10 +246,10 @@ def layer_norm_bwd(G, DS, X, W, MEAN, RSTD, DX, WS_W, WS_B, M, N, sG, sDS, sX, r
 
 @kernel
 @triton.jit
-def layer_norm_bwd_colsum(WS, DW, DB, P, N, DO_DW: tl.constexpr, DO_DB: tl.constexpr,
+def layer_norm_bwd_colsum(WS_W, WS_B, DW, DB, P, N, DO_DW: tl.constexpr, DO_DB: tl.constexpr,
                           BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dw[n] = sum_p WS[0, p, n] (DO_DW), db[n] = sum_p WS[DO_DW, p, n] (DO_DB): the backward's
-    workspace rows summed per column in fp32, stored in dw / db's dtypes, both in one launch.
+    """dw[n] = sum_p WS_W[p, n] (DO_DW), db[n] = sum_p WS_B[p, n] (DO_DB): the backward's workspace
+    rows summed per column in fp32, stored in dw / db's dtypes, both in one launch.
     Bytes: P * N * 4 read and N * itemsize written per gradient."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -261,9 +261,9 @@ def layer_norm_bwd_colsum(WS, DW, DB, P, N, DO_DW: tl.constexpr, DO_DB: tl.const
         m = (r < P)[:, None] & cmask[None, :]
         off = r.to(tl.int64)[:, None] * N + cols[None, :]
         if DO_DW:
-            aw += tl.load(WS + off, mask=m, other=0.0)
+            aw += tl.load(WS_W + off, mask=m, other=0.0)
         if DO_DB:
-            ab += tl.load(WS + DO_DW * P.to(tl.int64) * N + off, mask=m, other=0.0)
+            ab += tl.load(WS_B + off, mask=m, other=0.0)
     if DO_DW:
         tl.store(DW + cols, tl.sum(aw, 0).to(DW.dtype.element_ty), mask=cmask)
     if DO_DB:
@@ -356,7 +356,8 @@ def backward_rows(gv, sg, xv, sx, w, mean, rstd, dx, dw, db, M, N, device, dsv=N
     if ws is not None:
         # column sums of the [P, N] workspaces, straight into dw / db in their dtypes
         bn = min(next_pow2(N), cfg["colsum_n"])
-        layer_norm_bwd_colsum[(cdiv(N, bn),)](ws, dw, db, P, N, do_dw, do_db, cfg["colsum_p"], bn, num_warps=4)
+        layer_norm_bwd_colsum[(cdiv(N, bn),)](ws_w, ws_b, dw, db, P, N, do_dw, do_db, cfg["colsum_p"], bn,
+                                              num_warps=4)
 
 
 def _forward(x, normalized_shape, weight, bias, eps, outs=(None, None, None)):
