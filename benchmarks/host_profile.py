@@ -1,8 +1,16 @@
 """Where the host time of one small Gems call goes (GPU machine): component timings + cProfile.
 
     python -m benchmarks.host_profile
+    python -m benchmarks.host_profile --python-path   # the Python plan path (GEMS_FAST=0), piece by piece
+
+`--python-path` takes one call apart (`x + x`, bf16 [1,1,4096]): the whole call with ATen and with
+Gems, the Gems kernel called without the dispatcher, its signature and lookup, the plan alone, and
+the floor any Python kernel pays (the dispatcher's hop into Python, an allocation, Triton's launcher).
+docs/architecture.md section 6 has the H100 numbers and what they mean for that path.
 """
+import argparse
 import cProfile
+import os
 import pstats
 import warnings
 
@@ -70,5 +78,54 @@ def main():
     gems.disable()
 
 
+def python_path():
+    os.environ["GEMS_FAST"] = "0"            # read when gems.enable() first registers
+    from gems import dispatch, registry
+    from gems.runtime import plan as plan_mod
+    kernels = {}
+    make = dispatch._make_kernel
+
+    def keep(impl, *a):                      # the Python kernel of each overload, to call it directly
+        k = make(impl, *a)
+        kernels[impl.name] = k
+        return k
+
+    dispatch._make_kernel = keep
+    x = torch.randn(1, 1, 4096, device="cuda", dtype=torch.bfloat16)
+    held = torch.empty_like(x)
+    r = {"aten x + x": us(lambda: x + x),
+         "torch.empty_strided": us(lambda: torch.empty_strided((1, 1, 4096), (4096, 4096, 1), dtype=x.dtype,
+                                                               device="cuda")),
+         "torch.empty_like": us(lambda: torch.empty_like(x))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lib = torch.library.Library("aten", "IMPL")
+        lib.impl("add.Tensor", lambda a, b, alpha=1: held, "CUDA")
+        lib.impl("sub.Tensor", lambda a, b, alpha=1: torch.empty_like(a), "CUDA")
+    r["python kernel returning a held tensor"] = us(lambda: x + x)
+    r["python kernel returning empty_like"] = us(lambda: x - x)
+    lib._destroy()
+    gems.enable()
+    r["gems x + x (Python path)"] = us(lambda: x + x)
+    impl = registry.get("add.Tensor")
+    k = kernels["add.Tensor"]
+    r["gems kernel, no dispatcher hop"] = us(lambda: k(x, x))
+    sig = plan_mod.make_signature(registry._aten_overload("add.Tensor")._schema, impl.dynamic, True)
+    plans = impl.plans.plans
+    p = plans[sig(x, x)]
+    r["signature"] = us(lambda: sig(x, x))
+    r["signature + lookup"] = us(lambda: plans.get(sig(x, x)))
+    r["plan alone (allocate, launch)"] = us(lambda: p(x, x))
+    r["launch-hook check"] = us(plan_mod.hooks_active)
+    gems.disable()
+    dispatch._make_kernel = make
+    for name, v in r.items():
+        print(f"{name:40s} {v:7.2f} us")
+    print(f"\nfloor of any Python kernel (hop + empty_like + launcher) ~ "
+          f"{r['python kernel returning empty_like'] + r['plan alone (allocate, launch)'] - r['torch.empty_strided']:.2f} us")
+
+
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--python-path", action="store_true", help="take the Python plan path's call apart")
+    python_path() if ap.parse_args().python_path else main()
