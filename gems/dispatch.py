@@ -32,7 +32,7 @@ from typing import Iterable, Optional
 import torch
 
 from . import registry
-from .codegen.numbers import numbers_to_tensors, tensor_positions
+from .codegen.numbers import call_with_numbers, tensor_positions
 from .registry import AtenError, Unsupported
 from .runtime import backends as _backends
 from .runtime import fast as _fastmod
@@ -340,8 +340,12 @@ def _boxed_with_numbers(name, call_boxed):
             return call_boxed(keyset, *args, **kwargs)
         return call_one
 
+    schema = registry._aten_overload(name)._schema
+    out_name = next((a.name for a in schema.arguments if a.kwarg_only and a.alias_info is not None
+                     and a.alias_info.is_write), None)
+
     def call(keyset, *args, **kwargs):
-        return call_boxed(keyset, *numbers_to_tensors(args, positions), **kwargs)
+        return call_with_numbers(lambda *a, **kw: call_boxed(keyset, *a, **kw), args, positions, kwargs, out_name)
     return call
 
 

@@ -14,7 +14,12 @@ tensor that ATen treats as it treats the wrapped number:
 * else a dtype that makes type promotion give the wrapped number's result: for a float, the widest
   floating dtype among the (0-dim) tensors, else the default dtype (the number's category wins);
   for an int, the widest integer dtype among the tensors, else int64. An int out of that dtype's
-  range raises here (ATen would wrap it, or keep it where the op computes in float);
+  range is what ATen converts to the common dtype: wrapped (`int8(1) + 300` is 45, and
+  `int8(44) == 300` is True) where the op computes in that integer dtype, kept exact where it
+  computes in float (`int8(100) / 300` is 1/3, as are xlogy, copysign, atan2). A tensor cannot say
+  both, so `numbers_to_tensors` wraps it and reports that it did; the caller runs the op again with
+  the number exact (a tensor of the default float dtype) when the first answer is floating-point
+  (`call_with_numbers`);
 * bool: bool.
 
 This is for the dispatcher's fallback path (`call_orig`); Gems' own pointwise kernels take numbers
@@ -33,17 +38,46 @@ def tensor_positions(schema) -> tuple:
                  if not a.kwarg_only and str(a.type) == "Tensor")
 
 
-def numbers_to_tensors(args, positions):
-    """`args` with Python numbers at `positions` replaced by equivalent 0-dim tensors (see module doc)."""
+def call_with_numbers(call, args, positions, kwargs, out_name=None):
+    """call(*args, **kwargs) with the numbers at `positions` as tensors (see the module doc).
+    `out_name`: the overload's `out=` argument, if it has one."""
+    conv, wrapped = numbers_to_tensors(args, positions, report=True)
+    if not wrapped:
+        return call(*conv, **kwargs)
+    out = kwargs.get(out_name) if out_name else None
+    if isinstance(out, torch.Tensor) and out.is_floating_point():
+        # an int number out of the inputs' integer range, written to a float out=: whether the op
+        # computes in that integer dtype (add: wrap, then cast) or in float (div: exact) shows in
+        # whether it accepts an integer out= (a 0-dim scratch tensor; its answer is thrown away)
+        dt = next(t.dtype for t in conv if isinstance(t, torch.Tensor) and not t.is_floating_point())
+        try:
+            call(*conv, **{**kwargs, out_name: torch.empty((), dtype=dt, device=out.device)})
+            in_float = False
+        except RuntimeError:
+            in_float = True
+        return call(*(numbers_to_tensors(args, positions, exact_ints=True) if in_float else conv), **kwargs)
+    res = call(*conv, **kwargs)
+    if isinstance(res, torch.Tensor) and res.is_floating_point() and out is None:
+        # the op computed in float: ATen read the out-of-range int exactly, not wrapped (a functional
+        # op: nothing was written by the first call)
+        res = call(*numbers_to_tensors(args, positions, exact_ints=True), **kwargs)
+    return res
+
+
+def numbers_to_tensors(args, positions, exact_ints=False, report=False):
+    """`args` with Python numbers at `positions` replaced by equivalent 0-dim tensors (see module doc).
+    An int out of the range of the integer dtype it takes is wrapped into it, or with `exact_ints`
+    kept as a default-float tensor; `report`: return (args, whether such an int was met)."""
     nums = [i for i in positions if i < len(args) and isinstance(args[i], (bool, int, float))]
     if not nums:
-        return args
+        return (args, False) if report else args
     tens = [a for a in args if isinstance(a, torch.Tensor)]
     float_dim = any(t.dim() and (t.is_floating_point() or t.is_complex()) for t in tens)
     num_dim = float_dim or any(t.dim() and t.dtype != torch.bool for t in tens)
     floats = [t.dtype for t in tens if t.is_floating_point()]
     ints = [t.dtype for t in tens if not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool]
     args = list(args)
+    wrapped = False
     for i in nums:
         v = args[i]
         if isinstance(v, bool):
@@ -52,12 +86,21 @@ def numbers_to_tensors(args, positions):
             if num_dim or not ints:
                 args[i] = torch.tensor(v, dtype=torch.int64)
             else:
-                # raises for a value out of dt's range: ATen wraps it where the common dtype is dt and
-                # keeps it where the op computes in float (true division), which a tensor cannot say
-                args[i] = torch.tensor(v, dtype=max(ints, key=lambda d: torch.iinfo(d).bits))
+                dt = max(ints, key=lambda d: torch.iinfo(d).bits)
+                info = torch.iinfo(dt)
+                if info.min <= v <= info.max:
+                    args[i] = torch.tensor(v, dtype=dt)
+                elif floats:
+                    # a float 0-dim tensor decides the dtype: ATen computes in float, the int exact
+                    args[i] = torch.tensor(v, dtype=torch.int64)
+                else:
+                    wrapped = True
+                    # int64 first (an int beyond it raises as ATen does), then C's wrapping cast
+                    args[i] = torch.tensor(v, dtype=torch.get_default_dtype()) if exact_ints else \
+                        torch.tensor(v, dtype=torch.int64).to(dt)
         elif float_dim:
             args[i] = torch.tensor(v, dtype=torch.float64)
         else:
             dt = max(floats, key=lambda d: _FLOAT_RANK.get(d, 0)) if floats else torch.get_default_dtype()
             args[i] = torch.tensor(v, dtype=dt)
-    return tuple(args)
+    return (tuple(args), wrapped) if report else tuple(args)

@@ -51,6 +51,8 @@ zero = pointwise("zero_", body=_zero, operands=("self",), dtypes=ALL)
 
 
 def _copy_check(self, src, non_blocking=False):
+    if not isinstance(src, torch.Tensor):
+        return "Python number as src"   # a wrapped number ATen copies in (copysign of ints)
     if self.device != src.device:
         return "copy across devices"
     if self.dtype not in ALL or src.dtype not in ALL:

@@ -1,3 +1,4 @@
+import contextlib
 """Pointwise ops from gems.codegen: add, sub, rsub, mul, div (all rounding modes), neg, exp, silu, gelu
 (+ backwards) against ATen in float64, over layouts, broadcasting, scalars, 0-dim, empty, out=, in-place."""
 import math
@@ -316,6 +317,52 @@ def test_numbers_to_tensors_matches_wrapped_number_promotion():
         got = torch.mul(*args)
         assert got.dtype == want.dtype, (t.dtype, n, got.dtype, want.dtype)
         assert torch.equal(got, want)
+
+
+def _out_of_range_int_cases():
+    i8 = lambda v: torch.tensor(v, dtype=torch.int8, device=DEVICE)  # noqa: E731
+    f32 = lambda: torch.empty((), device=DEVICE)  # noqa: E731
+    return {
+        # all-0-dim integer tensors and an int beyond their dtype: ATen wraps it where it computes
+        # in that dtype and reads it exactly where it computes in float
+        "add": lambda: i8(1) + 300, "sub": lambda: i8(1) - 300, "mul": lambda: i8(3) * 300,
+        "rsub": lambda: 300 - i8(44), "eq": lambda: i8(44) == 300, "lt": lambda: i8(44) < 300,
+        "and": lambda: i8(44) & 300, "remainder": lambda: torch.remainder(i8(100), 300),
+        "div": lambda: i8(100) / 300, "rdiv": lambda: 300 / i8(44), "xlogy": lambda: torch.xlogy(i8(44), 300),
+        "copysign": lambda: torch.copysign(i8(44), 300), "u8 sub": lambda: torch.tensor(5, dtype=torch.uint8,
+                                                                                          device=DEVICE) - 300,
+        "add_": lambda: i8(1).add_(300), "add float out": lambda: torch.add(i8(1), 300, out=f32()),
+        "div float out": lambda: torch.div(i8(100), 300, out=f32()),
+        "float 0-dim beside": lambda: torch.add(i8(1), 300) + torch.tensor(0.5, device=DEVICE),
+        "i8 + f32 0-dim + 300": lambda: torch.where(torch.tensor(True, device=DEVICE), i8(1), 300),
+    }
+
+
+def test_out_of_range_int_numbers_like_aten():
+    # reference: ATen alone (Gems' registrations removed). Gems on, or registered and out of scope
+    # (its Python kernel passes numbers back to ATen as tensors), must give ATen's value and dtype
+    gems.disable()
+    want = {}
+    for k, f in _out_of_range_int_cases().items():
+        try:
+            want[k] = f()
+        except Exception as e:  # noqa: BLE001
+            want[k] = type(e)
+    with gems.use_gems():
+        pass                      # registered from here on
+    for mode in ("out of scope", "on"):
+        for k, f in _out_of_range_int_cases().items():
+            with (gems.use_gems() if mode == "on" else contextlib.nullcontext()):
+                try:
+                    got = f()
+                except Exception as e:  # noqa: BLE001
+                    got = type(e)
+            w = want[k]
+            if isinstance(w, type):
+                assert got is w, (mode, k, got, w)
+            else:
+                assert isinstance(got, torch.Tensor) and got.dtype == w.dtype and torch.equal(got, w), \
+                    (mode, k, got, w)
 
 
 def test_fallbacks_are_counted_and_right():
