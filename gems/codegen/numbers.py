@@ -49,7 +49,8 @@ def call_with_numbers(call, args, positions, kwargs, out_name=None):
         # an int number out of the inputs' integer range, written to a float out=: whether the op
         # computes in that integer dtype (add: wrap, then cast) or in float (div: exact) shows in
         # whether it accepts an integer out= (a 0-dim scratch tensor; its answer is thrown away)
-        dt = next(t.dtype for t in conv if isinstance(t, torch.Tensor) and not t.is_floating_point())
+        dt = next(t.dtype for t in conv if isinstance(t, torch.Tensor) and not t.is_floating_point()
+                  and not t.is_complex() and t.dtype != torch.bool)
         try:
             call(*conv, **{**kwargs, out_name: torch.empty((), dtype=dt, device=out.device)})
             in_float = False
