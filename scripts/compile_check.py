@@ -107,7 +107,8 @@ def _compile(line: str, arch: int):
         if any(isinstance(v, str) and v.startswith("?") for v in rec["constexprs"].values()):
             return rec, "skipped: a constexpr of a type this script does not map"
         src = ASTSource(fn=fn, signature=rec["signature"], constexprs=consts)
-        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": rec["num_warps"]})
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": rec["num_warps"],
+                                                                      "debug": bool(fn.debug)})
         shared = k.metadata.shared
         if shared > _SHARED_MAX.get(arch, 232448):
             return rec, f"FAIL: needs {shared} bytes of shared memory (sm_{arch} allows {_SHARED_MAX.get(arch)})"

@@ -209,8 +209,8 @@ def set_gemm_policy(policy: str):
 _TUNERS = {}
 
 
-def _tuner(itemsize):
-    triton_only = gemm_policy() == "triton"
+def _tuner(itemsize, triton_only=False):
+    triton_only = triton_only or gemm_policy() == "triton"
     # separate tuning caches: a bucket tuned without the ATen candidate must not answer for 'auto'
     # ("-auto2": decisions since ATen's candidate carries _ATEN_HOST_MS; older caches decided without it)
     name = ("mm16" if itemsize <= 2 else "mm32") + ("" if triton_only else "-auto2")
@@ -260,11 +260,12 @@ def _s3(t):
     return st if len(st) == 3 else (0,) + st
 
 
-def _launch(a, b, c, bias, alpha, beta, config=None):
+def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision=None):
     """c[i] = alpha * a[i] @ b[i] + beta * bias[i]; 2-D (mm) or 3-D (bmm) operands, bias None or c's shape.
 
     Only strides go to the kernel: no views are made per call. `config` forces one launch config
-    (tests check every config of the search space with it)."""
+    (tests check every config of the search space with it). `triton_only`: tune over the Triton
+    configs alone (a GEMM inside another op, which has no ATen GEMM to hand the call to)."""
     nb = a.shape[0] if a.dim() == 3 else 1
     M, K = a.shape[-2], a.shape[-1]
     N = b.shape[-1]
@@ -276,7 +277,7 @@ def _launch(a, b, c, bias, alpha, beta, config=None):
     if not has_bias:
         bias = c  # never read; any valid pointer keeps the argument list fixed
     i64 = max(_span(a), _span(b), _span(c), _span(bias)) > _I32_MAX
-    prec = _precision(a.dtype)
+    prec = precision or _precision(a.dtype)
     sa, sb, sc = _s3(a), _s3(b), _s3(c)
     sx = _s3(bias) if has_bias else (0, 0, 0)
     fixed = (M, N, K, float(alpha), float(beta), sa[0], sa[1], sa[2], sb[0], sb[1], sb[2],
@@ -291,7 +292,7 @@ def _launch(a, b, c, bias, alpha, beta, config=None):
     if config is not None:
         run(config, c)
         return c
-    tuner = _tuner(a.element_size())
+    tuner = _tuner(a.element_size(), triton_only)
     if backend().name != "interpreter" and M <= 16 and nb == 1:
         run(_skinny(N, a.element_size()), c)
         return c

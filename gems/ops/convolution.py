@@ -36,7 +36,7 @@ from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
 from ..runtime.autotune import Autotuner, bench_ms
 from ..runtime.utils import cdiv, empty, next_pow2
-from . import blas, reduction
+from . import blas, copy, reduction
 
 
 @triton.jit
@@ -348,8 +348,40 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
     return _conv_fwd(input, weight, bias, p)
 
 
+def _is_patchify(p):
+    """Non-overlapping patches: stride = kernel, no padding, no dilation (ViT/CLIP patch embeddings)."""
+    C, H, W, O, KH, KW, OH, OW, st, pad, dil, cl = p
+    return st[0] == KH and st[1] == KW and pad == [0, 0] and dil == [1, 1]
+
+
+def _patch_grad_weight(g, x, gw, p):
+    """grad_weight of a patch embedding: GW[o, k] = sum_m G[o, m] * P[m, k], where P (the patches of
+    x, im2col) is a permutation of x's cropped elements, so it costs one copy of x and no more; G is a
+    view of grad_out (channels-last) or one copy of it. Then one tiled GEMM (blas's kernel, Triton
+    configs) with M x K = O x (C*KH*KW) outputs and the long m = (n, oh, ow) as its reduction: the
+    implicit GEMM above gathers the same patches with divisions per element and tiles O x K only
+    (CLIP: 1024 x 588), so it leaves most of the GPU idle or splits M over partial sums.
+    Bytes: x and grad_out read and written once more (the copies), then the GEMM's operands."""
+    C, H, W, O, KH, KW, OH, OW, st, pad, dil, cl = p
+    N = x.shape[0]
+    M, K = N * OH * OW, C * KH * KW
+    xs = x[:, :, :OH * KH, :OW * KW].unflatten(3, (OW, KW)).unflatten(2, (OH, KH))   # [N, C, OH, KH, OW, KW]
+    # the patch's element order is the weight's memory order: (c, kh, kw), or (kh, kw, c) channels-last
+    order = (0, 2, 4, 3, 5, 1) if cl else (0, 2, 4, 1, 3, 5)
+    patches = copy.clone(xs.permute(order), memory_format=torch.contiguous_format).view(M, K)
+    g_onhw = g.permute(1, 0, 2, 3)                                                   # [O, N, OH, OW]
+    try:
+        g_om = g_onhw.view(O, M)              # channels-last grad_out: [O, M] with strides (1, O)
+    except RuntimeError:
+        g_om = copy.clone(g_onhw, memory_format=torch.contiguous_format).view(O, M)
+    flat = (gw.permute(0, 2, 3, 1) if cl else gw).view(O, K)
+    blas._launch(g_om, patches, flat, None, 1.0, 0.0, triton_only=True, precision=_precision(x.dtype))
+
+
 def _grad_weight(g, x, gw, p):
     C, H, W, O, KH, KW, OH, OW, st, pad, dil, cl = p
+    if _is_patchify(p) and x.shape[0] * OH * OW:
+        return _patch_grad_weight(g, x, gw, p)
     N = x.shape[0]
     M, K = N * OH * OW, C * KH * KW
     prec, i64 = _precision(x.dtype), _i64(x, g, gw)

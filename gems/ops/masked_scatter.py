@@ -19,17 +19,21 @@ Every tensor is read through its strides at the broadcast shape, with the dims m
 operands allow (at most four left, else ATen runs it). Bytes moved: the mask read twice (count,
 scatter), self once where the mask is False, source once where it is True, the output written once.
 
-Call plans: the kernels' arguments follow from the call's signature; the one exception, the host
-read below, keeps its signatures on the full path (a recording sees the `.item()`).
+Call plans: the kernels' arguments follow from the call's signature (on the CPU the host read below
+keeps a shortage-possible signature on the full path: a recording sees the `.item()`).
 
 The source-size check. ATen requires source to hold at least as many elements as the mask has True
 positions. Its CPU kernel raises; its CUDA kernel (`launch_masked_scatter_kernel`) checks
-asynchronously with a device-side assert, without a host sync. Triton compiles device asserts out
-unless debugging, so Gems reads the total on the host (`.item()`: one sync) -- only when
-source.numel() is below the number of positions, i.e. when a shortage is possible at all (Llava's
-call is such a case: one sync per forward). A shortage is `Unsupported`: ATen then runs the call and
-answers as it does on that device. masked_scatter_backward checks likewise (an output smaller than
-the True count is an error in ATen, whose masked_select syncs on CUDA anyway).
+asynchronously with a device-side assert, without a host sync. Gems does the same on CUDA: when
+source.numel() is below the number of positions (a shortage is possible at all; Llava's call is such
+a case), the scan is `block_scan_checked`, compiled with debug=True so that its `tl.device_assert`
+on the total stays in the binary (Triton drops asserts otherwise). A shortage then ends the CUDA
+context with a device-side assert before the scatter runs, as ATen's does; nothing wrong is ever
+returned, and the call costs no host synchronization (it cost one per Llava forward before). On the
+CPU (the interpreter) Gems reads the total on the host (`.item()`) and a shortage is `Unsupported`:
+ATen then runs the call and raises its error. masked_scatter_backward reads its total on the host on
+every device (an output smaller than the True count is an error in ATen, whose masked_select syncs on
+CUDA anyway).
 """
 from __future__ import annotations
 
@@ -74,17 +78,35 @@ def mask_count(Mask, Counts, numel, n1, n2, n3, sm0, sm1, sm2, sm3, BIG: tl.cons
     tl.store(Counts + pid, tl.sum(m.to(tl.int32), 0).to(tl.int64))
 
 
-@kernel
 @triton.jit
-def block_scan(Counts, nblocks, CHUNK: tl.constexpr):
-    """Counts[b] <- Counts[0] + ... + Counts[b - 1] for b = 0 .. nblocks (in place; Counts[nblocks],
-    read as 0, becomes the total)."""
+def _scan(Counts, nblocks, CHUNK: tl.constexpr):
     carry = tl.full([], 0, tl.int64)
     for start in range(0, nblocks + 1, CHUNK):
         i = start + tl.arange(0, CHUNK)
         c = tl.load(Counts + i, mask=i < nblocks, other=0)
         tl.store(Counts + i, carry + tl.cumsum(c, 0) - c, mask=i <= nblocks)
         carry += tl.sum(c, 0)
+    return carry
+
+
+@kernel
+@triton.jit
+def block_scan(Counts, nblocks, CHUNK: tl.constexpr):
+    """Counts[b] <- Counts[0] + ... + Counts[b - 1] for b = 0 .. nblocks (in place; Counts[nblocks],
+    read as 0, becomes the total)."""
+    _scan(Counts, nblocks, CHUNK)
+
+
+# debug=True keeps the device assert (Triton compiles asserts out otherwise); its integer overflow
+# checks cost nothing in this one-program scan
+@kernel
+@triton.jit(debug=True)
+def block_scan_checked(Counts, nblocks, limit, CHUNK: tl.constexpr):
+    """block_scan, then a device-side assert that the total is at most `limit` (source's elements):
+    ATen's CUDA check, without a host synchronization."""
+    total = _scan(Counts, nblocks, CHUNK)
+    tl.device_assert(total <= limit, "masked_scatter: expected source to have at least as many elements "
+                                     "as the ones in the mask")
 
 
 @kernel
@@ -145,14 +167,18 @@ def _geometry(shape, strides_list):
     return [1] * pad + sizes, [[0] * pad + list(s) for s in sts]
 
 
-def _ranks(mask_t, shape, m_st, sizes, numel, big, cfg):
-    """Per block its first rank (Ranks[nblocks] = the total): launches 1 and 2."""
+def _ranks(mask_t, shape, m_st, sizes, numel, big, cfg, limit=None):
+    """Per block its first rank (Ranks[nblocks] = the total): launches 1 and 2; with `limit`, the scan
+    also asserts on the device that the total is at most `limit`."""
     nblocks = cdiv(numel, cfg["block"])
     ranks = empty((nblocks + 1,), torch.int64, mask_t.device)
     if nblocks:
         mask_count[(nblocks,)](mask_t, ranks, numel, sizes[1], sizes[2], sizes[3], *m_st, big, cfg["block"],
                                num_warps=cfg["num_warps"])
-    block_scan[(1,)](ranks, nblocks, cfg["scan"], num_warps=cfg["num_warps"])
+    if limit is None:
+        block_scan[(1,)](ranks, nblocks, cfg["scan"], num_warps=cfg["num_warps"])
+    else:
+        block_scan_checked[(1,)](ranks, nblocks, limit, cfg["scan"], num_warps=cfg["num_warps"])
     return ranks, nblocks
 
 
@@ -192,9 +218,12 @@ def _masked_scatter(self, mask, source, out=None, inplace=False):
     cfg = _CONFIGS[backend().name]
     big = needs_int64(numel, cfg["block"], [(shape, broadcast_strides(shape, t.shape, t.stride()))
                                             for t in (mask, self, y)])
-    ranks, nblocks = _ranks(mask, shape, m_st, sizes, numel, big, cfg)
-    if source.numel() < numel and int(ranks[nblocks].item()) > source.numel():
-        # the sync is the price of ATen's error (module doc); nothing is written yet
+    short = source.numel() < numel        # a shortage is possible at all
+    on_gpu = backend().name == "cuda"
+    ranks, nblocks = _ranks(mask, shape, m_st, sizes, numel, big, cfg,
+                            limit=source.numel() if short and on_gpu else None)
+    if short and not on_gpu and int(ranks[nblocks].item()) > source.numel():
+        # ATen's CPU kernel raises: let it (nothing is written yet); CUDA asserted in the scan
         raise Unsupported("source has fewer elements than the mask's True positions (ATen raises)")
     # ATen reads a contiguous source too; an empty one is never read (any valid pointer will do)
     src = source.contiguous() if source.numel() else y

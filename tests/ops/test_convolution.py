@@ -144,6 +144,23 @@ def test_backward_layouts(dtype):
             _run_backward(gg, x, w, case, [True, True, True], dtype)
 
 
+@dtype_params()
+def test_backward_patch_layouts(dtype, monkeypatch):
+    # stride = kernel without padding (a patch embedding): grad_weight is one GEMM over x's patches;
+    # H and W not multiples of the stride (rows and columns no patch covers), every layout of
+    # _layouts, grad_output contiguous and channels-last; the patch path must be the one taken
+    case = ((3, 3, 14, 13), (5, 3, 4, 4), (4, 4), (0, 0), (1, 1))
+    taken = []
+    real = conv_mod._patch_grad_weight
+    monkeypatch.setattr(conv_mod, "_patch_grad_weight", lambda *a: taken.append(1) or real(*a))
+    for name, x, w in _layouts(case, dtype):
+        shape = tuple(_conv(x, w, None, case).shape)
+        for gg in (make(shape, dtype), make(shape, dtype).to(memory_format=torch.channels_last)):
+            n = len(taken)
+            _run_backward(gg, x, w, case, [True, True, True], dtype)
+            assert len(taken) == n + 1, name
+
+
 def test_grad_weight_split_and_direct():
     # the interpreter's target is 4 programs: one O x K tile with a long M splits it (fp32 partials
     # summed by reduction.py); K = 3*7*7 = 147 > 4 tiles of 32 writes the weight directly

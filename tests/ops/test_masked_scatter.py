@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -173,3 +176,30 @@ def test_backward_op_directly():
             op(g, tokens, [n - 1])
         with pytest.raises(RuntimeError):       # ATen's masked_select takes only bool masks
             op(g, tokens.to(torch.uint8), [n])
+
+
+_SHORTAGE = """
+import contextlib
+import torch, gems
+x = torch.randn(4, 5, device="cuda")
+m = torch.ones(4, 5, dtype=torch.bool, device="cuda")
+src = torch.randn(19, device="cuda")      # one element short of the mask's 20 True positions
+with gems.use_gems() if {on} else contextlib.nullcontext():
+    y = x.masked_scatter(m, src)
+print("served", gems.registry.get("masked_scatter").served, flush=True)
+torch.cuda.synchronize()
+print("no error", flush=True)
+"""
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA's check: a device-side assert (the CPU raises, tested above)")
+def test_shortage_is_a_device_side_assert_like_aten():
+    # ATen's CUDA kernel ends the context with a device-side assert, and so does Gems' checked scan
+    # (no host sync): each runs in a fresh process, since the context does not survive it
+    for on in (False, True):
+        r = subprocess.run([sys.executable, "-c", _SHORTAGE.format(on=on)], capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode != 0 and "no error" not in r.stdout, (on, r.stdout, r.stderr[-2000:])
+        assert "device-side assert" in r.stderr, (on, r.stderr[-2000:])
+        if on:
+            assert "served 1" in r.stdout, r.stdout
