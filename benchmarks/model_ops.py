@@ -3,6 +3,7 @@ side by side in one process, with the same table as `benchmarks.run`.
 
     python -m benchmarks.model_ops                 # every case (GPU)
     python -m benchmarks.model_ops --only sort     # cases whose name contains 'sort'
+    python -m benchmarks.model_ops --only sort,cat # ... 'sort' or 'cat'
 
 Shapes: Llama-2-7B (hidden 4096, 32 heads x 128, vocab 32000, prefill 2048, decode batch 16 for the
 sampling ops), BERT-base (32 x 128 x 768), Llava-1.5 (CLIP ViT-L/14-336 patch embedding, 576 image
@@ -222,14 +223,15 @@ def _(dev, dt, small):
 def main(argv=None):
     from benchmarks import run
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", default="")
+    ap.add_argument("--only", default="", help="comma-separated substrings of case names")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "model_ops.json"))
     args = ap.parse_args(argv)
     env = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(0),
            "torch": torch.__version__, "gems": gems.__version__}
     rows = []
+    wanted = [w for w in args.only.split(",") if w]
     for name, setup, nbytes, deterministic in CASES:
-        if args.only and args.only not in name:
+        if wanted and not any(w in name for w in wanted):
             continue
         r = {"case": name, "target": 1.0}
         try:

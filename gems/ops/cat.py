@@ -20,8 +20,18 @@ goes to ATen.
 One kernel launch serves up to _SLOTS inputs (cat2_kernel, with half the launch arguments, exactly
 two): each input's [R, W_k] block is cut into [BLOCK_R, BLOCK_W] tiles, the tiles of all inputs are
 numbered consecutively, and a program finds its input from the running tile counts (scalar compares,
-no wasted programs). More than _SLOTS inputs take one launch per _SLOTS. Values are cast to the result dtype on store (ATen's promotion over all
-inputs). Bytes moved: read once, written once.
+no wasted programs). More than _SLOTS inputs take one launch per _SLOTS. Values are cast to the result
+dtype on store (ATen's promotion over all inputs). Bytes moved: read once, written once.
+
+Uniform inputs (one dtype, shape, strides and device: stack's inputs, equal chunks, a list of token
+ids) take cat_uniform_kernel: the geometry (R, W, the stride groups) is computed once from the first
+input and only the addresses differ, so the host does one equality pass over the inputs and no other
+per-input work. Its _MANY pointer slots take up to _MANY inputs per launch (grid: tiles x inputs; a
+program picks its input's pointer by a chain of selects; unused slots repeat the first input and are
+never read); more inputs take one launch per _MANY. The slots are not specialized on alignment (one
+binary for every mix of addresses); ALIGN says all are 16-byte aligned, checked on the host only for
+inputs big enough for vector loads to matter. Two uniform inputs keep cat2_kernel (fewer arguments).
+Bytes moved: the same, read once, written once.
 """
 from __future__ import annotations
 
@@ -35,7 +45,9 @@ from ..runtime.utils import cdiv, empty, next_pow2, resize_like_aten, wrap_dim
 
 ALL = FLOATS + INTS + (torch.bool, torch.float64)
 _SLOTS = 4
+_MANY = 64           # cat_uniform_kernel's pointer slots (its parameter list and `Xs` spell them)
 _INT64_FROM = 2 ** 31 - 1
+_ALIGN_FROM = 1 << 14   # elements per uniform input from which ALIGN is worth reading the addresses
 
 
 @triton.jit
@@ -113,6 +125,33 @@ def cat2_kernel(Out, R, Wtot,
                   BIG, BLOCK_R, BLOCK_W)
 
 
+# the slots' alignment is not part of the binary (the select below meets them anyway): ALIGN says it
+@kernel
+@triton.jit(do_not_specialize_on_alignment=[f"X{i}" for i in range(_MANY)])
+def cat_uniform_kernel(Out, X0, X1, X2, X3, X4, X5, X6, X7, X8, X9, X10, X11, X12, X13, X14, X15,
+                       X16, X17, X18, X19, X20, X21, X22, X23, X24, X25, X26, X27, X28, X29, X30, X31,
+                       X32, X33, X34, X35, X36, X37, X38, X39, X40, X41, X42, X43, X44, X45, X46, X47,
+                       X48, X49, X50, X51, X52, X53, X54, X55, X56, X57, X58, X59, X60, X61, X62, X63,
+                       R, W, Wtot, off0, R1, R2, sR0, sR1, sR2, W1, sW0, sW1,
+                       BIG: tl.constexpr, ALIGN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Out[r, off0 + k W + w] = X_k[f(r) + g(w)] for input k = program_id(1) (inputs of one dtype,
+    shape and strides: one geometry), tile program_id(0) of its [R, W] block."""
+    Xs = (X0, X1, X2, X3, X4, X5, X6, X7, X8, X9, X10, X11, X12, X13, X14, X15,
+          X16, X17, X18, X19, X20, X21, X22, X23, X24, X25, X26, X27, X28, X29, X30, X31,
+          X32, X33, X34, X35, X36, X37, X38, X39, X40, X41, X42, X43, X44, X45, X46, X47,
+          X48, X49, X50, X51, X52, X53, X54, X55, X56, X57, X58, X59, X60, X61, X62, X63)
+    k = tl.program_id(1)
+    if BIG:
+        k = k.to(tl.int64)
+    X = X0
+    for j in tl.static_range(1, 64):
+        X = tl.where(k == j, Xs[j], X)
+    if ALIGN:
+        X = tl.multiple_of(X, 16)
+    _cat_tile(X, Out, tl.program_id(0), R, Wtot, W, off0 + k * W, R1, R2, sR0, sR1, sR2, W1, sW0, sW1,
+              BIG, BLOCK_R, BLOCK_W)
+
+
 # tile: elements per program; max_w: widest tile along the columns. The interpreter's are small so
 # the tests' small shapes still cut inputs into several tiles.
 _CONFIGS = {"cuda": dict(tile=4096, max_w=2048), "interpreter": dict(tile=256, max_w=64)}
@@ -179,13 +218,91 @@ def _dense(t) -> bool:
     return True
 
 
+def _uniform(tensors) -> bool:
+    """Whether every input has the first one's dtype, shape, strides and device (one pass, stopping at
+    the first difference: the general path pays about one comparison) and that input is of a kind
+    cat serves (strided, a served dtype, the backend's current device)."""
+    t0 = tensors[0]
+    s0 = t0.shape
+    if len(tensors) > 1 and tensors[1].shape != s0:
+        return False            # the general path's usual case, decided at the cost of two shapes
+    try:
+        st0, dt0, dev = t0.stride(), t0.dtype, t0.device
+        for t in tensors[1:]:
+            if t.shape != s0 or t.stride() != st0 or t.dtype is not dt0 or t.device != dev:
+                return False
+    except RuntimeError:    # a tensor without strides (sparse): the general path says why
+        return False
+    be = backend()
+    return (t0.layout == torch.strided and dt0 in ALL and dev.type == be.device_type
+            and (be.device_type != "cuda" or dev.index == torch.cuda.current_device()))
+
+
+def _output(tensors, shape, dtype, dev, fmt, out):
+    """(the tensor to write, its dims in memory order): a new one in format `fmt`, or `out` checked,
+    resized and restrided like ATen's."""
+    if out is None:
+        strides = None
+        if fmt != torch.contiguous_format:
+            strides = torch.empty(shape, device="meta", memory_format=fmt).stride()
+        return empty(shape, dtype, dev, strides), _ORDERS.get(fmt, tuple(range(len(shape))))
+    if not torch.can_cast(dtype, out.dtype):
+        raise TypeError(f"torch.cat(): input types can't be cast to the desired output type {out.dtype}")
+    if out.dtype != dtype:
+        raise Unsupported("out dtype differs from the result dtype")
+    if out.device != dev:
+        raise Unsupported("out on another device")
+    for t in tensors:
+        if _overlap(out, t):
+            if _dense(out) and _dense(t):
+                raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to "
+                                   "tensor refer to a single memory location. Please clone() the tensor before "
+                                   "performing the operation.")
+            raise Unsupported("out overlaps an input")
+    if list(out.shape) != shape:
+        resize_like_aten(out, shape, stacklevel=5)
+        if fmt != torch.contiguous_format:
+            out.resize_(shape, memory_format=fmt)   # ATen restrides a resized out to the format
+    if out.is_contiguous():
+        return out, tuple(range(len(shape)))
+    if out.dim() in (4, 5) and out.is_contiguous(
+            memory_format=torch.channels_last if out.dim() == 4 else torch.channels_last_3d):
+        return out, _ORDERS[torch.channels_last if out.dim() == 4 else torch.channels_last_3d]
+    raise Unsupported("out is not dense in a memory format")
+
+
+def _split(shape, order, d):
+    """(R, I, p): the products of the sizes before and after the cat dim d in memory order, and d's
+    position p in it."""
+    p = order.index(d)
+    R = inner = 1
+    for i in order[:p]:
+        R *= shape[i]
+    for i in order[p + 1:]:
+        inner *= shape[i]
+    return R, inner, p
+
+
+def _tiles(R, maxw, be):
+    """(BLOCK_R, BLOCK_W, num_warps) for blocks of R rows and up to maxw columns."""
+    cfg = _CONFIGS[be.name]
+    bw = min(next_pow2(maxw), cfg["max_w"])
+    br = min(next_pow2(R), max(1, cfg["tile"] // bw))
+    return br, bw, max(1, min(8, br * bw // 512))
+
+
 @register("cat", "cat.out", category="copy", dtypes=ALL)
 def cat(tensors, dim=0, *, out=None):
-    """Concatenation along a dim: one launch per 4 inputs, any strides, mixed dtypes promoted like ATen."""
+    """Concatenation along a dim: one launch per 4 inputs, any strides, mixed dtypes promoted like ATen.
+
+    Inputs of one dtype, shape and strides: one launch per 64 (cat_uniform)."""
     tensors = list(tensors)
     if not tensors:
         raise ValueError("torch.cat(): expected a non-empty list of Tensors")
-    dev = tensors[0].device
+    t0 = tensors[0]
+    if t0.dim() and _uniform(tensors) and not _skipped(t0):
+        return cat_uniform(t0, tensors, dim, out)
+    dev = t0.device
     be = backend()
     for i, t in enumerate(tensors):
         if t.layout != torch.strided:
@@ -198,7 +315,7 @@ def cat(tensors, dim=0, *, out=None):
             raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
     if be.device_type == "cuda" and dev.index != torch.cuda.current_device():
         raise Unsupported("tensors on a non-current device")
-    dtype = tensors[0].dtype
+    dtype = t0.dtype
     for t in tensors[1:]:
         dtype = torch.promote_types(dtype, t.dtype)
     kept = [t for t in tensors if not _skipped(t)]
@@ -222,50 +339,11 @@ def cat(tensors, dim=0, *, out=None):
             total += t.shape[d]
         shape[d] = total
     fmt = _memory_format(tensors) if kept else torch.contiguous_format
-
-    if out is None:
-        strides = None
-        if fmt != torch.contiguous_format:
-            strides = torch.empty(shape, device="meta", memory_format=fmt).stride()
-        y = empty(shape, dtype, dev, strides)
-        order = _ORDERS.get(fmt, tuple(range(len(shape))))
-    else:
-        if not torch.can_cast(dtype, out.dtype):
-            raise TypeError(f"torch.cat(): input types can't be cast to the desired output type {out.dtype}")
-        if out.dtype != dtype:
-            raise Unsupported("out dtype differs from the result dtype")
-        if out.device != dev:
-            raise Unsupported("out on another device")
-        for t in tensors:
-            if _overlap(out, t):
-                if _dense(out) and _dense(t):
-                    raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to "
-                                       "tensor refer to a single memory location. Please clone() the tensor before "
-                                       "performing the operation.")
-                raise Unsupported("out overlaps an input")
-        if list(out.shape) != shape:
-            resize_like_aten(out, shape)
-            if fmt != torch.contiguous_format:
-                out.resize_(shape, memory_format=fmt)   # ATen restrides a resized out to the format
-        if out.is_contiguous():
-            order = tuple(range(len(shape)))
-        elif out.dim() in (4, 5) and out.is_contiguous(
-                memory_format=torch.channels_last if out.dim() == 4 else torch.channels_last_3d):
-            order = _ORDERS[torch.channels_last if out.dim() == 4 else torch.channels_last_3d]
-        else:
-            raise Unsupported("out is not dense in a memory format")
-        y = out
+    y, order = _output(tensors, shape, dtype, dev, fmt, out)
     if y.numel() == 0:
         return y
 
-    p = order.index(d)
-    oshape = [shape[i] for i in order]
-    R = 1
-    for n in oshape[:p]:
-        R *= n
-    inner = 1
-    for n in oshape[p + 1:]:
-        inner *= n
+    R, inner, p = _split(shape, order, d)
     wtot = shape[d] * inner
     slots = []
     off = 0
@@ -281,11 +359,7 @@ def cat(tensors, dim=0, *, out=None):
             slots.append((t, c * inner, off * inner, f, g))
             big = big or _span(t) >= _INT64_FROM
         off += c
-    cfg = _CONFIGS[be.name]
-    maxw = max(s[1] for s in slots)
-    bw = min(next_pow2(maxw), cfg["max_w"])
-    br = min(next_pow2(R), max(1, cfg["tile"] // bw))
-    nw = max(1, min(8, br * bw // 512))
+    br, bw, nw = _tiles(R, max(s[1] for s in slots), be)
     rt = cdiv(R, br)
     for g0 in range(0, len(slots), _SLOTS):
         group = slots[g0:g0 + _SLOTS]
@@ -307,4 +381,44 @@ def cat(tensors, dim=0, *, out=None):
             else:
                 args += [None, 0, 0, 1, 1, 0, 0, 0, 1, 0, 0]
         cat_kernel[(start,)](*args, len(group), big, br, bw, num_warps=nw)
+    return y
+
+
+def cat_uniform(ref, tensors, dim, out=None):
+    """cat of inputs that all have ref's dtype, shape and strides (_uniform's case; stack passes the
+    unsqueezed view of its first input): the result's geometry from ref alone, the inputs serve only as
+    addresses (a skipped ref, stack's 1-D empty inputs, gives ATen's [0] of all skipped). Launches
+    cat2_kernel for two inputs, else one cat_uniform_kernel per _MANY."""
+    n = len(tensors)
+    d = wrap_dim(dim, ref.dim())
+    shape = list(ref.shape)
+    c = shape[d]
+    shape[d] = c * n
+    # every input votes ref's format (ATen's rule), and its dtype is the result's
+    y, order = _output(tensors, shape, ref.dtype, ref.device, _memory_format((ref,)), out)
+    if y.numel() == 0:
+        return y
+    R, inner, p = _split(shape, order, d)
+    w = c * inner
+    wtot = w * n
+    st, sz = ref.stride(), ref.shape
+    f = _groups([(sz[i], st[i]) for i in order[:p]], 3)
+    g = _groups([(sz[i], st[i]) for i in order[p:]], 2)
+    if f is None or g is None:
+        raise Unsupported("an input whose strides need more than two groups per side")
+    big = R * wtot >= _INT64_FROM or _span(ref) >= _INT64_FROM
+    br, bw, nw = _tiles(R, w, backend())
+    tiles = cdiv(R, br) * cdiv(w, bw)
+    if n == 2:
+        x0, x1 = tensors
+        cat2_kernel[(2 * tiles,)](y, R, wtot, x0, w, 0, *f, *g, tiles, x1, w, w, *f, *g, big, br, bw, num_warps=nw)
+        return y
+    # small inputs gain nothing from vector loads: their addresses are not read
+    align = R * w >= _ALIGN_FROM and not any(t.data_ptr() & 15 for t in tensors)
+    for k0 in range(0, n, _MANY):
+        xs = tensors[k0:k0 + _MANY]
+        m = len(xs)
+        if m < _MANY:
+            xs += [xs[0]] * (_MANY - m)
+        cat_uniform_kernel[(tiles, m)](y, *xs, R, w, wtot, k0 * w, *f, *g, big, align, br, bw, num_warps=nw)
     return y

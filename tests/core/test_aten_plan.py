@@ -29,7 +29,7 @@ class _Tuner:
 @pytest.fixture
 def aten_bucket(monkeypatch):
     tuner = _Tuner({"aten": True})
-    monkeypatch.setattr(blas, "_tuner", lambda itemsize: tuner)
+    monkeypatch.setattr(blas, "_tuner", lambda itemsize, triton_only=False: tuner)
     # small problems skip tuning on the GPU: make every size a tuned one for this test
     monkeypatch.setattr(blas, "_TUNE_MIN_MACS", 0)
     impl = registry.get("mm.default")
@@ -138,7 +138,7 @@ def test_aten_candidate_carries_its_host_cost(monkeypatch):
             return self.cfg
 
     cfg = blas._INTERP_CONFIG if DEVICE == "cpu" else blas._CONFIGS_16[0]
-    monkeypatch.setattr(blas, "_tuner", lambda itemsize: Timing(cfg))
+    monkeypatch.setattr(blas, "_tuner", lambda itemsize, triton_only=False: Timing(cfg))
     monkeypatch.setattr(blas, "_TUNE_MIN_MACS", 0)
     monkeypatch.setattr(blas, "bench_ms", lambda fn: 0.020)
     impl = registry.get("mm.default")

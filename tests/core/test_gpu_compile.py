@@ -33,9 +33,20 @@ def _launch_caches():
         for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
             mod = importlib.import_module(info.name)
             for name, obj in vars(mod).items():
-                if isinstance(obj, LaunchCache) and getattr(obj.fn, "__module__", mod.__name__) == mod.__name__:
+                # the module that defines the kernel (not one importing it): the Python function's, under
+                # the LaunchCache and the JIT/interpreted function (whose own __module__ is Triton's)
+                if isinstance(obj, LaunchCache) and _defining_module(obj) == mod.__name__:
                     found[(mod.__name__, name)] = obj
+    assert found, "no kernels found: the search is broken"
     return found
+
+
+def _defining_module(obj):
+    import inspect
+    fn = obj
+    while not inspect.isfunction(fn) and hasattr(fn, "fn"):
+        fn = fn.fn
+    return getattr(fn, "__module__", None)
 
 
 def _records():

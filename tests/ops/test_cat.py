@@ -227,3 +227,129 @@ def test_repeat_calls_run_a_plan():
 def test_bf16_gpu():
     _check([make((3, 4), torch.bfloat16), make((3, 2), torch.bfloat16)], 1)
     _check([make((3, 4), torch.bfloat16), make((3, 2), torch.float32)], 1)
+
+
+# ---- the uniform path: inputs of one dtype, shape and strides, one launch per cat_mod._MANY --------
+S = cat_mod._MANY
+
+
+def _launches(monkeypatch):
+    """{kernel name: launches} of cat's kernels from here on (the implementation called directly, as
+    call plans replay launches without it)."""
+    counts = {}
+    for name in ("cat_kernel", "cat2_kernel", "cat_uniform_kernel"):
+        real = getattr(cat_mod, name)
+
+        class Counted:
+            def __getitem__(self, grid, real=real, name=name):
+                counts[name] = counts.get(name, 0) + 1
+                return real[grid]
+        monkeypatch.setattr(cat_mod, name, Counted())
+    return counts
+
+
+@pytest.mark.parametrize("n", [1, 3, S - 1, S, S + 1, 2 * S + 3])
+def test_uniform_launches(n, monkeypatch):
+    # slot k of each launch, the last slot, a second launch of one input, three launches
+    xs = [make((2, 3)) for _ in range(n)]
+    dim = n % 2
+    counts = _launches(monkeypatch)
+    _same(cat_mod.cat(xs, dim), torch.cat(xs, dim), f"n={n} dim={dim}")
+    assert counts == {"cat_uniform_kernel": -(-n // S)}, counts
+
+
+def test_uniform_launches_other_paths(monkeypatch):
+    xs = [make((2, 3)) for _ in range(4)]
+    counts = _launches(monkeypatch)
+    _same(cat_mod.cat(xs[:2], 1), torch.cat(xs[:2], 1))
+    assert counts == {"cat2_kernel": 1}, counts          # two: cat2_kernel, fewer arguments
+    counts = _launches(monkeypatch)
+    ys = xs + [xs[0].t().contiguous().t()]               # same shape, other strides: the general path
+    _same(cat_mod.cat(ys, 0), torch.cat(ys, 0))
+    assert counts == {"cat_kernel": 2}, counts
+
+
+@pytest.mark.parametrize("dtype,n,dim", [(torch.int64, S + 1, 0), (torch.bool, 2 * S + 3, 1),
+                                         (torch.float32, S - 1, -1), (torch.float16, S, 1),
+                                         (torch.uint8, S + 1, -1)], ids=DT_IDS)
+def test_uniform_many_inputs(dtype, n, dim):
+    _check([_make((2, 3, 2), dtype) for _ in range(n)], dim)
+    _check([_make((3,), dtype) for _ in range(5)], 0)
+
+
+def test_uniform_strided_inputs():
+    # transposed views, each its own tensor: one strides tuple for all
+    _check([make((5, 3)).t() for _ in range(5)], 0)
+    _check([make((5, 3)).t() for _ in range(5)], 1)
+    # step-sliced rows of one tensor (two inner groups), many at unaligned addresses
+    n = S + 2
+    base = make((n, 2, 5))
+    _check([base[i, :, 1::2] for i in range(n)], 1)
+    _check([base[i, :, 1::2] for i in range(5)], 0)
+    _check(list(make((3, 5 * 4)).chunk(4, 1)), 1)       # equal chunks: the cat of a split
+    _check(list(make((3, 5 * 4)).chunk(4, 1)), 0)
+    q = make((2, 5, 3, 4)).transpose(1, 2)               # [B, H, S, D] of a [B, S, H, D] projection
+    _check([q[..., :2], q[..., 2:]] * 2, -1)
+    _check([q] * 3, 2)
+    _check([make((1, 6)).expand(4, 6) for _ in range(3)], 0)   # expanded: stride 0
+    # the same shape, different strides: the general path
+    _check([make((5, 3)).t() if i % 2 else make((3, 5)) for i in range(7)], 1)
+    # mixed dtypes: the general path promotes
+    _check([make((2, 3)) for _ in range(5)] + [make((2, 3), torch.float16)], 1)
+    _check([make((2, 3), torch.int64) for _ in range(5)] + [make((2, 3), torch.bool)], 0)
+
+
+def test_uniform_memory_format_and_int64_addressing(monkeypatch):
+    cl = [make((2, 3, 4, 5)).to(memory_format=torch.channels_last) for _ in range(5)]
+    for dim in range(4):
+        _check(cl, dim)
+    # int64 offsets (BIG) and the 16-byte alignment hint (ALIGN), at small sizes
+    monkeypatch.setattr(cat_mod, "_INT64_FROM", 8)
+    monkeypatch.setattr(cat_mod, "_ALIGN_FROM", 1)
+    xs = [make((3, 4)) for _ in range(S + 1)]
+    _same(cat_mod.cat(xs, 1), torch.cat(xs, 1))
+    _same(cat_mod.cat(xs[:3], 0), torch.cat(xs[:3], 0))
+    base = make((3, 5))
+    xs = [base[i] for i in range(3)]                      # 20-byte steps: ALIGN off
+    _same(cat_mod.cat(xs, 0), torch.cat(xs, 0))
+
+
+def test_uniform_out_and_errors():
+    xs = [make((2, 3)) for _ in range(S + 3)]
+    want = torch.cat(xs, 1)
+    with gems.use_gems():
+        for out in (torch.full(tuple(want.shape), float("nan"), device=DEVICE), torch.empty(0, device=DEVICE)):
+            with served("cat.out"):
+                r = torch.cat(xs, 1, out=out)
+            assert r is out
+            _same(out, want)
+        o = torch.full((2, 15), float("nan"), device=DEVICE)
+        with served("cat.out"), pytest.warns(UserWarning, match="resized"):
+            torch.cat(xs[:5], 0, out=o)
+        _same(o, torch.cat(xs[:5], 0))
+        o64 = torch.empty(0, dtype=torch.float64, device=DEVICE)
+        torch.cat(xs[:5], 1, out=o64)                      # a wider out: ATen's (counted)
+        assert torch.equal(o64.cpu(), torch.cat(xs[:5], 1).double().cpu())
+        with pytest.raises(IndexError):
+            torch.cat(xs[:5], 2)
+        with pytest.raises(TypeError):
+            torch.cat(xs[:5], out=torch.empty(0, dtype=torch.int32, device=DEVICE))
+        big = make((8, 3))
+        with pytest.raises(RuntimeError, match="single memory location"):
+            torch.cat([big[:2]] * 4, out=big)
+        with pytest.raises(RuntimeError, match="zero-dimensional"):
+            torch.cat([torch.tensor(1.0, device=DEVICE)] * 3)
+    e = torch.tensor([], device=DEVICE)
+    _check([e] * 5 + [make((2, 3))], 1)                    # skipped 1-D empties, then another shape
+    with gems.use_gems():
+        _same(torch.cat([e] * 5, 3), torch.cat([e] * 5, 3))   # all skipped: [0], any dim
+
+
+def test_uniform_repeat_calls_run_a_plan():
+    # S + 1 inputs: two launches, the second with S - 1 slots repeating its first input
+    empty_info = {"plans": 0, "no_plan": 0}
+    before = gems.dispatch.plan_stats().get("cat.default", empty_info)
+    for _ in range(3):
+        _check([make((3,), torch.int64) for _ in range(S + 1)], 0)
+    info = gems.dispatch.plan_stats()["cat.default"]
+    assert info["plans"] == before["plans"] + 1 and info["no_plan"] == before["no_plan"], (before, info)
