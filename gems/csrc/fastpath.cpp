@@ -295,6 +295,9 @@ struct Guard {
   int64_t written_bytes, other_bytes;
 };
 
+// kernel parameters one replayed launch may pass (plan.py's _CPP_MAX_PARAMS: larger launches get no recipe;
+// cat_uniform_kernel's 64 input slots and its geometry fit)
+constexpr size_t kMaxParams = 128;
 // a guard's `other` at or above this names a tensor-list element: kListRef + (arg << 20 | element)
 constexpr int kListRef = 1 << 30;
 
@@ -740,10 +743,10 @@ struct Op : std::enable_shared_from_this<Op> {
     };
     for (const auto& L : r.launches) {
       if (L.cuda) {
-        uint64_t storage[64];
-        void* params[66];
+        uint64_t storage[kMaxParams];
+        void* params[kMaxParams + 2];
         size_t np = L.params.size();
-        TORCH_CHECK(np <= 64, "gems fast path: too many kernel parameters");
+        TORCH_CHECK(np <= kMaxParams, "gems fast path: too many kernel parameters");   // plan.py keeps such plans in Python
         for (size_t i = 0; i < np; i++) {
           const Param& P = L.params[i];
           if (P.kind == P_TENSOR) {

@@ -564,6 +564,9 @@ def _pack(value, ty: str) -> int:
 _LIST_REF = 1 << 30   # fastpath.cpp's kListRef
 
 
+_CPP_MAX_PARAMS = 128   # fastpath.cpp's kMaxParams
+
+
 def _recipe(schema, rec, guards, launches, refs, direct):
     """The plan as data for the C++ fast path (the layout fastpath.cpp's parse_recipe reads):
     (guards, allocations, launches, results), every tensor named by (0, schema argument index) or
@@ -619,6 +622,8 @@ def _recipe(schema, rec, guards, launches, refs, direct):
                     if v is None:
                         raise _NoRecipe
                     params.append((1, _PTYPES[ty], _pack(v, ty)))
+            if len(params) > _CPP_MAX_PARAMS:
+                raise _NoRecipe     # the C++ replay's parameter array; the Python plan still serves
             ls.append((0, int(function), grid, 32 * md.num_warps, int(md.shared), dev_index, tuple(params)))
         else:
             for kind, v in parts:
