@@ -298,6 +298,8 @@ struct Guard {
 // kernel parameters one replayed launch may pass (plan.py's _CPP_MAX_PARAMS: larger launches get no recipe;
 // cat_uniform_kernel's 64 input slots and its geometry fit)
 constexpr size_t kMaxParams = 128;
+// tensors (list elements included) a call's key may hold: a call with more runs the Python kernel
+constexpr int kMaxKeyTensors = 128;
 // a guard's `other` at or above this names a tensor-list element: kListRef + (arg << 20 | element)
 constexpr int kListRef = 1 << 30;
 
@@ -601,7 +603,7 @@ struct Op : std::enable_shared_from_this<Op> {
     w.insert(w.end(), sizes.begin(), sizes.end());
     w.insert(w.end(), strides.begin(), strides.end());
     w.push_back(reinterpret_cast<uintptr_t>(t.const_data_ptr()) & 15);
-    if (n_impls == 16) return false;
+    if (n_impls == kMaxKeyTensors) return false;
     impls[n_impls++] = ti;
     return true;
   }
@@ -610,7 +612,7 @@ struct Op : std::enable_shared_from_this<Op> {
     auto& w = key.words;
     w.clear();
     const IValue* args = stack.data() + stack.size() - n;
-    c10::TensorImpl* impls[16];
+    c10::TensorImpl* impls[kMaxKeyTensors];
     int n_impls = 0;
     for (size_t i = 0; i < n; i++) {
       const IValue& v = args[i];
@@ -672,18 +674,29 @@ struct Op : std::enable_shared_from_this<Op> {
         return false;   // tensor lists, generators, ...
       }
     }
-    // which tensor arguments are the same tensor (a plan maps kernel arguments to positions)
-    int64_t same = 0;
-    int bit = 0;
-    for (int a = 0; a < n_impls; a++) {
-      for (int b = a + 1; b < n_impls; b++, bit++) {
-        if (impls[a] == impls[b]) {
-          if (bit >= 63) return false;
-          same |= int64_t(1) << bit;
+    // which tensor arguments are the same tensor (a plan maps kernel arguments to positions): up to 11
+    // tensors one bit per pair; more (a cat or stack of many inputs), per tensor the index of its first
+    // equal, as words (the key only needs to be a function of the call's aliasing)
+    if (n_impls <= 11) {
+      int64_t same = 0;
+      int bit = 0;
+      for (int a = 0; a < n_impls; a++) {
+        for (int b = a + 1; b < n_impls; b++, bit++) {
+          if (impls[a] == impls[b]) same |= int64_t(1) << bit;
         }
       }
+      w.push_back(same);
+    } else {
+      for (int a = 1; a < n_impls; a++) {
+        for (int b = 0; b < a; b++) {
+          if (impls[a] == impls[b]) {
+            w.push_back(int64_t(a) << 16 | b);
+            break;
+          }
+        }
+      }
+      w.push_back(-1);
     }
-    w.push_back(same);
     w.push_back(current_device());
     // int -> float promotions (true division, exp of ints, int tensor + 1.5) follow the default dtype
     w.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
