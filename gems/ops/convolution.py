@@ -355,27 +355,39 @@ def _is_patchify(p):
 
 
 def _patch_grad_weight(g, x, gw, p):
-    """grad_weight of a patch embedding: GW[o, k] = sum_m G[o, m] * P[m, k], where P (the patches of
-    x, im2col) is a permutation of x's cropped elements, so it costs one copy of x and no more; G is a
-    view of grad_out (channels-last) or one copy of it. Then one tiled GEMM (blas's kernel, Triton
-    configs) with M x K = O x (C*KH*KW) outputs and the long m = (n, oh, ow) as its reduction: the
-    implicit GEMM above gathers the same patches with divisions per element and tiles O x K only
-    (CLIP: 1024 x 588), so it leaves most of the GPU idle or splits M over partial sums.
-    Bytes: x and grad_out read and written once more (the copies), then the GEMM's operands."""
+    """grad_weight of a patch embedding: GW[o, k] = sum_n sum_l G[n, o, l] * P[n, l, k] over the images n
+    and their L = OH*OW patches l, where P (the patches of x, im2col) is a permutation of x's cropped
+    elements: one copy of x and no more. G[n] is a view of grad_out (NCHW or channels-last: [O, L] with
+    strides (L, 1) or (1, O)). The GEMM's output O x K is small (CLIP: 1024 x 588, 40 tiles) and its
+    reduction long, so it runs as a batched GEMM (blas's kernel, Triton configs) over the images, or
+    over chunks of one image's patches, into fp32 partials [B, O, K] that reduction.py sums in a fixed
+    order. The implicit GEMM below gathers the same patches with divisions per element instead.
+    Bytes: x read and written once more (the copy), G and P read once, the partials written and read."""
     C, H, W, O, KH, KW, OH, OW, st, pad, dil, cl = p
-    N = x.shape[0]
-    M, K = N * OH * OW, C * KH * KW
+    N, L = x.shape[0], OH * OW
+    K = C * KH * KW
     xs = x[:, :, :OH * KH, :OW * KW].unflatten(3, (OW, KW)).unflatten(2, (OH, KH))   # [N, C, OH, KH, OW, KW]
     # the patch's element order is the weight's memory order: (c, kh, kw), or (kh, kw, c) channels-last
     order = (0, 2, 4, 3, 5, 1) if cl else (0, 2, 4, 1, 3, 5)
-    patches = copy.clone(xs.permute(order), memory_format=torch.contiguous_format).view(M, K)
-    g_onhw = g.permute(1, 0, 2, 3)                                                   # [O, N, OH, OW]
+    patches = copy.clone(xs.permute(order), memory_format=torch.contiguous_format).view(N, L, K)
     try:
-        g_om = g_onhw.view(O, M)              # channels-last grad_out: [O, M] with strides (1, O)
-    except RuntimeError:
-        g_om = copy.clone(g_onhw, memory_format=torch.contiguous_format).view(O, M)
+        g3 = g.view(N, O, L)
+    except RuntimeError:        # OH and OW do not merge in grad_out's strides
+        g3 = copy.clone(g, memory_format=torch.contiguous_format).view(N, O, L)
+    a, b = g3, patches
+    if N < _PATCH_BATCH:
+        # few images: chunks of the patches of each image as the batch instead (one image: S chunks)
+        s = next((s for s in (8, 4, 2) if L % s == 0 and L // s >= 64), 1) if N == 1 else 1
+        a = g3[0].unflatten(1, (s, L // s)).permute(1, 0, 2) if s > 1 else g3
+        b = patches[0].view(s, L // s, K) if s > 1 else patches
+    ws = empty((a.shape[0], O, K), torch.float32, x.device)
+    blas._launch(a, b, ws, None, 1.0, 0.0, triton_only=True, precision=_precision(x.dtype))
     flat = (gw.permute(0, 2, 3, 1) if cl else gw).view(O, K)
-    blas._launch(g_om, patches, flat, None, 1.0, 0.0, triton_only=True, precision=_precision(x.dtype))
+    reduction._reduce(ws, [0], False, gw.dtype, reduction._SUM, out=flat)
+
+
+# images from which a patch embedding's grad_weight batches over the images (fewer: over patch chunks)
+_PATCH_BATCH = 4
 
 
 def _grad_weight(g, x, gw, p):

@@ -161,6 +161,15 @@ def test_backward_patch_layouts(dtype, monkeypatch):
             assert len(taken) == n + 1, name
 
 
+@pytest.mark.parametrize("n", [1, 4])
+def test_patch_grad_weight_batches(n):
+    # one image: its 144 patches in 2 chunks as the GEMM's batch; four images: the images as the batch
+    case = ((n, 3, 48, 49), (5, 3, 4, 4), (4, 4), (0, 0), (1, 1))
+    x, w = make(case[0]), make(case[1])
+    for gg in (make(tuple(_conv(x, w, None, case).shape)), make((n, 5, 12, 12)).to(memory_format=torch.channels_last)):
+        _run_backward(gg, x, w, case, [False, True, False], torch.float32)
+
+
 def test_grad_weight_split_and_direct():
     # the interpreter's target is 4 programs: one O x K tile with a long M splits it (fp32 partials
     # summed by reduction.py); K = 3*7*7 = 147 > 4 tiles of 32 writes the weight directly
