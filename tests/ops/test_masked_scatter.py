@@ -201,5 +201,5 @@ def test_shortage_is_a_device_side_assert_like_aten():
                            timeout=600)
         assert r.returncode != 0 and "no error" not in r.stdout, (on, r.stdout, r.stderr[-2000:])
         assert "device-side assert" in r.stderr, (on, r.stderr[-2000:])
-        if on:
-            assert "served 1" in r.stdout, r.stdout
+        if on:   # Gems' own assert fired (its message, printed by the device), not ATen's
+            assert "at least as many elements" in r.stdout + r.stderr, r.stderr[-2000:]
