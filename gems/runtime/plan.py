@@ -85,7 +85,7 @@ def dynamic(slots: dict):
 # ATen ops an implementation may call without making its plan wrong: views (no data touched) and
 # allocations (a plan only ever uses recorded ones; an unrecorded tensor cannot be mapped anyway).
 _HARMLESS = frozenset("""view as_strided expand t transpose permute squeeze unsqueeze select slice alias
-detach _reshape_alias unfold diagonal split split_with_sizes unbind narrow empty empty_strided empty_like
+detach _reshape_alias unfold unflatten diagonal split split_with_sizes unbind narrow empty empty_strided empty_like
 new_empty new_empty_strided _debug_has_internal_overlap sym_size sym_stride sym_numel
 sym_storage_offset is_contiguous sym_is_contiguous _unsafe_view view_as can_cast result_type promote_types
 """.split())
