@@ -207,6 +207,14 @@ def count_launches(monkeypatch) -> list:
     return launches
 
 
+def launch_counter(monkeypatch, kernels):
+    """A function giving {kernel name: launches} of the named kernels since this call (count_launches;
+    an implementation called directly: call plans replay launches without LaunchCache)."""
+    from collections import Counter
+    names = count_launches(monkeypatch)
+    return lambda: dict(Counter(n for n in names if n in kernels))
+
+
 def optimizer_steps(make_opt, dtype, steps, on, shapes, seed):
     """Params and the optimizer's floating state after `steps` steps of `make_opt(params)` on parameters
     of `shapes`, the same gradients in every run (one seed); with Gems on or off. float64 runs on the CPU:

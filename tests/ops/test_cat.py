@@ -2,14 +2,12 @@
 strides (memory format); any dim, mixed layouts and dtypes, the legacy skip of 1-D empty inputs, the
 model patterns (KV-cache append, rotate_half), more inputs than one launch takes, out=, errors,
 gradients, and repeat calls served from a call plan."""
-from collections import Counter
-
 import pytest
 import torch
 
 import gems
 from gems import registry
-from harness import count_launches, DEVICE, DTYPES, FLOAT_IDS, ON_GPU, check_grad, dtype_params, layouts, make, served
+from harness import launch_counter, DEVICE, DTYPES, FLOAT_IDS, ON_GPU, check_grad, dtype_params, layouts, make, served
 
 from gems.ops import cat as cat_mod
 
@@ -233,13 +231,7 @@ def test_bf16_gpu():
 
 # ---- the uniform path: inputs of one dtype, shape and strides, one launch per cat_mod._MANY --------
 S = cat_mod._MANY
-
-
-def _launches(monkeypatch):
-    """{cat kernel name: launches} from here on, read when called (harness.count_launches; the
-    implementation is called directly, as call plans replay launches without LaunchCache)."""
-    names = count_launches(monkeypatch)
-    return lambda: dict(Counter(n for n in names if n in ("cat_kernel", "cat2_kernel", "cat_uniform_kernel")))
+CAT_KERNELS = ("cat_kernel", "cat2_kernel", "cat_uniform_kernel")
 
 
 @pytest.mark.parametrize("n", [1, 3, S - 1, S, S + 1, 2 * S + 3])
@@ -247,17 +239,17 @@ def test_uniform_launches(n, monkeypatch):
     # slot k of each launch, the last slot, a second launch of one input, three launches
     xs = [make((2, 3)) for _ in range(n)]
     dim = n % 2
-    counts = _launches(monkeypatch)
+    counts = launch_counter(monkeypatch, CAT_KERNELS)
     _same(cat_mod.cat(xs, dim), torch.cat(xs, dim), f"n={n} dim={dim}")
     assert counts() == {"cat_uniform_kernel": -(-n // S)}, counts()
 
 
 def test_uniform_launches_other_paths(monkeypatch):
     xs = [make((2, 3)) for _ in range(4)]
-    counts = _launches(monkeypatch)
+    counts = launch_counter(monkeypatch, CAT_KERNELS)
     _same(cat_mod.cat(xs[:2], 1), torch.cat(xs[:2], 1))
     assert counts() == {"cat2_kernel": 1}, counts()          # two: cat2_kernel, fewer arguments
-    counts = _launches(monkeypatch)
+    counts = launch_counter(monkeypatch, CAT_KERNELS)
     ys = xs + [xs[0].t().contiguous().t()]               # same shape, other strides: the general path
     _same(cat_mod.cat(ys, 0), torch.cat(ys, 0))
     assert counts() == {"cat_kernel": 2}, counts()

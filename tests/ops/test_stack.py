@@ -2,13 +2,11 @@
 (promotion over the inputs) and strides (contiguous where ATen allocates a new inner dim, cat's format
 rule for a new last dim), every dim including negative ones, layouts, 0-dim and empty inputs, more
 inputs than one cat launch takes, the decode loop's stack of token ids, out=, errors, fallbacks, plans."""
-from collections import Counter
-
 import pytest
 import torch
 
 import gems
-from harness import count_launches, DEVICE, DTYPES, FLOAT_IDS, check_grad, dtype_params, layouts, make, served, raises_like_aten
+from harness import launch_counter, DEVICE, DTYPES, FLOAT_IDS, check_grad, dtype_params, layouts, make, served, raises_like_aten
 
 from gems.ops import cat as cat_mod
 from gems.ops import stack as stack_mod
@@ -117,13 +115,7 @@ def test_repeat_calls_use_a_plan():
 
 # ---- inputs of one dtype, shape and strides: cat's uniform path, one launch per cat_mod._MANY -------
 S = cat_mod._MANY
-
-
-def _launches(monkeypatch):
-    """{cat kernel name: launches} from here on, read when called (harness.count_launches; the
-    implementation is called directly, as call plans replay launches without LaunchCache)."""
-    names = count_launches(monkeypatch)
-    return lambda: dict(Counter(n for n in names if n in ("cat_kernel", "cat2_kernel", "cat_uniform_kernel")))
+CAT_KERNELS = ("cat_kernel", "cat2_kernel", "cat_uniform_kernel")
 
 
 @pytest.mark.parametrize("n", [1, 3, S - 1, S, S + 1, 2 * S + 3])
@@ -131,10 +123,10 @@ def test_uniform_launches(n, monkeypatch):
     # the decode loop's token ids, [batch] int64, along a new last dim; and along dim 0
     toks = [torch.randint(0, 100, (4,), device=DEVICE) for _ in range(n)]
     for dim in (1, 0) if n < S else (1,):
-        counts = _launches(monkeypatch)
+        counts = launch_counter(monkeypatch, CAT_KERNELS)
         _same(stack_mod.stack(toks, dim), torch.stack(toks, dim), f"n={n} dim={dim}")
         assert counts() == {"cat_uniform_kernel": -(-n // S)}, counts()
-    counts = _launches(monkeypatch)
+    counts = launch_counter(monkeypatch, CAT_KERNELS)
     _same(stack_mod.stack(toks[:1] * 2, 1), torch.stack(toks[:1] * 2, 1))
     assert counts() == {"cat2_kernel": 1}, counts()
 
