@@ -126,7 +126,9 @@ def nll_bwd(G, T, Wt, TWp, GI, N, C, sg, st, sw, ignore_index,
 
 
 _BLOCK = {"cuda": 1024, "interpreter": 4}          # the interpreter's small block tests the loop
-_BWD_TILE = {"cuda": 4096, "interpreter": 64}
+# the backward is a store of N x C (1 GB for [8192, 32000] fp32): one row of 32000 per program with 16
+# warps measured 233.6 us on an H200 against 249.4 for tiles of 4096 with 4 warps (ATen 239.1)
+_BWD_TILE = {"cuda": 32768, "interpreter": 64}
 
 
 def _check(self, target, weight):
@@ -245,5 +247,6 @@ def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index
     bc = min(next_pow2(C), tile)
     bn = min(next_pow2(N), max(1, tile // bc))
     nll_bwd[(cdiv(N, bn), cdiv(C, bc))](grad_output, target, w, total_weight, gi, N, C, sg, st, sw, ii,
-                                        w is not None, reduction == _MEAN, bn, bc, num_warps=4)
+                                        w is not None, reduction == _MEAN, bn, bc,
+                                        num_warps=max(4, min(16, bn * bc // 2048)))
     return gi
