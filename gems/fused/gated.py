@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ..codegen.tlmath import sigmoid, tanh
 from ..runtime import backend, kernel
-from ..runtime.utils import cdiv, empty, next_pow2
+from ..runtime.utils import cdiv, empty, next_pow2, target_programs
 
 _SERVED = (torch.float32, torch.float16, torch.bfloat16)
 # activation codes (the kernels' ACT constexpr): 0 silu, 1 gelu (erf), 2 gelu (tanh)
@@ -137,16 +137,11 @@ def _gated_bwd(DY, G, U, DG, DU, N, sDY, sG, sU, ncb, ACT: tl.constexpr, DO_DG: 
 
 
 # ---------------------------------------------------------------------------------------------- wrapper
-@functools.lru_cache(maxsize=8)
-def _sm_count(dev):
-    return torch.cuda.get_device_properties(dev).multi_processor_count
-
-
 @functools.lru_cache(maxsize=1024)
 def _geometry(rows, n, name, dev):
     """(grid, column blocks per row, BLOCK, num_warps) for `rows` rows of `n` elements; cached by shape."""
     cfg = _CONFIGS[name]
-    target = cfg["programs"] if "programs" in cfg else cfg["programs_per_sm"] * _sm_count(dev)
+    target = target_programs(cfg, dev)
     block = min(cfg["max_block"], max(cfg["min_block"], next_pow2(cdiv(rows * n, target))), next_pow2(n))
     ncb = cdiv(n, block)
     warps = max(1, min(cfg["max_warps"], block // cfg["elems_per_warp"]))

@@ -51,7 +51,7 @@ import triton.language as tl
 from ..ops import layer_norm as ln
 from ..ops.reduction import reduce_launch
 from ..runtime import backend, kernel
-from ..runtime.utils import cdiv, empty, next_pow2, zeros
+from ..runtime.utils import cdiv, empty, next_pow2, sm_count, zeros
 
 _SERVED = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -70,11 +70,6 @@ _CONFIGS = {
 # --------------------------------------------------------------------------------------------- helpers
 def _cfg():
     return _CONFIGS[backend().name]
-
-
-@functools.lru_cache(maxsize=8)
-def _sm_count(dev):
-    return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
 def _warps(elems, key, cfg):
@@ -108,7 +103,7 @@ def _bwd_config(M, N, name, dev, need_w):
     elif not need_w:
         target = M
     else:
-        target = _sm_count(dev) * (cfg["bwd_per_sm"] if block_n <= 8192 else 1)
+        target = sm_count(dev) * (cfg["bwd_per_sm"] if block_n <= 8192 else 1)
     rows = cdiv(M, max(1, min(target, M)))
     return cdiv(M, rows), rows, single, block_n, _warps(block_n, "bwd_elems_per_warp", cfg)
 

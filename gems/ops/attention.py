@@ -60,7 +60,7 @@ import torch
 from ..registry import FLOATS, Unsupported, register
 from ..runtime import kernel
 from ..runtime.alloc import empty
-from ..runtime.utils import cdiv, next_pow2
+from ..runtime.utils import cdiv, next_pow2, sm_count
 from . import _attention_kernels as K
 
 _fwd = kernel(K.attn_fwd)
@@ -111,8 +111,7 @@ def _config(kind: str, block_d: int, ieee: bool, interp: bool):
 def _sm_count(device_type: str, index) -> int:
     if device_type != "cuda":
         return 4     # the interpreter: small enough that test shapes exercise split-KV
-    return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()
-                                            ).multi_processor_count
+    return sm_count(index)
 
 
 def _interp(t) -> bool:

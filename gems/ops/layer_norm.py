@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
-from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, zeros
+from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, sm_count, zeros
 
 # max_n: widest row kept in registers; tile: elements per program for short rows;
 # elems_per_warp: sets num_warps; bwd_programs_per_sm: programs of the backward when dw/db are needed
@@ -55,11 +55,6 @@ _INT64_FROM = 2 ** 31 - 1
 
 def _cfg():
     return _CONFIGS[backend().name]
-
-
-@functools.lru_cache(maxsize=16)
-def _sm_count(dev: int) -> int:
-    return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
 def _warps(elems, key="elems_per_warp"):
@@ -390,8 +385,7 @@ def _bwd_programs(M, need_ws, device):
     if "programs" in cfg:
         target = cfg["programs"]
     elif need_ws:
-        dev = device.index if device.index is not None else torch.cuda.current_device()
-        target = cfg["bwd_programs_per_sm"] * _sm_count(dev)
+        target = cfg["bwd_programs_per_sm"] * sm_count(device)
     else:
         target = M  # dx only: one row per program
     rows = cdiv(M, max(1, min(target, M)))

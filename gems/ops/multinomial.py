@@ -44,15 +44,13 @@ The seed is a per-call value a call plan cannot see: plan=False.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from ..registry import FLOATS, AtenError, Unsupported, register
 from ..runtime import backend, kernel
-from ..runtime.utils import cdiv, empty, next_pow2, resize_like_aten, zeros
+from ..runtime.utils import cdiv, empty, next_pow2, resize_like_aten, target_programs, zeros
 
 # tile: classes x rows per program and block; max_v: widest vocabulary block (4 sub-blocks of max_v / 4
 # lanes); the row's blocks are split over programs until a call has about programs_per_sm x SMs of them
@@ -130,11 +128,6 @@ def multinomial_one(P, Out, Work, B, V, sB, sV, C, CHUNK, seed, offset,
         tl.atomic_max(Work + B, tl.where(zero_row > 0, 1, 0).to(tl.int64))
 
 
-@functools.lru_cache(maxsize=16)
-def _sm_count(dev: int) -> int:
-    return torch.cuda.get_device_properties(dev).multi_processor_count
-
-
 def _same_device(a, b):
     """torch.Generator(device="cuda") may carry no index: it is the current device's."""
     if a.type != b.type:
@@ -190,8 +183,7 @@ def multinomial(self, num_samples, replacement=False, *, generator=None, out=Non
     tiles = cdiv(B, bb)
     nblk = cdiv(V, bv)
     # split each row's blocks over programs until the call has about `programs` of them
-    programs = cfg["programs"] if "programs" in cfg else cfg["programs_per_sm"] * _sm_count(
-        dev.index if dev.index is not None else torch.cuda.current_device())
+    programs = target_programs(cfg, dev)
     per = cdiv(nblk, min(nblk, cfg["max_split"], max(1, cdiv(programs, tiles))))   # blocks per program
     split = cdiv(nblk, per)
     counters = nblk * bv // 4                            # per row: C

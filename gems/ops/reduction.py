@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ..registry import FLOATS, INTS, Unsupported, register
 from ..runtime import backend, kernel
-from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, wrap_dims
+from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, target_programs, wrap_dims
 
 # op codes: ANY / ALL reduce (x != 0) as 0/1 flags with max / min (gems/ops/logical_reduce.py); the
 # flags a split writes to its workspace read back unchanged (flag != 0 is the flag), so the second
@@ -65,16 +65,8 @@ def _cfg():
     return _CONFIGS[backend().name]
 
 
-@functools.lru_cache(maxsize=16)
-def _sm_count(dev: int) -> int:
-    return torch.cuda.get_device_properties(dev).multi_processor_count
-
-
 def _target_programs(device) -> int:
-    cfg = _cfg()
-    if "programs" in cfg:
-        return cfg["programs"]
-    return cfg["programs_per_sm"] * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return target_programs(_cfg(), device)
 
 
 # offsets switch to int64 from this many elements on (a module variable so tests can lower it)

@@ -7,7 +7,10 @@ rejects a dtype it cannot hold; an `out` Gems cannot write directly (non-contigu
 """
 from __future__ import annotations
 
+import functools
 import warnings
+
+import torch
 
 from ..registry import Unsupported
 from .alloc import empty, zeros  # noqa: F401 - the ops allocate through these
@@ -19,6 +22,26 @@ def cdiv(a: int, b: int) -> int:
 
 def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device (a torch.device or an index; no index: the current
+    device), read once per device."""
+    index = device if device is None or isinstance(device, int) else device.index
+    return _sm_count(torch.cuda.current_device() if index is None else index)
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def target_programs(cfg, device) -> int:
+    """How many programs a launch that splits its work aims at: a backend config's fixed `programs`
+    (the interpreter's, small so that tests split), else `programs_per_sm` x the device's SMs."""
+    if "programs" in cfg:
+        return cfg["programs"]
+    return cfg["programs_per_sm"] * sm_count(device)
 
 
 def wrap_dim(dim: int, ndim: int) -> int:
