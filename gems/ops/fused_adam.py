@@ -36,6 +36,39 @@ from . import foreach
 from .foreach import _overlap, _ptr, locate, table, uniform_lists
 
 
+@triton.jit
+def _adamw_chunk(Base, GS, dp, dg, dm, dv, dx, lo, n, beta1, beta2, eps, decay, step_size, bc2_sqrt,
+                 AMSGRAD: tl.constexpr, MAXIMIZE: tl.constexpr, HAS_GS: tl.constexpr, BLOCK: tl.constexpr,
+                 CHUNK: tl.constexpr, MASK: tl.constexpr):
+    """One chunk of fused_adamw_kernel: CHUNK elements from lo (MASK: those below n only)."""
+    for k in tl.static_range(CHUNK // BLOCK):
+        offs = lo + k * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        p = tl.load(Base + dp + offs, mask=mask if MASK else None).to(tl.float32)
+        g = tl.load(Base + dg + offs, mask=mask if MASK else None).to(tl.float32)
+        m = tl.load(Base + dm + offs, mask=mask if MASK else None).to(tl.float32)
+        v = tl.load(Base + dv + offs, mask=mask if MASK else None).to(tl.float32)
+        if HAS_GS:
+            g = tl.math.div_rn(g, tl.load(GS))
+            tl.store(Base + dg + offs, g.to(Base.dtype.element_ty), mask=mask if MASK else None)
+        if MAXIMIZE:
+            g = -g
+        p = p - decay * p
+        m = tl.fma(beta1 + 0.0 * g, m, tl.fma(-beta1 + 0.0 * g, g, g))
+        gg = g * g
+        v = tl.fma(beta2 + 0.0 * g, v, tl.fma(-beta2 + 0.0 * g, gg, gg))
+        if AMSGRAD:
+            x = tl.maximum(tl.load(Base + dx + offs, mask=mask if MASK else None).to(tl.float32), v)
+            tl.store(Base + dx + offs, x.to(Base.dtype.element_ty), mask=mask if MASK else None)
+            den = tl.math.div_rn(tl.sqrt_rn(x), bc2_sqrt) + eps
+        else:
+            den = tl.math.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
+        p = p - tl.math.div_rn(step_size * m, den)
+        tl.store(Base + dp + offs, p.to(Base.dtype.element_ty), mask=mask if MASK else None)
+        tl.store(Base + dm + offs, m.to(Base.dtype.element_ty), mask=mask if MASK else None)
+        tl.store(Base + dv + offs, v.to(Base.dtype.element_ty), mask=mask if MASK else None)
+
+
 @kernel
 @triton.jit
 def fused_adamw_kernel(Base, Step, LR, GS, FI, Tab, N, TOP, LOGN, B0, ST0, lr, beta1, beta2, wd, eps, lnb1, lnb2,
@@ -65,32 +98,15 @@ def fused_adamw_kernel(Base, Step, LR, GS, FI, Tab, N, TOP, LOGN, B0, ST0, lr, b
     if HAS_FI:
         # a skipped step: no element in range, nothing loaded or stored
         n = tl.where(tl.load(FI) != 1.0, n, 0)
-    for k in tl.static_range(CHUNK // BLOCK):
-        offs = lo + k * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        p = tl.load(Base + dp + offs, mask=mask).to(tl.float32)
-        g = tl.load(Base + dg + offs, mask=mask).to(tl.float32)
-        m = tl.load(Base + dm + offs, mask=mask).to(tl.float32)
-        v = tl.load(Base + dv + offs, mask=mask).to(tl.float32)
-        if HAS_GS:
-            g = tl.math.div_rn(g, tl.load(GS))
-            tl.store(Base + dg + offs, g.to(Base.dtype.element_ty), mask=mask)
-        if MAXIMIZE:
-            g = -g
-        p = p - decay * p
-        m = tl.fma(beta1 + 0.0 * g, m, tl.fma(-beta1 + 0.0 * g, g, g))
-        gg = g * g
-        v = tl.fma(beta2 + 0.0 * g, v, tl.fma(-beta2 + 0.0 * g, gg, gg))
-        if AMSGRAD:
-            x = tl.maximum(tl.load(Base + dx + offs, mask=mask).to(tl.float32), v)
-            tl.store(Base + dx + offs, x.to(Base.dtype.element_ty), mask=mask)
-            den = tl.math.div_rn(tl.sqrt_rn(x), bc2_sqrt) + eps
-        else:
-            den = tl.math.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
-        p = p - tl.math.div_rn(step_size * m, den)
-        tl.store(Base + dp + offs, p.to(Base.dtype.element_ty), mask=mask)
-        tl.store(Base + dm + offs, m.to(Base.dtype.element_ty), mask=mask)
-        tl.store(Base + dv + offs, v.to(Base.dtype.element_ty), mask=mask)
+    if not AMSGRAD:
+        dx = dp
+    # a whole chunk unmasked (foreach_kernel says why); a skipped step (n = 0) takes the masked path
+    if lo + CHUNK <= n:
+        _adamw_chunk(Base, GS, dp, dg, dm, dv, dx, lo, n, beta1, beta2, eps, decay, step_size, bc2_sqrt,
+                     AMSGRAD, MAXIMIZE, HAS_GS, BLOCK, CHUNK, False)
+    else:
+        _adamw_chunk(Base, GS, dp, dg, dm, dv, dx, lo, n, beta1, beta2, eps, decay, step_size, bc2_sqrt,
+                     AMSGRAD, MAXIMIZE, HAS_GS, BLOCK, CHUNK, True)
 
 
 def _ln_bits(beta):
