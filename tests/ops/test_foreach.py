@@ -258,11 +258,12 @@ def test_zero_dim_tensor_per_tensor_fallbacks(dtype):
 
 @dtype_params()
 def test_large_tensors(dtype):
-    # the backend's own chunks (4096 elements): several per tensor, and a partial last block
-    shapes = [(3, 4097), (5000,), (7,), ()]
+    # the backend's own chunks (2048 elements on the GPU, 4096 interpreted): several per tensor, a
+    # partial last one (masked), and a tensor of whole chunks only (every chunk unmasked)
+    shapes = [(3, 4097), (5000,), (7,), (), (2, 4096)]
     xs, ys = _list(dtype, shapes=shapes), _list(dtype, shapes=shapes)
     check("_foreach_lerp_.Scalar", [xs, ys, 0.3], {}, dtype)
-    check("_foreach_addcdiv.ScalarList", [xs, ys, [t.abs() + 0.5 for t in ys], [0.5, -1.0, 2, 0.25]], {}, dtype)
+    check("_foreach_addcdiv.ScalarList", [xs, ys, [t.abs() + 0.5 for t in ys], [0.5, -1.0, 2, 0.25, -0.75]], {}, dtype)
 
 
 @dtype_params()

@@ -9,8 +9,9 @@ from gems.ops import foreach, fused_adam
 from harness import DEVICE, assert_close, count_launches, dtype_params, served, optimizer_steps
 
 A = torch.ops.aten
-# 0-dim, empty, odd sizes; with the tests' chunks of 32 elements, one to three chunks
-PARAM_SHAPES = [(4, 7), (37,), (), (0,), (3, 2, 5), (70,)]
+# 0-dim, empty, odd sizes; with the tests' chunks of 32 elements, one to three chunks, and whole
+# chunks only ((2, 32): no masked chunk)
+PARAM_SHAPES = [(4, 7), (37,), (), (0,), (3, 2, 5), (70,), (2, 32)]
 
 
 @pytest.fixture(autouse=True)
