@@ -677,8 +677,10 @@ def stats() -> dict:
 
 def plan_stats() -> dict:
     """Per overload with call plans: {'plans': n, 'no_plan': n, 'built': n, 'reasons': {why: n}}, where
-    `reasons` says why signatures kept the full path (see docs/architecture.md, call plans)."""
-    out = {}
+    `reasons` says why signatures kept the full path (see docs/architecture.md, call plans); gems.fused's
+    planned launch functions appear as `fused::<name>` (runtime/planned.py)."""
+    from .runtime.planned import plan_stats as fused_plan_stats
+    out = fused_plan_stats()
     for impl in registry.all_impls():
         cache = impl.plans
         if cache is not None and cache.plans:

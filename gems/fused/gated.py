@@ -34,6 +34,7 @@ import triton.language as tl
 
 from ..codegen.tlmath import sigmoid, tanh
 from ..runtime import backend, kernel
+from ..runtime.planned import planned
 from ..runtime.utils import cdiv, empty, next_pow2, target_programs
 
 _SERVED = (torch.float32, torch.float16, torch.bfloat16)
@@ -149,14 +150,17 @@ def _geometry(rows, n, name, dev):
 
 
 def _rows(t, M, N):
-    """(t as an (M, N) matrix with unit column stride, its row stride); copies only when needed."""
+    """(t, or a contiguous copy where no view reads t as M rows of N with unit column stride; the row
+    stride). The kernels take the data pointer and strides only, and passing the argument itself lets
+    a call plan name it (two views into one [.., 2I] projection output are told apart)."""
     try:
         v = t.view(M, N)
     except RuntimeError:
         v = None
     if v is None or (N > 1 and v.stride(1) != 1):
         v = t.contiguous().view(M, N)
-    return v, (v.stride(0) if M > 1 else N)
+        return v, (v.stride(0) if M > 1 else N)
+    return t, (v.stride(0) if M > 1 else N)
 
 
 def _plan(shape, *views):
@@ -193,7 +197,22 @@ def _check(gate, up, what):
                      f"PyTorch reference)")
 
 
-def _gated_forward(gate, up, act):
+def _served(gate, up, what):
+    """Whether the kernels serve these inputs (else the PyTorch reference runs). The common case is
+    decided from gate's dtype and device; the rest of `_check` runs once per signature in the planned
+    forward, and here for every call the kernels do not take."""
+    try:
+        if gate.dtype in _SERVED and gate.dim() and gate.device.type == backend().device_type:
+            return True
+    except (AttributeError, RuntimeError):
+        pass
+    return _check(gate, up, what)
+
+
+@planned("gated_forward(Tensor gate, Tensor up, int act, str what) -> Tensor")
+def _gated_forward(gate, up, act, what):
+    """y = act(gate) * up: one launch (planned: checks, layout and geometry once per signature)."""
+    _check(gate, up, what)
     shape = gate.shape
     y = empty(shape, gate.dtype, gate.device)
     if y.numel():
@@ -206,6 +225,24 @@ def _gated_forward(gate, up, act):
     return y
 
 
+@planned("gated_backward(Tensor dy, Tensor gate, Tensor up, int act, bool do_dg, bool do_du) -> (Tensor?, Tensor?)")
+def _gated_backward(dy, gate, up, act, do_dg, do_du):
+    """(dgate, dup), each None when not needed: one launch."""
+    shape = gate.shape
+    dg = empty(shape, gate.dtype, gate.device) if do_dg else None
+    du = empty(shape, up.dtype, up.device) if do_du else None
+    if gate.numel() == 0 or not (do_dg or do_du):
+        return dg, du
+    N = shape[-1]
+    M = gate.numel() // N
+    dyv, gv, uv = _rows(dy, M, N), _rows(gate, M, N), _rows(up, M, N)
+    rows, n, (sdy, sg, su) = _plan(shape, dyv, gv, uv)
+    grid, ncb, block, nw = _geometry(rows, n, backend().name, gate.device.index or 0)
+    _gated_bwd[grid](dyv[0], gv[0], uv[0], dg, du, n, sdy, sg, su, ncb, act, int(do_dg), int(do_du),
+                     block, num_warps=nw)
+    return dg, du
+
+
 def _no_graph(gate, up):
     """No graph recorded (inference): launch without the autograd.Function and its host cost."""
     return not torch.is_grad_enabled() or not (gate.requires_grad or up.requires_grad)
@@ -213,37 +250,25 @@ def _no_graph(gate, up):
 
 class _GatedFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, gate, up, act):
+    def forward(ctx, gate, up, act, what):
         ctx.act = act
         ctx.save_for_backward(gate, up)
-        return _gated_forward(gate, up, act)
+        return _gated_forward(gate, up, act, what)
 
     @staticmethod
     def backward(ctx, dy):
         gate, up = ctx.saved_tensors
-        do_dg, do_du = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        shape = gate.shape
-        dg = empty(shape, gate.dtype, gate.device) if do_dg else None
-        du = empty(shape, up.dtype, up.device) if do_du else None
-        if gate.numel() == 0 or not (do_dg or do_du):
-            return dg, du, None
-        N = shape[-1]
-        M = gate.numel() // N
-        dyv, gv, uv = _rows(dy, M, N), _rows(gate, M, N), _rows(up, M, N)
-        rows, n, (sdy, sg, su) = _plan(shape, dyv, gv, uv)
-        grid, ncb, block, nw = _geometry(rows, n, backend().name, gate.device.index or 0)
-        _gated_bwd[grid](dyv[0], gv[0], uv[0], dg, du, n, sdy, sg, su, ncb, ctx.act, int(do_dg), int(do_du),
-                         block, num_warps=nw)
-        return dg, du, None
+        ni = ctx.needs_input_grad
+        return _gated_backward(dy, gate, up, ctx.act, ni[0], ni[1]) + (None, None)
 
 
 def silu_and_mul(gate, up):
     """silu(gate) * up in one kernel (forward and backward); gate and up may be row-strided views."""
-    if not _check(gate, up, "silu_and_mul"):
+    if not _served(gate, up, "silu_and_mul"):
         return reference_silu_and_mul(gate, up)
     if _no_graph(gate, up):
-        return _gated_forward(gate, up, 0)
-    return _GatedFn.apply(gate, up, 0)
+        return _gated_forward(gate, up, 0, "silu_and_mul")
+    return _GatedFn.apply(gate, up, 0, "silu_and_mul")
 
 
 swiglu = silu_and_mul
@@ -253,9 +278,9 @@ def gelu_and_mul(gate, up, approximate="none"):
     """gelu(gate, approximate) * up in one kernel; approximate is "none" (erf) or "tanh"."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
-    if not _check(gate, up, "gelu_and_mul"):
+    if not _served(gate, up, "gelu_and_mul"):
         return reference_gelu_and_mul(gate, up, approximate)
     act = 1 if approximate == "none" else 2
     if _no_graph(gate, up):
-        return _gated_forward(gate, up, act)
-    return _GatedFn.apply(gate, up, act)
+        return _gated_forward(gate, up, act, "gelu_and_mul")
+    return _GatedFn.apply(gate, up, act, "gelu_and_mul")

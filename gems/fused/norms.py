@@ -51,6 +51,7 @@ import triton.language as tl
 from ..ops import layer_norm as ln
 from ..ops.reduction import reduce_launch
 from ..runtime import backend, kernel
+from ..runtime.planned import planned
 from ..runtime.utils import cdiv, empty, next_pow2, sm_count, zeros
 
 _SERVED = (torch.float32, torch.float16, torch.bfloat16)
@@ -109,37 +110,45 @@ def _bwd_config(M, N, name, dev, need_w):
 
 
 def _rows(t, M, N):
-    """(t as an (M, N) matrix with unit column stride, its row stride); copies only when needed."""
+    """(a tensor whose data pointer starts t's M rows of N with unit column stride, the row stride):
+    t itself when a view can read it so (kernels take only the pointer and the strides, and passing
+    the argument itself lets a call plan name it), else a contiguous copy."""
     if t.dim() == 2 and (t.stride(1) == 1 or N == 1):
-        v = t
-    else:
-        try:
-            v = t.view(M, N)
-        except RuntimeError:
-            v = None
-        if v is None or (N > 1 and v.stride(1) != 1):
-            v = t.contiguous().view(M, N)
-    return v, (v.stride(0) if M > 1 else N)
+        return t, (t.stride(0) if M > 1 else N)
+    try:
+        v = t.view(M, N)
+    except RuntimeError:
+        v = None
+    if v is None or (N > 1 and v.stride(1) != 1):
+        v = t.contiguous().view(M, N)
+        return v, (v.stride(0) if M > 1 else N)
+    return t, (v.stride(0) if M > 1 else N)
 
 
-def _use_kernels(*ts):
-    """Whether the Triton kernels serve these tensors (else the PyTorch reference runs)."""
-    x = ts[0]
+def _use_kernels(what, x, residual, weight, bias=None):
+    """Whether the Triton kernels serve this call (else the PyTorch reference runs). The common case
+    is decided from dtypes and the device alone; shapes and devices are checked by the planned
+    forward (once per signature), and here for every call that does not take the kernels."""
+    try:
+        dev_type = backend().device_type
+    except RuntimeError:
+        dev_type = None
+    T = torch.Tensor
+    if (isinstance(x, T) and x.dtype in _SERVED and x.device.type == dev_type and isinstance(weight, (T, type(None)))
+            and (weight is None or weight.dtype in _SERVED) and (bias is None or bias.dtype in _SERVED)):
+        return True
+    _check(x, residual, weight, bias, what)
     if x.dtype not in _SERVED:
         if x.dtype == torch.float64:
             return False
         raise ValueError(f"gems.fused norms: input dtype {x.dtype} is not supported (float32, float16, bfloat16; "
                          f"float64 runs the PyTorch reference)")
-    for t in ts[1:]:
+    for t in (weight, bias):
         if t is not None and t.dtype not in _SERVED:
             if t.dtype == torch.float64:
                 return False
             raise ValueError(f"gems.fused norms: parameter dtype {t.dtype} is not supported")
-    try:
-        dev_type = backend().device_type
-    except RuntimeError:
-        return False
-    return x.device.type == dev_type
+    return dev_type is not None and x.device.type == dev_type
 
 
 def _check(x, residual, weight, bias, what):
@@ -374,8 +383,14 @@ def _grad_rows(g, M, N):
 
 
 # ------------------------------------------------------------------------------------------- RMSNorm
-def _rms_forward(x, residual, weight, eps, offset, gemma):
-    """(y, new residual or None, rstd): one forward launch."""
+@planned("rms_forward(Tensor x, Tensor? residual, Tensor weight, float eps, float offset, bool gemma, str what)"
+         " -> (Tensor, Tensor?, Tensor)")
+def _rms_forward(x, residual, weight, eps, offset, gemma, what):
+    """(y, new residual or None, rstd): one forward launch. Planned: the checks, layouts and launch
+    geometry run once per signature."""
+    if weight is None:
+        raise ValueError(f"{what}: weight is required")
+    _check(x, residual, weight, None, what)
     shape, N = x.shape, x.shape[-1]
     M = x.numel() // N
     dev = x.device
@@ -392,12 +407,35 @@ def _rms_forward(x, residual, weight, eps, offset, gemma):
     return y, s, rstd
 
 
+@planned("rms_backward(Tensor dy, Tensor? ds, Tensor x, Tensor weight, Tensor rstd, float offset, bool gemma, "
+         "bool need_x, bool need_w) -> (Tensor?, Tensor?)")
+def _rms_backward(dy, ds, x, weight, rstd, offset, gemma, need_x, need_w):
+    """(dx or None, dweight or None): the backward launch and, for dweight, the column sum of the
+    per-program partial sums. Planned like the forward."""
+    shape, N = x.shape, x.shape[-1]
+    M = x.numel() // N
+    dx = empty(shape, x.dtype, x.device) if need_x else None
+    if M == 0:
+        return dx, zeros(weight.shape, weight.dtype, weight.device) if need_w else None
+    dw = empty(weight.shape, weight.dtype, weight.device) if need_w else None
+    xv, sx = _rows(x, M, N)
+    dyv, sdy = _rows(dy, M, N)
+    dsv, sds = _grad_rows(ds, M, N)
+    P, rows, single, bn, nw = _bwd_config(M, N, backend().name, x.device.index or 0, bool(need_w))
+    ws = (empty if single else zeros)((P, N), torch.float32, x.device) if need_w else None
+    _rms_bwd[(P,)](dyv, dsv, xv, weight.contiguous(), rstd, dx, ws, M, N, sdy, sds, sx, rows, offset,
+                   int(gemma), int(ds is not None), int(need_x), int(need_w), single, bn, num_warps=nw)
+    if need_w:
+        _col_sum_into(ws, dw, P, N)
+    return dx, dw
+
+
 class _RMSNormFn(torch.autograd.Function):
     """rms_norm (residual None) and add_rms_norm (returns (y, new_residual))."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, eps, offset, gemma):
-        y, s, rstd = _rms_forward(x, residual, weight, eps, offset, gemma)
+    def forward(ctx, x, residual, weight, eps, offset, gemma, what):
+        y, s, rstd = _rms_forward(x, residual, weight, eps, offset, gemma, what)
         ctx.gemma, ctx.offset, ctx.has_res = gemma, float(offset), residual is not None
         ctx.set_materialize_grads(False)
         if s is not None and not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
@@ -410,35 +448,14 @@ class _RMSNormFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, ds=None):
         x, weight, rstd = ctx.saved_tensors
-        need_x = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        need_w = ctx.needs_input_grad[2]
-        shape, N = x.shape, x.shape[-1]
-        M = x.numel() // N
-        dx = dw = None
+        ni = ctx.needs_input_grad
+        need_x, need_w = ni[0] or ni[1], ni[2]
         if dy is None:       # only the residual output reached the loss
-            if need_w:
-                dw = torch.zeros_like(weight)
-            if need_x:
-                dx = ds if ds is not None else torch.zeros_like(x)
-            return _pair(ctx, dx) + (dw, None, None, None)
-        if need_x:
-            dx = empty(shape, x.dtype, x.device)
-        if need_w:
-            dw = empty(weight.shape, weight.dtype, weight.device)
-        if M == 0:
-            if need_w:
-                dw.zero_()
-            return _pair(ctx, dx) + (dw, None, None, None)
-        xv, sx = _rows(x, M, N)
-        dyv, sdy = _rows(dy, M, N)
-        dsv, sds = _grad_rows(ds, M, N)
-        P, rows, single, bn, nw = _bwd_config(M, N, backend().name, x.device.index or 0, bool(need_w))
-        ws = (empty if single else zeros)((P, N), torch.float32, x.device) if need_w else None
-        _rms_bwd[(P,)](dyv, dsv, xv, weight.contiguous(), rstd, dx, ws, M, N, sdy, sds, sx, rows, ctx.offset,
-                       int(ctx.gemma), int(ds is not None), int(need_x), int(need_w), single, bn, num_warps=nw)
-        if need_w:
-            _col_sum_into(ws, dw, P, N)
-        return _pair(ctx, dx) + (dw, None, None, None)
+            dw = torch.zeros_like(weight) if need_w else None
+            dx = (ds if ds is not None else torch.zeros_like(x)) if need_x else None
+        else:
+            dx, dw = _rms_backward(dy, ds, x, weight, rstd, ctx.offset, ctx.gemma, need_x, need_w)
+        return _pair(ctx, dx) + (dw, None, None, None, None)
 
 
 def _casting(casting):
@@ -454,28 +471,30 @@ def rms_norm(x, weight, eps=1e-6, *, offset=0.0, casting="llama"):
     gemma: y = (x.float() * rstd * (offset + weight.float())).to(x.dtype). rstd = rsqrt(mean(x^2) + eps).
     """
     gemma = _casting(casting)
-    _check(x, None, weight, None, "rms_norm")
-    if not _use_kernels(x, weight):
+    if not _use_kernels("rms_norm", x, None, weight):
         return reference_rms_norm(x, weight, eps, offset=offset, casting=casting)
     if _no_graph(x, weight):
-        return _rms_forward(x, None, weight, eps, offset, gemma)[0]
-    return _RMSNormFn.apply(x, None, weight, eps, offset, gemma)
+        return _rms_forward(x, None, weight, eps, offset, gemma, "rms_norm")[0]
+    return _RMSNormFn.apply(x, None, weight, eps, offset, gemma, "rms_norm")
 
 
 def add_rms_norm(x, residual, weight, eps=1e-6, *, offset=0.0, casting="llama"):
     """(rms_norm(residual + x), residual + x) in one kernel reading x and residual once."""
     gemma = _casting(casting)
-    _check(x, residual, weight, None, "add_rms_norm")
-    if not _use_kernels(x, weight):
+    if not _use_kernels("add_rms_norm", x, residual, weight):
         return reference_add_rms_norm(x, residual, weight, eps, offset=offset, casting=casting)
     if _no_graph(x, residual, weight):
-        return _rms_forward(x, residual, weight, eps, offset, gemma)[:2]
-    return _RMSNormFn.apply(x, residual, weight, eps, offset, gemma)
+        return _rms_forward(x, residual, weight, eps, offset, gemma, "add_rms_norm")[:2]
+    return _RMSNormFn.apply(x, residual, weight, eps, offset, gemma, "add_rms_norm")
 
 
 # ----------------------------------------------------------------------------------------- LayerNorm
-def _ln_forward(x, residual, weight, bias, eps):
-    """(y, new residual or None, mean, rstd): one forward launch of native_layer_norm's kernel."""
+@planned("ln_forward(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, str what)"
+         " -> (Tensor, Tensor?, Tensor, Tensor)")
+def _ln_forward(x, residual, weight, bias, eps, what):
+    """(y, new residual or None, mean, rstd): one forward launch of native_layer_norm's kernel
+    (planned, like _rms_forward)."""
+    _check(x, residual, weight, bias, what)
     shape, N = x.shape, x.shape[-1]
     M = x.numel() // N
     dev = x.device
@@ -491,12 +510,31 @@ def _ln_forward(x, residual, weight, bias, eps):
     return y, s, mean, rstd
 
 
+@planned("ln_backward(Tensor dy, Tensor? ds, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
+         "bool need_x, bool need_w, bool need_b) -> (Tensor?, Tensor?, Tensor?)")
+def _ln_backward(dy, ds, x, weight, bias, mean, rstd, need_x, need_w, need_b):
+    """(dx, dweight, dbias), each None when not needed: native_layer_norm's backward kernels."""
+    shape, N = x.shape, x.shape[-1]
+    M = x.numel() // N
+    dx = empty(shape, x.dtype, x.device) if need_x else None
+    alloc = zeros if M == 0 else empty
+    dw = alloc(weight.shape, weight.dtype, weight.device) if need_w else None
+    db = alloc(bias.shape, bias.dtype, bias.device) if need_b else None
+    if M:
+        xv, sx = _rows(x, M, N)
+        dyv, sdy = _rows(dy, M, N)
+        dsv, sds = _rows(ds, M, N) if ds is not None else (None, 0)
+        ln.backward_rows(dyv, sdy, xv, sx, weight.contiguous() if weight is not None else None, mean, rstd,
+                         dx, dw, db, M, N, x.device, dsv, sds)
+    return dx, dw, db
+
+
 class _LayerNormFn(torch.autograd.Function):
     """layer_norm (residual None) and add_layer_norm (returns (y, new_residual))."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, eps):
-        y, s, mean, rstd = _ln_forward(x, residual, weight, bias, eps)
+    def forward(ctx, x, residual, weight, bias, eps, what):
+        y, s, mean, rstd = _ln_forward(x, residual, weight, bias, eps, what)
         ctx.has_res = residual is not None
         ctx.set_materialize_grads(False)
         if s is not None and not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
@@ -509,52 +547,30 @@ class _LayerNormFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, ds=None):
         x, weight, bias, mean, rstd = ctx.saved_tensors
-        need_x = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        need_w = ctx.needs_input_grad[2] and weight is not None
-        need_b = ctx.needs_input_grad[3] and bias is not None
-        shape, N = x.shape, x.shape[-1]
-        M = x.numel() // N
-        dx = dw = db = None
+        ni = ctx.needs_input_grad
+        need_x, need_w, need_b = ni[0] or ni[1], ni[2] and weight is not None, ni[3] and bias is not None
         if dy is None:
             dw = torch.zeros_like(weight) if need_w else None
             db = torch.zeros_like(bias) if need_b else None
-            if need_x:
-                dx = ds if ds is not None else torch.zeros_like(x)
-            return _pair(ctx, dx) + (dw, db, None)
-        if need_x:
-            dx = empty(shape, x.dtype, x.device)
-        if need_w:
-            dw = empty(weight.shape, weight.dtype, weight.device)
-        if need_b:
-            db = empty(bias.shape, bias.dtype, bias.device)
-        if M == 0:
-            for t in (dw, db):
-                if t is not None:
-                    t.zero_()
-            return _pair(ctx, dx) + (dw, db, None)
-        xv, sx = _rows(x, M, N)
-        dyv, sdy = _rows(dy, M, N)
-        dsv, sds = _rows(ds, M, N) if ds is not None else (None, 0)
-        ln.backward_rows(dyv, sdy, xv, sx, weight.contiguous() if weight is not None else None, mean, rstd,
-                         dx, dw, db, M, N, x.device, dsv, sds)
-        return _pair(ctx, dx) + (dw, db, None)
+            dx = (ds if ds is not None else torch.zeros_like(x)) if need_x else None
+        else:
+            dx, dw, db = _ln_backward(dy, ds, x, weight, bias, mean, rstd, need_x, need_w, need_b)
+        return _pair(ctx, dx) + (dw, db, None, None)
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
     """LayerNorm over the last dim (F.layer_norm(x, (N,), weight, bias, eps)), fp32 statistics."""
-    _check(x, None, weight, bias, "layer_norm")
-    if not _use_kernels(x, weight, bias):
+    if not _use_kernels("layer_norm", x, None, weight, bias):
         return reference_layer_norm(x, weight, bias, eps)
     if _no_graph(x, weight, bias):
-        return _ln_forward(x, None, weight, bias, eps)[0]
-    return _LayerNormFn.apply(x, None, weight, bias, eps)
+        return _ln_forward(x, None, weight, bias, eps, "layer_norm")[0]
+    return _LayerNormFn.apply(x, None, weight, bias, eps, "layer_norm")
 
 
 def add_layer_norm(x, residual, weight, bias, eps=1e-5):
     """(layer_norm(x + residual), x + residual): BERT's `LayerNorm(hidden_states + input_tensor)`."""
-    _check(x, residual, weight, bias, "add_layer_norm")
-    if not _use_kernels(x, weight, bias):
+    if not _use_kernels("add_layer_norm", x, residual, weight, bias):
         return reference_add_layer_norm(x, residual, weight, bias, eps)
     if _no_graph(x, residual, weight, bias):
-        return _ln_forward(x, residual, weight, bias, eps)[:2]
-    return _LayerNormFn.apply(x, residual, weight, bias, eps)
+        return _ln_forward(x, residual, weight, bias, eps, "add_layer_norm")[:2]
+    return _LayerNormFn.apply(x, residual, weight, bias, eps, "add_layer_norm")

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import kernel
+from ..runtime.planned import planned
 from ..runtime.alloc import empty
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -132,29 +133,6 @@ def _logical(st, ud):
     return (st[0], st[1], st[2], st[3]) if ud == 1 else (st[0], st[2], st[1], st[3])
 
 
-_PLANS: dict = {}
-
-
-def _plan(q, k, cos, sin, unsqueeze_dim, out_strides=None):
-    """Everything a launch needs that follows from the call's signature, computed once per signature
-    (shapes, strides, dtypes, devices, unsqueeze_dim, output strides): the checks, the output
-    layouts, the grid and the kernel's integer arguments. A hit is one dict lookup."""
-    try:
-        key = (q.shape, q.stride(), k.shape, k.stride(), cos.shape, cos.stride(), sin.shape, sin.stride(),
-               q.dtype, k.dtype, cos.dtype, sin.dtype, q.device, k.device, cos.device, sin.device, unsqueeze_dim,
-               out_strides)
-    except AttributeError:     # not tensors: _check says which
-        _check(q, k, cos, sin, unsqueeze_dim)
-        raise
-    p = _PLANS.get(key)
-    if p is None:
-        p = _make_plan(q, k, cos, sin, unsqueeze_dim, out_strides)
-        if len(_PLANS) >= 512:
-            _PLANS.clear()
-        _PLANS[key] = p
-    return p
-
-
 def _make_plan(q, k, cos, sin, unsqueeze_dim, out_strides):
     ud = _check(q, k, cos, sin, unsqueeze_dim)
     if out_strides is None:   # q's (k's) layout when dense (HF's transposed views), contiguous otherwise
@@ -178,9 +156,14 @@ def _make_plan(q, k, cos, sin, unsqueeze_dim, out_strides):
     return ud, qo_st, ko_st, grid, ints, warps
 
 
+@planned("rope_run(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim, bool backward, "
+         "int[]? out_strides) -> (Tensor, Tensor)")
 def _run(q, k, cos, sin, unsqueeze_dim, backward, out_strides=None):
-    """(q_out, k_out) = the rotation (or its inverse) of q and k; out_strides None = q's/k's layout."""
-    ud, qo_st, ko_st, grid, ints, warps = _plan(q, k, cos, sin, unsqueeze_dim, out_strides)
+    """(q_out, k_out) = the rotation (or its inverse) of q and k; out_strides (q's then k's, flat) None =
+    q's/k's layout. Planned: checks, layouts, grid and the kernel's integers once per signature."""
+    if out_strides is not None:
+        out_strides = (tuple(out_strides[:4]), tuple(out_strides[4:]))
+    ud, qo_st, ko_st, grid, ints, warps = _make_plan(q, k, cos, sin, unsqueeze_dim, out_strides)
     qo = empty(q.shape, q.dtype, q.device, like_strides=qo_st)
     ko = empty(k.shape, k.dtype, k.device, like_strides=ko_st)
     if grid is not None:
@@ -222,9 +205,9 @@ def _check(q, k, cos, sin, unsqueeze_dim):
 class _Rope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, cos, sin, unsqueeze_dim):
-        qo, ko = _run(q, k, cos, sin, unsqueeze_dim, False)
+        qo, ko = _run(q, k, cos, sin, unsqueeze_dim, False, None)
         ctx.ud = unsqueeze_dim if unsqueeze_dim > 0 else unsqueeze_dim + 4
-        ctx.out_strides = (qo.stride(), ko.stride())
+        ctx.out_strides = qo.stride() + ko.stride()
         ctx.cs_grad = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
         ctx.save_for_backward(cos, sin, *((q, k) if ctx.cs_grad else ()))
         return qo, ko
@@ -259,9 +242,8 @@ def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     allocations and a launch on a repeated signature.
     """
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, cos, sin)):
-        _plan(q, k, cos, sin, unsqueeze_dim)    # checks before autograd sees the call
         return _Rope.apply(q, k, cos, sin, unsqueeze_dim)
-    return _run(q, k, cos, sin, unsqueeze_dim, False)
+    return _run(q, k, cos, sin, unsqueeze_dim, False, None)
 
 
 def _rotate_half(x):

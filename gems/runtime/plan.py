@@ -421,6 +421,8 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
         # a view: find the one known tensor whose memory holds it
         p = t.data_ptr()
         hits = [(n, v) for n, v in known if v.numel() and v.data_ptr() <= p < v.data_ptr() + max(_extent(v), 1)]
+        if len({id(v) for _, v in hits}) == 1:
+            hits = hits[:1]     # one tensor passed as two arguments (the signature keys that aliasing)
         if len(hits) != 1:
             rec.tainted = "kernel argument is not an input, an allocation or a view of exactly one"
             return None

@@ -5,6 +5,7 @@ import torch
 from harness import DEVICE, DTYPES, FLOAT_IDS, assert_close, make
 
 from gems.fused import rotary
+from gems.runtime.plan import NO_PLAN
 from gems.fused.rotary import reference_rope, rope
 
 
@@ -120,22 +121,16 @@ def test_rope_bad_inputs():
         rope(q[..., :63], k[..., :63], cos[..., :63], sin[..., :63])
 
 
-def test_rope_config_cached():
-    rotary._CONFIGS.clear()
-    q, k, cos, sin = _inputs(1, 2, 2, 2, 64, torch.float32, hf_view=False)
-    rope(q, k, cos, sin)
-    rope(q, k, cos, sin)
-    assert list(rotary._CONFIGS) == [(64, 2, 2)]
-    assert DEVICE in str(q.device)
-
-
-def test_rope_no_grad_path_matches_and_plans_cached():
+def test_rope_plans_cached():
+    """A repeated signature runs its call plan (runtime/planned.py): no new recording, same answer."""
     q, k, cos, sin = _inputs(2, 4, 2, 3, 64, torch.float32)
     with torch.no_grad():
         a = rope(q, k, cos, sin)
-        n = len(rotary._PLANS)
+        built = rotary._run.cache.built
+        p = rotary._run.cache.plans[rotary._run._sig(q, k, cos, sin, 1, False, None)]
+        assert p is not NO_PLAN and callable(p)      # a plan, not "keep the full path"
         b = rope(q, k, cos, sin)
-        assert len(rotary._PLANS) == n          # the repeated signature hit its plan
+        assert rotary._run.cache.built == built
     c = rope(q.clone().requires_grad_(), k.clone().requires_grad_(), cos, sin)
     for x, y, z in zip(a, b, c):
         assert torch.equal(x, y) and torch.equal(x, z.detach())
