@@ -132,7 +132,9 @@ def _build(name, dropout=0.0, batch=2, seq_len=8):
     return b.model, b.inputs, b.train_inputs
 
 
-# model -> fused ops its report must list (with every option on)
+# every option on (layer_norm is opt-in)
+ALL = dict(layer_norm=True)
+# model -> fused ops its report must list (with every option on: gems.patch(model, **ALL))
 EXPECT = {
     "llama2": {"rms_norm": 5, "add_rms_norm": 2, "silu_and_mul": 2, "rope": 2, "cross_entropy": 1,
                "fused_linear_cross_entropy": 1},
@@ -207,7 +209,7 @@ def test_patch_routes_to_fused_and_agrees(name, standins):
     keys = list(model.state_dict())
     snap = _snapshot(model)
 
-    report = gems.patch(model)
+    report = gems.patch(model, **ALL)
     assert report.counts() == EXPECT[name], report.summary()
     assert model._gems_patch is report
     assert list(model.state_dict()) == keys                                   # same keys ...
@@ -240,6 +242,18 @@ def test_generate_patched(name, standins):
         assert "logits_to_keep" in inspect.signature(model.forward).parameters   # generate reads it
     assert standins["rope"] >= 2 * 4 and standins["add_rms_norm"] >= 2 * 4   # every decode step
     assert torch.equal(got, ref)
+
+
+def test_layer_norm_is_opt_in(standins):
+    """By default BERT keeps its LayerNorms (ATen's, or Gems' native_layer_norm under gems.enable()): only
+    the loss is fused; layer_norm=True adds the fused norms."""
+    model, inf, tr = _build("bert")
+    ref = _run(model, inf, tr)
+    with gems.patched(model) as r:
+        assert r.counts() == {"cross_entropy": 1} and r.options["layer_norm"] is False
+        standins.clear()
+        _assert_same(_run(model, inf, tr), ref)
+        assert set(standins) == {"cross_entropy"}
 
 
 def test_options_select_what_is_replaced(standins):
@@ -308,7 +322,7 @@ def test_bert_dropout_semantics_kept(standins):
     model.train()
     torch.manual_seed(3)
     ref = model(**tr).loss
-    with gems.patched(model):
+    with gems.patched(model, **ALL):
         torch.manual_seed(3)
         got = model(**tr).loss
         torch.manual_seed(4)
@@ -327,6 +341,8 @@ def test_clip_vision_tower_alone(standins):
     pix = torch.randn(2, 3, 28, 28, device=DEVICE)
     ref = m(pixel_values=pix)
     with gems.patched(m) as r:
+        assert r.counts() == {}                 # layer_norm is opt-in: nothing else to fuse here
+    with gems.patched(m, **ALL) as r:
         assert r.counts() == {"add_layer_norm": 2, "layer_norm": 6}
         got = m(pixel_values=pix)
     torch.testing.assert_close(got.last_hidden_state, ref.last_hidden_state)
@@ -435,7 +451,7 @@ def test_missing_fused_op_is_a_clear_error(standins):
 
 def test_report_summary_and_dict(standins):
     model, _, _ = _build("bert")
-    r = gems.patch(model)
+    r = gems.patch(model, **ALL)
     d = r.to_dict()
     assert d["model_type"] == "bert" and d["replaced"] == EXPECT["bert"]
     assert "bert.encoder.layer.0.attention.output" in d["modules"]["add_layer_norm"]
@@ -460,7 +476,7 @@ def test_real_kernels_patched_agrees(name):
         assert getattr(gems.fused, op).__module__.startswith("gems.fused."), op
     model, inf, tr = _build(name, batch=1, seq_len=5)    # the interpreter: one program per row
     ref = _run(model, inf, tr)
-    with gems.patched(model) as report:
+    with gems.patched(model, **ALL) as report:
         assert report.counts() == EXPECT[name]
         got = _run(model, inf, tr)
     _assert_close_run(got, ref)
