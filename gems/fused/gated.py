@@ -35,7 +35,7 @@ import triton.language as tl
 from ..codegen.tlmath import sigmoid, tanh
 from ..runtime import backend, kernel
 from ..runtime.planned import planned
-from ..runtime.utils import cdiv, empty, next_pow2, target_programs
+from ..runtime.utils import as_rows, cdiv, empty, next_pow2, target_programs
 
 _SERVED = (torch.float32, torch.float16, torch.bfloat16)
 # activation codes (the kernels' ACT constexpr): 0 silu, 1 gelu (erf), 2 gelu (tanh)
@@ -149,20 +149,6 @@ def _geometry(rows, n, name, dev):
     return (rows * ncb,), ncb, block, warps
 
 
-def _rows(t, M, N):
-    """(t, or a contiguous copy where no view reads t as M rows of N with unit column stride; the row
-    stride). The kernels take the data pointer and strides only, and passing the argument itself lets
-    a call plan name it (two views into one [.., 2I] projection output are told apart)."""
-    try:
-        v = t.view(M, N)
-    except RuntimeError:
-        v = None
-    if v is None or (N > 1 and v.stride(1) != 1):
-        v = t.contiguous().view(M, N)
-        return v, (v.stride(0) if M > 1 else N)
-    return t, (v.stride(0) if M > 1 else N)
-
-
 def _plan(shape, *views):
     """(rows, n, strides) for a launch: one flat range when every view is contiguous."""
     N = shape[-1]
@@ -218,7 +204,7 @@ def _gated_forward(gate, up, act, what):
     if y.numel():
         N = shape[-1]
         M = gate.numel() // N
-        gv, uv = _rows(gate, M, N), _rows(up, M, N)
+        gv, uv = as_rows(gate, M, N), as_rows(up, M, N)
         rows, n, (sg, su) = _plan(shape, gv, uv)
         grid, ncb, block, nw = _geometry(rows, n, backend().name, gate.device.index or 0)
         _gated_fwd[grid](gv[0], uv[0], y, n, sg, su, ncb, act, block, num_warps=nw)
@@ -235,7 +221,7 @@ def _gated_backward(dy, gate, up, act, do_dg, do_du):
         return dg, du
     N = shape[-1]
     M = gate.numel() // N
-    dyv, gv, uv = _rows(dy, M, N), _rows(gate, M, N), _rows(up, M, N)
+    dyv, gv, uv = as_rows(dy, M, N), as_rows(gate, M, N), as_rows(up, M, N)
     rows, n, (sdy, sg, su) = _plan(shape, dyv, gv, uv)
     grid, ncb, block, nw = _geometry(rows, n, backend().name, gate.device.index or 0)
     _gated_bwd[grid](dyv[0], gv[0], uv[0], dg, du, n, sdy, sg, su, ncb, act, int(do_dg), int(do_du),

@@ -52,7 +52,7 @@ from ..ops import layer_norm as ln
 from ..ops.reduction import reduce_launch
 from ..runtime import backend, kernel
 from ..runtime.planned import planned
-from ..runtime.utils import cdiv, empty, next_pow2, sm_count, zeros
+from ..runtime.utils import as_rows, cdiv, empty, next_pow2, sm_count, zeros
 
 _SERVED = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -107,22 +107,6 @@ def _bwd_config(M, N, name, dev, need_w):
         target = sm_count(dev) * (cfg["bwd_per_sm"] if block_n <= 8192 else 1)
     rows = cdiv(M, max(1, min(target, M)))
     return cdiv(M, rows), rows, single, block_n, _warps(block_n, "bwd_elems_per_warp", cfg)
-
-
-def _rows(t, M, N):
-    """(a tensor whose data pointer starts t's M rows of N with unit column stride, the row stride):
-    t itself when a view can read it so (kernels take only the pointer and the strides, and passing
-    the argument itself lets a call plan name it), else a contiguous copy."""
-    if t.dim() == 2 and (t.stride(1) == 1 or N == 1):
-        return t, (t.stride(0) if M > 1 else N)
-    try:
-        v = t.view(M, N)
-    except RuntimeError:
-        v = None
-    if v is None or (N > 1 and v.stride(1) != 1):
-        v = t.contiguous().view(M, N)
-        return v, (v.stride(0) if M > 1 else N)
-    return t, (v.stride(0) if M > 1 else N)
 
 
 def _use_kernels(what, x, residual, weight, bias=None):
@@ -379,7 +363,7 @@ def _pair(ctx, dx):
 
 
 def _grad_rows(g, M, N):
-    return _rows(g, M, N) if g is not None else (None, N)
+    return as_rows(g, M, N) if g is not None else (None, N)
 
 
 # ------------------------------------------------------------------------------------------- RMSNorm
@@ -399,8 +383,8 @@ def _rms_forward(x, residual, weight, eps, offset, gemma, what):
     s = empty(shape, x.dtype, dev) if residual is not None else None
     rstd = empty((M,), torch.float32, dev)
     if M:
-        xv, sx = _rows(x, M, N)
-        rv, sr = _rows(residual, M, N) if residual is not None else (None, N)
+        xv, sx = as_rows(x, M, N)
+        rv, sr = as_rows(residual, M, N) if residual is not None else (None, N)
         grid, single, bm, bn, nw = _fwd_config(M, N, backend().name)
         _rms_fwd[grid](xv, rv, weight.contiguous(), y, s, rstd, M, N, sx, sr, float(eps), float(offset),
                        int(residual is not None), int(gemma), single, bm, bn, num_warps=nw)
@@ -418,8 +402,8 @@ def _rms_backward(dy, ds, x, weight, rstd, offset, gemma, need_x, need_w):
     if M == 0:
         return dx, zeros(weight.shape, weight.dtype, weight.device) if need_w else None
     dw = empty(weight.shape, weight.dtype, weight.device) if need_w else None
-    xv, sx = _rows(x, M, N)
-    dyv, sdy = _rows(dy, M, N)
+    xv, sx = as_rows(x, M, N)
+    dyv, sdy = as_rows(dy, M, N)
     dsv, sds = _grad_rows(ds, M, N)
     P, rows, single, bn, nw = _bwd_config(M, N, backend().name, x.device.index or 0, bool(need_w))
     ws = (empty if single else zeros)((P, N), torch.float32, x.device) if need_w else None
@@ -503,8 +487,8 @@ def _ln_forward(x, residual, weight, bias, eps, what):
     mean = empty((M,), torch.float32, dev)
     rstd = empty((M,), torch.float32, dev)
     if M:
-        xv, sx = _rows(x, M, N)
-        rv, sr = _rows(residual, M, N) if residual is not None else (None, 0)
+        xv, sx = as_rows(x, M, N)
+        rv, sr = as_rows(residual, M, N) if residual is not None else (None, 0)
         ln.forward_rows(xv, sx, weight.contiguous() if weight is not None else None,
                         bias.contiguous() if bias is not None else None, y, mean, rstd, M, N, eps, rv, sr, s)
     return y, s, mean, rstd
@@ -521,9 +505,9 @@ def _ln_backward(dy, ds, x, weight, bias, mean, rstd, need_x, need_w, need_b):
     dw = alloc(weight.shape, weight.dtype, weight.device) if need_w else None
     db = alloc(bias.shape, bias.dtype, bias.device) if need_b else None
     if M:
-        xv, sx = _rows(x, M, N)
-        dyv, sdy = _rows(dy, M, N)
-        dsv, sds = _rows(ds, M, N) if ds is not None else (None, 0)
+        xv, sx = as_rows(x, M, N)
+        dyv, sdy = as_rows(dy, M, N)
+        dsv, sds = as_rows(ds, M, N) if ds is not None else (None, 0)
         ln.backward_rows(dyv, sdy, xv, sx, weight.contiguous() if weight is not None else None, mean, rstd,
                          dx, dw, db, M, N, x.device, dsv, sds)
     return dx, dw, db

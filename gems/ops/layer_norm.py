@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
-from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, sm_count, zeros
+from ..runtime.utils import as_rows, cdiv, empty, next_pow2, prepare_out, sm_count, zeros
 
 # max_n: widest row kept in registers; tile: elements per program for short rows;
 # elems_per_warp: sets num_warps; bwd_programs_per_sm: programs of the backward when dw/db are needed
@@ -277,17 +277,6 @@ def _split(x, normalized_shape):
     return x.numel() // N if N else 0, N, x.dim() - k
 
 
-def _rows(t, M, N):
-    """t as an (M, N) matrix with unit column stride, without a copy when its layout allows."""
-    try:
-        v = t.view(M, N)
-    except RuntimeError:
-        v = None
-    if v is None or (N > 1 and v.stride(1) != 1):
-        v = t.contiguous().view(M, N)
-    return v, (v.stride(0) if M > 1 else N)
-
-
 def _stat_dtype(x):
     if x.device.type == "cuda" and x.dtype in (torch.float16, torch.bfloat16):
         return torch.float32
@@ -322,7 +311,8 @@ def _fwd_geometry(M, N, smax, has_res, has_w, has_b, int64_from):
 
 def forward_rows(xv, sx, w, b, y, mean, rstd, M, N, eps, rv=None, sr=0, s=None):
     """One forward launch over M rows of N: xv (and the residual rv) row-strided with unit column stride
-    (`_rows`), w/b contiguous or None, y (and s, the new residual) contiguous, mean/rstd of M elements.
+    (`runtime.utils.as_rows`), w/b contiguous or None, y (and s, the new residual) contiguous,
+    mean/rstd of M elements.
     Shared by native_layer_norm and gems.fused.layer_norm / add_layer_norm (rv, s given)."""
     grid, consts, nw = _fwd_geometry(M, N, max(sx, sr), rv is not None, w is not None, b is not None,
                                      _INT64_FROM)
@@ -368,7 +358,7 @@ def _forward(x, normalized_shape, weight, bias, eps, outs=(None, None, None)):
     rstd = prepare_out(outs[2], stat_shape, sd, x.device)
     if M == 0:
         return y, mean, rstd
-    xv, sx = _rows(x, M, N)
+    xv, sx = as_rows(x, M, N)
     forward_rows(xv, sx, weight.contiguous() if weight is not None else None,
                  bias.contiguous() if bias is not None else None, y, mean, rstd, M, N, eps)
     return y, mean, rstd
@@ -424,8 +414,8 @@ def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight
         return dx, dw, db
     if not (do_dx or do_dw or do_db):
         return dx, dw, db
-    gv, sg = _rows(grad_out, M, N)
-    xv, sx = _rows(x, M, N)
+    gv, sg = as_rows(grad_out, M, N)
+    xv, sx = as_rows(x, M, N)
     backward_rows(gv, sg, xv, sx, weight.contiguous() if weight is not None else None, mean.reshape(-1),
                   rstd.reshape(-1), dx if do_dx else None, dw if do_dw else None, db if do_db else None,
                   M, N, x.device)

@@ -24,6 +24,23 @@ def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
+def as_rows(t, M: int, N: int):
+    """(t, or a contiguous copy of it where no view reads it as M rows of N with unit column stride; the
+    row stride). Row kernels take the tensor's data pointer and that stride only: passing the argument
+    itself rather than a view of it lets a call plan name it (also when two arguments are views of one
+    buffer, like `gate, up = gate_up.chunk(2, -1)`)."""
+    if t.dim() == 2 and (N == 1 or t.stride(1) == 1):
+        return t, (t.stride(0) if M > 1 else N)
+    try:
+        v = t.view(M, N)
+    except RuntimeError:
+        v = None
+    if v is None or (N > 1 and v.stride(1) != 1):
+        v = t.contiguous().view(M, N)
+        return v, (v.stride(0) if M > 1 else N)
+    return t, (v.stride(0) if M > 1 else N)
+
+
 def sm_count(device) -> int:
     """Streaming multiprocessors of a CUDA device (a torch.device or an index; no index: the current
     device), read once per device."""
