@@ -92,3 +92,23 @@ def test_fused_ops_report_plans():
     st = gems.plan_stats()
     assert st["fused::gated_forward"]["plans"] >= 1
     assert DEVICE in str(g.device)
+
+
+def test_fused_backwards_plan_views_of_one_buffer_and_one_grad_for_two_outputs():
+    """The layouts models make: gate and up as two halves of one projection output, and add_rms_norm's
+    two outputs receiving the same gradient tensor; both used to keep the full path ("not a view of
+    exactly one" input)."""
+    from gems.fused import add_rms_norm, gated, norms, silu_and_mul
+    caches = (gated._gated_forward.cache, gated._gated_backward.cache, norms._rms_forward.cache,
+              norms._rms_backward.cache)
+    before = [c.declined for c in caches]
+    gu = make((3, 5, 32), torch.float32).requires_grad_()
+    gate, up = gu.chunk(2, -1)
+    x, r = make((3, 5, 16), torch.float32).requires_grad_(), make((3, 5, 16), torch.float32).requires_grad_()
+    w = make((16,), torch.float32).requires_grad_()
+    g = make((3, 5, 16), torch.float32)
+    for _ in range(2):
+        silu_and_mul(gate, up).backward(g)
+        y, s = add_rms_norm(x, r, w, 1e-5)
+        torch.autograd.backward((y, s), (g, g))
+    assert [c.declined for c in caches] == before
