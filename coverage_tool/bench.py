@@ -127,11 +127,13 @@ def _r(x, n):
 class _Workload:
     """One built model and its workload; each method runs in the mode it is given (False: ATen, True: Gems)."""
 
-    def __init__(self, bundle, kind: str, new_tokens: int, optimizer: str, include, exclude, patch: bool = False):
+    def __init__(self, bundle, kind: str, new_tokens: int, optimizer: str, include, exclude, patch: bool = False,
+                 patch_options=None):
         import torch
         import gems
         self.torch, self.gems, self.b, self.kind, self.new_tokens = torch, gems, bundle, kind, new_tokens
-        self.include, self.exclude, self.patch = include, exclude, patch
+        self.include, self.exclude = include, exclude
+        self.patch, self.patch_options = patch, dict(patch_options or {})   # gems.patch's options
         dev = torch.device(bundle.device)
         self.on_cuda = dev.type == "cuda"
         self.sync = (lambda: torch.cuda.synchronize(dev)) if self.on_cuda else (lambda: None)
@@ -153,7 +155,7 @@ class _Workload:
             if not self.patch:
                 return scope
             stack = contextlib.ExitStack()
-            stack.enter_context(self.gems.patched(self.b.model))
+            stack.enter_context(self.gems.patched(self.b.model, **self.patch_options))
             stack.enter_context(scope)
             return stack
         self.gems.disable()
@@ -443,11 +445,14 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
     """Run `workload` with ATen and with Gems on one model and compare (see the module docstring).
 
     patch: the Gems turns also run the model patched by `gems.patch` (fused ops); the ATen turns run it
-    unpatched, Gems unregistered."""
+    unpatched, Gems unregistered. True for gems.patch's defaults, or a dict of its options
+    ({"layer_norm": True}: the fused parts are measured one by one)."""
     import torch
     import gems
     import models as M
     recipe, on_cuda = _validate(model, workload, device, optimizer, new_tokens, include, exclude)
+    from .runner import patch_options, patched
+    popts, patch = patch_options(patch), patched(patch)
     size, dtype_name, dt, seq_len = M.run_defaults("cuda" if on_cuda else "cpu", size, dtype, seq_len)
     steps = steps if steps is not None else (5 if on_cuda else 1)
     warmup = warmup if warmup is not None else (2 if on_cuda else 1)
@@ -471,10 +476,10 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
                      dropout=0.0 if workload == "train" else None)
     if patch:
         res.patched = True
-        res.patch = _patch_report(bundle.model)
+        res.patch = _patch_report(bundle.model, popts)
         res.notes.append("Gems turns: gems.patch(model) + Gems' ATen ops; ATen turns: the unpatched model; "
                          "attribution rows fused::<Function> are gems.fused's kernels (forward and Backward)")
-    wl = _Workload(bundle, workload, new_tokens, optimizer, include, exclude, patch)
+    wl = _Workload(bundle, workload, new_tokens, optimizer, include, exclude, patch, popts)
     try:
         res.agreement = _agreement(wl, dt, progress)
         wl.start = None   # the training start weights are not needed any more
@@ -512,12 +517,12 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
     return res
 
 
-def _patch_report(model) -> dict:
+def _patch_report(model, options) -> dict:
     """What gems.patch replaces in this model (patched and unpatched at once; bad input -> ModelError)."""
     import gems
     import models as M
     try:
-        report = gems.patch(model)
+        report = gems.patch(model, **options)
     except (ValueError, TypeError, RuntimeError) as e:
         raise M.ModelError(f"--patch: {e}") from None
     gems.unpatch(model)

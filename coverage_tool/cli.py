@@ -180,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--patch", action="store_true",
                     help="the Gems run also patches the model with gems.patch (fused RMSNorm, RoPE, SwiGLU, "
                          "losses, ...); the ATen run stays unpatched")
+    _patch_options_arg(pa)
     out_opts(pa, ("table", "json", "markdown"))
 
     b = sub.add_parser("bench", help="a workload with ATen and with Gems: time, tokens/s, peak memory, "
@@ -212,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--patch", action="store_true",
                    help="the Gems turns also run the model patched by gems.patch (fused ops); the ATen turns "
                         "run it unpatched")
+    _patch_options_arg(b)
     b.add_argument("--top", type=_positive_int, default=25, help="attribution rows shown (JSON has all)")
     b.add_argument("--plot", default=None, metavar="FILE",
                    help="also draw the attribution as a bar chart (PNG; needs matplotlib: pip install "
@@ -263,6 +265,26 @@ def _check_parent(path: Path):
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(f"cannot write {path}: folder {parent} does not exist (create it first)")
+
+
+def _patch_options_arg(p):
+    p.add_argument("--patch-options", default=None, metavar="NAME=on|off,...",
+                   help="gems.patch's options (implies --patch), e.g. layer_norm=on,cross_entropy=off: "
+                        "measure or check the fused parts one by one")
+
+
+def _patch_arg(a):
+    """--patch / --patch-options as the `patch=` argument of bench and parity: False, True or a dict."""
+    if a.patch_options is None:
+        return a.patch
+    out = {}
+    for item in _split(a.patch_options) or []:
+        name, sep, value = item.partition("=")
+        v = value.strip().lower()
+        if not sep or v not in ("on", "off", "1", "0", "true", "false"):
+            raise UsageError(f"--patch-options: '{item}' is not NAME=on or NAME=off")
+        out[name.strip()] = v in ("on", "1", "true")
+    return out
 
 
 def _split(s: Optional[str]):
@@ -468,7 +490,7 @@ def cmd_parity(a, ctx):
     r = P.parity(a.model, modes=modes, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
                  seq_len=a.seq_len, new_tokens=new_tokens, shadow=not a.no_shadow,
                  include=_split(a.include), exclude=_split(a.exclude), optimizer=a.optimizer,
-                 patch=a.patch, progress=ctx.say)
+                 patch=_patch_arg(a), progress=ctx.say)
     _emit(P.format_result(r, a.format), a.output, ctx)
     if not r.ok:
         if r.divergences:
@@ -487,7 +509,7 @@ def cmd_bench(a, ctx):
     r = B.bench(a.model, workload=a.workload, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
                 seq_len=a.seq_len, new_tokens=new_tokens, steps=a.steps, warmup=a.warmup, optimizer=a.optimizer,
                 include=_split(a.include), exclude=_split(a.exclude), attribution=not a.no_attribution,
-                patch=a.patch, progress=ctx.say)
+                patch=_patch_arg(a), progress=ctx.say)
     _emit(B.format_result(r, a.format, a.top), a.output, ctx)
     if a.plot:
         _write_bench_plot(a.plot, r.to_dict(), a.top, ctx)

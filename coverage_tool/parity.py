@@ -247,10 +247,13 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
            dtype=None, batch: int = 1, seq_len: Optional[int] = None, new_tokens: int = 4,
            shadow: bool = True, include=None, exclude=None, seed: int = 0, optimizer: str = "sgd",
            patch: bool = False, progress: Optional[Callable[[str], None]] = None) -> ParityResult:
-    """patch: the Gems run's model copy is also patched by `gems.patch` (fused ops); the ATen run's is not."""
+    """patch: the Gems run's model copy is also patched by `gems.patch` (fused ops); the ATen run's is not.
+    True for gems.patch's defaults, or a dict of its options."""
     import gems
     import models
     from . import runner
+
+    popts, patch = runner.patch_options(patch), runner.patched(patch)
 
     say = progress or (lambda s: None)
     t0 = time.perf_counter()
@@ -304,7 +307,7 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
         b = copy.deepcopy(base)
         if patch:
             try:
-                res.patch = gems.patch(b.model).to_dict()
+                res.patch = gems.patch(b.model, **popts).to_dict()
             except (ValueError, TypeError, RuntimeError) as e:
                 raise models.ModelError(f"--patch: {e}") from None
             res.patched = True

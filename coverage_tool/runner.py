@@ -21,6 +21,25 @@ def check_mode(bundle, mode: str) -> None:
         raise ModelError(f"{bundle.recipe.name}: mode 'generate' needs a causal LM (this is {bundle.kind})")
 
 
+def patched(patch) -> bool:
+    """Whether a `patch=` argument asks for gems.patch: True, or a dict of its options (even empty)."""
+    return patch is True or isinstance(patch, dict)
+
+
+def patch_options(patch) -> dict:
+    """gems.patch's keyword options of a `patch=` argument: {} for True/False, the dict itself else (its
+    names checked against gems.patch.OPTIONS; an unknown one is bad input: models.ModelError)."""
+    if isinstance(patch, bool) or patch is None:
+        return {}
+    from gems.patch import OPTIONS
+    from models import ModelError
+    bad = sorted(set(patch) - set(OPTIONS))
+    if bad:
+        raise ModelError(f"--patch-options: unknown gems.patch option(s) {', '.join(bad)}; the options are "
+                         f"{', '.join(OPTIONS)}")
+    return {k: bool(v) for k, v in patch.items()}
+
+
 # ------------------------------------------------------------------------------------ input checks
 def check_model(recipe, size: str, *, mode: str, seq_len: int, batch: int = 1, new_tokens: int = 0):
     """Bad input found before anything is built: an architecture the runner has no inputs for, or a

@@ -140,3 +140,27 @@ def test_patch_of_an_unsupported_model_is_bad_input(tmp_path, capsys):
     rc = cli.main(["-q", "bench", str(cfg), "--device", "cpu", "--include", "rsqrt", "--patch"])
     assert rc == 2
     assert "--patch: gems.patch: model type 'gpt2' is not supported" in capsys.readouterr().err
+
+
+def test_patch_options_select_the_fused_parts(tmp_path, capsys):
+    # parity: layer_norm is opt-in in gems.patch; --patch-options turns it on (and implies --patch)
+    rc, d = _run(tmp_path, "parity", "bert", "--include", "rsqrt", "--patch-options", "layer_norm=on",
+                 "--no-shadow", "--mode", "inference")
+    assert rc == 0, d
+    assert d["patched"] is True and d["patch"]["options"]["layer_norm"] is True
+    assert d["patch"]["replaced"] == {"add_layer_norm": 4, "layer_norm": 6, "cross_entropy": 1}
+    # bench: every option off but the loss
+    rc, d = _run(tmp_path, "bench", "bert", "--device", "cpu", "--steps", "1", "--warmup", "0", "--seq-len", "6",
+                 "--include", "rsqrt", "--no-attribution", "--patch-options", "cross_entropy=off")
+    assert rc == 0, d
+    assert d["patched"] is True and d["patch"]["replaced"] == {}
+
+
+@pytest.mark.parametrize("value, message", [("layer_norm", "is not NAME=on or NAME=off"),
+                                            ("layer_norm=maybe", "is not NAME=on or NAME=off"),
+                                            ("fused_mlp=on", "unknown gems.patch option(s) fused_mlp")])
+def test_patch_options_bad_input(tmp_path, capsys, value, message):
+    rc, d = _run(tmp_path, "bench", "bert", "--device", "cpu", "--steps", "1", "--seq-len", "6",
+                 "--patch-options", value)
+    assert rc == 2 and d is None
+    assert message in capsys.readouterr().err
