@@ -362,10 +362,6 @@ def _pair(ctx, dx):
     return (dx if ni[0] else None, dx if ctx.has_res and ni[1] else None)
 
 
-def _grad_rows(g, M, N):
-    return as_rows(g, M, N) if g is not None else (None, N)
-
-
 # ------------------------------------------------------------------------------------------- RMSNorm
 @planned("rms_forward(Tensor x, Tensor? residual, Tensor weight, float eps, float offset, bool gemma, str what)"
          " -> (Tensor, Tensor?, Tensor)")
@@ -404,7 +400,7 @@ def _rms_backward(dy, ds, x, weight, rstd, offset, gemma, need_x, need_w):
     dw = empty(weight.shape, weight.dtype, weight.device) if need_w else None
     xv, sx = as_rows(x, M, N)
     dyv, sdy = as_rows(dy, M, N)
-    dsv, sds = _grad_rows(ds, M, N)
+    dsv, sds = as_rows(ds, M, N) if ds is not None else (None, N)
     P, rows, single, bn, nw = _bwd_config(M, N, backend().name, x.device.index or 0, bool(need_w))
     ws = (empty if single else zeros)((P, N), torch.float32, x.device) if need_w else None
     _rms_bwd[(P,)](dyv, dsv, xv, weight.contiguous(), rstd, dx, ws, M, N, sdy, sds, sx, rows, offset,

@@ -118,17 +118,17 @@ def _chunk(Base, d0, d1, d2, dout, lo, n, sv, alpha, OP: tl.constexpr, NIN: tl.c
     """One chunk of foreach_kernel: CHUNK elements from lo (MASK: those below n only)."""
     for k in tl.static_range(CHUNK // BLOCK):
         offs = lo + k * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
+        mask = offs < n if MASK else None   # whole chunks unmasked (see foreach_kernel)
         if OP == "zero":
             r = tl.zeros([BLOCK], tl.float32)
         else:
-            x = tl.load(Base + d0 + offs, mask=mask if MASK else None).to(tl.float32)
+            x = tl.load(Base + d0 + offs, mask=mask).to(tl.float32)
             if NIN >= 2:
-                b = tl.load(Base + d1 + offs, mask=mask if MASK else None).to(tl.float32)
+                b = tl.load(Base + d1 + offs, mask=mask).to(tl.float32)
             else:
                 b = sv
             if NIN >= 3:
-                c3 = tl.load(Base + d2 + offs, mask=mask if MASK else None).to(tl.float32)
+                c3 = tl.load(Base + d2 + offs, mask=mask).to(tl.float32)
             if OP == "add":
                 r = _add(x, b, alpha)
             elif OP == "sub":
@@ -161,7 +161,7 @@ def _chunk(Base, d0, d1, d2, dout, lo, n, sv, alpha, OP: tl.constexpr, NIN: tl.c
             else:
                 tl.static_assert(OP == "reciprocal")
                 r = _reciprocal(x)
-        tl.store(Base + dout + offs, r.to(Base.dtype.element_ty), mask=mask if MASK else None)
+        tl.store(Base + dout + offs, r.to(Base.dtype.element_ty), mask=mask)
 
 
 # the ints are not specialized (no "== 1" constant, no divisibility hint): one binary, with one

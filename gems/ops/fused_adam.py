@@ -43,14 +43,14 @@ def _adamw_chunk(Base, GS, dp, dg, dm, dv, dx, lo, n, beta1, beta2, eps, decay, 
     """One chunk of fused_adamw_kernel: CHUNK elements from lo (MASK: those below n only)."""
     for k in tl.static_range(CHUNK // BLOCK):
         offs = lo + k * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        p = tl.load(Base + dp + offs, mask=mask if MASK else None).to(tl.float32)
-        g = tl.load(Base + dg + offs, mask=mask if MASK else None).to(tl.float32)
-        m = tl.load(Base + dm + offs, mask=mask if MASK else None).to(tl.float32)
-        v = tl.load(Base + dv + offs, mask=mask if MASK else None).to(tl.float32)
+        mask = offs < n if MASK else None   # whole chunks unmasked (see foreach_kernel)
+        p = tl.load(Base + dp + offs, mask=mask).to(tl.float32)
+        g = tl.load(Base + dg + offs, mask=mask).to(tl.float32)
+        m = tl.load(Base + dm + offs, mask=mask).to(tl.float32)
+        v = tl.load(Base + dv + offs, mask=mask).to(tl.float32)
         if HAS_GS:
             g = tl.math.div_rn(g, tl.load(GS))
-            tl.store(Base + dg + offs, g.to(Base.dtype.element_ty), mask=mask if MASK else None)
+            tl.store(Base + dg + offs, g.to(Base.dtype.element_ty), mask=mask)
         if MAXIMIZE:
             g = -g
         p = p - decay * p
@@ -58,15 +58,15 @@ def _adamw_chunk(Base, GS, dp, dg, dm, dv, dx, lo, n, beta1, beta2, eps, decay, 
         gg = g * g
         v = tl.fma(beta2 + 0.0 * g, v, tl.fma(-beta2 + 0.0 * g, gg, gg))
         if AMSGRAD:
-            x = tl.maximum(tl.load(Base + dx + offs, mask=mask if MASK else None).to(tl.float32), v)
-            tl.store(Base + dx + offs, x.to(Base.dtype.element_ty), mask=mask if MASK else None)
+            x = tl.maximum(tl.load(Base + dx + offs, mask=mask).to(tl.float32), v)
+            tl.store(Base + dx + offs, x.to(Base.dtype.element_ty), mask=mask)
             den = tl.math.div_rn(tl.sqrt_rn(x), bc2_sqrt) + eps
         else:
             den = tl.math.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
         p = p - tl.math.div_rn(step_size * m, den)
-        tl.store(Base + dp + offs, p.to(Base.dtype.element_ty), mask=mask if MASK else None)
-        tl.store(Base + dm + offs, m.to(Base.dtype.element_ty), mask=mask if MASK else None)
-        tl.store(Base + dv + offs, v.to(Base.dtype.element_ty), mask=mask if MASK else None)
+        tl.store(Base + dp + offs, p.to(Base.dtype.element_ty), mask=mask)
+        tl.store(Base + dm + offs, m.to(Base.dtype.element_ty), mask=mask)
+        tl.store(Base + dv + offs, v.to(Base.dtype.element_ty), mask=mask)
 
 
 @kernel
