@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from ..runtime import kernel
-from ..runtime.planned import planned
 from ..runtime.alloc import empty
+from ..runtime.planned import planned
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
