@@ -7,9 +7,10 @@ and Liger-Kernel, forward and forward+backward, side by side in one process.
     python -m benchmarks.fused_norms --device cpu    # tiny shapes through the Triton interpreter (smoke)
 
 Per case: median time (`triton.testing.do_bench` on the GPU; a median of a few runs on the CPU) of
-ATen (plain eager, Gems not enabled), Gems' fused op and Liger's (`import liger_kernel`: its
-Function classes with their defaults; the column is skipped, with the reason printed, only when the
-import fails), the ratios Gems/ATen and Gems/Liger (lower is better), Gems' GB/s over the bytes that
+ATen (plain eager, Gems not enabled), Gems' fused op (with `gems.enable()` on, as in a model under
+`gems.patch` + `gems.enable()`: a plain layer_norm is then ATen's op on Gems' kernels) and Liger's
+(`import liger_kernel`: its Function classes with their defaults; the column is skipped, with the
+reason printed, only when the import fails), the ratios Gems/ATen and Gems/Liger (lower is better), Gems' GB/s over the bytes that
 must move (each input read once and each output written once: forward x, y; backward dy, x, dx;
 residual variants add the residual, the new residual and its gradient; weights are negligible), and
 Gems' forward error relative to ATen (max |gems - aten| / max |aten|).
@@ -19,6 +20,7 @@ Forward+backward times one `torch.autograd.grad` of every output w.r.t. every in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -156,6 +158,21 @@ def _step(fn, inputs, grads):
     return run
 
 
+@contextlib.contextmanager
+def _gems_on(on):
+    """Gems' column runs as a patched model runs (gems.patch + gems.enable(): the unfused remainder and a
+    plain layer_norm on Gems' ATen ops); the others with Gems unregistered (plain ATen)."""
+    if not on:
+        yield
+        return
+    import gems
+    gems.enable()
+    try:
+        yield
+    finally:
+        gems.disable()
+
+
 def _time(fn, device, quick):
     if device == "cuda":
         from triton.testing import do_bench
@@ -209,7 +226,7 @@ def main(argv=None):
                     row[f"{impl}_ms"] = None
                     continue
                 try:
-                    with torch.no_grad() if not grad else torch.enable_grad():
+                    with _gems_on(impl == "gems"), torch.no_grad() if not grad else torch.enable_grad():
                         outs[impl] = fn(*inputs)
                         if grad and impl != "liger":    # Liger's rms_norm writes dx into dy: left out
                             o = outs[impl] if isinstance(outs[impl], tuple) else (outs[impl],)

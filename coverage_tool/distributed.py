@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="both: ATen, then gems.enable() on the same seed and data (default)")
     p.add_argument("--include", default=None, help="comma-separated ATen names Gems serves (default all)")
     p.add_argument("--exclude", default=None, help="comma-separated ATen names left to ATen")
-    p.add_argument("--patch", action="store_true", help="also gems.patch(model): fused ops (when available)")
+    p.add_argument("--patch", action="store_true",
+                   help="the Gems run also gems.patch(model) (fused ops); the ATen and fp32 runs stay unpatched")
     p.add_argument("--data", default=None, help="a torch.save'd integer tensor of token ids (default: synthetic)")
     p.add_argument("--seed", type=_nonneg_int, default=0)
     p.add_argument("--lr", type=float, default=3e-4)
@@ -361,8 +362,10 @@ def decoder_layers(model):
     return list(best) if best is not None else []
 
 
-def build_model(a, p: Plan, env: Env, param_dtype=None, mixed: Optional[bool] = None):
-    """(wrapped model, optimizer, parameters) built from the seed on every rank, with Gems off."""
+def build_model(a, p: Plan, env: Env, param_dtype=None, mixed: Optional[bool] = None, patch: bool = False):
+    """(wrapped model, optimizer, parameters) built from the seed on every rank, with Gems off;
+    `patch`: gems.patch(model) first (the Gems run under --patch: its losses are compared with the
+    unpatched ATen run's, as the fused ops' end-to-end check asks)."""
     import torch
     import torch.distributed as dist
     import models as M
@@ -377,9 +380,9 @@ def build_model(a, p: Plan, env: Env, param_dtype=None, mixed: Optional[bool] = 
     no_dropout(model)
     model.config.use_cache = False
     model.train()
-    if a.patch:
+    if patch:
         import gems
-        gems.patch(model)
+        model._gems_coverage_patch = gems.patch(model).counts()
     if a.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if a.strategy == "ddp":
@@ -478,6 +481,7 @@ class RunResult:
     trace: list = field(default_factory=list)        # per rank: StepTracer.summary() of step 0
     divergences: list = field(default_factory=list)  # per rank: shadow divergences
     shadow_calls: list = field(default_factory=list)
+    patched: Optional[dict] = None                   # gems.patch's counts (fused op -> modules) under --patch
 
 
 def _sync(env: Env):
@@ -538,7 +542,8 @@ def train(a, p: Plan, env: Env, mode: str, say, steps: Optional[int] = None, sha
     import torch.distributed as dist
     steps = steps or a.steps
     res = RunResult(mode)
-    wrapped, opt, params = build_model(a, p, env, param_dtype, mixed)
+    wrapped, opt, params = build_model(a, p, env, param_dtype, mixed, patch=a.patch and mode == "gems")
+    res.patched = getattr(wrapped.module if a.strategy == "ddp" else wrapped, "_gems_coverage_patch", None)
     vocab = wrapped.module.config.vocab_size if a.strategy == "ddp" else wrapped.config.vocab_size
     data = Data(vocab, p.batch, p.micro, p.seq_len, env.rank, a.seed, p.tokens)
     use_autocast = a.strategy == "ddp" and (a.mixed_precision if mixed is None else mixed)
@@ -852,7 +857,7 @@ def run(a, argv, env: Env, p: Plan, say) -> int:
     for m, r in runs.items():
         d["runs"][m] = {"losses": r.losses, "grad_norms": r.grad_norms, "step_ms": r.step_ms,
                         "tokens_per_s": r.tokens_per_s, "peak_mib_per_rank": r.peak_mib, "peak_kind": r.peak_kind,
-                        "gems_stats_per_rank": r.served if m == "gems" else None}
+                        "gems_stats_per_rank": r.served if m == "gems" else None, "patched": r.patched}
         d["runs"][m]["peak_mib"] = r.peak_mib
     ok = True
     if "gems" in runs:

@@ -613,9 +613,14 @@ def disable():
     _unregister_if_idle()
 
 
+def active_config() -> Optional[frozenset]:
+    """The canonical overload names Gems serves on the calling thread right now (None: Gems off)."""
+    return _TLS.cfg if _TLS.scoped else _config_for_unscoped_thread()
+
+
 def is_enabled(name: Optional[str] = None) -> bool:
     """Whether Gems serves `name` (or anything at all) on the calling thread right now."""
-    cfg = _TLS.cfg if _TLS.scoped else _config_for_unscoped_thread()
+    cfg = active_config()
     if cfg is None:
         return False
     return bool(cfg) if name is None else registry.canonical(name) in cfg

@@ -107,6 +107,17 @@ def test_a_wrong_kernel_on_one_rank_fails_and_is_named(tmp_path):
     assert {x["rank"] for x in d["divergences"]} == {1}
 
 
+def test_patch_fuses_the_gems_run_only_and_its_losses_agree_with_unpatched_aten(tmp_path):
+    """--patch: the fused ops' end-to-end rule (losses within parity's rule of the unpatched ATen run)."""
+    p, d = _torchrun(tmp_path, "--strategy", "ddp", "--no-trace", "--steps", "2", "--warmup", "0", "--patch")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert d["patch"] is True and d["runs"]["aten"]["patched"] is None
+    fused = d["runs"]["gems"]["patched"]
+    assert {"add_rms_norm", "silu_and_mul", "rope", "cross_entropy"} <= set(fused), fused
+    assert d["agreement"]["ok"] and d["verdict"] == "PASS", d["agreement"]
+    # (the tiny fp32 model's losses may agree to the last bit: logits differ by ~4e-8, below a loss's ulp)
+
+
 def test_not_launched_by_torchrun_says_how():
     p = subprocess.run([sys.executable, "-m", "coverage_tool.distributed", "aquila", "--device", "cpu"], cwd=ROOT,
                        env=_env(True), capture_output=True, text=True, timeout=120)

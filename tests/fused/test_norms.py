@@ -109,6 +109,28 @@ def test_layer_norm(dtype, shape, affine):
     check(lambda o, x, w, b: o["layer_norm"](x, w, b, 1e-5), [(x, True), (w, True), (b, True)], dtype)
 
 
+@pytest.mark.parametrize("affine", ["wb", "none"])
+def test_layer_norm_under_gems_enable_is_native_on_gems_kernels(affine):
+    """With native_layer_norm served, a plain layer_norm is F.layer_norm (C++ autograd node) and both of
+    its ops run Gems' kernels: the values still match the fp64 reference, forward and backward."""
+    import gems
+    x = make((3, 5, 300), torch.float32)
+    w, b = (_w(300, torch.float32), make((300,), torch.float32, low=-0.5, high=0.5)) if affine == "wb" else (None, None)
+    gems.reset_stats()
+    with gems.use_gems(include=list(norms._NATIVE_LN)):
+        assert norms._native_ln_served()
+        y = F.layer_norm(x.clone().requires_grad_(), w, b, 1e-5)
+        assert type(y.grad_fn).__name__ == "NativeLayerNormBackward0"
+        check(lambda o, x, w, b: o["layer_norm"](x, w, b, 1e-5), [(x, True), (w, True), (b, True)], torch.float32)
+    st = gems.stats()
+    for name in norms._NATIVE_LN:
+        assert st[name]["served"] >= 1 and st[name]["fallback"] == 0, st.get(name)
+    with gems.use_gems(include=["native_layer_norm.default"]):     # the backward not served: the Function
+        assert not norms._native_ln_served()
+        assert type(F.layer_norm(x.clone().requires_grad_(), w, b).grad_fn).__name__ != "NativeLayerNormBackward0"
+    assert not norms._native_ln_served()
+
+
 @dtype_params()
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_add_layer_norm(dtype, shape):
