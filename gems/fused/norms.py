@@ -543,23 +543,14 @@ class _LayerNormFn(torch.autograd.Function):
 _NATIVE_LN = ("native_layer_norm.default", "native_layer_norm_backward.default")
 
 
-def _native_ln_served(*also):
+def _native_ln_served():
     """Whether Gems serves native_layer_norm and its backward on this thread now (gems.enable()).
     Then a plain layer_norm goes through F.layer_norm: the same Triton kernels, replayed from the C++
     fast path's plans under ATen's C++ autograd node. _LayerNormFn's Python autograd costs about twice
     ATen's whole layer_norm forward + backward at BERT's 4096 x 768 (0.120 vs 0.063 ms, H200,
     2026-11-27): nothing is fused away to pay for it."""
     cfg = dispatch.active_config()
-    return cfg is not None and _NATIVE_LN[0] in cfg and _NATIVE_LN[1] in cfg and all(n in cfg for n in also)
-
-
-# add_layer_norm with autograd below this many elements, under gems.enable(): x + residual and
-# F.layer_norm, each one op on Gems' kernels from C++ plans under C++ autograd nodes. The fused
-# Function saves one pass over M x N (forward) but its Python autograd costs ~180 us of host per
-# forward + backward on an H200 host against ~165 us for ATen's add + layer_norm (BERT's 4096 x 768,
-# 2026-11-27): a pass of 2^25 bf16 elements (64 MiB, ~20 us at 3 TB/s, twice with the backward) is
-# where the saved traffic starts to pay for it. Inference (no graph) always takes the fused launch.
-_UNFUSED_LN_BELOW = 1 << 25
+    return cfg is not None and _NATIVE_LN[0] in cfg and _NATIVE_LN[1] in cfg
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
@@ -575,15 +566,9 @@ def layer_norm(x, weight, bias, eps=1e-5):
 
 
 def add_layer_norm(x, residual, weight, bias, eps=1e-5):
-    """(layer_norm(x + residual), x + residual): BERT's `LayerNorm(hidden_states + input_tensor)`.
-    In training under gems.enable(), rows of fewer than 2^25 elements in all run as Gems' add and
-    layer_norm ops (see _UNFUSED_LN_BELOW: host time, not memory traffic, decides there)."""
+    """(layer_norm(x + residual), x + residual): BERT's `LayerNorm(hidden_states + input_tensor)`."""
     if not _use_kernels("add_layer_norm", x, residual, weight, bias):
         return reference_add_layer_norm(x, residual, weight, bias, eps)
     if _no_graph(x, residual, weight, bias):
         return _ln_forward(x, residual, weight, bias, eps, "add_layer_norm")[:2]
-    if (x.numel() < _UNFUSED_LN_BELOW and isinstance(residual, torch.Tensor) and residual.shape == x.shape
-            and residual.dtype == x.dtype and _native_ln_served("add.Tensor")):
-        s = x + residual
-        return torch.nn.functional.layer_norm(s, (x.shape[-1],), weight, bias, eps), s
     return _LayerNormFn.apply(x, residual, weight, bias, eps, "add_layer_norm")

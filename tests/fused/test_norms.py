@@ -131,30 +131,6 @@ def test_layer_norm_under_gems_enable_is_native_on_gems_kernels(affine):
     assert not norms._native_ln_served()
 
 
-def test_add_layer_norm_under_gems_enable_by_size(monkeypatch):
-    """Training under gems.enable(): small inputs run as Gems' add + layer_norm ops (C++ autograd nodes),
-    large ones the fused Function; both match the fp64 reference, outputs and every gradient."""
-    import gems
-    x, r = make((3, 5, 300), torch.float32), make((3, 5, 300), torch.float32)
-    w, b = _w(300, torch.float32), make((300,), torch.float32, low=-0.5, high=0.5)
-    body = lambda o, x, r, w, b: o["add_layer_norm"](x, r, w, b, 1e-5)       # noqa: E731
-    ins = [(x, True), (r, True), (w, True), (b, True)]
-    with gems.use_gems(include=list(norms._NATIVE_LN) + ["add.Tensor"]):
-        y, s = F.add_layer_norm(x.clone().requires_grad_(), r.clone().requires_grad_(), w, b)
-        assert type(y.grad_fn).__name__ == "NativeLayerNormBackward0" and type(s.grad_fn).__name__ == "AddBackward0"
-        check(body, ins, torch.float32)
-        monkeypatch.setattr(norms, "_UNFUSED_LN_BELOW", 10)
-        y, s = F.add_layer_norm(x.clone().requires_grad_(), r.clone().requires_grad_(), w, b)
-        assert type(y.grad_fn).__name__ == "_LayerNormFnBackward"
-        check(body, ins, torch.float32)
-    with gems.use_gems(include=list(norms._NATIVE_LN)):       # add not served: the fused Function
-        monkeypatch.setattr(norms, "_UNFUSED_LN_BELOW", 1 << 25)
-        y, s = F.add_layer_norm(x.clone().requires_grad_(), r.clone().requires_grad_(), w, b)
-        assert type(y.grad_fn).__name__ == "_LayerNormFnBackward"
-    with gems.use_gems(include=list(norms._NATIVE_LN) + ["add.Tensor"]), pytest.raises(ValueError, match="residual"):
-        F.add_layer_norm(x.clone().requires_grad_(), r[:, :1].clone().requires_grad_(), w, b)   # no broadcast
-
-
 @dtype_params()
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_add_layer_norm(dtype, shape):
