@@ -282,6 +282,9 @@ def _record(impl, cache, key, schema, on_cuda, args, kwargs):
     fn = impl.fn
     values = _plan.named_args(schema, args, kwargs)
     saved = _snapshot(schema, values) if cache.built < _PLAN_CHECK else None
+    # the plan's answer must draw the random numbers the recorded run drew (plan.philox): the CUDA
+    # generators' offsets go back to where they were before the plan runs the call again
+    gens = [(g, g.get_offset()) for g in torch.cuda.default_generators] if saved is not None and on_cuda else ()
     rec = _plan.Recording(values)
     with rec:
         out = fn(*args, **kwargs)
@@ -301,10 +304,14 @@ def _record(impl, cache, key, schema, on_cuda, args, kwargs):
         if saved is not None:
             for t, copy in saved:
                 t.copy_(copy)
+            for g, off in gens:
+                g.set_offset(off)
         return out
     if p is not None and saved is not None:
         for t, copy in saved:
             t.copy_(copy)
+        for g, off in gens:
+            g.set_offset(off)
         again = p(*args, **kwargs)
         if again is not _plan.MISS:
             return again

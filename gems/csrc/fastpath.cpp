@@ -100,6 +100,21 @@ typedef void* (*stream_fn)(const c10::Stream*);
 stream_fn g_stream_ptr = nullptr;
 int g_stream_mode = 0;   // 0: not initialized / none, 1: native_handle, 2: CUDAStream::stream
 
+bool stream_capturing(void* stream);
+
+// plan.philox_state in C++: (seed, offset) for a launch drawing `increment` Philox counters from the
+// default CUDA generator of `dev`, its offset advanced under the generator's lock; the same bases as
+// plan.py (PHILOX_SEED_BIT, PHILOX_OFFSET_BASE) so that both paths give the kernel the same values
+void philox_state(int dev, uint64_t increment, uint64_t* seed, uint64_t* offset) {
+  at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dev)));
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  uint64_t off = gen.get_offset();
+  gen.set_offset(off + increment);
+  constexpr uint64_t kSeedBit = uint64_t(1) << 62;
+  *seed = (gen.current_seed() & (kSeedBit - 1)) | kSeedBit;
+  *offset = off + (uint64_t(1) << 32);
+}
+
 void* cuda_stream(int dev) {
   c10::Stream s = c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(
       c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dev)));
@@ -250,7 +265,7 @@ IValue wrapped_value(const at::Tensor& t) {
 // ------------------------------------------------------------------------------------------------
 // recipes (built by runtime/plan.py from a recorded call; see Op.publish for the format)
 // ------------------------------------------------------------------------------------------------
-enum ParamKind : int { P_TENSOR = 0, P_CONST = 1, P_DYN = 2 };
+enum ParamKind : int { P_TENSOR = 0, P_CONST = 1, P_DYN = 2, P_PHILOX = 3 };
 enum Conv : int { C_RAW = 0, C_FLOAT = 1, C_INT = 2, C_ITEM = 3 };
 // kernel parameter types (Triton signature strings mapped by plan.py)
 enum PType : int { T_I8 = 0, T_I16 = 1, T_I32 = 2, T_I64 = 3, T_F32 = 4, T_F64 = 5, T_F16 = 6, T_BF16 = 7, T_PTR = 8 };
@@ -269,7 +284,8 @@ struct Param {
   View view;                // P_TENSOR under the interpreter
   int type = T_I64;         // CUDA parameter type
   uint64_t payload = 0;     // P_CONST on CUDA: the packed value
-  int conv = C_RAW;         // P_DYN
+  int conv = C_RAW;         // P_DYN; P_PHILOX: 0 the seed, 1 the offset (payload: counters drawn,
+                            // idx: the CUDA device whose default generator gives them)
   py::object obj;           // P_CONST under the interpreter
 };
 
@@ -314,6 +330,7 @@ struct Recipe {
   std::vector<Alloc> allocs;
   std::vector<Launch> launches;
   std::vector<Result> results;
+  bool random = false;   // a launch takes per-call Philox state: declined while the stream is captured
 };
 
 template <typename T>
@@ -382,6 +399,12 @@ std::shared_ptr<Recipe> parse_recipe(py::handle r) {
         } else {
           P.obj = py::reinterpret_borrow<py::object>(pt[2]);
         }
+      } else if (P.kind == P_PHILOX) {
+        P.conv = pt[1].cast<int>();
+        P.payload = pt[2].cast<uint64_t>();
+        P.idx = pt[3].cast<int>();
+        P.type = T_I64;
+        rec->random = true;
       } else {
         P.idx = pt[1].cast<int>();
         P.conv = pt[2].cast<int>();
@@ -722,6 +745,7 @@ struct Op : std::enable_shared_from_this<Op> {
   // to the Python kernel with the stack untouched)
   bool run(const Recipe& r, Stack& stack, size_t n) {
     const IValue* args = stack.data() + stack.size() - n;
+    if (r.random && !r.launches.empty() && stream_capturing(cuda_stream(r.launches[0].device))) return false;
     for (const auto& g : r.guards) {
       const auto& a = args[g.written];
       const IValue& b = g.other >= kListRef ? list_element(args, g.other - kListRef) : args[g.other];
@@ -760,12 +784,16 @@ struct Op : std::enable_shared_from_this<Op> {
         void* params[kMaxParams + 2];
         size_t np = L.params.size();
         TORCH_CHECK(np <= kMaxParams, "gems fast path: too many kernel parameters");   // plan.py keeps such plans in Python
+        uint64_t philox_seed = 0, philox_offset = 0;
         for (size_t i = 0; i < np; i++) {
           const Param& P = L.params[i];
           if (P.kind == P_TENSOR) {
             storage[i] = reinterpret_cast<uintptr_t>(source(P.src, P.idx).const_data_ptr()) + P.byte_off;
           } else if (P.kind == P_CONST) {
             storage[i] = P.payload;
+          } else if (P.kind == P_PHILOX) {
+            if (P.conv == 0) philox_state(P.idx, P.payload, &philox_seed, &philox_offset);
+            storage[i] = P.conv == 0 ? philox_seed : philox_offset;
           } else {
             storage[i] = pack(read_number(args[P.idx], P.conv), P.type);
           }

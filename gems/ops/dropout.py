@@ -13,9 +13,10 @@ f32(1 / q) on the CPU. Same distribution as ATen, not the same bits (a different
 
 Randomness: each call takes a fresh (seed, offset) from torch's generator for the device, so
 `torch.manual_seed` makes runs reproducible and successive calls differ: on CUDA the default CUDA
-generator's seed and Philox offset (advanced by the counters used, as ATen's kernels advance it);
-on the interpreter's CPU tensors a seed drawn from the CPU generator. The seed is a per-call value a
-call plan cannot see, so the op registers with plan=False (full host path per call).
+generator's seed and Philox offset (advanced by the counters used, as ATen's kernels advance it;
+`plan.philox_state`), which a call plan reads per call too (`plan.philox`: the C++ fast path replays
+dropout like any planned op, declining during CUDA graph capture); on the interpreter's CPU tensors
+a seed drawn from the CPU generator (an ATen op: no plan there).
 
 Backward: grad_input = grad_output * mask * scale (fp32, rounded once).
 Served: contiguous inputs (others go to ATen, counted); CUDA graph capture goes to ATen (the
@@ -30,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..registry import FLOATS, Unsupported, register
-from ..runtime import backend, kernel
+from ..runtime import backend, kernel, plan
 from ..runtime.utils import cdiv, empty
 
 _BLOCK = {"cuda": 1024, "interpreter": 32}    # counters per program; each covers 4 elements
@@ -94,15 +95,13 @@ def _f32(v: float) -> float:
 def _seed_offset(device, counters):
     """A fresh (seed, offset) per call from torch's generator of `device`."""
     if device.type == "cuda":
-        gen = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
-        off = gen.get_offset()
-        gen.set_offset(off + counters)
-        return gen.initial_seed() & 0x7FFFFFFFFFFFFFFF, off
+        return plan.philox_state(device.index if device.index is not None else torch.cuda.current_device(),
+                                 counters)
     # CPU generator (the interpreter): no Philox offset; draw a seed from it
     return int(torch.randint(0, 2 ** 62, (), dtype=torch.int64).item()), 0
 
 
-@register("native_dropout", category="pointwise", dtypes=FLOATS, plan=False)
+@register("native_dropout", category="pointwise", dtypes=FLOATS)
 def native_dropout(input, p, train):
     """(x * mask / (1 - p), mask) with mask ~ Bernoulli(1 - p) from Philox; train=False: (copy, ones)."""
     if not input.is_contiguous():
@@ -129,6 +128,7 @@ def native_dropout(input, p, train):
         else:
             scale = 0.0 if q == 0 else 1.0 / q
         seed, offset = _seed_offset(dev, grid * block)
+        plan.philox(6, grid * block)    # dropout_fwd's seed and offset: fresh per call on a plan too
     else:
         scale, seed, offset = 1.0, 0, 0
     all_dropped = training and p == 1.0 and be == "cuda"

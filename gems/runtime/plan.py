@@ -82,6 +82,42 @@ def dynamic(slots: dict):
         rec.pending_dynamic = dict(slots)
 
 
+# per-call generator state (plan.philox): the two kernel arguments, in order
+PHILOX = ("philox_seed", "philox_offset")
+# a Philox seed and offset reach kernels at or above these, so Triton types both int64 whatever the
+# generator holds (a plan keeps the binary of its recorded call: an i32 slot would truncate an offset
+# grown past 2^31 and repeat earlier random streams). Any seed is a seed; a constant added to every
+# counter keeps the counters of distinct calls and elements distinct.
+PHILOX_SEED_BIT = 1 << 62
+PHILOX_OFFSET_BASE = 1 << 32
+
+
+def philox_state(device_index: int, increment: int):
+    """(seed, offset) for one launch that draws `increment` Philox counters from the default CUDA
+    generator of `device_index`, advancing its offset as ATen's kernels do, so `torch.manual_seed`
+    makes runs reproducible and successive calls differ. Both int64-typed (see PHILOX_SEED_BIT)."""
+    gen = torch.cuda.default_generators[device_index]
+    off = gen.get_offset()
+    gen.set_offset(off + increment)
+    return (gen.initial_seed() & (PHILOX_SEED_BIT - 1)) | PHILOX_SEED_BIT, off + PHILOX_OFFSET_BASE
+
+
+def philox(position: int, increment: int):
+    """The next launch takes its arguments `position` (seed) and `position + 1` (offset) from
+    `philox_state(its device, increment)` on every call: a plan replays a random kernel with fresh
+    state per call (the C++ fast path reads the generator itself). Plans of such launches decline
+    while the stream is being captured into a CUDA graph (the state is read on the host)."""
+    rec = _STATE.rec
+    if rec is not None:
+        rec.pending_dynamic = dict(rec.pending_dynamic or {})
+        rec.pending_dynamic[position] = (int(increment), PHILOX[0])
+        rec.pending_dynamic[position + 1] = (int(increment), PHILOX[1])
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_current_stream_capturing()
+
+
 # ATen ops an implementation may call without making its plan wrong: views (no data touched) and
 # allocations (a plan only ever uses recorded ones; an unrecorded tensor cannot be mapped anyway).
 _HARMLESS = frozenset("""view as_strided expand t transpose permute squeeze unsqueeze select slice alias
@@ -466,10 +502,18 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
     if direct:
         lines.insert(0, "    if _hooks():\n        return _MISS")
     launches = []    # per launch: (entry, grid, [(kind, value)]) for the recipe
+    random = False
     for i, (lc, entry, grid, kargs, nw, ns_, dyn) in enumerate(rec.launches):
         exprs, parts = [], []
         for pos, a in enumerate(kargs):
-            if pos in dyn:
+            if pos in dyn and dyn[pos][1] in PHILOX:
+                increment, which = dyn[pos]
+                if which == PHILOX[0]:
+                    lines.append(f"    _ps{i}, _po{i} = _philox({_dev_index(kargs)}, {increment})")
+                exprs.append(f"_ps{i}" if which == PHILOX[0] else f"_po{i}")
+                parts.append(("philox", (PHILOX.index(which), increment)))
+                random = True
+            elif pos in dyn:
                 name, conv = dyn[pos]
                 exprs.append(f"{name}.item()" if conv == ".item()" else (f"{conv}({name})" if conv else name))
                 parts.append(("dyn", (name, conv)))
@@ -499,6 +543,11 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
         else:
             lines.append(f"    {const(lc.fn)}[{g!r}]({', '.join(exprs)}, num_warps={nw}, num_stages={ns_})")
 
+    if random:
+        if not direct:
+            rec.tainted = "per-call Philox state outside CUDA"
+            return None
+        lines.insert(0, "    if _capturing():\n        return _MISS")
     results = list(result) if isinstance(result, tuple) else [result]
     refs, parts = [], []
     for r in results:
@@ -522,6 +571,7 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
     ns.update(consts)
     from . import alloc
     ns.update(_MISS=MISS, _empty_strided=torch.empty_strided, _poison=alloc.poison, _hooks=hooks_active,
+              _philox=philox_state, _capturing=_capturing,
               _stream=getattr(torch._C, "_cuda_getCurrentRawStream", None))
     name = f"<gems plan {schema.name.split('::')[-1]}.{schema.overload_name or 'default'} #{next(_counter)}>"
     fn = compile_source(src, name, ns)["plan"]
@@ -620,6 +670,11 @@ def _recipe(schema, rec, guards, launches, refs, direct):
                 elif kind == "dyn":
                     name, conv = v
                     params.append((2, index[name], CONVERSIONS[conv], _PTYPES[ty]))
+                elif kind == "philox":
+                    if ty != "i64":
+                        raise _NoRecipe
+                    which, increment = v
+                    params.append((3, which, increment, dev_index))
                 else:
                     if v is None:
                         raise _NoRecipe

@@ -140,3 +140,53 @@ def test_bf16_gpu():
     out, mask = _run(x, 0.25)
     s = aten_scale(0.25)
     assert torch.equal(out[mask], (x.float() * s).to(torch.bfloat16)[mask])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="per-call Philox state in plans is CUDA's (the interpreter seeds from "
+                                       "the CPU generator, an ATen op: no plan)")
+def test_planned_dropout_draws_fresh_state_per_call():
+    """A repeat signature runs from its call plan (the C++ fast path where loaded) and still reads and
+    advances the CUDA generator per call: the same bits as the full path from the same state, the
+    generator advanced by the counters used, successive calls different, manual_seed reproducible."""
+    from gems.ops import dropout as D
+    x = make((3, 5000))
+    _run(x, 0.3)                       # the signature's plan is built here
+    _run(x, 0.3)
+    st = gems.plan_stats()["native_dropout.default"]
+    assert st["plans"] >= 1, st
+    gen = torch.cuda.default_generators[x.device.index or 0]
+    torch.manual_seed(7)
+    full = D.native_dropout(x, 0.3, True)          # the implementation itself: no plan
+    after_full = gen.get_offset()
+    torch.manual_seed(7)
+    before = gen.get_offset()
+    planned = _run(x, 0.3)
+    assert gen.get_offset() == after_full == before + math.ceil(x.numel() / 4096) * 1024
+    assert torch.equal(planned[0], full[0]) and torch.equal(planned[1], full[1])
+    again = _run(x, 0.3)
+    assert not torch.equal(again[1], planned[1])
+    torch.manual_seed(7)
+    assert torch.equal(_run(x, 0.3)[1], planned[1])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs")
+def test_dropout_in_a_cuda_graph_goes_to_aten():
+    """Under capture the plan declines (its state is read on the host, a graph would freeze it) and the
+    full path hands the call to ATen, whose graph-safe Philox gives each replay a fresh mask."""
+    x = make((4096,))
+    _run(x, 0.5)
+    _run(x, 0.5)                       # planned from here on
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    gems.reset_stats()
+    with torch.cuda.stream(s), gems.use_gems():
+        with torch.cuda.graph(g, stream=s):
+            out, mask = nd(x, 0.5, True)
+    torch.cuda.current_stream().wait_stream(s)
+    st = gems.stats()["native_dropout.default"]
+    assert st["fallback"] == 1 and st["served"] == 0, st
+    g.replay()
+    m1 = mask.clone()
+    g.replay()
+    assert not torch.equal(m1, mask)
