@@ -74,10 +74,10 @@ _PAD = tl.constexpr(2 ** 63 - 1)   # the key of a padding slot: after every real
 # (TopPLogitsWarper) took 0.130 ms with runs of 1024, 0.166 with 2048, 0.214 with 4096 (H200, ATen
 # 0.112): short runs sort in registers quickly and the extra merge passes are cheap at this size.
 _CONFIGS = {
-    "cuda": dict(sort_max=16384, tile=4096, chunk=4096, run=1024),
+    "cuda": dict(sort_max=16384, tile=4096, chunk=4096, run=1024, probes=32, merge_warps=None),
     # the interpreter runs programs one by one in Python (a few wide ones are fastest); the GPU's
     # sort_max and chunk, so that the tests' rows take the same paths as on the GPU
-    "interpreter": dict(sort_max=16384, tile=1024, chunk=4096, run=16384),
+    "interpreter": dict(sort_max=16384, tile=1024, chunk=4096, run=16384, probes=4, merge_warps=None),
 }
 
 
@@ -206,13 +206,16 @@ def chunk_keys(X, WS, N, K, sM, sN, sK, NCH,
 @kernel
 @triton.jit
 def merge_runs(WS, OUT, X, V, I, NP, L, N, K, sM, sN, sK, KO, oM, oN, oK, k,
-               LAST: tl.constexpr, B: tl.constexpr, LOG_T: tl.constexpr):
+               LAST: tl.constexpr, B: tl.constexpr, LOG_T: tl.constexpr, PROBES: tl.constexpr):
     """Merge the sorted runs of L keys of each row of WS [rows, NP] pairwise; this program makes output
     tile g (positions g*T .. g*T+T-1, T = 2^LOG_T) of row j. Merge path: a binary search on the tile's
     start diagonal t0 finds how many of the t0 keys before it come from run A (a; b = t0 - a from B);
     the tile is then the T smallest of A[a:a+T] and B[b:b+T]: min(A segment, B segment reversed) is a
     bitonic sequence holding exactly those (a half-cleaner), sorted by LOG_T compare-and-swap passes.
-    Writes OUT[j, tile], or (LAST) the positions < k as values and indices."""
+    Writes OUT[j, tile], or (LAST) the positions < k as values and indices.
+    The search probes PROBES candidates per step with one vector load each side, narrowing [lo, hi)
+    (PROBES + 1)-fold: 2-3 dependent steps instead of log2(L) (each a global-memory round trip, the
+    latency every program of a pass waits through)."""
     j = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1).to(tl.int64) * (2 ** LOG_T)
     a0 = (start // (2 * L)) * (2 * L)
@@ -223,12 +226,18 @@ def merge_runs(WS, OUT, X, V, I, NP, L, N, K, sM, sN, sK, KO, oM, oN, oK, k,
     row = WS + j * NP
     lo = tl.maximum(t0 - len_b, 0)
     hi = tl.minimum(t0, len_a)
-    # keys are distinct: a is the least count with A[a] > B[t0 - a - 1]
+    # keys are distinct: a is the least count with A[a] > B[t0 - a - 1]; take(m) = A[m] < B[t0 - m - 1]
+    # is true below it and false from it on. Probes m_s = lo + s * step (s < PROBES, m_s < hi): c of
+    # them true puts a in (m_{c-1}, m_c]
+    s = tl.arange(0, PROBES)
     while lo < hi:
-        mid = (lo + hi) // 2
-        take = tl.load(row + a0 + mid) < tl.load(row + b0 + t0 - mid - 1)
-        lo = tl.where(take, mid + 1, lo)
-        hi = tl.where(take, hi, mid)
+        step = (hi - lo + PROBES - 1) // PROBES
+        mid = lo + s * step
+        ok = mid < hi
+        take = ok & (tl.load(row + a0 + mid, mask=ok, other=0) < tl.load(row + b0 + t0 - mid - 1, mask=ok, other=0))
+        c = tl.sum(take.to(tl.int64), axis=0)
+        hi = tl.minimum(hi, lo + c * step)
+        lo = tl.where(c > 0, lo + (c - 1) * step + 1, lo)
     b = t0 - lo
     i = tl.arange(0, 2 ** LOG_T)[None, :]
     ka = tl.load(row + a0 + lo + i, mask=lo + i < len_a, other=_PAD)
@@ -334,12 +343,13 @@ def _run(path, x, v, i, rows, n, addr, out_addr, k, flip):
     nrun = cdiv(n, run)
     npad = nrun * run
     src, dst = empty((rows, npad), torch.int64, x.device), empty((rows, npad), torch.int64, x.device)
+    warps = cfg["merge_warps"] or _warps(run)
     chunk_keys[(rows, nrun)](x, src, n, K, sM, sN, sK, nrun, is_float, flip, b, _log2(run), _log2(run),
-                             num_warps=_warps(run))
+                             num_warps=warps)
     length = run
     while length < npad:
         merge_runs[(rows, nrun)](src, dst, x, v, i, npad, length, n, K, sM, sN, sK, KO, oM, oN, oK, k,
-                                 int(2 * length >= npad), b, _log2(run), num_warps=_warps(run))
+                                 int(2 * length >= npad), b, _log2(run), cfg["probes"], num_warps=warps)
         src, dst = dst, src
         length *= 2
 
