@@ -38,12 +38,12 @@ Paths and expected cost (not measured: no GPU time; estimates for an H100):
   filling the GPU; 21 + 6 * 7 passes over 4096 keys for KP = 64) into an int64 workspace
   [rows, chunks, KP]; stage 2 selects the KP smallest of those candidates per row (512 for
   32000 / 4096 * 64) and writes the first k. The input is read once; the workspace is small.
-* longer rows otherwise (sort beyond `sort_max`, a large k of such a row): runs of `run` (1024 on the
+* longer rows otherwise (sort beyond `sort_max`, a large k of such a row): runs of `run` (512 on the
   GPU) elements are sorted (stage 1 with KP = run) into a [rows, runs * run] key buffer, then ceil(log2(runs))
   merge passes (`merge_runs`, one program per output tile of `run` keys) double the sorted runs,
   reading and writing the keys once each (8 bytes per element); the last writes the first k values
-  and indices. 32000 elements (Llama 2's vocab): 32 run sorts and 5 passes per row; measured on an
-  H200 at [16, 32000] fp32: 0.130 ms against ATen's 0.112 (runs of 4096: 0.214).
+  and indices. 32000 elements (Llama 2's vocab): 63 run sorts and 6 passes per row; measured on an
+  H200 at [16, 32000] fp32: 0.075 ms against ATen's 0.110 (runs of 1024: 0.135).
 * rows beyond 2^31 elements go to ATen (the index would not fit the key).
 topk's `sorted=False` gets sorted output (any order of the right set is valid).
 """
@@ -70,11 +70,14 @@ _PAD = tl.constexpr(2 ** 63 - 1)   # the key of a padding slot: after every real
 # short rows are packed; chunk: topk stage-1 elements per program; run: the sorted chunks that long
 # rows are merged from (and the merge tile). Untuned starting points. sort_max is bounded by shared
 # memory: the compiled network stages the whole tile there, 8 bytes a key, and 32768 keys (256 KiB)
-# exceed an H100's 227 KiB per block; 16384 take 128 KiB. run=1024: a sort of [16, 32000] fp32
-# (TopPLogitsWarper) took 0.130 ms with runs of 1024, 0.166 with 2048, 0.214 with 4096 (H200, ATen
-# 0.112): short runs sort in registers quickly and the extra merge passes are cheap at this size.
+# exceed an H100's 227 KiB per block; 16384 take 128 KiB. run=512, probes=32 (the merge search's
+# candidates per step), one warp per program: a sort of [16, 32000] fp32 (TopPLogitsWarper) takes
+# 60 us of device time against ATen's 77 and 86-111 us with runs of 1024 or 2048 at 1-4 warps; 0.075 ms
+# per call through the dispatcher against ATen's 0.110 (H200, 2026-11-27; runs of 1024 with the
+# scalar binary search, the earlier default: 0.140). Short runs sort in registers quickly, the extra
+# merge passes are cheap at this size, and one warp per program keeps the most programs per SM.
 _CONFIGS = {
-    "cuda": dict(sort_max=16384, tile=4096, chunk=4096, run=1024, probes=32, merge_warps=None),
+    "cuda": dict(sort_max=16384, tile=4096, chunk=4096, run=512, probes=32, merge_warps=1),
     # the interpreter runs programs one by one in Python (a few wide ones are fastest); the GPU's
     # sort_max and chunk, so that the tests' rows take the same paths as on the GPU
     "interpreter": dict(sort_max=16384, tile=1024, chunk=4096, run=16384, probes=4, merge_warps=None),
