@@ -18,7 +18,8 @@ What it does, per rank:
   each rank takes its rows): Zipf-distributed tokens repeated with a random period, so the loss falls
   (uniform random tokens would keep it at ln(vocab) and make loss agreement meaningless). Or
   `--data FILE`: a saved integer tensor of token ids, cut into windows of `--seq-len`.
-* **Step**: forward with labels, backward, the total gradient norm after reduction (DDP: of the
+* **Step**: forward with labels (the tokens themselves: next-token loss for a causal LM, every position
+  for a masked LM such as BERT), backward, the total gradient norm after reduction (DDP: of the
   all-reduced gradients; FSDP2: of the sharded gradients, reduced across ranks), clipping to `--clip`,
   `AdamW.step()` (foreach on CUDA, PyTorch's default).
 * **`--gems both`**: the same seed and data twice in the same processes, ATen first (Gems never
@@ -86,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=f"torchrun --nproc-per-node N -m {PROG}",
                 description="Train a built-in model with DDP or FSDP2, with and without Gems; compare losses.")
     p.add_argument("model", help="built-in model or alias (aquila, llama2, llama-1.1b, ...), a config.json or "
-                                 "model folder (causal LMs)")
+                                 "model folder (causal or masked LMs: Llama, Aquila, BERT, ...)")
     p.add_argument("--strategy", choices=STRATEGIES, default="fsdp2")
     p.add_argument("--steps", type=_pos_int, default=50)
     p.add_argument("--warmup", type=_nonneg_int, default=None,
@@ -201,6 +202,11 @@ def _split(s):
     return None if s is None else [x.strip() for x in s.split(",") if x.strip()]
 
 
+# model kinds whose forward takes (input_ids, labels=input_ids) and returns a loss: next-token for causal
+# LMs, every position predicted (labels = the tokens) for masked LMs such as BERT
+TRAINABLE = ("causal_lm", "masked_lm")
+
+
 def plan(a, env: Env) -> Plan:
     import torch
     import models as M
@@ -208,8 +214,9 @@ def plan(a, env: Env) -> Plan:
     dev_type = "cuda" if env.device.startswith("cuda") else "cpu"
     try:
         recipe = M.resolve(a.model)
-        if recipe.kind != "causal_lm":
-            raise UsageError(f"{recipe.name}: the distributed recipe trains causal LMs (this is {recipe.kind})")
+        if recipe.kind not in TRAINABLE:
+            raise UsageError(f"{recipe.name}: the distributed recipe trains causal and masked LMs (this is "
+                             f"{recipe.kind})")
         size, dtype_name, dt, seq_len = M.run_defaults(dev_type, a.size, a.dtype, a.seq_len)
         runner.check_model(recipe, size, mode="training", seq_len=seq_len)
     except M.ModelError as e:

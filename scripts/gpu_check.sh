@@ -10,7 +10,8 @@
 # model GEMMs), host (per-call host cost), fused (gems.fused vs ATen and Liger, when those modules
 # exist), attention (benchmarks.attention, when it exists), models (gems-coverage bench: Llama-2-7B
 # prefill and decode, TinyLlama-1.1B training, BERT training at the sizes of docs/perf.md), patched
-# (the same workloads with gems.patch, when it exists).
+# (the same workloads with gems.patch, when it exists, and 20 training steps' losses of the patched
+# 1.1B and BERT against unpatched ATen: gems-coverage distributed --nproc 1 --patch --fp32-reference).
 # Results go to $GEMS_CHECK_DIR (default gpu-check-<date>/): logs, JSON, summary.txt.
 # Env: GEMS_CHECK_QUICK=1 for fewer timed runs; GEMS_CHECK_WORKERS (default 8) test processes;
 # GEMS_CHECK_SUITE_S the suite's limit (SIGINT: the tracebacks still print), GEMS_CHECK_TEST_S one test's.
@@ -114,6 +115,17 @@ workloads() {  # suffix extra-args...
 want models && workloads ""
 if want patched && $PY -c "import gems; gems.patch" 2>/dev/null; then
   workloads "_patched" --patch
+  # issue 11's loss rule: 20 training steps of the patched model against unpatched ATen, fp32 reference
+  for spec in "llama1b llama-1.1b --batch 4 --seq-len 1024" "bert bert --batch 32 --seq-len 128"; do
+    set -- $spec
+    tag=$1; shift
+    step "losses over 20 steps, patched: $tag"
+    $PY -m coverage_tool.cli distributed --nproc 1 "$@" --strategy ddp --steps 20 --patch --fp32-reference \
+      --no-trace -q --format json -o "$OUTDIR/losses_$tag.json" > "$OUTDIR/losses_$tag.log" 2>&1
+    note "losses over 20 steps, $tag patched vs ATen (rc $?): $($PY -c "import json, sys; d = json.load(open(sys.argv[1])); \
+print(d['verdict'], 'max rel err', round(d['agreement']['max_rel_err'], 5), 'tokens/s ratio', d['throughput_ratio'])" \
+      "$OUTDIR/losses_$tag.json" 2>&1 | tail -1)"
+  done
 fi
 
 if ls "$OUTDIR"/bench_*.json >/dev/null 2>&1; then

@@ -7,6 +7,7 @@ step) to keep CI time small; the GPU run serves everything. GEMS_FAST=0 in the c
 would be built on first use (~50 s), which is no part of what these tests check.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -36,10 +37,10 @@ def _env(strict: bool):
     return env
 
 
-def _torchrun(tmp_path, *args, strict=True, timeout=240):
+def _torchrun(tmp_path, *args, strict=True, timeout=240, model="aquila"):
     out = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "coverage_tool.distributed", "aquila", "--device", "cpu", "--steps", "2", "--seq-len", "8",
+           "-m", "coverage_tool.distributed", model, "--device", "cpu", "--steps", "2", "--seq-len", "8",
            "--include", INCLUDE, "-q", "-o", str(out), *args]
     p = subprocess.run(cmd, cwd=ROOT, env=_env(strict), capture_output=True, text=True, timeout=timeout)
     assert out.exists(), f"no result (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
@@ -116,6 +117,16 @@ def test_patch_fuses_the_gems_run_only_and_its_losses_agree_with_unpatched_aten(
     assert {"add_rms_norm", "silu_and_mul", "rope", "cross_entropy"} <= set(fused), fused
     assert d["agreement"]["ok"] and d["verdict"] == "PASS", d["agreement"]
     # (the tiny fp32 model's losses may agree to the last bit: logits differ by ~4e-8, below a loss's ulp)
+
+
+def test_a_masked_lm_trains_too(tmp_path):
+    """BERT (labels = the tokens: every position predicted) under DDP, its Gems run patched (the fused loss)."""
+    p, d = _torchrun(tmp_path, "--strategy", "ddp", "--no-trace", "--steps", "2", "--warmup", "0", "--patch",
+                     model="bert")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert d["model"] == "bert-base-uncased" and d["runs"]["gems"]["patched"] == {"cross_entropy": 1}
+    assert d["agreement"]["ok"] and d["verdict"] == "PASS", d["agreement"]
+    assert all(math.isfinite(x) and x > 0 for x in d["runs"]["aten"]["losses"])
 
 
 def test_not_launched_by_torchrun_says_how():
