@@ -15,7 +15,9 @@ must move (each input read once and each output written once: forward x, y; back
 residual variants add the residual, the new residual and its gradient; weights are negligible), and
 Gems' forward error relative to ATen (max |gems - aten| / max |aten|).
 Forward+backward times one `torch.autograd.grad` of every output w.r.t. every input after a forward
-(no `.grad` accumulation).
+(no `.grad` accumulation). The loop columns: wall time per call of back-to-back calls synchronized once
+(`_loop_us`): where a call is host-bound (decode rows, BERT's sizes) this is the number a model sees;
+do_bench's L2 flush before each timed call skews its host-bound rows.
 """
 from __future__ import annotations
 
@@ -173,6 +175,23 @@ def _gems_on(on):
         gems.disable()
 
 
+def _loop_us(fn, device, quick):
+    """Wall time per call of back-to-back calls, synchronized once (what a host-bound model sees).
+    do_bench flushes L2 with a 256 MiB fill before each call; when the call is host-bound, that
+    fill's device time lets the host run ahead, so its event times understate host time by a
+    varying amount. This column has no such offset."""
+    n = 20 if device == "cpu" else (100 if quick else 300)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for _ in range(3):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
 def _time(fn, device, quick):
     if device == "cuda":
         from triton.testing import do_bench
@@ -232,6 +251,7 @@ def main(argv=None):
                             o = outs[impl] if isinstance(outs[impl], tuple) else (outs[impl],)
                             grad_res[impl] = torch.autograd.grad(o, inputs, grads[:len(o)])
                         row[f"{impl}_ms"] = _time(_step(fn, inputs, grads), args.device, args.quick or smoke)
+                        row[f"{impl}_loop_us"] = _loop_us(_step(fn, inputs, grads), args.device, args.quick or smoke)
                 except Exception as e:  # noqa: BLE001 - a failing column is reported, not fatal
                     if impl == "gems":
                         raise
@@ -240,6 +260,8 @@ def main(argv=None):
             a, g, li = row["aten_ms"], row["gems_ms"], row.get("liger_ms")
             row["gems_vs_aten"] = g / a if a else None
             row["gems_vs_liger"] = g / li if li else None
+            la, lg = row.get("aten_loop_us"), row.get("gems_loop_us")
+            row["gems_vs_aten_loop"] = lg / la if la and lg else None
             nbytes = (p_fwd if mode == "fwd" else p_bwd) * shape[0] * shape[1] * esize
             row["gems_gbps"] = nbytes / (g * 1e-3) / 1e9 if g else None
             row["err_vs_aten"] = _err(outs["gems"], outs["aten"])
@@ -250,13 +272,16 @@ def main(argv=None):
 
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
-    hdr = f"{'case':34} {'mode':8} {'ATen ms':>9} {'Gems ms':>9} {'Liger ms':>9} {'G/ATen':>7} {'G/Liger':>7} {'GB/s':>7} {'err':>8} {'grad err':>8}"
+    hdr = (f"{'case':34} {'mode':8} {'ATen ms':>9} {'Gems ms':>9} {'Liger ms':>9} {'G/ATen':>7} {'G/Liger':>7} "
+           f"{'GB/s':>7} {'err':>8} {'grad err':>8} {'loop us A/G/L':>20} {'G/A loop':>8}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r['case']:34} {r['mode']:8} {f(r['aten_ms'], '9.4f')} {f(r['gems_ms'], '9.4f')} "
               f"{f(r.get('liger_ms'), '9.4f')} {f(r['gems_vs_aten'], '7.2f')} {f(r['gems_vs_liger'], '7.2f')} "
-              f"{f(r['gems_gbps'], '7.0f')} {f(r['err_vs_aten'], '8.1e')} {f(r.get('grad_err_vs_aten'), '8.1e')}")
+              f"{f(r['gems_gbps'], '7.0f')} {f(r['err_vs_aten'], '8.1e')} {f(r.get('grad_err_vs_aten'), '8.1e')} "
+              f"{'/'.join(f(r.get(k + '_loop_us'), '.0f') for k in ('aten', 'gems', 'liger')):>20} "
+              f"{f(r.get('gems_vs_aten_loop'), '8.2f')}")
     for r in rows:
         for impl in ("aten", "liger"):
             if f"{impl}_error" in r:
