@@ -213,8 +213,9 @@ HOST = {
 }
 
 
-def host_us(fn, n=20000):
-    for _ in range(200):
+def host_us(fn, n=20000, warmup=200):
+    """Wall time per call (us) of n back-to-back calls synchronized once, after `warmup` calls."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -236,13 +237,7 @@ def loop_ms(fn, median_ms):
     a host-bound call that fill lets the host run ahead and its event time understates the call's
     host time by a varying amount. The loop has no such offset: where the two columns differ, the
     call is host-bound and the loop is what a model sees."""
-    n = max(10, min(300, int(20.0 / max(median_ms, 1e-3))))
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e3
+    return host_us(fn, max(10, min(300, int(20.0 / max(median_ms, 1e-3)))), warmup=0) / 1e3
 
 
 def _first(x):
