@@ -167,6 +167,14 @@ def test_planned_dropout_draws_fresh_state_per_call():
     assert not torch.equal(again[1], planned[1])
     torch.manual_seed(7)
     assert torch.equal(_run(x, 0.3)[1], planned[1])
+    # the Python plan (what runs without the C++ fast path) draws the same state the same way
+    plans = [q for q in gems.registry.get("native_dropout.default").plans.plans.values()
+             if "_philox(" in (getattr(q, "__gems_source__", None) or "")
+             and "_empty_strided((3, 5000)," in q.__gems_source__]        # this test's signature
+    assert plans, "no Python plan reads the generator per call"
+    torch.manual_seed(7)
+    py = plans[-1](x, 0.3, True)
+    assert torch.equal(py[0], full[0]) and torch.equal(py[1], full[1]) and gen.get_offset() == after_full
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs")
