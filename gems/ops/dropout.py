@@ -93,10 +93,10 @@ def _f32(v: float) -> float:
 
 
 def _seed_offset(device, counters):
-    """A fresh (seed, offset) per call from torch's generator of `device`."""
+    """A fresh (seed, offset) per call from torch's generator of `device`, for dropout_fwd's arguments 6
+    and 7 (on CUDA declared to plans, which draw them per call too)."""
     if device.type == "cuda":
-        return plan.philox_state(device.index if device.index is not None else torch.cuda.current_device(),
-                                 counters)
+        return plan.philox(6, device.index if device.index is not None else torch.cuda.current_device(), counters)
     # CPU generator (the interpreter): no Philox offset; draw a seed from it
     return int(torch.randint(0, 2 ** 62, (), dtype=torch.int64).item()), 0
 
@@ -128,7 +128,6 @@ def native_dropout(input, p, train):
         else:
             scale = 0.0 if q == 0 else 1.0 / q
         seed, offset = _seed_offset(dev, grid * block)
-        plan.philox(6, grid * block)    # dropout_fwd's seed and offset: fresh per call on a plan too
     else:
         scale, seed, offset = 1.0, 0, 0
     all_dropped = training and p == 1.0 and be == "cuda"

@@ -102,16 +102,17 @@ def philox_state(device_index: int, increment: int):
     return (gen.initial_seed() & (PHILOX_SEED_BIT - 1)) | PHILOX_SEED_BIT, off + PHILOX_OFFSET_BASE
 
 
-def philox(position: int, increment: int):
-    """The next launch takes its arguments `position` (seed) and `position + 1` (offset) from
-    `philox_state(its device, increment)` on every call: a plan replays a random kernel with fresh
-    state per call (the C++ fast path reads the generator itself). Plans of such launches decline
-    while the stream is being captured into a CUDA graph (the state is read on the host)."""
+def philox(position: int, device_index: int, increment: int):
+    """`philox_state(device_index, increment)` for the next launch, whose arguments `position` (seed)
+    and `position + 1` (offset) they are; a plan recorded from this call draws them the same way on
+    every replay (the C++ fast path reads the generator itself), and declines while the stream is
+    being captured into a CUDA graph (the state is read on the host)."""
     rec = _STATE.rec
     if rec is not None:
         rec.pending_dynamic = dict(rec.pending_dynamic or {})
         rec.pending_dynamic[position] = (int(increment), PHILOX[0])
         rec.pending_dynamic[position + 1] = (int(increment), PHILOX[1])
+    return philox_state(device_index, increment)
 
 
 def _capturing() -> bool:
