@@ -370,9 +370,9 @@ def decoder_layers(model):
 
 
 def build_model(a, p: Plan, env: Env, param_dtype=None, mixed: Optional[bool] = None, patch: bool = False):
-    """(wrapped model, optimizer, parameters) built from the seed on every rank, with Gems off;
-    `patch`: gems.patch(model) first (the Gems run under --patch: its losses are compared with the
-    unpatched ATen run's, as the fused ops' end-to-end check asks)."""
+    """(wrapped model, optimizer, parameters, gems.patch's counts or None) built from the seed on every
+    rank, with Gems off; `patch`: gems.patch(model) first (the Gems run under --patch: its losses are
+    compared with the unpatched ATen run's, as the fused ops' end-to-end check asks)."""
     import torch
     import torch.distributed as dist
     import models as M
@@ -387,9 +387,10 @@ def build_model(a, p: Plan, env: Env, param_dtype=None, mixed: Optional[bool] = 
     no_dropout(model)
     model.config.use_cache = False
     model.train()
+    patched = None
     if patch:
         import gems
-        model._gems_coverage_patch = gems.patch(model).counts()
+        patched = gems.patch(model).counts()
     if a.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if a.strategy == "ddp":
@@ -409,7 +410,7 @@ def build_model(a, p: Plan, env: Env, param_dtype=None, mixed: Optional[bool] = 
     params = [q for q in wrapped.parameters() if q.requires_grad]
     # AdamW as PyTorch defaults it: foreach on CUDA, the per-parameter loop on CPU
     opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.01)
-    return wrapped, opt, params
+    return wrapped, opt, params, patched
 
 
 # -------------------------------------------------------------------------------------------- trace
@@ -549,8 +550,8 @@ def train(a, p: Plan, env: Env, mode: str, say, steps: Optional[int] = None, sha
     import torch.distributed as dist
     steps = steps or a.steps
     res = RunResult(mode)
-    wrapped, opt, params = build_model(a, p, env, param_dtype, mixed, patch=a.patch and mode == "gems")
-    res.patched = getattr(wrapped.module if a.strategy == "ddp" else wrapped, "_gems_coverage_patch", None)
+    wrapped, opt, params, res.patched = build_model(a, p, env, param_dtype, mixed,
+                                                    patch=a.patch and mode == "gems")
     vocab = wrapped.module.config.vocab_size if a.strategy == "ddp" else wrapped.config.vocab_size
     data = Data(vocab, p.batch, p.micro, p.seq_len, env.rank, a.seed, p.tokens)
     use_autocast = a.strategy == "ddp" and (a.mixed_precision if mixed is None else mixed)
