@@ -180,16 +180,9 @@ def _loop_us(fn, device, quick):
     do_bench flushes L2 with a 256 MiB fill before each call; when the call is host-bound, that
     fill's device time lets the host run ahead, so its event times understate host time by a
     varying amount. This column has no such offset."""
-    n = 20 if device == "cpu" else (100 if quick else 300)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    for _ in range(3):
-        fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / n * 1e6
+    from benchmarks.run import host_us    # imports triton: after main() has chosen the backend
+    return host_us(fn, 20 if device == "cpu" else (100 if quick else 300), warmup=3,
+                   sync=torch.cuda.synchronize if device == "cuda" else (lambda: None))
 
 
 def _time(fn, device, quick):

@@ -213,15 +213,15 @@ HOST = {
 }
 
 
-def host_us(fn, n=20000, warmup=200):
+def host_us(fn, n=20000, warmup=200, sync=torch.cuda.synchronize):
     """Wall time per call (us) of n back-to-back calls synchronized once, after `warmup` calls."""
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(n):
         fn()
-    torch.cuda.synchronize()
+    sync()
     return (time.perf_counter() - t0) / n * 1e6
 
 
