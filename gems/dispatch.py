@@ -285,16 +285,9 @@ def _record(impl, cache, key, schema, on_cuda, args, kwargs):
     # the plan's answer must draw the random numbers the recorded run drew (plan.philox): the CUDA
     # generators' offsets go back to where they were before the plan runs the call again
     gens = [(g, g.get_offset()) for g in torch.cuda.default_generators] if saved is not None and on_cuda else ()
-    rec = _plan.Recording(values)
-    with rec:
-        out = fn(*args, **kwargs)
+    out, p, rec = _plan.record(fn, schema, args, kwargs, on_cuda, values)
     if impl.fn is not fn:   # replaced meanwhile (a test double, a disabled overload): keep nothing
         return out
-    try:
-        p = _plan.build(rec, schema, args, kwargs, out, on_cuda)
-    except Exception as e:  # noqa: BLE001 - a plan is an optimization; never fail the call for it
-        p = None
-        rec.tainted = f"plan build failed: {type(e).__name__}: {e}"
     if p is not None or not rec.transient:
         cache.put(key, p, rec.tainted)
     recipe = getattr(p, "__gems_recipe__", None)

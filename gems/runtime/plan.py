@@ -396,6 +396,21 @@ def compile_source(src, filename, ns):
 # building a plan from a recording
 # --------------------------------------------------------------------------------------------------
 
+def record(fn, schema, args, kwargs, direct: bool, values=None):
+    """The first call of a signature: fn(*args, **kwargs) under a Recording, then its plan.
+    Returns (result, plan or None, recording): `recording.tainted` says why there is no plan, and
+    `recording.transient` whether the next call of the signature should record again."""
+    rec = Recording(values if values is not None else named_args(schema, args, kwargs))
+    with rec:
+        out = fn(*args, **kwargs)
+    try:
+        p = build(rec, schema, args, kwargs, out, direct)
+    except Exception as e:  # noqa: BLE001 - a plan is an optimization: never fail the call for it
+        p = None
+        rec.tainted = f"plan build failed: {type(e).__name__}: {e}"
+    return out, p, rec
+
+
 def named_args(schema, args, kwargs) -> dict:
     """The call's arguments by schema name, defaults filled in."""
     out = {}

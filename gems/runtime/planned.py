@@ -74,14 +74,7 @@ class Planned:
         return self._record(key, args)
 
     def _record(self, key, args):
-        rec = _plan.Recording(_plan.named_args(self.schema, args, {}))
-        with rec:
-            out = self.fn(*args)
-        try:
-            p = _plan.build(rec, self.schema, args, {}, out, backend().device_type == "cuda")
-        except Exception as e:  # noqa: BLE001 - a plan is an optimization: never fail the call for it
-            p = None
-            rec.tainted = f"plan build failed: {type(e).__name__}: {e}"
+        out, p, rec = _plan.record(self.fn, self.schema, args, {}, backend().device_type == "cuda")
         if p is not None or not rec.transient:
             self.cache.put(key, p, rec.tainted)
         if p is not None and _CHECK:
