@@ -17,7 +17,8 @@ Gems' forward error relative to ATen (max |gems - aten| / max |aten|).
 Forward+backward times one `torch.autograd.grad` of every output w.r.t. every input after a forward
 (no `.grad` accumulation). The loop columns: wall time per call of back-to-back calls synchronized once
 (`_loop_us`): where a call is host-bound (decode rows, BERT's sizes) this is the number a model sees;
-do_bench's L2 flush before each timed call skews its host-bound rows.
+do_bench's L2 flush before each timed call skews its host-bound rows. The device columns (CUDA):
+the kernels' own time per call (profiler sums, `benchmarks.run.device_ms`), which no host cost enters.
 """
 from __future__ import annotations
 
@@ -245,6 +246,9 @@ def main(argv=None):
                             grad_res[impl] = torch.autograd.grad(o, inputs, grads[:len(o)])
                         row[f"{impl}_ms"] = _time(_step(fn, inputs, grads), args.device, args.quick or smoke)
                         row[f"{impl}_loop_us"] = _loop_us(_step(fn, inputs, grads), args.device, args.quick or smoke)
+                        if args.device == "cuda":
+                            from benchmarks.run import device_ms
+                            row[f"{impl}_device_us"] = device_ms(_step(fn, inputs, grads)) * 1e3
                 except Exception as e:  # noqa: BLE001 - a failing column is reported, not fatal
                     if impl == "gems":
                         raise
@@ -255,6 +259,8 @@ def main(argv=None):
             row["gems_vs_liger"] = g / li if li else None
             la, lg = row.get("aten_loop_us"), row.get("gems_loop_us")
             row["gems_vs_aten_loop"] = lg / la if la and lg else None
+            da, dg = row.get("aten_device_us"), row.get("gems_device_us")
+            row["gems_vs_aten_device"] = dg / da if da and dg else None
             nbytes = (p_fwd if mode == "fwd" else p_bwd) * shape[0] * shape[1] * esize
             row["gems_gbps"] = nbytes / (g * 1e-3) / 1e9 if g else None
             row["err_vs_aten"] = _err(outs["gems"], outs["aten"])
@@ -266,7 +272,8 @@ def main(argv=None):
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
     hdr = (f"{'case':34} {'mode':8} {'ATen ms':>9} {'Gems ms':>9} {'Liger ms':>9} {'G/ATen':>7} {'G/Liger':>7} "
-           f"{'GB/s':>7} {'err':>8} {'grad err':>8} {'loop us A/G/L':>20} {'G/A loop':>8}")
+           f"{'GB/s':>7} {'err':>8} {'grad err':>8} {'loop us A/G/L':>20} {'G/A loop':>8} {'dev us A/G/L':>16} "
+           f"{'G/A dev':>7}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -274,7 +281,9 @@ def main(argv=None):
               f"{f(r.get('liger_ms'), '9.4f')} {f(r['gems_vs_aten'], '7.2f')} {f(r['gems_vs_liger'], '7.2f')} "
               f"{f(r['gems_gbps'], '7.0f')} {f(r['err_vs_aten'], '8.1e')} {f(r.get('grad_err_vs_aten'), '8.1e')} "
               f"{'/'.join(f(r.get(k + '_loop_us'), '.0f') for k in ('aten', 'gems', 'liger')):>20} "
-              f"{f(r.get('gems_vs_aten_loop'), '8.2f')}")
+              f"{f(r.get('gems_vs_aten_loop'), '8.2f')} "
+              f"{'/'.join(f(r.get(k + '_device_us'), '.0f') for k in ('aten', 'gems', 'liger')):>16} "
+              f"{f(r.get('gems_vs_aten_device'), '7.2f')}")
     for r in rows:
         for impl in ("aten", "liger"):
             if f"{impl}_error" in r:

@@ -8,7 +8,8 @@ warm-up), Gems/ATen ratio, achieved GB/s (bytes that must move: each input read 
 written once) or TFLOP/s, Gems' relative error against ATen, and whether Gems served the call
 (from `gems.stats()`, so a silent fallback never shows up as a Gems time).
 Loop ratio: the same from back-to-back calls synchronized once (`loop_ms`): do_bench's L2 flush skews
-host-bound calls, the loop shows what a model sees. Host overhead rows: 1024-element fp32 calls,
+host-bound calls, the loop shows what a model sees. Device ratio: the kernels' own time per call
+(`device_ms`, torch.profiler's kernel sums), which no host cost enters. Host overhead rows: 1024-element fp32 calls,
 20,000 in a row, synchronized only at the end.
 """
 from __future__ import annotations
@@ -240,6 +241,20 @@ def loop_ms(fn, median_ms):
     return host_us(fn, max(10, min(300, int(20.0 / max(median_ms, 1e-3)))), warmup=0) / 1e3
 
 
+def device_ms(fn, n=20):
+    """Device time per call (ms): the sum of the kernels (and memsets/copies) the profiler records
+    over n calls, divided by n. The host's pace does not enter it, so for a launch-bound call it is
+    the column that compares the kernels; with the loop column it splits a ratio into device and host."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / n / 1e3
+
+
 def _first(x):
     return x[0] if isinstance(x, (tuple, list)) else x
 
@@ -252,6 +267,7 @@ def measure(fn, deterministic=True):
     ref = _first(fn())
     r["aten_ms"] = bench(fn)
     r["aten_loop_ms"] = loop_ms(fn, r["aten_ms"])
+    r["aten_device_ms"] = device_ms(fn)
     gems.reset_stats()
     gems.enable()
     try:
@@ -263,10 +279,12 @@ def measure(fn, deterministic=True):
                        if deterministic else float("nan"))
         r["gems_ms"] = bench(fn)
         r["gems_loop_ms"] = loop_ms(fn, r["gems_ms"])
+        r["gems_device_ms"] = device_ms(fn)
     finally:
         gems.disable()
     r["ratio"] = r["gems_ms"] / r["aten_ms"]
     r["loop_ratio"] = r["gems_loop_ms"] / r["aten_loop_ms"]
+    r["device_ratio"] = r["gems_device_ms"] / r["aten_device_ms"] if r["aten_device_ms"] > 0 else float("nan")
     return r
 
 
@@ -329,7 +347,7 @@ def print_table(env, rows):
     for r in rows:
         if "aten_ms" not in r:
             if "error" in r:
-                table.append([r["case"], "", "", "", "", "", "", r["error"][:60]])
+                table.append([r["case"], "", "", "", "", "", "", "", r["error"][:60]])
             continue
         rate = (f"{r['aten_GBps']:.0f} / {r['gems_GBps']:.0f} GB/s" if "aten_GBps" in r else
                 f"{r['aten_TFLOPs']:.0f} / {r['gems_TFLOPs']:.0f} TFLOP/s" if "aten_TFLOPs" in r else "")
@@ -337,10 +355,11 @@ def print_table(env, rows):
         note = "FELL BACK " + json.dumps(r["fallback"])[:50] if r.get("fallback") else (
             "not served" if not r.get("served") else "")
         loop = f"{r['loop_ratio']:.2f}" if "loop_ratio" in r else ""
-        table.append([r["case"], f"{r['aten_ms']:.4f}", f"{r['gems_ms']:.4f}", f"{r['ratio']:.2f}", loop, rate,
+        dev = f"{r['device_ratio']:.2f}" if "device_ratio" in r else ""
+        table.append([r["case"], f"{r['aten_ms']:.4f}", f"{r['gems_ms']:.4f}", f"{r['ratio']:.2f}", loop, dev, rate,
                       f"{r['relerr']:.1e}", (ok + " " + note).strip()])
     print(f"\n{env}")
-    print(tabulate(table, headers=["case", "ATen ms", "Gems ms", "ratio", "loop ratio", "ATen / Gems rate", "relerr",
+    print(tabulate(table, headers=["case", "ATen ms", "Gems ms", "ratio", "loop ratio", "device ratio", "ATen / Gems rate", "relerr",
                                    "target"]))
     for r in rows:
         if "host" in r["case"]:

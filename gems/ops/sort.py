@@ -77,10 +77,11 @@ _PAD = tl.constexpr(2 ** 63 - 1)   # the key of a padding slot: after every real
 # scalar binary search, the earlier default: 0.140). Short runs sort in registers quickly, the extra
 # merge passes are cheap at this size, and one warp per program keeps the most programs per SM.
 _CONFIGS = {
-    "cuda": dict(sort_max=16384, tile=4096, chunk=4096, run=512, probes=32, merge_warps=1),
+    "cuda": dict(sort_max=16384, tile=4096, chunk=4096, chunk_warps=None, run=512, probes=32, merge_warps=1),
     # the interpreter runs programs one by one in Python (a few wide ones are fastest); the GPU's
     # sort_max and chunk, so that the tests' rows take the same paths as on the GPU
-    "interpreter": dict(sort_max=16384, tile=1024, chunk=4096, run=16384, probes=4, merge_warps=None),
+    "interpreter": dict(sort_max=16384, tile=1024, chunk=4096, chunk_warps=None, run=16384, probes=4,
+                        merge_warps=None),
 }
 
 
@@ -334,7 +335,7 @@ def _run(path, x, v, i, rows, n, addr, out_addr, k, flip):
     if path == "chunks":
         ws = empty((rows, nch, 1 << log_kp), torch.int64, x.device)
         chunk_keys[(rows, nch)](x, ws, n, K, sM, sN, sK, nch, is_float, flip, b, log_c, log_kp,
-                                num_warps=_warps(chunk))
+                                num_warps=cfg["chunk_warps"] or _warps(chunk))
         nc = nch << log_kp
         log_nc = _log2(next_pow2(nc))
         select_rows[(rows,)](x, ws, v, i, rows, n, K, sM, sN, sK, KO, oM, oN, oK, k, nc,
