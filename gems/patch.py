@@ -18,10 +18,12 @@ llama, mistral, qwen2  every ``*RMSNorm`` -> a module calling ``gems.fused.rms_n
 Llama: model_type      norm -> ``add_rms_norm`` (``rms_norm``); the MLP's act(gate) * up ->
 'llama')               ``silu_and_mul`` / ``gelu_and_mul`` (``swiglu``); the attention's
                        ``apply_rotary_pos_emb`` -> ``gems.fused.rope`` (``rope``)
-bert                   BertForMaskedLM's loss -> ``cross_entropy``; with ``layer_norm=True`` (opt-in,
-                       see `patch`): every ``nn.LayerNorm`` -> ``gems.fused.layer_norm``, and in
-                       BertSelfOutput / BertOutput dropout(dense(h)) + input then LayerNorm -> dropout
-                       as before, then ``add_layer_norm``
+bert                   each ``BertLayer`` -> one function issuing the same ATen ops without its 16
+                       submodule calls (``encoder_layer``; bit-identical results, checked per call:
+                       gems/encoder_layer.py); BertForMaskedLM's loss -> ``cross_entropy``; with
+                       ``layer_norm=True`` (opt-in, see `patch`): every ``nn.LayerNorm`` ->
+                       ``gems.fused.layer_norm``, and in BertSelfOutput / BertOutput dropout(dense(h)) +
+                       input then LayerNorm -> dropout as before, then ``add_layer_norm``
 llava                  the language model as its own type (above); with ``layer_norm=True``, in the
                        CLIP vision tower every ``nn.LayerNorm`` and each encoder layer's residual add +
                        second norm; the loss as for causal LMs
@@ -66,7 +68,7 @@ from . import fused as F
 
 __all__ = ["patch", "unpatch", "patched", "PatchReport", "SUPPORTED"]
 
-OPTIONS = ("rms_norm", "rope", "swiglu", "cross_entropy", "fused_linear_cross_entropy", "layer_norm")
+OPTIONS = ("rms_norm", "rope", "swiglu", "cross_entropy", "fused_linear_cross_entropy", "layer_norm", "encoder_layer")
 # model_type -> (class-name prefix, family)
 _DECODERS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
 _ENCODERS = {"bert": "Bert"}
@@ -422,9 +424,11 @@ class _Patcher:
             self._replace(root, prefix, _plain_layer_norm, GemsLayerNorm, "layer_norm")
 
     def patch_bert(self, root, prefix: str):
+        modeling = _modeling("bert")
+        if self.opts["encoder_layer"]:
+            self.patch_bert_layers(root, prefix, modeling)
         if not self.opts["layer_norm"]:
             return
-        modeling = _modeling("bert")
         classes = tuple(c for c in (self._cls(modeling, "BertSelfOutput"), self._cls(modeling, "BertOutput")) if c)
         for name, mod in list(root.named_modules(prefix=prefix)):
             if type(mod) in classes and id(mod) not in self.done and _plain_layer_norm(mod.LayerNorm):
@@ -432,6 +436,25 @@ class _Patcher:
                     self.r.add("add_layer_norm", name)
                 self.done.add(id(mod))
         self.patch_layer_norms(root, prefix)
+
+    def patch_bert_layers(self, root, prefix: str, modeling):
+        """Each BertLayer as one function (gems/encoder_layer.py): the same ATen ops without its 16
+        submodule calls; it checks on every call that it computes exactly what the class's forward would."""
+        from transformers.activations import GELUActivation
+
+        from .encoder_layer import make_bert_layer_forward
+        layer_cls, self_cls = self._cls(modeling, "BertLayer"), self._cls(modeling, "BertSelfAttention")
+        if layer_cls is None or self_cls is None:
+            return
+        if _signature(layer_cls.forward) != _BERT_LAYER_PARAMS:
+            self.r.notes.append(f"BertLayer.forward differs from transformers 5.17's; encoder layers left as is")
+            return
+        fwd = make_bert_layer_forward((self_cls, GELUActivation, GemsLayerNorm, _bert_output_forward))
+        for name, mod in list(root.named_modules(prefix=prefix)):
+            if type(mod) is layer_cls and id(mod) not in self.done:
+                if self.set_forward(mod, fwd, name):
+                    self.r.add("encoder_layer", name)
+                self.done.add(id(mod))
 
     def patch_clip(self, root, prefix: str):
         if not self.opts["layer_norm"]:
@@ -483,6 +506,8 @@ class _Patcher:
 
 _DECODER_LAYER_PARAMS = ("self", "hidden_states", "attention_mask", "position_ids", "past_key_values",
                          "use_cache", "position_embeddings", "kwargs")
+_BERT_LAYER_PARAMS = ("self", "hidden_states", "attention_mask", "encoder_hidden_states", "encoder_attention_mask",
+                      "past_key_values", "kwargs")
 
 
 def _signature(fn) -> tuple:
@@ -556,16 +581,20 @@ def _check_ops(opts: dict, needed: set):
 
 
 def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = True, cross_entropy: bool = True,
-          fused_linear_cross_entropy: bool = True, layer_norm: bool = False) -> PatchReport:
+          fused_linear_cross_entropy: bool = True, layer_norm: bool = False, encoder_layer: bool = True) -> PatchReport:
     """Replace, in place, the parts of a Hugging Face `model` that `gems.fused` serves (see the module
     docstring); returns a PatchReport (also kept as ``model._gems_patch`` until `unpatch`).
 
     `layer_norm` is off by default: a fused LayerNorm (+ residual add) replaces only two ATen ops and
     saves one elementwise pass, less than the host cost of its autograd Function where the step is
     host-bound. Measured on an H200 (BERT-base training 32 x 128, gems.enable(), time vs ATen eager):
-    1.065x faster with it, 1.239x without, 1.152x unpatched (docs/perf.md, 2026-11-27)."""
+    1.065x faster with it, 1.239x without, 1.152x unpatched (docs/perf.md, 2026-11-27).
+
+    `encoder_layer` (BERT) runs each BertLayer as one function with the same ATen ops, for the same
+    reason: the host time of its 16 submodule calls (gems/encoder_layer.py says when it steps aside)."""
     opts = _options(dict(rms_norm=rms_norm, rope=rope, swiglu=swiglu, cross_entropy=cross_entropy,
-                         fused_linear_cross_entropy=fused_linear_cross_entropy, layer_norm=layer_norm))
+                         fused_linear_cross_entropy=fused_linear_cross_entropy, layer_norm=layer_norm,
+                         encoder_layer=encoder_layer))
     if not isinstance(model, nn.Module):
         raise TypeError(f"gems.patch takes a torch.nn.Module, got {type(model).__name__}")
     prev = model.__dict__.get(_ATTR)

@@ -106,10 +106,10 @@ def test_parity_patch_is_recorded(tmp_path, capsys):
     rc, d = _run(tmp_path, "parity", "bert", "--include", "rsqrt", "--patch", "--no-shadow")
     assert rc == 0, d
     assert d["patched"] is True and d["verdict"] == "PASS"
-    assert d["patch"]["replaced"] == {"cross_entropy": 1}     # layer_norm is opt-in in gems.patch
+    assert d["patch"]["replaced"] == {"encoder_layer": 2, "cross_entropy": 1}   # layer_norm is opt-in
     assert "cross_entropy" in CALLS and "add_layer_norm" not in CALLS
     rc = cli.main(["-q", "parity", "bert", "--include", "rsqrt", "--patch", "--no-shadow", "--mode", "inference"])
-    assert rc == 0 and "patched gems.patch on the Gems run: cross_entropy x1" in capsys.readouterr().out
+    assert rc == 0 and "patched gems.patch on the Gems run: encoder_layer x2, cross_entropy x1" in capsys.readouterr().out
 
 
 def test_attribution_counts_fused_functions_as_ops():
@@ -148,10 +148,10 @@ def test_patch_options_select_the_fused_parts(tmp_path, capsys):
                  "--no-shadow", "--mode", "inference")
     assert rc == 0, d
     assert d["patched"] is True and d["patch"]["options"]["layer_norm"] is True
-    assert d["patch"]["replaced"] == {"add_layer_norm": 4, "layer_norm": 6, "cross_entropy": 1}
-    # bench: every option off but the loss
+    assert d["patch"]["replaced"] == {"encoder_layer": 2, "add_layer_norm": 4, "layer_norm": 6, "cross_entropy": 1}
+    # bench: the options that apply to BERT all off
     rc, d = _run(tmp_path, "bench", "bert", "--device", "cpu", "--steps", "1", "--warmup", "0", "--seq-len", "6",
-                 "--include", "rsqrt", "--no-attribution", "--patch-options", "cross_entropy=off")
+                 "--include", "rsqrt", "--no-attribution", "--patch-options", "cross_entropy=off,encoder_layer=off")
     assert rc == 0, d
     assert d["patched"] is True and d["patch"]["replaced"] == {}
 

@@ -124,7 +124,7 @@ def test_a_masked_lm_trains_too(tmp_path):
     p, d = _torchrun(tmp_path, "--strategy", "ddp", "--no-trace", "--steps", "2", "--warmup", "0", "--patch",
                      model="bert")
     assert p.returncode == 0, p.stderr[-3000:]
-    assert d["model"] == "bert-base-uncased" and d["runs"]["gems"]["patched"] == {"cross_entropy": 1}
+    assert d["model"] == "bert-base-uncased" and d["runs"]["gems"]["patched"] == {"encoder_layer": 2, "cross_entropy": 1}
     assert d["agreement"]["ok"] and d["verdict"] == "PASS", d["agreement"]
     assert all(math.isfinite(x) and x > 0 for x in d["runs"]["aten"]["losses"])
 

@@ -138,7 +138,7 @@ ALL = dict(layer_norm=True)
 EXPECT = {
     "llama2": {"rms_norm": 5, "add_rms_norm": 2, "silu_and_mul": 2, "rope": 2, "cross_entropy": 1,
                "fused_linear_cross_entropy": 1},
-    "bert": {"layer_norm": 6, "add_layer_norm": 4, "cross_entropy": 1},
+    "bert": {"encoder_layer": 2, "layer_norm": 6, "add_layer_norm": 4, "cross_entropy": 1},
     "llava": {"rms_norm": 5, "add_rms_norm": 2, "silu_and_mul": 2, "rope": 2, "layer_norm": 6,
               "add_layer_norm": 2, "cross_entropy": 1, "fused_linear_cross_entropy": 1},
 }
@@ -250,7 +250,7 @@ def test_layer_norm_is_opt_in(standins):
     model, inf, tr = _build("bert")
     ref = _run(model, inf, tr)
     with gems.patched(model) as r:
-        assert r.counts() == {"cross_entropy": 1} and r.options["layer_norm"] is False
+        assert r.counts() == {"encoder_layer": 2, "cross_entropy": 1} and r.options["layer_norm"] is False
         standins.clear()
         _assert_same(_run(model, inf, tr), ref)
         assert set(standins) == {"cross_entropy"}
@@ -330,6 +330,109 @@ def test_bert_dropout_semantics_kept(standins):
     torch.testing.assert_close(got, ref)
     assert not torch.equal(other, ref)          # dropout is really active
     assert standins["add_layer_norm"] == 2 * 2 * 2
+
+
+# ------------------------------------------------------------------------- BERT's layer as one function
+@pytest.fixture
+def lean_calls(monkeypatch):
+    """How often gems/encoder_layer.py's one-function path ran (its check passed), and fell back."""
+    E = importlib.import_module("gems.encoder_layer")
+    calls = collections.Counter()
+    real = E._parts
+
+    def spy(layer, classes):
+        got = real(layer, classes)
+        calls["lean" if got is not None else "class forward"] += 1
+        return got
+    monkeypatch.setattr(E, "_parts", spy)
+    return calls
+
+
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_bert_layer_as_one_function_is_bit_identical(lean_calls, standins, layer_norm):
+    """The same ATen ops in the same order: loss, logits and every gradient bit-identical to the unpatched
+    model's, with dropout active (the same masks drawn) and a padding mask."""
+    model, inf, tr = _build("bert", dropout=0.1)
+    tr = dict(tr, attention_mask=tr["attention_mask"].clone())
+    tr["attention_mask"][1, 5:] = 0
+    inf = dict(inf, attention_mask=tr["attention_mask"])
+    assert model.config._attn_implementation == "sdpa"
+    ref = _run(model, inf, tr, seed=5)
+    with gems.patched(model, cross_entropy=False, layer_norm=layer_norm) as r:
+        assert r.replaced["encoder_layer"] == ["bert.encoder.layer.0", "bert.encoder.layer.1"]
+        got = _run(model, inf, tr, seed=5)
+    assert lean_calls == {"lean": 2 * 2}      # two layers, eval and training forward
+    if layer_norm:                            # the fused add + LayerNorm stand-in: rounding may differ
+        _assert_same(got, ref)
+        assert standins["add_layer_norm"] == 2 * 2 * 2
+        return
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    assert all(torch.equal(got[2][n], ref[2][n]) for n in ref[2])
+
+
+def test_bert_layer_one_function_off(lean_calls, standins):
+    model, inf, tr = _build("bert")
+    with gems.patched(model, encoder_layer=False) as r:
+        assert "encoder_layer" not in r.replaced
+        _run(model, inf, tr)
+    assert not lean_calls
+
+
+class _Scaled(torch.nn.Linear):
+    """A subclass of nn.Linear with its own forward (as adapters such as LoRA wrap a projection)."""
+
+    def forward(self, x):
+        return super().forward(x) * 1.5
+
+
+@pytest.mark.parametrize("case", ["hook", "subclass", "eager", "output_attentions", "instance_forward"])
+def test_bert_layer_one_function_falls_back(lean_calls, standins, case):
+    """Where the one-function path would not compute what the class forward does, the class forward
+    runs: a hook on a submodule it would skip, a submodule of another class, another attention
+    implementation, keyword arguments it does not know, an instance forward set by another library."""
+    model, inf, tr = _build("bert")
+    layer = model.bert.encoder.layer[1]
+    fired = []
+    if case == "hook":
+        layer.attention.self.query.register_forward_hook(lambda m, a, o: fired.append(1))
+    elif case == "subclass":
+        old = layer.attention.self.value
+        new = _Scaled(old.in_features, old.out_features)
+        new.load_state_dict(old.state_dict())
+        layer.attention.self.value = new
+    elif case == "eager":
+        model.config._attn_implementation = "eager"
+    elif case == "instance_forward":
+        d = layer.intermediate.dense
+        d.forward = lambda x, _f=type(d).forward, _d=d: _f(_d, x) * 0.5
+    kw = {"output_attentions": True} if case == "output_attentions" else {}
+    model.eval()
+    with torch.no_grad():
+        ref = model(**inf, **kw)
+        with gems.patched(model, cross_entropy=False) as r:
+            assert len(r.replaced["encoder_layer"]) == 2
+            got = model(**inf, **kw)
+    torch.testing.assert_close(got.logits, ref.logits, rtol=0, atol=0)
+    if case == "hook":
+        assert len(fired) == 2                # fired unpatched and patched
+    if case == "output_attentions":           # (sdpa records none; transformers' capture hooks are installed)
+        assert len(got.attentions) == len(ref.attentions)
+    # the layers the case touches (all of them, for model-wide cases) ran the class forward
+    touched = 1 if case in ("hook", "subclass", "instance_forward") else 2
+    if case == "output_attentions":           # an unknown keyword: the class forward, without the check
+        assert not lean_calls
+    else:
+        assert lean_calls == {"class forward": touched, **({"lean": 2 - touched} if touched < 2 else {})}
+
+
+def test_bert_layer_one_function_gradient_checkpointing(lean_calls, standins):
+    model, inf, tr = _build("bert")
+    model.gradient_checkpointing_enable()
+    ref = _run(model, inf, tr)
+    with gems.patched(model, cross_entropy=False):
+        got = _run(model, inf, tr)
+    _assert_same(got, ref, atol=0, rtol=0)
+    assert lean_calls["lean"] == 2 * 3        # eval, training forward, the backward's recomputation
 
 
 def test_clip_vision_tower_alone(standins):
