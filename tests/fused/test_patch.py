@@ -397,7 +397,7 @@ def test_bert_layer_one_function_falls_back(lean_calls, standins, case):
         layer.attention.self.query.register_forward_hook(lambda m, a, o: fired.append(1))
     elif case == "subclass":
         old = layer.attention.self.value
-        new = _Scaled(old.in_features, old.out_features)
+        new = _Scaled(old.in_features, old.out_features).to(old.weight.device)
         new.load_state_dict(old.state_dict())
         layer.attention.self.value = new
     elif case == "eager":
