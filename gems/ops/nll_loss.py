@@ -126,6 +126,8 @@ def nll_bwd(G, T, Wt, TWp, GI, N, C, sg, st, sw, ignore_index,
 
 
 _BLOCK = {"cuda": 1024, "interpreter": 4}          # the interpreter's small block tests the loop
+# the reduction's one program: rows per iteration and warps (its N gathered loads are latency-bound)
+_REDUCE = {"cuda": dict(block=1024, warps=4), "interpreter": dict(block=4, warps=4)}
 # the backward is a store of N x C (1 GB for [8192, 32000] fp32): one row of 32000 per program with 16
 # warps measured 233.6 us on an H200 against 249.4 for tiles of 4096 with 4 warps (ATen 239.1)
 _BWD_TILE = {"cuda": 32768, "interpreter": 64}
@@ -203,10 +205,11 @@ def nll_loss_forward(self, target, weight, reduction, ignore_index, *, output=No
         nll_fwd_none[(max(cdiv(N, block), 1),)](self, target, w, out, tw, N, C, sxn, sxc, st, sw, ii,
                                                   w is not None, block, num_warps=4)
     else:
-        block = min(_BLOCK[be], max(next_pow2(N), 1))
+        cfg = _REDUCE[be]
+        block = min(cfg["block"], max(next_pow2(N), 1))
         cuda_1d = reduction == _MEAN and not batched and be == "cuda"
         nll_fwd_reduce[(1,)](self, target, w, out, tw, N, C, sxn, sxc, st, sw, ii,
-                             w is not None, reduction == _MEAN, cuda_1d, block, num_warps=4)
+                             w is not None, reduction == _MEAN, cuda_1d, block, num_warps=cfg["warps"])
     return out, tw
 
 
