@@ -110,7 +110,23 @@ CASES = [
      lambda e, g1, g2, flip: torch._foreach_addcmul_(e, *((g1, g1) if flip() else (g2, g2)), value=0.001)),
     ("foreach sqrt x202", lambda d, t, s: _adam_lists(d, t, s)[:1], torch._foreach_sqrt),
     ("foreach mul_ x202", lambda d, t, s: _adam_lists(d, t, s)[:1], lambda e: torch._foreach_mul_(e, 0.999)),
+    # generate's sampling on one row of logits (fp32: transformers casts them) and BERT's dropout (issue 9)
+    ("argmax(logits, -1) [1,V] fp32", lambda d, t, s: (_logits(d, s),), lambda x: x.argmax(-1)),
+    ("topk(logits, 50) [1,V] fp32", lambda d, t, s: (_logits(d, s),), lambda x: torch.topk(x, 50)),
+    ("sort(logits) [1,V] fp32", lambda d, t, s: (_logits(d, s),), lambda x: torch.sort(x, descending=True)),
+    ("cumsum(probs, -1) [1,V] fp32", lambda d, t, s: (_logits(d, s).softmax(-1),), lambda p: p.cumsum(-1)),
+    ("gather(logits, 1, order) [1,V]", lambda d, t, s: (_logits(d, s), _logits(d, s).argsort(-1)),
+     lambda x, i: x.gather(1, i)),
+    ("scatter(mask, 1, order, mask) [1,V]", lambda d, t, s: (_logits(d, s) > 0, _logits(d, s).argsort(-1)),
+     lambda m, i: m.scatter(1, i, m)),
+    ("multinomial(probs, 1) [1,V] fp32", lambda d, t, s: (_logits(d, s).softmax(-1),), lambda p: torch.multinomial(p, 1)),
+    ("native_dropout p=0.1 [32,128,768]", lambda d, t, s: (_r(*((2, 4, 16) if s else (32, 128, 768)), dev=d, dt=t),),
+     lambda x: torch.ops.aten.native_dropout(x, 0.1, True)),
 ]
+
+
+def _logits(dev, small):
+    return _r(1, _dims(small)[2], dev=dev, dt=torch.float32)
 
 
 def _adam_lists(dev, dt, small):

@@ -24,6 +24,10 @@ def test_case_agrees_with_aten(name, setup, fn):
         got = fn(*[a.clone() if inplace and isinstance(a, torch.Tensor) else a for a in args])
     st = gems.stats()
     assert not any(s["fallback"] for s in st.values()), st
+    if any(k in name for k in ("multinomial", "dropout")):   # random: the same contract, not the same draws
+        got, ref = (got if isinstance(got, tuple) else (got,)), (ref if isinstance(ref, tuple) else (ref,))
+        assert [g.shape for g in got] == [r.shape for r in ref] and st, st     # (ref: float64 inputs)
+        return
     assert_close(got, ref, dt if dt != torch.float32 else torch.float32, rtol=2e-2 if not small else None)
 
 
