@@ -34,6 +34,9 @@ _GLOBAL_HOOKS = (_module._global_forward_hooks, _module._global_forward_pre_hook
                  _module._global_backward_hooks, _module._global_backward_pre_hooks)
 
 
+FUSE_QKV = False   # experiment: query, key and value as one GEMM (not bit-identical to the class forward)
+
+
 def _hooked(m, own_forward=None) -> bool:
     """Whether calling m's forward directly would skip something its __call__ does: a hook, or an
     instance forward other than gems.patch's own `own_forward`."""
@@ -106,9 +109,17 @@ def make_bert_layer_forward(classes):
         # BertSelfAttention + transformers' sdpa_attention_forward (not causal: is_causal=False)
         shape = hidden_states.shape[:-1]
         heads = (*shape, -1, s.attention_head_size)
-        ql = TF.linear(hidden_states, q.weight, q.bias).view(*heads).transpose(1, 2)
-        kl = TF.linear(hidden_states, k.weight, k.bias).view(*heads).transpose(1, 2)
-        vl = TF.linear(hidden_states, v.weight, v.bias).view(*heads).transpose(1, 2)
+        if FUSE_QKV and q.bias is not None and k.bias is not None and v.bias is not None:
+            # one [.., 3 x hidden] GEMM: 3 launches forward either way (two cats), but backward runs one
+            # GEMM pair, one bias sum and one stack instead of three of each plus two adds
+            w = torch.cat((q.weight, k.weight, v.weight))
+            b = torch.cat((q.bias, k.bias, v.bias))
+            ql, kl, vl = (t.transpose(1, 2) for t in
+                          TF.linear(hidden_states, w, b).view(*shape, 3, -1, s.attention_head_size).unbind(-3))
+        else:
+            ql = TF.linear(hidden_states, q.weight, q.bias).view(*heads).transpose(1, 2)
+            kl = TF.linear(hidden_states, k.weight, k.bias).view(*heads).transpose(1, 2)
+            vl = TF.linear(hidden_states, v.weight, v.bias).view(*heads).transpose(1, 2)
         a = torch.nn.functional.scaled_dot_product_attention(
             ql, kl, vl, attn_mask=attention_mask, dropout_p=s.dropout.p if s.training else 0.0, scale=s.scaling,
             is_causal=False)

@@ -38,7 +38,11 @@ _INT64_FROM = 2 ** 31 - 1
 
 # tile: elements per program; max_r / max_k: widest scanned / kept extent of a tile. The interpreter's
 # are small so that test shapes run the carry loop and several programs.
-_CONFIGS = {"cuda": dict(tile=4096, max_r=1024, max_k=256), "interpreter": dict(tile=512, max_r=64, max_k=16)}
+# long: (rows, max_r, warps) for at most `rows` rows along the last dim, one program per row with a wider
+# tile (fewer dependent carry steps: a decode-time cumsum of one [1, 32000] row of probabilities is one
+# program), or None
+_CONFIGS = {"cuda": dict(tile=4096, max_r=1024, max_k=256, long=None),
+            "interpreter": dict(tile=512, max_r=64, max_k=16, long=None)}
 
 
 @triton.jit
@@ -181,10 +185,14 @@ def _cumsum(x, dim, dtype, out, inplace=False):
     big = int(max(spans + [M * R * K]) >= _INT64_FROM)
     cfg = _CONFIGS[backend().name]
     if K == 1:
-        br = min(next_pow2(R), cfg["max_r"])
-        bm = min(next_pow2(M), max(cfg["tile"] // br, 1))
-        cumsum_inner[(cdiv(M, bm),)](x, y, M, R, sXm, sXr, sYm, sYr, acc, big, bm, br,
-                                     num_warps=max(1, min(8, bm * br // 512)))
+        long = cfg["long"]
+        if long is not None and M <= long[0] and R > cfg["max_r"]:
+            bm, br, warps = 1, min(next_pow2(R), long[1]), long[2]
+        else:
+            br = min(next_pow2(R), cfg["max_r"])
+            bm = min(next_pow2(M), max(cfg["tile"] // br, 1))
+            warps = max(1, min(8, bm * br // 512))
+        cumsum_inner[(cdiv(M, bm),)](x, y, M, R, sXm, sXr, sYm, sYr, acc, big, bm, br, num_warps=warps)
     else:
         bk = min(next_pow2(K), cfg["max_k"])
         br = min(next_pow2(R), max(cfg["tile"] // bk, 1))
