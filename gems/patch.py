@@ -18,8 +18,8 @@ llama, mistral, qwen2  every ``*RMSNorm`` -> a module calling ``gems.fused.rms_n
 Llama: model_type      norm -> ``add_rms_norm`` (``rms_norm``); the MLP's act(gate) * up ->
 'llama')               ``silu_and_mul`` / ``gelu_and_mul`` (``swiglu``); the attention's
                        ``apply_rotary_pos_emb`` -> ``gems.fused.rope`` (``rope``)
-bert                   each ``BertLayer`` -> one function issuing the same ATen ops without its 16
-                       submodule calls (``encoder_layer``; bit-identical results, checked per call:
+bert                   each ``BertLayer`` -> one function computing the same without its 16 submodule
+                       calls, query/key/value as one GEMM (``encoder_layer``; checked per call:
                        gems/encoder_layer.py); BertForMaskedLM's loss -> ``cross_entropy``; with
                        ``layer_norm=True`` (opt-in, see `patch`): every ``nn.LayerNorm`` ->
                        ``gems.fused.layer_norm``, and in BertSelfOutput / BertOutput dropout(dense(h)) +
@@ -590,8 +590,9 @@ def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
     host-bound. Measured on an H200 (BERT-base training 32 x 128, gems.enable(), time vs ATen eager):
     1.065x faster with it, 1.239x without, 1.152x unpatched (docs/perf.md, 2026-11-27).
 
-    `encoder_layer` (BERT) runs each BertLayer as one function with the same ATen ops, for the same
-    reason: the host time of its 16 submodule calls (gems/encoder_layer.py says when it steps aside)."""
+    `encoder_layer` (BERT) runs each BertLayer as one function, with query, key and value as one GEMM,
+    for the same reason: the host time of its 16 submodule calls and of the backward's extra launches
+    (gems/encoder_layer.py says when it steps aside)."""
     opts = _options(dict(rms_norm=rms_norm, rope=rope, swiglu=swiglu, cross_entropy=cross_entropy,
                          fused_linear_cross_entropy=fused_linear_cross_entropy, layer_norm=layer_norm,
                          encoder_layer=encoder_layer))
