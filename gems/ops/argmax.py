@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..registry import FLOATS, INTS, Unsupported, register
-from ..runtime import kernel
+from ..runtime import backend, kernel
 from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, wrap_dim
 from .reduction import _cfg, _merge, _plan, _target_programs, geometry
 
@@ -189,9 +189,21 @@ def arg_outer(X, Y, YV, M, R, K, sM, sR, sK, r_per_split,
         tl.store(YV + out, v.to(YV.dtype.element_ty), mask=k < K)
 
 
+# few rows of a long last dim (a decode step's argmax over [1, 32000] logits): one program per row and no
+# second stage: (at most rows, at most R, tile width, warps), or None for reduction.geometry's split
+_ROWS = {"cuda": None, "interpreter": None}
+
+
 def _launch(x, y, plan, is_min):
     """Write the arg-reduction of x (read through `plan`) into the contiguous int64 y (M*K)."""
     M, sM, R, sR, K, sK = plan
+    rows = _ROWS[backend().name]
+    if K == 1 and rows is not None and M <= rows[0] and R <= rows[1]:
+        # one launch and no workspace: the host cost of a second stage outweighs its device time here
+        big = int(1 + (M - 1) * sM + (R - 1) * sR >= _INT64_FROM)
+        arg_inner[(M, 1)](x, None, y, None, M, R, sM, sR, R, is_min, False, False, big, 1,
+                          min(next_pow2(R), rows[2]), num_warps=rows[3])
+        return
     # the same tiles and R split as sum/amax (reduction.geometry)
     block_a, block_b, grid0, split, r_per = geometry(M, R, K, _target_programs(x.device))
     if K == 1:
