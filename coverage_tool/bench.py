@@ -128,7 +128,7 @@ class _Workload:
     """One built model and its workload; each method runs in the mode it is given (False: ATen, True: Gems)."""
 
     def __init__(self, bundle, kind: str, new_tokens: int, optimizer: str, include, exclude, patch: bool = False,
-                 patch_options=None):
+                 patch_options=None, keep_start: bool = True):
         import torch
         import gems
         self.torch, self.gems, self.b, self.kind, self.new_tokens = torch, gems, bundle, kind, new_tokens
@@ -143,7 +143,8 @@ class _Workload:
             params = [p for p in bundle.model.parameters() if p.requires_grad]
             self.opt = _make_optimizer(params, optimizer)
             # the agreement runs start both modes from these weights; dropped afterwards (peak memory)
-            self.start = {k: v.detach().clone() for k, v in bundle.model.state_dict().items()}
+            if keep_start:
+                self.start = {k: v.detach().clone() for k, v in bundle.model.state_dict().items()}
         else:
             bundle.model.eval()
 

@@ -220,6 +220,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "'gems[plot]'); `bench-plot` draws it from a saved JSON")
     out_opts(b, ("table", "json", "markdown"))
 
+    tu = sub.add_parser("tune", help="run a model's workloads once with Gems on so that every GEMM bucket they "
+                                     "call is tuned and stored on disk before serving or training")
+    tu.add_argument("model", help="built-in model or alias (llama2, bert, llava, aquila, llama-1.1b), a "
+                                  "config.json or a model folder")
+    tu.add_argument("--workloads", default="prefill,train",
+                    help="comma-separated, some of prefill, train, decode (default prefill,train)")
+    tu.add_argument("--device", default=None, help="default: cuda when available, else cpu (which tunes nothing)")
+    tu.add_argument("--size", choices=("full", "tiny"), default=None, help="default: tiny on cpu, full on cuda")
+    tu.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    tu.add_argument("--batch", type=_positive_int, default=1)
+    tu.add_argument("--seq-len", type=_positive_int, default=None,
+                    help="tokens per sequence: tune with the sizes you will run (default 128 full size, 8 tiny)")
+    tu.add_argument("--new-tokens", type=_positive_int, default=None, help="decode: tokens generated (default 4)")
+    tu.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    tu.add_argument("--patch", action="store_true", help="tune the calls of the model patched by gems.patch")
+    _patch_options_arg(tu)
+    out_opts(tu, ("table", "json"))
+
     bp = sub.add_parser("bench-plot", help="draw a saved `bench --format json` result as a bar chart (PNG)")
     bp.add_argument("json", help="a file written by `gems-coverage bench ... --format json -o FILE`")
     bp.add_argument("--output", "-o", required=True, help="the chart to write (PNG)")
@@ -518,6 +536,18 @@ def cmd_bench(a, ctx):
             f"{c['check']}: {c['detail']}" for c in r.agreement if not c["ok"]))
 
 
+def cmd_tune(a, ctx):
+    import torch
+
+    from . import tune as T
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    wls = _split(a.workloads) or []
+    r = T.tune(a.model, workloads=wls, device=device, size=a.size, dtype=a.dtype, batch=a.batch,
+               seq_len=a.seq_len, new_tokens=_new_tokens(a, "decode" in wls, "--workloads with decode"),
+               optimizer=a.optimizer, patch=_patch_arg(a), progress=ctx.say)
+    _emit(T.format_result(r, a.format), a.output, ctx)
+
+
 def _plot_available():
     from . import plot
     try:
@@ -617,7 +647,7 @@ def _quiet_stderr(quiet: bool):
 
 
 COMMANDS = {"trace": cmd_trace, "report": cmd_report, "roadmap": cmd_roadmap, "parity": cmd_parity,
-            "bench": cmd_bench, "bench-plot": cmd_bench_plot, "ops": cmd_ops}
+            "bench": cmd_bench, "bench-plot": cmd_bench_plot, "tune": cmd_tune, "ops": cmd_ops}
 
 
 def main(argv: Optional[list] = None) -> int:

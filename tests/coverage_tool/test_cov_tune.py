@@ -1,0 +1,40 @@
+"""gems-coverage tune: runs the workloads once with Gems on and reports what the autotune cache gained."""
+import json
+
+import pytest
+
+from coverage_tool import cli
+from coverage_tool import tune as T
+
+
+def test_added_counts_new_buckets_and_cublas_choices(tmp_path):
+    (tmp_path / "mm16-auto2.json").write_text(json.dumps({"a": {"BLOCK_M": 64}}))
+    before = T._snapshot(tmp_path)
+    (tmp_path / "mm16-auto2.json").write_text(json.dumps({"a": {"BLOCK_M": 64}, "b": {"aten": True},
+                                                           "c": {"BLOCK_M": 128}}))
+    (tmp_path / "mm32-auto2.json").write_text(json.dumps({"d": {"aten": True}}))
+    (tmp_path / "broken.json").write_text("{not json")
+    after = T._snapshot(tmp_path)
+    assert after["broken"] == {}
+    assert T._added(before, after) == {"mm16-auto2": {"tuned": 2, "aten": 1}, "mm32-auto2": {"tuned": 1, "aten": 1}}
+    assert T._added(after, after) == {}
+
+
+def test_tune_on_the_interpreter_runs_and_says_nothing_is_tuned(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMS_CACHE_DIR", str(tmp_path))
+    out = tmp_path / "t.json"
+    rc = cli.main(["-q", "tune", "llama2", "--device", "cpu", "--seq-len", "6", "--format", "json", "-o", str(out)])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert [w["workload"] for w in d["workloads"]] == ["prefill", "train"]
+    assert d["can_tune"] is False and all(w["tuned"] == 0 for w in d["workloads"])
+    assert "nothing is tuned or stored" in d["notes"][0]
+    assert d["cache"].startswith(str(tmp_path))
+
+
+@pytest.mark.parametrize("args,msg", [(["--workloads", "foo"], "unknown workload 'foo'"),
+                                      (["--workloads", "decode"], "needs a causal LM"),
+                                      (["--workloads", ""], "no workload given")])
+def test_tune_bad_input_is_exit_2(capsys, args, msg):
+    assert cli.main(["-q", "tune", "bert", "--device", "cpu", *args]) == 2
+    assert msg in capsys.readouterr().err
