@@ -398,8 +398,9 @@ def _version(name):
 
 
 # ------------------------------------------------------------------------------------------ the bench
-def _validate(model, workload, device, optimizer, new_tokens, include, exclude):
-    """Everything that is bad input, checked before anything is built (-> exit 2)."""
+def _validate(model, workload, device, optimizer, new_tokens, include, exclude, command="bench"):
+    """Everything that is bad input, checked before anything is built (-> exit 2); `command` names the
+    caller in the messages (bench, tune)."""
     import torch
     import models as M
     from . import gemsinfo
@@ -412,12 +413,13 @@ def _validate(model, workload, device, optimizer, new_tokens, include, exclude):
     except RuntimeError:
         raise M.ModelError(f"unknown device '{device}' (cuda or cpu)") from None
     if dev.type not in ("cuda", "cpu"):
-        raise M.ModelError("bench runs real kernels: --device cuda (full size) or cpu (tiny, Triton interpreter)")
+        raise M.ModelError(f"{command} runs real kernels: --device cuda (full size) or cpu (tiny, Triton "
+                           f"interpreter)")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise M.ModelError("--device cuda: no CUDA device on this machine")
     info = gemsinfo.load()
     if not info.available:
-        raise M.ModelError(f"bench needs Gems: {info.error}")
+        raise M.ModelError(f"{command} needs Gems: {info.error}")
     if info.backend_device != dev.type:
         why = info.error or f"the active Gems backend '{info.backend}' serves {info.backend_device} tensors"
         raise M.ModelError(f"Gems cannot run on device {device}: {why}")
@@ -430,7 +432,7 @@ def _validate(model, workload, device, optimizer, new_tokens, include, exclude):
     import gems
     if gems.is_enabled():
         # the ATen turns unregister Gems, which would also switch off the caller's gems.enable()
-        raise M.ModelError("bench needs Gems off outside its own runs (gems.enable() is active)")
+        raise M.ModelError(f"{command} needs Gems off outside its own runs (gems.enable() is active)")
     try:
         gems.use_gems(include=include, exclude=exclude)   # resolves the names; registers nothing
     except (ValueError, AttributeError, RuntimeError) as e:

@@ -62,10 +62,7 @@ def tune(model: str, *, workloads=("prefill", "train"), device: str = "cuda", si
     if not workloads:
         raise M.ModelError(f"tune: no workload given ({', '.join(WORKLOADS)})")
     popts, patch = patch_options(patch), patched(patch)
-    try:
-        checked = [(w, _validate(model, w, device, optimizer, new_tokens, None, None)) for w in workloads]
-    except M.ModelError as e:   # bench's checks, named for this command
-        raise M.ModelError(str(e).replace("bench ", "tune ", 1)) from None
+    checked = [(w, _validate(model, w, device, optimizer, new_tokens, None, None, command="tune")) for w in workloads]
     recipe, on_cuda = checked[0][1]
     size, dtype_name, _, seq_len = M.run_defaults("cuda" if on_cuda else "cpu", size, dtype, seq_len)
     be = backend()

@@ -438,8 +438,9 @@ class _Patcher:
         self.patch_layer_norms(root, prefix)
 
     def patch_bert_layers(self, root, prefix: str, modeling):
-        """Each BertLayer as one function (gems/encoder_layer.py): the same ATen ops without its 16
-        submodule calls; it checks on every call that it computes exactly what the class's forward would."""
+        """Each BertLayer as one function (gems/encoder_layer.py): its computation without the 16 submodule
+        calls, query/key/value as one GEMM; it checks on every call that it computes what the class's
+        forward would, and runs that forward otherwise."""
         from transformers.activations import GELUActivation
 
         from .encoder_layer import make_bert_layer_forward

@@ -34,7 +34,8 @@ def test_tune_on_the_interpreter_runs_and_says_nothing_is_tuned(tmp_path, monkey
 
 @pytest.mark.parametrize("args,msg", [(["--workloads", "foo"], "unknown workload 'foo'"),
                                       (["--workloads", "decode"], "needs a causal LM"),
-                                      (["--workloads", ""], "no workload given")])
+                                      (["--workloads", ""], "no workload given"),
+                                      (["--device", "meta"], "tune runs real kernels")])
 def test_tune_bad_input_is_exit_2(capsys, args, msg):
     assert cli.main(["-q", "tune", "bert", "--device", "cpu", *args]) == 2
     assert msg in capsys.readouterr().err
