@@ -16,7 +16,8 @@ Implementations:
   upcast (aten-hf), gems.fused.cross_entropy (and gems-2pass: its forward forced to stream each row
   twice instead of holding it in registers, to choose the default), LigerCrossEntropyFunction (it
   overwrites its input with the gradient; given its own copy of the logits).
-- fused linear CE: logits = hidden @ W.T then the above (aten, aten-hf) / gems.fused.fused_linear_cross_entropy /
+- fused linear CE: logits = hidden @ W.T then the above (aten, aten-hf) / gems.fused.fused_linear_cross_entropy
+  (gems: its default chunks; gems-lowmem: chunk_size="low_memory", Liger's rule) /
   LigerFusedLinearCrossEntropyFunction. "fwd" runs under torch.no_grad() (an eval loss); "fwd+bwd"
   asks for d(hidden) and d(W).
 """
@@ -209,6 +210,8 @@ def main(argv=None):
             "aten": mk_fl(lambda h, w, t: F.cross_entropy(h @ w.t(), t)),
             "aten-hf": mk_fl(lambda h, w, t: F.cross_entropy((h @ w.t()).float(), t)),
             "gems": mk_fl(lambda h, w, t: gloss.fused_linear_cross_entropy(h, w, t)),
+            # Liger's chunk rule (its peak memory): the time-for-memory trade-off beside the default
+            "gems-lowmem": mk_fl(lambda h, w, t: gloss.fused_linear_cross_entropy(h, w, t, chunk_size="low_memory")),
         }
         if liger:
             impls["liger"] = mk_fl(lambda h, w, t: liger["flce"].apply(h, w, t, None, None, -100, 0.0, 0.0, "mean")[0])

@@ -241,6 +241,15 @@ def test_flce_default_chunk_and_frozen_weight():
     (g2,) = torch.autograd.grad(ref, h2)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(g, g2, rtol=1e-5, atol=1e-6)
+    # the low-memory rule gives the same result (one chunk here too: N is small)
+    lo = fused_linear_cross_entropy(h, w, t, chunk_size="low_memory")
+    torch.testing.assert_close(lo, ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="low_memory"):
+        fused_linear_cross_entropy(h, w, t, chunk_size="small")
+    with pytest.raises(ValueError, match="low_memory"):
+        fused_linear_cross_entropy(h, w, t, chunk_size=True)
+    assert L.default_chunk(N) == N
+    assert L.default_chunk(4096) == 2048 and L.default_chunk(2048) == 2048 and L.default_chunk(100000) == 2048
     assert L.chunk_rows(N, H, V) == N
     assert L.chunk_rows(4096, 4096, 32000) == 512
     assert L.chunk_rows(1024, 4096, 128256) == 256
