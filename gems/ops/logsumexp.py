@@ -45,7 +45,8 @@ def logsumexp_kernel(X, Y, N, K, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
     s = tl.zeros([BLOCK_K, 1], tl.float32)
     for start in range(0, N, BLOCK_N):
         mask = kmask & (n + start < N)
-        x = tl.load(X + base + (n + start) * K, mask=mask, other=-float("inf")).to(tl.float32)
+        # int64: N x K may pass 2**31 elements within one m
+        x = tl.load(X + base + (n + start).to(tl.int64) * K, mask=mask, other=-float("inf")).to(tl.float32)
         mx = tl.maximum(mx, tl.max(x, 1)[:, None])
         c_new = tl.where(tl.abs(mx) == float("inf"), 0.0, mx)
         # exp(c - c_new) rescales the sum so far; with s = 0 (all -inf so far) it stays 0
