@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..registry import FLOATS, register
+from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
 from ..runtime.autotune import Autotuner, bench_ms
 from ..runtime.utils import cdiv, next_pow2, num_warps_for, prepare_out, wrap_dim
@@ -144,12 +144,20 @@ def _geometry(shape, dim):
     return M, N, K, block_k, block_n
 
 
+def _offsets_fit(N, K):
+    """The kernels address a row block with 32-bit offsets n * K (only m is 64-bit): N x K elements
+    past 2**31 (e.g. softmax over dim 0 of a [70000, 32000] tensor) go to ATen rather than wrap."""
+    if N * K >= 2**31:
+        raise Unsupported("N x K >= 2**31 elements (32-bit offsets within a row block)")
+
+
 def _launch_fwd(x, dim, out_dtype, log, out=None, safe=False):
     y = prepare_out(out, x.shape, out_dtype, x.device)
     if x.numel() == 0:
         return y
     x = x.contiguous()
     M, N, K, bk, bn = _geometry(x.shape, dim)
+    _offsets_fit(N, K)
     grid, args = (M, cdiv(K, bk)), (x, y, N, K, log, safe, bk, bn, N <= bn)
     softmax_fwd.run(grid, args, _warps("fwd", x, M, bk, bn, lambda w: softmax_fwd.run(grid, args, w)))
     return y
@@ -163,6 +171,7 @@ def _launch_bwd(grad, y, dim, in_dtype, log, out=None):
         raise RuntimeError(f"grad_output shape {list(grad.shape)} does not match output shape {list(y.shape)}")
     grad, y = grad.contiguous(), y.contiguous()
     M, N, K, bk, bn = _geometry(y.shape, dim)
+    _offsets_fit(N, K)
     grid, args = (M, cdiv(K, bk)), (grad, y, dx, N, K, log, bk, bn, N <= bn)
     softmax_bwd.run(grid, args, _warps("bwd", y, M, bk, bn, lambda w: softmax_bwd.run(grid, args, w)))
     return dx
