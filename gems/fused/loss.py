@@ -448,6 +448,10 @@ def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoot
             raise NotImplementedError("cross_entropy: gradients with respect to the class weights are not supported")
         weight = weight.detach().contiguous()
     d = _divisor(divisor, reduction, logits.device, "cross_entropy")
+    if (V - 1) * abs(logits.stride(1)) >= 2**31:
+        # the kernels' column offsets (cols x stride) are 32-bit; rows are 64-bit: a column-strided view
+        # this wide (e.g. a [V, N] buffer's transpose) is read from a contiguous copy instead
+        logits = logits.contiguous()
     return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), reduction, out_dtype, d,
                                torch.is_grad_enabled(), weight)
 

@@ -176,7 +176,24 @@ def _validate(q, k, v, bias, dropout_p):
             torch.broadcast_shapes(tuple(bias.shape), (B, Hq, Sq, Sk))
         except RuntimeError:
             raise Unsupported("attn_bias not broadcastable") from None
+    # the kernels keep batch and head offsets in 64 bits but position x stride in 32 (a full [Sq, Sk]
+    # mask of 46341 x 46341, or Q in Hugging Face's [B, S, H, D] layout past (S - 1) x H x D = 2**31):
+    # an operand or result addressing 2**31 elements or more goes to ATen instead of wrapping
+    if max(B * Hq * Sq * D, B * Hkv * Sk * D) >= _I32:
+        raise Unsupported("2**31 elements or more (32-bit offsets)")
+    _offsets_fit(q, k, v, bias)
     return B, Hq, Hkv, Sq, Sk, D
+
+
+_I32 = 2**31
+
+
+def _offsets_fit(*ts):
+    """Raise Unsupported when a tensor's addressed range (first to last element, by its strides) reaches
+    2**31 elements: the kernels' 32-bit position offsets would wrap."""
+    for t in ts:
+        if t is not None and 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 1) >= _I32:
+            raise Unsupported("2**31 elements or more (32-bit offsets)")
 
 
 def _bias_args(bias, q, B, Hq, Sq, Sk):
@@ -281,6 +298,7 @@ def _forward(q, k, v, bias, causal, scale, o, lse):
 
 
 def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv):
+    _offsets_fit(do, o)    # (q, k, v and the bias were checked by _validate)
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     group = Hq // Hkv

@@ -372,6 +372,33 @@ def test_unsupported_inputs_fall_back():
     assert_close(y, ref_attention(*(q.double(),) * 3, scale=-0.5), torch.float32)
 
 
+def test_operands_past_32_bit_offsets_go_to_aten():
+    # positions x strides are 32-bit in the kernels: an operand addressing 2**31 elements or more must be
+    # refused (Unsupported -> ATen), not wrap. Meta tensors: the sizes are real, no memory is allocated.
+    from gems.registry import Unsupported
+
+    def meta(shape, strides):
+        return torch.empty_strided(shape, strides, dtype=torch.bfloat16, device="meta")
+    # Q as a view of a fused [B, S, 3, H, D] QKV projection, seen as [B, H, S, D]: (S - 1) x 3HD >= 2**31
+    # while Q itself (and O) holds under 2**31 elements
+    S, H, D = 174764, 32, 128
+    q = meta((1, H, S, D), (S * 3 * H * D, D, 3 * H * D, 1))
+    assert q.numel() < 2**31
+    kv = meta((1, H, 128, D), (128 * H * D, 128 * D, D, 1))
+    with pytest.raises(Unsupported, match=r"2\*\*31"):
+        A._validate(q, kv, kv, None, 0.0)
+    # a full [Sq, Sk] mask of 46341 x 46341 with small Q/K/V strides
+    n = 46341
+    q = meta((1, 1, n, 64), (n * 64, n * 64, 64, 1))
+    mask = meta((1, 1, n, n), (n * n, n * n, n, 1)).bool()
+    with pytest.raises(Unsupported, match=r"2\*\*31"):
+        A._validate(q, q, q, mask, 0.0)
+    # just under: accepted
+    q = meta((1, 1, 4096, 64), (4096 * 64, 4096 * 64, 64, 1))
+    assert A._validate(q, q, q, meta((1, 1, 4096, 4096), (0, 0, 4096, 1)), 0.0) == (1, 1, 1, 4096, 4096, 64)
+    A._offsets_fit(meta((2**15, 2**16 - 1), (2**16 - 1, 1)))
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the CUDA overloads have no CPU kernel (their wrappers are checked above)")
 @pytest.mark.parametrize("sdp", ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"])
 @pytest.mark.parametrize("case", ["causal_ragged", "gqa_causal", "bool_pad", "big_causal", "causal_sq<sk"])
