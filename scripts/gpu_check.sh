@@ -5,8 +5,8 @@
 #   bash scripts/gpu_check.sh                    # everything (about 15-20 min on an H100)
 #   bash scripts/gpu_check.sh suite models       # only some parts
 #
-# Parts: suite (GEMS_TEST_DEVICE=cuda pytest; suite1 and suite2: each half of it, for runs under a time
-# limit), kernels (benchmarks.run and benchmarks.model_ops), gemm (benchmarks.gemm on the
+# Parts: suite (GEMS_TEST_DEVICE=cuda pytest; suite1 and suite2: each half of it, third1-third3: each a
+# third, for runs under a time limit: on an H100 with 16 workers a half took over 330 s on 2026-11-27), kernels (benchmarks.run and benchmarks.model_ops), gemm (benchmarks.gemm on the
 # model GEMMs), host (per-call host cost), fused (gems.fused vs ATen and Liger, when those modules
 # exist), attention (benchmarks.attention, when it exists), models (gems-coverage bench: Llama-2-7B
 # prefill and decode, TinyLlama-1.1B training, BERT training at the sizes of docs/perf.md), patched
@@ -56,11 +56,17 @@ suite() {  # tag files...
 # whole suite takes about 8 minutes with 16 workers, more than one 10-minute call leaves beside set-up)
 FILES=(tests/core/test_*.py tests/ops/test_*.py tests/codegen/test_*.py)
 [ -d tests/fused ] && FILES+=(tests/fused/test_*.py)
-HALF1=(); HALF2=()
-for i in "${!FILES[@]}"; do if (( i % 2 )); then HALF2+=("${FILES[$i]}"); else HALF1+=("${FILES[$i]}"); fi; done
+HALF1=(); HALF2=(); THIRD1=(); THIRD2=(); THIRD3=()
+for i in "${!FILES[@]}"; do
+  if (( i % 2 )); then HALF2+=("${FILES[$i]}"); else HALF1+=("${FILES[$i]}"); fi
+  case $(( i % 3 )) in 0) THIRD1+=("${FILES[$i]}");; 1) THIRD2+=("${FILES[$i]}");; 2) THIRD3+=("${FILES[$i]}");; esac
+done
 want suite && suite suite "${FILES[@]}"
 want suite1 && suite suite1 "${HALF1[@]}"
 want suite2 && suite suite2 "${HALF2[@]}"
+want third1 && suite third1 "${THIRD1[@]}"
+want third2 && suite third2 "${THIRD2[@]}"
+want third3 && suite third3 "${THIRD3[@]}"
 if want kernels; then
   step kernels
   $PY -m benchmarks.run --json "$OUTDIR/kernels.json" --no-host > "$OUTDIR/kernels.txt" 2>&1
