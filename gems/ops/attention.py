@@ -60,7 +60,7 @@ import torch
 from ..registry import FLOATS, Unsupported, register
 from ..runtime import kernel
 from ..runtime.alloc import empty
-from ..runtime.utils import cdiv, next_pow2, sm_count
+from ..runtime.utils import cdiv, next_pow2, sm_count, span
 from . import _attention_kernels as K
 
 _fwd = kernel(K.attn_fwd)
@@ -191,9 +191,8 @@ _I32 = 2**31
 def _offsets_fit(*ts):
     """Raise Unsupported when a tensor's addressed range (first to last element, by its strides) reaches
     2**31 elements: the kernels' 32-bit position offsets would wrap."""
-    for t in ts:
-        if t is not None and 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 1) >= _I32:
-            raise Unsupported("2**31 elements or more (32-bit offsets)")
+    if any(t is not None and span(t) >= _I32 for t in ts):
+        raise Unsupported("2**31 elements or more (32-bit offsets)")
 
 
 def _bias_args(bias, q, B, Hq, Sq, Sk):

@@ -33,7 +33,7 @@ from ..codegen.generator import number_misfit
 from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
 from ..runtime.autotune import Autotuner, bench_ms
-from ..runtime.utils import cdiv, next_pow2, prepare_out
+from ..runtime.utils import cdiv, next_pow2, prepare_out, span
 
 _I32_MAX = 2**31 - 1
 
@@ -245,11 +245,6 @@ def _precision(dtype):
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _span(t):
-    """Largest element offset a tensor view reaches (+1): what the kernel's offsets must hold."""
-    return 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()) if s > 0)
-
-
 def _layout(s_row, s_col):
     return "r" if s_col == 1 else ("c" if s_row == 1 else "s")
 
@@ -276,7 +271,7 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
     has_bias = bias is not None and beta != 0
     if not has_bias:
         bias = c  # never read; any valid pointer keeps the argument list fixed
-    i64 = max(_span(a), _span(b), _span(c), _span(bias)) > _I32_MAX
+    i64 = max(span(a), span(b), span(c), span(bias)) > _I32_MAX
     prec = precision or _precision(a.dtype)
     sa, sb, sc = _s3(a), _s3(b), _s3(c)
     sx = _s3(bias) if has_bias else (0, 0, 0)

@@ -41,7 +41,7 @@ import triton.language as tl
 
 from ..registry import FLOATS, INTS, Unsupported, register
 from ..runtime import backend, kernel
-from ..runtime.utils import cdiv, empty, next_pow2, resize_like_aten, wrap_dim
+from ..runtime.utils import cdiv, empty, next_pow2, resize_like_aten, span, wrap_dim
 
 ALL = FLOATS + INTS + (torch.bool, torch.float64)
 _SLOTS = 4
@@ -199,13 +199,9 @@ _ORDERS = {torch.channels_last: (0, 2, 3, 1), torch.channels_last_3d: (0, 2, 3, 
 def _overlap(a, b) -> bool:
     if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
-    lo_a, hi_a = a.data_ptr(), a.data_ptr() + _span(a) * a.element_size()
-    lo_b, hi_b = b.data_ptr(), b.data_ptr() + _span(b) * b.element_size()
+    lo_a, hi_a = a.data_ptr(), a.data_ptr() + span(a) * a.element_size()
+    lo_b, hi_b = b.data_ptr(), b.data_ptr() + span(b) * b.element_size()
     return lo_a < hi_b and lo_b < hi_a
-
-
-def _span(t) -> int:
-    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
 
 
 def _dense(t) -> bool:
@@ -357,7 +353,7 @@ def cat(tensors, dim=0, *, out=None):
             if f is None or g is None:
                 raise Unsupported("an input whose strides need more than two groups per side")
             slots.append((t, c * inner, off * inner, f, g))
-            big = big or _span(t) >= _INT64_FROM
+            big = big or span(t) >= _INT64_FROM
         off += c
     br, bw, nw = _tiles(R, max(s[1] for s in slots), be)
     rt = cdiv(R, br)
@@ -406,7 +402,7 @@ def cat_uniform(ref, tensors, dim, out=None):
     g = _groups([(sz[i], st[i]) for i in order[p:]], 2)
     if f is None or g is None:
         raise Unsupported("an input whose strides need more than two groups per side")
-    big = R * wtot >= _INT64_FROM or _span(ref) >= _INT64_FROM
+    big = R * wtot >= _INT64_FROM or span(ref) >= _INT64_FROM
     br, bw, nw = _tiles(R, w, backend())
     tiles = cdiv(R, br) * cdiv(w, bw)
     if n == 2:

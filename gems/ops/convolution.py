@@ -35,7 +35,7 @@ from torch._prims_common import suggest_memory_format
 from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
 from ..runtime.autotune import Autotuner, bench_ms
-from ..runtime.utils import cdiv, empty, next_pow2
+from ..runtime.utils import cdiv, empty, next_pow2, span
 from . import blas, copy, reduction
 
 
@@ -309,7 +309,7 @@ _INT64_FROM = blas._I32_MAX
 
 
 def _i64(*ts):
-    return max(blas._span(t) for t in ts) > _INT64_FROM
+    return max(span(t) for t in ts) > _INT64_FROM
 
 
 def _conv_fwd(x, weight, bias, p):

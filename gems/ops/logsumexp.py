@@ -14,21 +14,23 @@ Bytes: N x M x K elements read once, M x K written (the composite reads the inpu
 writes/reads three temporaries of its size).
 
 Served: float inputs, one dim or adjacent dims (after wrapping; any order), 0-dim inputs. Integer
-inputs (ATen converts them to the default float dtype), non-adjacent dims and dim=[] on a tensor with
-dims (ATen raises there) run ATen's composite, counted. Backward is autograd's formula
+inputs (ATen converts them to the default float dtype), non-adjacent dims, dim=[] on a tensor with
+dims (ATen raises there) and N x K >= 2**31 (32-bit offsets within a row block, softmax's geometry
+check) run ATen's composite, counted. Backward is autograd's formula
 (grad * exp(x - y)) over Gems' pointwise ops.
 """
 from __future__ import annotations
 
 import functools
+import math
 
-import torch
 import triton
 import triton.language as tl
 
 from ..registry import FLOATS, Unsupported, register
-from ..runtime import backend, kernel
-from ..runtime.utils import cdiv, next_pow2, num_warps_for, prepare_out, wrap_dims
+from ..runtime import kernel
+from ..runtime.utils import cdiv, num_warps_for, prepare_out, wrap_dims
+from .softmax import _geometry as softmax_geometry
 
 
 @kernel
@@ -45,8 +47,7 @@ def logsumexp_kernel(X, Y, N, K, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
     s = tl.zeros([BLOCK_K, 1], tl.float32)
     for start in range(0, N, BLOCK_N):
         mask = kmask & (n + start < N)
-        # int64: N x K may pass 2**31 elements within one m
-        x = tl.load(X + base + (n + start).to(tl.int64) * K, mask=mask, other=-float("inf")).to(tl.float32)
+        x = tl.load(X + base + (n + start) * K, mask=mask, other=-float("inf")).to(tl.float32)
         mx = tl.maximum(mx, tl.max(x, 1)[:, None])
         c_new = tl.where(tl.abs(mx) == float("inf"), 0.0, mx)
         # exp(c - c_new) rescales the sum so far; with s = 0 (all -inf so far) it stays 0
@@ -59,24 +60,13 @@ def logsumexp_kernel(X, Y, N, K, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
 @functools.lru_cache(maxsize=4096)
 def _geometry(shape, dims):
     """(M, N, K, BLOCK_K, BLOCK_N, num_warps) for reducing the adjacent `dims` of a contiguous
-    tensor of `shape` (memoized per signature), or None when the dims are not adjacent."""
+    tensor of `shape` (memoized per signature): softmax's tiles for the merged (M, N, K) view, or None
+    when the dims are not adjacent."""
     lo, hi = min(dims, default=0), max(dims, default=-1)
     if hi - lo + 1 != len(dims):
         return None
-    M = N = K = 1
-    for i, s in enumerate(shape):
-        if i < lo:
-            M *= s
-        elif i <= hi:
-            N *= s
-        else:
-            K *= s
-    max_block = backend().config("row")["max_block"]
-    if K == 1:
-        bk, bn = 1, min(next_pow2(N), max_block)
-    else:
-        bk = min(next_pow2(K), 64)
-        bn = min(next_pow2(N), max(max_block // bk, 1))
+    M, N, K = (math.prod(shape[:lo]), math.prod(shape[lo:hi + 1]), math.prod(shape[hi + 1:]))
+    _, _, _, bk, bn = softmax_geometry((M, N, K), 1)
     return M, N, K, bk, bn, num_warps_for(bk * bn)
 
 

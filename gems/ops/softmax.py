@@ -134,6 +134,7 @@ def _geometry(shape, dim):
     M = 1
     for s in shape[:dim]:
         M *= s
+    _offsets_fit(N, K)    # once per signature (a raise is not memoized: such calls go to ATen each time)
     max_block = backend().config("row")["max_block"]
     if K == 1:
         block_k = 1
@@ -157,7 +158,6 @@ def _launch_fwd(x, dim, out_dtype, log, out=None, safe=False):
         return y
     x = x.contiguous()
     M, N, K, bk, bn = _geometry(x.shape, dim)
-    _offsets_fit(N, K)
     grid, args = (M, cdiv(K, bk)), (x, y, N, K, log, safe, bk, bn, N <= bn)
     softmax_fwd.run(grid, args, _warps("fwd", x, M, bk, bn, lambda w: softmax_fwd.run(grid, args, w)))
     return y
@@ -171,7 +171,6 @@ def _launch_bwd(grad, y, dim, in_dtype, log, out=None):
         raise RuntimeError(f"grad_output shape {list(grad.shape)} does not match output shape {list(y.shape)}")
     grad, y = grad.contiguous(), y.contiguous()
     M, N, K, bk, bn = _geometry(y.shape, dim)
-    _offsets_fit(N, K)
     grid, args = (M, cdiv(K, bk)), (grad, y, dx, N, K, log, bk, bn, N <= bn)
     softmax_bwd.run(grid, args, _warps("bwd", y, M, bk, bn, lambda w: softmax_bwd.run(grid, args, w)))
     return dx

@@ -61,6 +61,12 @@ def target_programs(cfg, device) -> int:
     return cfg["programs_per_sm"] * sm_count(device)
 
 
+def span(t) -> int:
+    """Elements from a tensor view's first to its last addressed element, inclusive (by its strides):
+    what a kernel's element offsets must hold (past 2**31 - 1 they need 64 bits)."""
+    return 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
+
+
 def wrap_dim(dim: int, ndim: int) -> int:
     """ATen's dim wrapping: 0-dim tensors accept dim 0 and -1; out of range is an IndexError."""
     n = max(ndim, 1)

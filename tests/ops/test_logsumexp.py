@@ -81,3 +81,13 @@ def test_rejects_like_aten():
     x = make((2, 3))
     raises_like_aten([lambda: torch.logsumexp(x, 2), lambda: torch.logsumexp(x, [0, 0]),
                       lambda: torch.logsumexp(x, [])])
+
+
+def test_row_blocks_past_32_bit_offsets_go_to_aten():
+    # softmax's geometry check: N x K >= 2**31 elements in one row block would wrap the kernel's 32-bit
+    # offsets, so such calls go to ATen (the tensors are too large to allocate here)
+    from gems.ops import logsumexp as L
+    from gems.registry import Unsupported
+    with pytest.raises(Unsupported):
+        L._geometry((70000, 32000), (0,))
+    assert L._geometry((7, 33), (1,))[:3] == (7, 33, 1)
