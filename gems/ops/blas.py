@@ -33,23 +33,27 @@ from ..codegen.generator import number_misfit
 from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
 from ..runtime.autotune import Autotuner, bench_ms
-from ..runtime.utils import cdiv, next_pow2, prepare_out, span
+from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, sm_count, span
 
 _I32_MAX = 2**31 - 1
 
 
 @kernel
 @triton.jit
-def matmul_kernel(A, B, C, Bias, M, N, K, alpha, beta,
-                  s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn, s_xb, s_xm, s_xn,
+def matmul_kernel(A, B, C, Bias, M, N, K, k_per, alpha, beta,
+                  s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cs, s_cb, s_cm, s_cn, s_xb, s_xm, s_xn,
                   HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr, I64: tl.constexpr,
+                  SPLIT_K: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """C[b, m, n] = alpha * sum_k A[b, m, k] * B[b, k, n] + beta * Bias[b, m, n]   (fp32 accumulation).
 
-    Program id -> (batch, tile); tiles of one batch are ordered in groups of GROUP_M tile-rows so that
-    consecutive programs share B column-panels and A row-panels in L2.
+    Program id 0 -> (batch, tile); tiles of one batch are ordered in groups of GROUP_M tile-rows so
+    that consecutive programs share B column-panels and A row-panels in L2. Program id 1 -> the K
+    split: with SPLIT_K > 1 split s sums k in [s * k_per, (s + 1) * k_per) and stores its raw fp32
+    partial at C + s * s_cs (a workspace; `splitk_reduce_kernel` adds the splits and the epilogue).
     """
     pid = tl.program_id(0)
+    split = tl.program_id(1)
     grid_m = tl.cdiv(M, BLOCK_M)
     grid_n = tl.cdiv(N, BLOCK_N)
     tiles = grid_m * grid_n
@@ -71,52 +75,99 @@ def matmul_kernel(A, B, C, Bias, M, N, K, alpha, beta,
     b64 = batch.to(tl.int64)
     mask_m = rm < M
     mask_n = rn < N
-    a_ptrs = A + b64 * s_ab + (rm[:, None] * s_am + rk[None, :] * s_ak)
-    b_ptrs = B + b64 * s_bb + (rk[:, None] * s_bk + rn[None, :] * s_bn)
+    k0 = split * k_per          # k_per == K without a split; a multiple of BLOCK_K with one
+    k_len = tl.minimum(K - k0, k_per)
+    a_ptrs = A + b64 * s_ab + (rm[:, None] * s_am + (k0 + rk[None, :]) * s_ak)
+    b_ptrs = B + b64 * s_bb + ((k0 + rk[:, None]) * s_bk + rn[None, :] * s_bn)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # whole K tiles without a K mask: a mask along K (the contiguous axis of a row-major A) would cost
     # the 16-byte vector loads in every iteration (K = 100008, Aquila's vocab, ran 2.5x cuBLAS's time)
-    for k in range(0, K // BLOCK_K):
+    for k in range(0, k_len // BLOCK_K):
         a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
         b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
     if not EVEN_K:
-        # the K tail, peeled: the only masked iteration
-        k_left = K % BLOCK_K
-        a = tl.load(a_ptrs, mask=mask_m[:, None] & (rk[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & mask_n[None, :], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        # the K tail, peeled: the only masked iteration (only the last split has one)
+        k_left = k_len % BLOCK_K
+        if k_left > 0:
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & (rk[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & mask_n[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
 
-    acc = acc * alpha
     mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K > 1:
+        w_ptrs = C + split * s_cs + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn)
+        tl.store(w_ptrs, acc, mask=mask)
+    else:
+        acc = acc * alpha
+        if HAS_BIAS:
+            x = tl.load(Bias + b64 * s_xb + (rm[:, None] * s_xm + rn[None, :] * s_xn), mask=mask, other=0.0)
+            acc += beta * x.to(tl.float32)
+        c_ptrs = C + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn)
+        tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
+
+
+@kernel
+@triton.jit
+def splitk_reduce_kernel(W, C, Bias, M, N, alpha, beta, s_ws, s_cb, s_cm, s_cn, s_xb, s_xm, s_xn,
+                         HAS_BIAS: tl.constexpr, I64: tl.constexpr, SPLIT_K: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """C[b, m, n] = alpha * sum_s W[s, b, m, n] + beta * Bias[b, m, n]: the split-K epilogue.
+
+    W is the contiguous fp32 workspace [SPLIT_K, batch, M, N] (split stride s_ws). Bytes: 4 * SPLIT_K
+    read + one result written per element, against the GEMM's K / SPLIT_K operand reads per element.
+    """
+    pid = tl.program_id(0)
+    batch = tl.program_id(1)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    rm = (pid // grid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = (pid % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if I64:
+        rm = rm.to(tl.int64)
+        rn = rn.to(tl.int64)
+    b64 = batch.to(tl.int64)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    w_ptrs = W + b64 * M * N + (rm[:, None] * N + rn[None, :])
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):   # fixed order: the sum is deterministic
+        acc += tl.load(w_ptrs + s * s_ws, mask=mask, other=0.0)
+    acc = acc * alpha
     if HAS_BIAS:
         x = tl.load(Bias + b64 * s_xb + (rm[:, None] * s_xm + rn[None, :] * s_xn), mask=mask, other=0.0)
         acc += beta * x.to(tl.float32)
-    c_ptrs = C + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn)
-    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
+    tl.store(C + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn), acc.to(C.dtype.element_ty), mask=mask)
 
 
-def _cfg(bm, bn, bk, warps, stages, group=8):
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_warps": warps, "num_stages": stages}
+def _cfg(bm, bn, bk, warps, stages, group=8, split=1):
+    c = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_warps": warps, "num_stages": stages}
+    if split > 1:
+        c["SPLIT_K"] = split
+    return c
 
 
 # Search spaces per backend (kept here rather than in backends.py: the autotuner owns them).
 # 16-bit inputs on Hopper: 128x256x64 / 8 warps is the classic wgmma-friendly tile (2 warpgroups, each
 # 64x256); 3-4 stages of (128 + 256) x 64 x 2 B = 48 KiB fit in 228 KiB of shared memory. Smaller tiles
-# win for skinny or small problems (more programs than SMs).
+# win for skinny or small problems (more programs than SMs), and a K split where even those leave SMs
+# idle (M = 256-577 with N <= 2048: BERT/CLIP-sized layers, weight gradients). The list is every config
+# that was fastest for at least one of the models' 85 GEMM shapes in a sweep of 30 (H200, 2026-11-28).
 _CONFIGS_16 = [
     _cfg(128, 256, 64, 8, 3),
     _cfg(128, 256, 64, 8, 4),
-    _cfg(256, 128, 64, 8, 3),
+    _cfg(128, 256, 64, 8, 3, group=16),
+    _cfg(256, 128, 64, 8, 4),
+    _cfg(128, 128, 64, 8, 3),
     _cfg(128, 128, 64, 8, 4),
-    _cfg(128, 128, 64, 4, 4),
-    _cfg(64, 256, 64, 4, 4),
+    _cfg(128, 128, 64, 8, 5),
+    _cfg(64, 128, 128, 4, 3),
     _cfg(128, 64, 64, 4, 4),
     _cfg(64, 128, 64, 4, 4),
     _cfg(64, 64, 64, 4, 4),
+    _cfg(64, 128, 64, 4, 4, split=2),
+    _cfg(64, 128, 64, 4, 4, split=4),
 ]
 # fp32: twice the bytes per element, so BLOCK_K 32 keeps the same shared-memory footprint
 _CONFIGS_32 = [
@@ -136,16 +187,35 @@ _INTERP_CONFIG = _cfg(32, 32, 32, 4, 1, group=4)
 _SMALL = {16: _cfg(64, 64, 64, 4, 3), 32: _cfg(64, 64, 32, 4, 3)}
 
 
-def _skinny(N, itemsize):
-    """Decode GEMMs (M <= 16, one batch): the weight stream is the whole cost, so a 16-row tile, narrow
-    N tiles (enough programs to cover every SM: 4096 / 32 = 128 on 132 SMs) and deep K steps with 4
-    stages in flight. Measured on an H200 at M=1 (bf16, us, ATen / this): 4096x4096 18.8 / 18.0,
-    K=11008 -> 4096 36.4 / 36.0, 4096 -> 11008 34 / 33.6. Small N (GQA k/v projections) would need
-    split-K, which this kernel does not do yet."""
+def _skinny(N, K, itemsize, sms):
+    """Decode GEMMs (M <= 16, one batch): the weight stream is the whole cost, so a 16-row tile, deep K
+    steps with 4 stages in flight, and N tiles narrow enough that every SM gets a program (4096 / 32 =
+    128 on 132 SMs) but, for wide N (vocab projections), 128 wide. H200 sweep, 2026-11-28 (bf16, M = 1 /
+    4 / 16, time / cuBLAS's): N = 4096: 0.96 / 0.97 / 0.91 (16x32x256); N = 11008: 1.00 / 1.00 / 0.98
+    and N = 32000: 0.98 / 0.98 / 0.98 (16x128x128, was 1.05 with 16x64x128). Where N gives fewer
+    tiles than half the SMs (GQA k/v projections, N = 256-1024) K is split so that about one program
+    runs per SM."""
     wide = N >= 8192
+    bn = 128 if wide else 32
     bk = (128 if wide else 256) // (1 if itemsize <= 2 else 2)
-    return _cfg(16, 64 if wide else 32, bk, 4, 4)
+    tiles = cdiv(N, bn)
+    split = min(cdiv(sms, tiles), 8) if 2 * tiles <= sms else 1
+    return _cfg(16, bn, bk, 4, 4, split=split)
+
+
 _TUNE_MIN_MACS = 2**27
+# the split-K epilogue's tile: 32 rows x 128 contiguous fp32 columns (512-byte row segments)
+_RED_M, _RED_N = 32, 128
+
+
+def split_k(split, K, block_k, outputs):
+    """(splits, K per split) for a config asking for `split`: K per split a multiple of BLOCK_K, every
+    split non-empty; no split when K holds fewer than two BLOCK_K steps per split or the workspace
+    (splits x outputs fp32) would need 64-bit offsets."""
+    if split <= 1 or K < 2 * block_k or split * outputs > _I32_MAX:
+        return 1, K
+    k_per = cdiv(cdiv(K, split), block_k) * block_k
+    return cdiv(K, k_per), k_per
 
 
 def small_config(macs, itemsize):
@@ -213,7 +283,8 @@ def _tuner(itemsize, triton_only=False):
     triton_only = triton_only or gemm_policy() == "triton"
     # separate tuning caches: a bucket tuned without the ATen candidate must not answer for 'auto'
     # ("-auto2": decisions since ATen's candidate carries _ATEN_HOST_MS; older caches decided without it)
-    name = ("mm16" if itemsize <= 2 else "mm32") + ("" if triton_only else "-auto2")
+    # ("v2": the search space of 2026-11-28, K splits included; older caches chose from the previous one)
+    name = ("mm16v2" if itemsize <= 2 else "mm32v2") + ("" if triton_only else "-auto2")
     t = _TUNERS.get(name)
     if t is None:
         if backend().name == "interpreter":
@@ -275,21 +346,35 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
     prec = precision or _precision(a.dtype)
     sa, sb, sc = _s3(a), _s3(b), _s3(c)
     sx = _s3(bias) if has_bias else (0, 0, 0)
-    fixed = (M, N, K, float(alpha), float(beta), sa[0], sa[1], sa[2], sb[0], sb[1], sb[2],
-             sc[0], sc[1], sc[2], sx[0], sx[1], sx[2], has_bias, prec)
+    ab = (float(alpha), float(beta))
+    s_ab = (*sa, *sb)
+    s_x = (*sx, has_bias, prec)
 
     def run(cfg, out):
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-        grid = (nb * cdiv(M, bm) * cdiv(N, bn),)
-        matmul_kernel[grid](a, b, out, bias, *fixed, K % bk == 0, i64, bm, bn, bk, cfg["GROUP_M"],
-                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        tiles = nb * cdiv(M, bm) * cdiv(N, bn)
+        split, k_per = split_k(cfg.get("SPLIT_K", 1), K, bk, nb * M * N)
+        if split == 1:
+            matmul_kernel[(tiles, 1)](a, b, out, bias, M, N, K, K, *ab, *s_ab, 0, *sc, *s_x, K % bk == 0, i64, 1,
+                                      bm, bn, bk, cfg["GROUP_M"], num_warps=cfg["num_warps"],
+                                      num_stages=cfg["num_stages"])
+            return
+        # K split over `split` programs per tile: raw fp32 partials into a workspace [split, nb, M, N],
+        # then one small launch adds them (fixed order: deterministic) with alpha, the bias and the cast
+        ws = empty((split, nb, M, N), torch.float32, out.device)
+        matmul_kernel[(tiles, split)](a, b, ws, bias, M, N, K, k_per, *ab, *s_ab, nb * M * N, M * N, N, 1, *s_x,
+                                      K % bk == 0, i64, split, bm, bn, bk, cfg["GROUP_M"],
+                                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        splitk_reduce_kernel[(cdiv(M, _RED_M) * cdiv(N, _RED_N), nb)](
+            ws, out, bias, M, N, *ab, nb * M * N, *_s3(out), *sx, has_bias,
+            span(out) > _I32_MAX or span(bias) > _I32_MAX, split, _RED_M, _RED_N, num_warps=4)
 
     if config is not None:
         run(config, c)
         return c
     tuner = _tuner(a.element_size(), triton_only)
     if backend().name != "interpreter" and M <= 16 and nb == 1:
-        run(_skinny(N, a.element_size()), c)
+        run(_skinny(N, K, a.element_size(), sm_count(a.device)), c)
         return c
     small = small_config(nb * M * N * K, a.element_size())
     if small is not None:
@@ -305,7 +390,10 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
             if c.dtype != a.dtype:   # fp32 results of 16-bit inputs (out_dtype): no like-for-like ATen call
                 raise RuntimeError("no ATen candidate")
             return _aten_time(bench_ms(lambda: _aten_gemm(a, b, bias if has_bias else None, alpha, beta, scratch)))
-        return bench_ms(lambda: run(cfg, scratch))
+        ms = bench_ms(lambda: run(cfg, scratch))
+        # a K split adds a launch (and a workspace): like ATen's candidate it must win by that host cost
+        # where the GEMM is short enough for host time to matter
+        return _aten_time(ms) if split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], nb * M * N)[0] > 1 else ms
 
     cfg = tuner.pick(bucket, bench)
     if cfg.get("aten"):

@@ -206,6 +206,42 @@ def test_int64_offsets_path(monkeypatch):
     check_op(torch.bmm, (make((2, 5, 7)), make((2, 7, 3))), dtype=torch.float32, served_ops=["bmm"])
 
 
+@dtype_params()
+def test_split_k(dtype):
+    # K split over programs (fp32 partials in a workspace, then the epilogue launch): every split size,
+    # K not a multiple of the tile (the tail lands in the last split only), bias/alpha/beta in the
+    # epilogue, transposed and batched operands, an fp32 result of 16-bit inputs, and a result that
+    # is its own bias (addmm_): the epilogue reads each bias element before writing it
+    k = 32 * 5 + 7
+    atol = 1e-4 if dtype == torch.float32 else None   # fp32: rounding of K-term partial sums (check_op)
+    a, b, bias = make((37, k), dtype), make((45, k), dtype).t(), make((45,), dtype)
+    ref = (0.5 * bias.double() + 2.0 * (a.double() @ b.double())).cpu()
+    for split in (2, 3, 4, 8):
+        cfg = dict(blas._INTERP_CONFIG, SPLIT_K=split)
+        assert blas.split_k(split, k, cfg["BLOCK_K"], 37 * 45)[0] > 1
+        out = torch.full((37, 45), float("nan"), dtype=dtype, device=DEVICE)
+        blas._launch(a, b, out, bias.expand(37, 45), 2.0, 0.5, config=cfg)
+        assert_close(out, ref, dtype, atol=atol, msg=f"split {split}")
+    cfg = dict(blas._INTERP_CONFIG, SPLIT_K=3)
+    ba, bb = make((3, 9, k), dtype), make((3, k, 11), dtype).transpose(1, 2).contiguous().transpose(1, 2)
+    out = torch.empty((3, 9, 11), dtype=dtype, device=DEVICE).transpose(1, 2).contiguous().transpose(1, 2)
+    blas._launch(ba, bb, out, None, 1.0, 0.0, config=cfg)
+    assert_close(out, torch.bmm(ba.double(), bb.double()).cpu(), dtype, atol=atol, msg="bmm split")
+    c = make((37, 45), dtype)
+    ref = (c.double() + a.double() @ b.double()).cpu()
+    blas._launch(a, b, c, c, 1.0, 1.0, config=cfg)
+    assert_close(c, ref, dtype, atol=atol, msg="in place")
+    if dtype != torch.float32:
+        out = torch.empty((37, 45), dtype=torch.float32, device=DEVICE)
+        blas._launch(a, b, out, None, 1.0, 0.0, config=cfg)
+        assert_close(out, (a.double() @ b.double()).cpu(), torch.float32, rtol=1e-5, atol=1e-4)
+    # no split: K under two tiles per split, or a workspace past 32-bit offsets
+    assert blas.split_k(4, 40, 32, 100) == (1, 40)
+    assert blas.split_k(4, 4096, 32, 2**30) == (1, 4096)
+    assert blas.split_k(4, 4096, 256, 100) == (4, 1024)
+    assert blas.split_k(3, 1000, 64, 100) == (3, 384)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="ATen implements the out_dtype overloads on CUDA only")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_out_dtype_fp32(dtype):
@@ -232,7 +268,7 @@ def test_every_tuned_config(dtype):
     a, b, bias = make((300, 200), dtype), make((777, 200), dtype).t(), make((777,), dtype)
     aten = torch.addmm(bias, a, b)
     configs = blas._CONFIGS_16 if dtype != torch.float32 else blas._CONFIGS_32
-    skinny = [blas._skinny(n, a.element_size()) for n in (777, 9000)]
+    skinny = [blas._skinny(n, 200, a.element_size(), sms) for n in (777, 9000, 40) for sms in (132, 8)]
     for cfg in configs + list(blas._SMALL.values()) + skinny:
         out = torch.full((300, 777), float("nan"), dtype=dtype, device=DEVICE)
         blas._launch(a, b, out, bias.expand(300, 777), 1.0, 1.0, config=cfg)
