@@ -62,18 +62,19 @@ class Autotuner:
         if cfg is not None:
             return cfg
         from .backends import backend
-        from .plan import taint
+        from .plan import suspended, taint
         if not backend().can_benchmark or len(self.configs) == 1:
             cfg = self.configs[0]
             best[k] = cfg
             return cfg
         taint("autotuning", transient=True)   # benchmark launches are not the call's: plan the next call
         timings = []
-        for c in self.configs:
-            try:
-                timings.append((bench(c), c))
-            except Exception:  # a config that fails to compile (e.g. out of shared memory) is skipped
-                continue
+        with suspended():
+            for c in self.configs:
+                try:
+                    timings.append((bench(c), c))
+                except Exception:  # a config that fails to compile (e.g. out of shared memory) is skipped
+                    continue
         if not timings:
             raise RuntimeError(f"autotune {self.name}: every config failed for {k}")
         cfg = min(timings, key=lambda t: t[0])[1]

@@ -195,6 +195,20 @@ def quiet():
     return _disable_current_modes() if _STATE.rec is not None else _NULL
 
 
+class suspended:
+    """Context: nothing is recorded inside (an autotuner's timing runs: the call's plan is tainted
+    already, and a recording would keep every workspace those runs allocate alive until the call
+    ends: hundreds of them)."""
+
+    def __enter__(self):
+        self.rec, _STATE.rec = _STATE.rec, None
+        return self
+
+    def __exit__(self, *a):
+        _STATE.rec = self.rec
+        return False
+
+
 class _Null:
     def __enter__(self):
         return self

@@ -225,3 +225,26 @@ def test_tensor_list_out_overlap_declines_the_plan():
         big = make((4, 3))
         with pytest.raises(RuntimeError, match="single memory location"):
             torch.cat([big[:2], x], out=big)          # same signature, out overlaps an input
+
+
+def test_autotuning_runs_are_not_recorded(monkeypatch, tmp_path):
+    # the tuner times every config inside the call being recorded; what those runs allocate (a split-K
+    # GEMM's workspace, hundreds of times per config) must not be kept by the recording: on an H200 a
+    # 1.1B training step ran out of 140 GB that way
+    from gems.runtime import alloc, autotune, backends
+    monkeypatch.setenv("GEMS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(backends, "backend", lambda: type("B", (), {"can_benchmark": True, "arch": "test"})())
+    seen = []
+
+    def bench(cfg):
+        seen.append(plan_mod.active())
+        alloc.empty((8,), torch.float32, "cpu")
+        return cfg["t"]
+
+    tuner = autotune.Autotuner("test", [{"t": 2.0}, {"t": 1.0}])
+    with plan_mod.Recording() as rec:
+        assert tuner.pick("bucket", bench) == {"t": 1.0}
+        assert plan_mod.active() is rec          # restored after the timing runs
+        alloc.empty((8,), torch.float32, "cpu")
+    assert seen == [None, None]
+    assert len(rec.allocs) == 1 and rec.transient   # only the call's own allocation; the plan is not kept
