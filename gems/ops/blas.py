@@ -34,6 +34,7 @@ from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
 from ..runtime.autotune import Autotuner, bench_ms
 from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, sm_count, span
+from . import gemm_tma
 
 _I32_MAX = 2**31 - 1
 
@@ -168,6 +169,12 @@ _CONFIGS_16 = [
     _cfg(64, 64, 64, 4, 4),
     _cfg(64, 128, 64, 4, 4, split=2),
     _cfg(64, 128, 64, 4, 4, split=4),
+    # the persistent TMA kernel (gemm_tma.py; Hopper, 16-bit, aligned layouts only): the three configs
+    # that beat the pointer kernel on some model shape in the same sweep. 128x256 takes 3 stages:
+    # 4 stages (192 KiB) plus the 64 KiB epilogue tile exceed shared memory
+    dict(_cfg(128, 256, 64, 8, 3), TMA=True, FLAT=False),
+    dict(_cfg(128, 256, 64, 8, 3), TMA=True, FLAT=True),
+    dict(_cfg(128, 128, 64, 8, 5), TMA=True, FLAT=True),
 ]
 # fp32: twice the bytes per element, so BLOCK_K 32 keeps the same shared-memory footprint
 _CONFIGS_32 = [
@@ -351,6 +358,13 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
     s_x = (*sx, has_bias, prec)
 
     def run(cfg, out):
+        if cfg.get("TMA"):
+            lay = gemm_tma.layout(a, b, out, K, i64)
+            if lay is None:
+                raise ValueError("the TMA GEMM needs one 16-bit matrix product with 16-byte aligned, "
+                                 "unit-stride operands and a row-major result")
+            gemm_tma.launch(a, b, out, bias, alpha, beta, has_bias, lay, cfg)
+            return
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         tiles = nb * cdiv(M, bm) * cdiv(N, bn)
         split, k_per = split_k(cfg.get("SPLIT_K", 1), K, bk, nb * M * N)
@@ -380,8 +394,11 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
     if small is not None:
         run(small, c)
         return c
+    # whether the TMA kernel can take the call is part of the bucket: its configs are candidates only
+    # there (and a bucket that chose one serves only calls it can run)
+    tma = gemm_tma.tma_layout(a, b, c, K, i64) is not None
     bucket = (next_pow2(M), next_pow2(N), next_pow2(max(K, 1)), str(a.dtype).split(".")[-1], prec,
-              _layout(sa[1], sa[2]), _layout(sb[1], sb[2]), nb > 1, has_bias)
+              _layout(sa[1], sa[2]), _layout(sb[1], sb[2]), nb > 1, has_bias) + (("tma",) if tma else ())
 
     def bench(cfg):
         # time into scratch: `c` may alias the bias (addmm_), which repeated runs would accumulate into
@@ -390,10 +407,14 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
             if c.dtype != a.dtype:   # fp32 results of 16-bit inputs (out_dtype): no like-for-like ATen call
                 raise RuntimeError("no ATen candidate")
             return _aten_time(bench_ms(lambda: _aten_gemm(a, b, bias if has_bias else None, alpha, beta, scratch)))
+        if cfg.get("TMA") and not tma:
+            raise RuntimeError("not a TMA call")
         ms = bench_ms(lambda: run(cfg, scratch))
-        # a K split adds a launch (and a workspace): like ATen's candidate it must win by that host cost
-        # where the GEMM is short enough for host time to matter
-        return _aten_time(ms) if split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], nb * M * N)[0] > 1 else ms
+        # a K split adds a launch (and a workspace), a TMA call runs the Python path (no call plan):
+        # like ATen's candidate they must win by that host cost where the GEMM is short enough for
+        # host time to matter
+        extra = cfg.get("TMA") or split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], nb * M * N)[0] > 1
+        return _aten_time(ms) if extra else ms
 
     cfg = tuner.pick(bucket, bench)
     if cfg.get("aten"):

@@ -21,6 +21,10 @@ import triton
 from . import plan as _plan
 
 _Tensor = torch.Tensor
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
+except ImportError:  # pragma: no cover - a Triton without host tensor descriptors
+    _TensorDescriptor = None
 _MAX_ENTRIES = 256  # binaries per kernel; a kernel with more variants than this is a design bug
 
 
@@ -46,6 +50,9 @@ def binary_key(args, constexpr_pos=()) -> tuple:
             app(_int_key(a))
         elif a.__class__ is bool or a is None or a.__class__ is float:
             app(a.__class__)
+        elif a.__class__ is _TensorDescriptor:
+            # Triton specializes a host descriptor on its dtype and block shape (tensordesc<bf16[128, 64]>)
+            app((a.base.dtype, tuple(a.block_shape), a.padding))
         else:  # dtypes, strings, ... can only be constexprs; key by value
             app(a)
     return tuple(key)
