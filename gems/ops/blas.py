@@ -169,11 +169,11 @@ _CONFIGS_16 = [
     _cfg(64, 64, 64, 4, 4),
     _cfg(64, 128, 64, 4, 4, split=2),
     _cfg(64, 128, 64, 4, 4, split=4),
-    # the persistent TMA kernel (gemm_tma.py; Hopper, 16-bit, aligned layouts only): the three configs
-    # that beat the pointer kernel on some model shape in the same sweep. 128x256 takes 3 stages:
-    # 4 stages (192 KiB) plus the 64 KiB epilogue tile exceed shared memory
+    # the persistent TMA kernel (gemm_tma.py; Hopper, 16-bit, aligned layouts, large problems only):
+    # the configs that beat the pointer kernel on the most model shapes in the same sweep. 128x256
+    # takes 3 stages, unflattened: 4 stages (192 KiB) plus the 64 KiB epilogue tile, or the flattened
+    # loop with a bias, exceed shared memory
     dict(_cfg(128, 256, 64, 8, 3), TMA=True, FLAT=False),
-    dict(_cfg(128, 256, 64, 8, 3), TMA=True, FLAT=True),
     dict(_cfg(128, 128, 64, 8, 5), TMA=True, FLAT=True),
 ]
 # fp32: twice the bytes per element, so BLOCK_K 32 keeps the same shared-memory footprint
@@ -211,6 +211,10 @@ def _skinny(N, K, itemsize, sms):
 
 
 _TUNE_MIN_MACS = 2**27
+# TMA calls run the Python path (no call plan: their descriptors are built per call), 50-100 us of
+# host time: only problems of at least 2**35 multiply-adds (2048 x 4096 x 4096, ~50 us of device
+# time on an H200) are offered to it, where the device time covers that
+_TMA_MIN_MACS = 2**35
 # the split-K epilogue's tile: 32 rows x 128 contiguous fp32 columns (512-byte row segments)
 _RED_M, _RED_N = 32, 128
 
@@ -396,7 +400,7 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
         return c
     # whether the TMA kernel can take the call is part of the bucket: its configs are candidates only
     # there (and a bucket that chose one serves only calls it can run)
-    tma = gemm_tma.tma_layout(a, b, c, K, i64) is not None
+    tma = nb * M * N * K >= _TMA_MIN_MACS and gemm_tma.tma_layout(a, b, c, K, i64) is not None
     bucket = (next_pow2(M), next_pow2(N), next_pow2(max(K, 1)), str(a.dtype).split(".")[-1], prec,
               _layout(sa[1], sa[2]), _layout(sb[1], sb[2]), nb > 1, has_bias) + (("tma",) if tma else ())
 
