@@ -66,6 +66,8 @@ def install_recorder(path: str) -> None:
                 sig[p.name] = "i32" if -2**31 <= a < 2**31 else ("i64" if a < 2**63 else "u64")
             elif isinstance(a, float):
                 sig[p.name] = "fp32"
+            elif type(a).__name__ == "TensorDescriptor":   # host TMA descriptor: Triton's type string
+                sig[p.name] = f"tensordesc<{_PTR.get(str(a.base.dtype).split('.')[-1], '?')}{list(a.block_shape)}>"
             else:
                 sig[p.name] = "?" + type(a).__name__
         rec = {"module": fn.__module__, "name": fn.__qualname__, "signature": sig, "constexprs": consts,
