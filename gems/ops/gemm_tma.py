@@ -11,9 +11,12 @@ TMA descriptor per operand moves whole [BLOCK, BLOCK_K] tiles from global to sha
 address arithmetic in the kernel, fills out-of-bounds rows and the K tail with zeros (no masks), and
 only needs 16-byte aligned strides (100008 x 2 bytes is). The grid is one program per SM looping
 over output tiles (grouped order, as the pointer kernel), so a tile's epilogue overlaps the next
-tile's loads. Measured against cuBLAS on the models' shapes (H200, 2026-11-28): 0.86-0.99x on most
-prefill/training GEMMs of >= 2048 x 4096 x 4096, 0.94-0.95x on the vocab-100008 ones; slower than the
-pointer kernel below ~10 GFLOP (too few tiles to amortize the persistent loop), which the tuner sees.
+tile's loads. Measured against cuBLAS on the models' shapes (bf16, 2026-11-28): in one process on an
+H100, 1.04-1.14x cuBLAS's time at 2048-100008 x 4096-32000 x 2048-4096 where the pointer kernel took
+1.39-1.52x (1.13x against 2.65x at Aquila's vocab); host-side and in-kernel descriptors ran the same.
+An H200 sweep measured 0.86-0.99x on the same shapes, but cuBLAS's own time drifted by up to 20%
+between that machine's runs, so only same-process ratios are trusted. Slower than the pointer
+kernel below ~10 GFLOP (too few tiles to amortize the persistent loop), which the tuner sees.
 
 Descriptors are built on the host per call (Triton's launcher encodes them), so this kernel has no
 direct C launcher: its calls are never replayed by a call plan (runtime.plan taints the signature)
