@@ -199,14 +199,15 @@ def _skinny(N, K, itemsize, sms):
     steps with 4 stages in flight, and N tiles narrow enough that every SM gets a program (4096 / 32 =
     128 on 132 SMs) but, for wide N (vocab projections), 128 wide. H200 sweep, 2026-11-28 (bf16, M = 1 /
     4 / 16, time / cuBLAS's): N = 4096: 0.96 / 0.97 / 0.91 (16x32x256); N = 11008: 1.00 / 1.00 / 0.98
-    and N = 32000: 0.98 / 0.98 / 0.98 (16x128x128, was 1.05 with 16x64x128). Where N gives fewer
-    tiles than half the SMs (GQA k/v projections, N = 256-1024) K is split so that about one program
-    runs per SM."""
+    and N = 32000: 0.98 / 0.98 / 0.98 (16x128x128, was 1.05 with 16x64x128). Where N gives at most a
+    quarter as many tiles as SMs (GQA k/v projections, N <= 1024) K is split so that about one program
+    runs per SM: M = 1, N x K = 512 x 4096 1.38 -> 1.02 (split 8), 256 x 5632 1.87 -> 1.13, 1024 x 4096
+    1.32 -> 1.09 (split 5); at N = 2048 (64 tiles) a split of 3 lost (1.03 -> 1.17)."""
     wide = N >= 8192
     bn = 128 if wide else 32
     bk = (128 if wide else 256) // (1 if itemsize <= 2 else 2)
     tiles = cdiv(N, bn)
-    split = min(cdiv(sms, tiles), 8) if 2 * tiles <= sms else 1
+    split = min(cdiv(sms, tiles), 8) if 4 * tiles <= sms else 1
     return _cfg(16, bn, bk, 4, 4, split=split)
 
 
