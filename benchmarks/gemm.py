@@ -13,7 +13,8 @@ Gems' relative error must stay within 2x ATen's own plus a small floor, so a fas
 flagged, never counted; so is a call Gems did not serve (`gems.stats()`). Gems autotunes per shape
 bucket on its first call: that call runs before the timed region and its time (compile + tuning)
 is reported per case and in total. Per source (model/workload), the cases' time x calls per step
-gives the step's GEMM time with each library. `GEMS_GEMM=triton` is set (design decision 12) so
+gives the step's GEMM time with each library. Each row names the kernel Gems' tuner chose (pointer
+or TMA kernel, tile, warps, stages, K split: `blas.describe_config`). `GEMS_GEMM=triton` is set (design decision 12) so
 that Gems' own kernel is measured even where its tuning cache would pick ATen.
 """
 from __future__ import annotations
@@ -163,6 +164,7 @@ def run_case(case, dev, dt, timer, roof):
     """One row: times, rates, errors, whether Gems served it."""
     import torch
     import gems
+    from gems.ops import blas
     r = {"id": case["id"], "M": case["M"], "N": case["N"], "K": case["K"], "batch": case["batch"],
          "sources": [f"{s['model']}/{s['workload']}" + (f"/b{s['batch']}" if s["workload"] == "decode" else "")
                      + f" x{s['count']}" for s in case["sources"]]}
@@ -178,6 +180,7 @@ def run_case(case, dev, dt, timer, roof):
         gems.reset_stats()
         with gems.use_gems():
             first, r["first_call_ms"] = timer.first_call_ms(call)   # compile + autotune: untimed
+            r["config"] = blas.describe_config(blas.last_config())   # what the tuner chose for it
             again = call()
             st = gems.stats()
             r["gems_ms"] = timer(call)
@@ -249,16 +252,18 @@ def print_table(env, rows, summ):
     table = []
     for r in rows:
         if "aten_ms" not in r or "gems_ms" not in r:
-            table.append([r["id"], "", "", "", "", "", r.get("error", "")[:60]])
+            table.append([r["id"], "", "", "", "", "", "", r.get("error", "")[:60]])
             continue
         rate = f"{r['aten_TFLOPs']:.0f}/{r['gems_TFLOPs']:.0f}"
         bw = f"{r['aten_GBps']:.0f}/{r['gems_GBps']:.0f}" if "aten_GBps" in r else ""
         if "gems_roof" in r:
             bw += f" ({r['aten_roof']:.0%}/{r['gems_roof']:.0%})"
         note = "" if ok(r) else _why_not(r)[:40]
-        table.append([r["id"], f"{r['aten_ms']:.4f}", f"{r['gems_ms']:.4f}", f"{r['ratio']:.2f}", rate, bw, note])
+        table.append([r["id"], f"{r['aten_ms']:.4f}", f"{r['gems_ms']:.4f}", f"{r['ratio']:.2f}", rate, bw,
+                      r.get("config", ""), note])
     print(f"\n{env}")
-    print(tabulate(table, headers=["case", "ATen ms", "Gems ms", "ratio", "TFLOP/s A/G", "GB/s A/G (roof)", ""]))
+    print(tabulate(table, headers=["case", "ATen ms", "Gems ms", "ratio", "TFLOP/s A/G", "GB/s A/G (roof)",
+                                   "Gems kernel", ""]))
     print("\nGEMM time per step, cases above x calls (ATen -> Gems ms):")
     for k, d in summ["per_source_step_gemm_ms"].items():
         print(f"  {k:22s} {d['aten_ms']:9.3f} -> {d['gems_ms']:9.3f}  ({d['ratio']:.2f}x, {d['cases']} cases)")

@@ -338,6 +338,32 @@ def _s3(t):
     return st if len(st) == 3 else (0,) + st
 
 
+_LAST = [None]
+
+
+def _picked(cfg):
+    _LAST[0] = cfg
+    return cfg
+
+
+def last_config():
+    """The launch config (or {"aten": True}) the last GEMM that ran blas's Python path chose: a
+    diagnostic for benchmarks (a planned call replays its plan and does not update it)."""
+    return _LAST[0]
+
+
+def describe_config(cfg) -> str:
+    """A short name of a GEMM config: 'tma 128x256x64 w8 s3', 'ptr 64x128x64 w4 s4 split2', 'cuBLAS'."""
+    if not cfg:
+        return ""
+    if cfg.get("aten"):
+        return "cuBLAS"
+    kind = "tma" if cfg.get("TMA") else "ptr"
+    split = f" split{cfg['SPLIT_K']}" if cfg.get("SPLIT_K", 1) > 1 else ""
+    return (f"{kind} {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+            f"{split}")
+
+
 def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision=None):
     """c[i] = alpha * a[i] @ b[i] + beta * bias[i]; 2-D (mm) or 3-D (bmm) operands, bias None or c's shape.
 
@@ -393,11 +419,11 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
         return c
     tuner = _tuner(a.element_size(), triton_only)
     if backend().name != "interpreter" and M <= 16 and nb == 1:
-        run(_skinny(N, K, a.element_size(), sm_count(a.device)), c)
+        run(_picked(_skinny(N, K, a.element_size(), sm_count(a.device))), c)
         return c
     small = small_config(nb * M * N * K, a.element_size())
     if small is not None:
-        run(small, c)
+        run(_picked(small), c)
         return c
     # whether the TMA kernel can take the call is part of the bucket: its configs are candidates only
     # there (and a bucket that chose one serves only calls it can run)
@@ -421,7 +447,7 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
         extra = cfg.get("TMA") or split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], nb * M * N)[0] > 1
         return _aten_time(ms) if extra else ms
 
-    cfg = tuner.pick(bucket, bench)
+    cfg = _picked(tuner.pick(bucket, bench))
     if cfg.get("aten"):
         # before anything is written; the decision holds for every call of this signature
         raise Unsupported(ATEN_FASTER, signature=True)

@@ -175,5 +175,6 @@ def test_cpu_smoke_run_writes_json(tmp_path, capsys, filters):
         assert max(r["M"], r["N"], r["K"]) <= 64
         assert r["served"] > 0 and not r["fallback"] and r["correct"], r
         assert r["ratio"] > 0 and r["aten_TFLOPs"] > 0
+        assert r["config"].startswith("ptr 32x32x32")    # the interpreter's one config, named
     assert d["summary"]["counted"] == 2 and d["summary"]["geomean_ratio"] > 0
     assert "geomean ratio" in capsys.readouterr().out

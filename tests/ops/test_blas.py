@@ -307,3 +307,13 @@ def _check_gemm(out, a, b, bias, aten, msg):
     gamma = (a.shape[-1] + 1) * 2.0 ** -24 * mag
     err = (out.double().cpu() - ref).abs()
     assert not out.isnan().any() and (err <= gamma).all(), f"{msg}: worst {(err / gamma).max():.2f}x the bound"
+
+
+def test_config_names_and_last_choice():
+    assert blas.describe_config(blas._cfg(64, 128, 64, 4, 4, split=2)) == "ptr 64x128x64 w4 s4 split2"
+    assert blas.describe_config(dict(blas._cfg(128, 256, 64, 8, 3), TMA=True, FLAT=False)) == "tma 128x256x64 w8 s3"
+    assert blas.describe_config({"aten": True}) == "cuBLAS" and blas.describe_config(None) == ""
+    x, w = make((9, 7)), make((7, 5))
+    out = torch.empty(9, 5, device=DEVICE)
+    blas._launch(x, w, out, None, 1.0, 0.0)     # the path a first call takes: a config is chosen
+    assert blas.last_config() is not None and not blas.last_config().get("aten")
