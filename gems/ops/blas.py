@@ -35,6 +35,7 @@ from ..runtime import backend, kernel
 from ..runtime.autotune import Autotuner, bench_ms
 from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, sm_count, span
 from . import gemm_tma
+from ._gemm_epilogue import scale_add_bias
 
 _I32_MAX = 2**31 - 1
 
@@ -103,10 +104,8 @@ def matmul_kernel(A, B, C, Bias, M, N, K, k_per, alpha, beta,
         w_ptrs = C + split * s_cs + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn)
         tl.store(w_ptrs, acc, mask=mask)
     else:
-        acc = acc * alpha
-        if HAS_BIAS:
-            x = tl.load(Bias + b64 * s_xb + (rm[:, None] * s_xm + rn[None, :] * s_xn), mask=mask, other=0.0)
-            acc += beta * x.to(tl.float32)
+        acc = scale_add_bias(acc, alpha, beta, Bias + b64 * s_xb + (rm[:, None] * s_xm + rn[None, :] * s_xn),
+                             mask, HAS_BIAS)
         c_ptrs = C + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn)
         tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
 
@@ -135,10 +134,8 @@ def splitk_reduce_kernel(W, C, Bias, M, N, alpha, beta, s_ws, s_cb, s_cm, s_cn, 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):   # fixed order: the sum is deterministic
         acc += tl.load(w_ptrs + s * s_ws, mask=mask, other=0.0)
-    acc = acc * alpha
-    if HAS_BIAS:
-        x = tl.load(Bias + b64 * s_xb + (rm[:, None] * s_xm + rn[None, :] * s_xn), mask=mask, other=0.0)
-        acc += beta * x.to(tl.float32)
+    acc = scale_add_bias(acc, alpha, beta, Bias + b64 * s_xb + (rm[:, None] * s_xm + rn[None, :] * s_xn),
+                         mask, HAS_BIAS)
     tl.store(C + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn), acc.to(C.dtype.element_ty), mask=mask)
 
 
@@ -411,8 +408,8 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
                                       K % bk == 0, i64, split, bm, bn, bk, cfg["GROUP_M"],
                                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
         splitk_reduce_kernel[(cdiv(M, _RED_M) * cdiv(N, _RED_N), nb)](
-            ws, out, bias, M, N, *ab, nb * M * N, *_s3(out), *sx, has_bias,
-            span(out) > _I32_MAX or span(bias) > _I32_MAX, split, _RED_M, _RED_N, num_warps=4)
+            ws, out, bias, M, N, *ab, nb * M * N, *_s3(out), *sx, has_bias, i64, split, _RED_M, _RED_N,
+            num_warps=4)
 
     if config is not None:
         run(config, c)

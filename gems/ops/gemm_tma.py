@@ -31,6 +31,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..runtime import backend, kernel
 from ..runtime.utils import cdiv, sm_count
+from ._gemm_epilogue import scale_add_bias
 
 
 @kernel
@@ -70,13 +71,10 @@ def matmul_tma_kernel(a_desc, b_desc, c_desc, Bias, M, N, K, alpha, beta, s_xm, 
             else:
                 b = b_desc.load([off_k, off_n])
             acc = tl.dot(a, b, acc)
-        acc = acc * alpha
-        if HAS_BIAS:
-            rm = off_m + tl.arange(0, BLOCK_M)
-            rn = off_n + tl.arange(0, BLOCK_N)
-            x = tl.load(Bias + (rm[:, None] * s_xm + rn[None, :] * s_xn),
-                        mask=(rm[:, None] < M) & (rn[None, :] < N), other=0.0)
-            acc += beta * x.to(tl.float32)
+        rm = off_m + tl.arange(0, BLOCK_M)
+        rn = off_n + tl.arange(0, BLOCK_N)
+        acc = scale_add_bias(acc, alpha, beta, Bias + (rm[:, None] * s_xm + rn[None, :] * s_xn),
+                             (rm[:, None] < M) & (rn[None, :] < N), HAS_BIAS)
         c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
