@@ -3,7 +3,9 @@
     python -m benchmarks.attention                      # all cases, bf16, on the GPU
     python -m benchmarks.attention --quick -o att.json  # a few cases per family
     python -m benchmarks.attention --only decode        # case names containing 'decode'
-    python -m benchmarks.attention --sweep fwd          # try launch configs of a kernel kind (fwd decode dkdv dq)
+    python -m benchmarks.attention --sweep fwd          # try launch configs of a kernel kind
+                                                        # (fwd fwd_bias fwd_causal decode dkdv dq;
+                                                        # --sweep-head-dim 64: BERT's shapes)
     python -m benchmarks.attention --device cpu         # tiny shapes through the Triton interpreter (smoke run)
 
 Cases (issue 10): Llama-2-7B (32 heads x 128, causal; batch 1-4, sequence 512-4096), BERT (batch 32,
@@ -164,21 +166,38 @@ def _fresh_attention():
     gems.reset_stats()
 
 
-def sweep(dtype, device, kinds=()):
-    """Try launch configs per kernel kind on representative shapes; print the best of each."""
+def sweep(dtype, device, kinds=(), head_dim=128):
+    """Try launch configs per kernel kind on representative shapes; print the best of each.
+    head_dim 128: Llama-2-7B shapes; 64: BERT-base's (batch 32, 12 heads, padding mask)."""
     from gems.ops import attention as A
+    from gems.runtime.utils import next_pow2
     import itertools
-    shapes = {"fwd": ("llama2-7b B1 S4096", 1, 32, 32, 4096, 4096, 128, True, False, False),
-              "decode": ("decode KV4096", 1, 32, 32, 1, 4096, 128, False, False, False)}
-    bwd_shape = ("llama2-7b B1 S2048", 1, 32, 32, 2048, 2048, 128, True, False, True)
+    if head_dim <= 64:
+        H, D, mask = 12, head_dim, True
+        shapes = {"fwd_bias": ("bert-base B32 S512 pad", 32, H, H, 512, 512, D, False, mask, False),
+                  "fwd": ("B32 S512", 32, H, H, 512, 512, D, False, False, False),
+                  "fwd_causal": ("B32 S512 causal", 32, H, H, 512, 512, D, True, False, False),
+                  "decode": ("decode KV4096", 1, H, H, 1, 4096, D, False, False, False)}
+        bwd_shape = ("bert-base B32 S512 pad", 32, H, H, 512, 512, D, False, mask, True)
+    else:
+        D = head_dim
+        shapes = {"fwd": ("llama2-7b B4 S2048 non-causal", 4, 32, 32, 2048, 2048, D, False, False, False),
+                  "fwd_bias": ("llama2-7b B4 S2048 padding mask", 4, 32, 32, 2048, 2048, D, False, True, False),
+                  "fwd_causal": ("llama2-7b B1 S4096", 1, 32, 32, 4096, 4096, D, True, False, False),
+                  "decode": ("decode KV4096", 1, 32, 32, 1, 4096, D, False, False, False)}
+        bwd_shape = ("llama2-7b B1 S2048", 1, 32, 32, 2048, 2048, D, True, False, True)
     if device == "cpu":   # a smoke run of the sweep itself through the interpreter
-        shapes = {"fwd": ("tiny", 1, 1, 1, 64, 64, 128, True, False, False),
-                  "decode": ("tiny decode", 1, 1, 1, 1, 256, 128, False, False, False)}
-        bwd_shape = ("tiny", 1, 1, 1, 64, 64, 128, True, False, True)
-    grid = {"fwd": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3))],
+        shapes = {"fwd": ("tiny", 1, 1, 1, 64, 64, D, False, False, False),
+                  "fwd_bias": ("tiny mask", 2, 1, 1, 64, 64, D, False, True, False),
+                  "fwd_causal": ("tiny causal", 1, 1, 1, 64, 64, D, True, False, False),
+                  "decode": ("tiny decode", 1, 1, 1, 1, 256, D, False, False, False)}
+        bwd_shape = ("tiny", 1, 1, 1, 64, 64, D, True, False, True)
+    fwd_grid = [(bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]
+    grid = {"fwd": fwd_grid, "fwd_bias": fwd_grid, "fwd_causal": fwd_grid,
             "decode": [(16, bn, w, s) for bn, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3))],
-            "dkdv": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((16, 32), (64, 128), (4, 8), (2, 3))],
+            "dkdv": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((16, 32, 64), (64, 128), (4, 8), (2, 3))],
             "dq": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (32, 64), (4, 8), (2, 3))]}
+    block_d = max(16, next_pow2(D))
     gems.enable(opt_in=("attention",))
     try:
         for kind, cfgs in grid.items():
@@ -191,13 +210,13 @@ def sweep(dtype, device, kinds=()):
             q, k, v, m = make_inputs(B, Hq, Hkv, Sq, Sk, D, mask, dtype, device, kind in ("dkdv", "dq"))
             g = torch.randn(B, Hq, Sq, D, device=device, dtype=dtype)
             if kind in ("dkdv", "dq"):
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal)
                 fn = lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True)  # noqa: E731
             else:
-                fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+                fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal)  # noqa: E731
             results = []
             for cfg in cfgs:
-                A.set_config(kind, 128, False, cfg)
+                A.set_config(kind, block_d, False, cfg)
                 _fresh_attention()
                 try:
                     t = bench(fn, device)
@@ -207,12 +226,12 @@ def sweep(dtype, device, kinds=()):
                 except Exception as e:  # noqa: BLE001 - out of shared memory / registers
                     results.append((float("inf"), cfg))
                     print(f"  {kind} {cfg}: {type(e).__name__}: {str(e)[:80]}", file=sys.stderr)
-            A.set_config(kind, 128, False, None)
+            A.set_config(kind, block_d, False, None)
             _fresh_attention()
             base = bench(fn, device)
             results.sort()
-            print(f"{kind:7s} on {name}: table config {base:.3f} ms; best " +
-                  ", ".join(f"{cfg} {t:.3f} ms" for t, cfg in results[:4]))
+            print(f"{kind:10s} on {name} (head dim {D}): table config {A._config(kind, block_d, False, device == 'cpu')} "
+                  f"{base:.3f} ms; best " + ", ".join(f"{cfg} {t:.3f} ms" for t, cfg in results[:4]))
     finally:
         gems.disable()
 
@@ -224,7 +243,9 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--dtype", default=None, choices=("bf16", "fp16"))
     ap.add_argument("--sweep", nargs="*", default=None, metavar="KIND",
-                    help="try launch configs (GPU), print the best per kernel kind (fwd decode dkdv dq; all if none)")
+                    help="try launch configs (GPU), print the best per kernel kind (fwd fwd_bias fwd_causal decode dkdv "
+                         "dq; all if none)")
+    ap.add_argument("--sweep-head-dim", type=int, default=128, help="128: Llama-2 shapes; 64: BERT's")
     ap.add_argument("-o", "--json", default=None)
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -234,7 +255,7 @@ def main(argv=None):
     if dtype is None:   # the interpreter backend leaves bf16 to ATen
         dtype = torch.float16 if a.device == "cpu" else torch.bfloat16
     if a.sweep is not None:
-        sweep(dtype, a.device, tuple(a.sweep))
+        sweep(dtype, a.device, tuple(a.sweep), a.sweep_head_dim)
         return 0
     env = dict(torch=torch.__version__, device=torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
                dtype=str(dtype), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))

@@ -108,9 +108,13 @@ def _compile(line: str, arch: int):
                   for k, v in rec["constexprs"].items()}
         if any(isinstance(v, str) and v.startswith("?") for v in rec["constexprs"].values()):
             return rec, "skipped: a constexpr of a type this script does not map"
-        src = ASTSource(fn=fn, signature=rec["signature"], constexprs=consts)
-        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": rec["num_warps"],
-                                                                      "debug": bool(fn.debug)})
+        # optional: arguments Triton would see as multiples of 16 (aligned pointers, strides), as on a GPU call
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in rec.get("divisible_16", ())}
+        src = ASTSource(fn=fn, signature=rec["signature"], constexprs=consts, attrs=attrs)
+        opts = {"num_warps": rec["num_warps"], "debug": bool(fn.debug)}
+        if "num_stages" in rec:
+            opts["num_stages"] = rec["num_stages"]
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
         shared = k.metadata.shared
         if shared > _SHARED_MAX.get(arch, 232448):
             return rec, f"FAIL: needs {shared} bytes of shared memory (sm_{arch} allows {_SHARED_MAX.get(arch)})"

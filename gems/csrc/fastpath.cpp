@@ -320,7 +320,8 @@ constexpr int kMaxKeyTensors = 128;
 constexpr int kListRef = 1 << 30;
 
 struct Result {
-  int src = 0, idx = 0;
+  int src = 0, idx = 0;   // src 2: an undefined tensor; 4: the constant int `value`
+  int64_t value = 0;
   View view;
 };
 
@@ -418,8 +419,12 @@ std::shared_ptr<Recipe> parse_recipe(py::handle r) {
     auto rt = res.cast<py::tuple>();
     Result R;
     R.src = rt[0].cast<int>();
-    R.idx = rt[1].cast<int>();
-    R.view = parse_view(rt[2]);
+    if (R.src == 4) {
+      R.value = rt[1].cast<int64_t>();
+    } else {
+      R.idx = rt[1].cast<int>();
+      R.view = parse_view(rt[2]);
+    }
     rec->results.push_back(std::move(R));
   }
   return rec;
@@ -843,6 +848,10 @@ struct Op : std::enable_shared_from_this<Op> {
     for (const auto& R : r.results) {
       if (R.src == 2) {   // a result not asked for (a backward's output mask): undefined, as ATen's
         results.emplace_back(at::Tensor());
+        continue;
+      }
+      if (R.src == 4) {   // an int result that only the keyed shapes decide (attention's max_q)
+        results.emplace_back(R.value);
         continue;
       }
       const at::Tensor& base = source(R.src, R.idx);

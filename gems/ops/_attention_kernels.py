@@ -39,6 +39,15 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _dot_acc(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b, accumulated by the MMA itself."""
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _bias_tile(b_ptrs, mask, BIAS_BOOL: tl.constexpr):
     """A bias tile in the log2 domain (fp32)."""
     if BIAS_BOOL:
@@ -98,8 +107,11 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, of
     else:
         p = tl.math.exp2(qk * qk_scale - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
+    # P V accumulates into the rescaled accumulator inside the MMA (Hopper's wgmma adds to its
+    # registers): a separate product plus an add would hold a second [BLOCK_M, BLOCK_D] fp32 tile
+    acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
+    # the row sum last: its registers are live for the shortest time
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
     return acc, l_i, m_new
 
 

@@ -89,22 +89,35 @@ def set_config(kind: str, block_d: int, ieee: bool, cfg):
 
 @functools.lru_cache(maxsize=256)
 def _config(kind: str, block_d: int, ieee: bool, interp: bool):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of a kernel kind: fwd (no mask), fwd_bias (a mask, not
+    causal), fwd_causal, decode, dkdv, dq. tests/core/test_gpu_compile.py compiles every GPU entry for
+    sm_90 (with a bias: the most shared memory) and checks it fits."""
     o = _OVERRIDES.get((kind, block_d, ieee))
     if o is not None:
         return o
     if interp:
         # the interpreter runs one program at a time: few, wide programs; several blocks per test shape
-        return {"fwd": (32, 16, 1, 1), "decode": (16, 16, 1, 1), "dkdv": (16, 32, 1, 1),
-                "dq": (32, 16, 1, 1)}[kind]
+        return {"fwd": (32, 16, 1, 1), "fwd_bias": (32, 16, 1, 1), "fwd_causal": (32, 16, 1, 1), "decode": (16, 16, 1, 1),
+                "dkdv": (16, 32, 1, 1), "dq": (32, 16, 1, 1)}[kind]
     if ieee:   # fp32: register- and shared-memory-hungry full-precision dots
-        return {"fwd": (64, 32, 4, 2), "decode": (16, 32, 4, 2), "dkdv": (32, 32, 4, 2), "dq": (32, 32, 4, 2)}[kind]
-    # sm90, fp16/bf16: chosen so ptxas reports no (or < 128 bytes of) register spills (checked offline
-    # with triton.compile for sm_90a); `python -m benchmarks.attention --sweep` times alternatives
+        return {"fwd": (64, 32, 4, 2), "fwd_bias": (64, 32, 4, 2), "fwd_causal": (64, 32, 4, 2), "decode": (16, 32, 4, 2),
+                "dkdv": (32, 32, 4, 2), "dq": (32, 32, 4, 2)}[kind]
+    # sm90, fp16/bf16: the fastest of `python -m benchmarks.attention --sweep` on an H100 (session 19,
+    # docs/perf.md) at Llama-2's [B, 32, S, 128] (causal and not) and BERT's [32, 12, 512, 64] with its
+    # padding mask. A mask's tiles are pipelined through shared memory too: 128 x 128 x 3 stages with a
+    # bias needs 256 KiB at head dim 128 (sm_90 has 227), hence fwd_bias.
     if block_d <= 64:
-        return {"fwd": (128, 64, 8, 3), "decode": (16, 64, 4, 3), "dkdv": (32, 128, 8, 3), "dq": (64, 64, 4, 3)}[kind]
+        return {"fwd": (128, 64, 4, 4), "fwd_bias": (128, 64, 4, 4), "fwd_causal": (64, 64, 4, 3), "decode": (16, 64, 4, 3),
+                "dkdv": (32, 64, 4, 3), "dq": (64, 32, 4, 3)}[kind]
     if block_d <= 128:
-        return {"fwd": (128, 64, 8, 3), "decode": (16, 128, 8, 2), "dkdv": (16, 64, 8, 3), "dq": (64, 32, 8, 3)}[kind]
-    return {"fwd": (64, 32, 8, 2), "decode": (16, 32, 8, 2), "dkdv": (16, 32, 8, 2), "dq": (32, 16, 8, 2)}[kind]
+        return {"fwd": (128, 128, 8, 3), "fwd_bias": (64, 64, 4, 3), "fwd_causal": (64, 64, 4, 3), "decode": (16, 64, 4, 3),
+                "dkdv": (64, 64, 4, 2), "dq": (128, 64, 8, 3)}[kind]
+    return {"fwd": (64, 32, 8, 2), "fwd_bias": (64, 32, 8, 2), "fwd_causal": (64, 32, 8, 2), "decode": (16, 32, 8, 2),
+            "dkdv": (16, 32, 8, 2), "dq": (32, 16, 8, 2)}[kind]
+
+
+def _fwd_kind(decode: bool, causal: bool, has_bias: bool) -> str:
+    return "decode" if decode else "fwd_causal" if causal else "fwd_bias" if has_bias else "fwd"
 
 
 @functools.lru_cache(maxsize=16)
@@ -215,15 +228,20 @@ def _strides4(t):
     return t.stride()
 
 
+# split-KV decode: aim at this many programs per SM, each with at least this many keys (GPU)
+SPLIT_PROGRAMS_PER_SM = 4
+SPLIT_MIN_KEYS = 256
+
+
 def _splits(progs, Sk, sk_eff, BN, interp, device, decode):
     """(number of KV splits, keys per split): split-KV for decode-like calls (<= 16 queries) when one
     program per query block leaves SMs idle and the keys are long; each split keeps >= 256 keys on
     the GPU. (Prefill never splits: its fp32 partials would cost more than the idle SMs.)"""
     sms = _sm_count(device.type, device.index)
-    min_chunk = 2 * BN if interp else 256
+    min_chunk = 2 * BN if interp else SPLIT_MIN_KEYS
     if not decode or progs >= sms or sk_eff < 2 * min_chunk:
         return 1, Sk
-    ns = min(cdiv(4 * sms, progs), sk_eff // min_chunk)   # ~4 resident programs per SM
+    ns = min(cdiv(SPLIT_PROGRAMS_PER_SM * sms, progs), sk_eff // min_chunk)
     split_len = cdiv(cdiv(sk_eff, ns), BN) * BN
     ns = cdiv(sk_eff, split_len)
     return (ns, split_len) if ns > 1 else (1, Sk)
@@ -234,7 +252,8 @@ def num_splits(B, Hq, Sq, Sk, D, dtype, causal, device, Hkv=None) -> int:
     BD = max(16, next_pow2(D))
     interp = device.type != "cuda"
     decode = Sq <= 16
-    BM, BN, _, _ = _config("decode" if decode else "fwd", BD, dtype == torch.float32, interp)
+    # (the mask does not change the decode kind, the only one that splits)
+    BM, BN, _, _ = _config(_fwd_kind(decode, causal, False), BD, dtype == torch.float32, interp)
     if decode and Hkv is not None and Hkv != Hq:
         nm, nbh = _packed(B, Hq, Hkv, Sq, BM)
         return _splits(nm * nbh, Sk, min(Sk, Sq) if causal else Sk, BN, interp, device, True)[0]
@@ -256,9 +275,9 @@ def _forward(q, k, v, bias, causal, scale, o, lse):
     ieee = q.dtype == torch.float32
     interp = _interp(q)
     decode = Sq <= 16
-    BM, BN, W, ST = _config("decode" if decode else "fwd", BD, ieee, interp)
     qk_scale = scale * _LOG2E
     bt, bst, has_bias, bias_bool = _bias_args(bias, q, B, Hq, Sq, Sk)
+    BM, BN, W, ST = _config(_fwd_kind(decode, causal, has_bias), BD, ieee, interp)
     # GQA decode: the group's query heads share one program per KV head (K/V read once per group)
     pack = decode and group > 1
     if pack:

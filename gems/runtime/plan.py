@@ -585,6 +585,13 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
             refs.append(None)
             parts.append("None")
             continue
+        if r.__class__ is int and isinstance(result, tuple) and -2**62 < r < 2**62 and \
+                _symint_returns(schema)[len(refs)]:
+            # a SymInt result (attention's max_q / max_k) is a size: a function of the shapes the
+            # signature keys, so the recorded value is every call's
+            refs.append(r)
+            parts.append(repr(r))
+            continue
         if not isinstance(r, _T):
             rec.tainted = "result not mappable"
             return None
@@ -611,6 +618,15 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
     except _NoRecipe:
         fn.__gems_recipe__ = None
     return fn
+
+
+def _symint_returns(schema):
+    """Per return of the schema: whether it is declared SymInt (a size). Python's schema objects show
+    SymInt as `int`; the schema's text keeps the declaration."""
+    text = str(schema).rpartition(") -> ")[2].strip()
+    if text.startswith("("):
+        text = text[1:-1]
+    return [part.strip().startswith("SymInt ") or part.strip() == "SymInt" for part in text.split(",")]
 
 
 class _NoRecipe(Exception):
@@ -653,7 +669,8 @@ def _recipe(schema, rec, guards, launches, refs, direct):
     """The plan as data for the C++ fast path (the layout fastpath.cpp's parse_recipe reads):
     (guards, allocations, launches, results), every tensor named by (0, schema argument index) or
     (1, allocation index), or (3, argument index << 20 | element index) for a tensor-list element
-    (`tensors[2]`); a guard's other tensor is an argument index, or _LIST_REF + that code."""
+    (`tensors[2]`); a guard's other tensor is an argument index, or _LIST_REF + that code. A result
+    may also be (2, 0, None): undefined, or (4, value, None): a constant int."""
     index = {a.name: i for i, a in enumerate(schema.arguments)}
 
     def src(name):
@@ -728,6 +745,9 @@ def _recipe(schema, rec, guards, launches, refs, direct):
     for r in refs:
         if r is None:
             res.append((2, 0, None))
+            continue
+        if r.__class__ is int:
+            res.append((4, r, None))     # a constant int result
             continue
         if r.view is False:
             raise _NoRecipe

@@ -79,3 +79,62 @@ def test_kernels_compile_for_sm90():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_check.py"), str(RECORDS), "-j", "2"],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"kernels that do not compile for sm_90:\n{proc.stdout[-6000:]}{proc.stderr[-3000:]}"
+
+
+def _attention_gpu_records():
+    """Records of the attention kernels at every launch config of attention._config's GPU table, with a
+    float bias where the kind may have one (its tiles are pipelined through shared memory too: the most a
+    config can need; kind "fwd" is the forward without a mask) and 16-bit
+    operands, from the recorded interpreter signatures; each distinct (kernel, config) once."""
+    from gems.ops import attention as A
+    base = {r["name"]: r for r in _records() if r["module"] == "gems.ops._attention_kernels"}
+    kernel_of = {"fwd": "attn_fwd", "fwd_bias": "attn_fwd", "fwd_causal": "attn_fwd", "decode": "attn_fwd",
+                 "dkdv": "attn_bwd_dkdv", "dq": "attn_bwd_dq"}
+    out, seen = [], set()
+    for block_d in (64, 128, 256):
+        for ieee in (False,):    # (fp32's configs are small and run in the GPU suite's fp32 tests)
+            for kind, name in kernel_of.items():
+                bm, bn, w, st = A._config(kind, block_d, ieee, False)
+                key = (name, block_d, ieee, bm, bn, w, st, kind in ("decode", "fwd"))
+                if key in seen:
+                    continue
+                seen.add(key)
+                r = json.loads(json.dumps(base[name]))
+                dt = "*fp32" if ieee else "*bf16"
+                for p in ("Q", "K", "V", "O", "DO", "Bias"):
+                    if p in r["signature"]:
+                        r["signature"][p] = dt
+                c = r["constexprs"]
+                c.update(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, HAS_BIAS=kind != "fwd", BIAS_BOOL=False, IEEE=ieee,
+                         CAUSAL=kind in ("fwd_causal", "dkdv", "dq"))
+                if name == "attn_fwd":
+                    c.update(SPLIT=kind == "decode", REVERSE=kind == "fwd_causal", STORE_LSE=kind != "decode")
+                    if kind == "decode":      # the split partials are fp32
+                        r["signature"]["O"] = "*fp32"
+                # as a model's call specializes: unit strides along the head dim and the mask's keys are the
+                # constant 1, the others and every pointer multiples of 16 (vectorized, pipelined loads)
+                sig = r["signature"]
+                for n in list(sig):
+                    if n.startswith("stride_") and (n.endswith("d") or n == "stride_bn"):
+                        sig[n] = "constexpr"
+                        c[n] = 1
+                r["divisible_16"] = [n for n, t in sig.items() if t.startswith("*") or
+                                     (n.startswith("stride_") and t != "constexpr")]
+                r["num_warps"], r["num_stages"] = w, st
+                out.append(r)
+    return out
+
+
+@pytest.mark.skipif(ON_GPU, reason="on the GPU the attention tests launch these configs")
+def test_attention_gpu_configs_fit_sm90(tmp_path):
+    # the interpreter knows no shared-memory limit and the CPU suite runs the interpreter's configs: a GPU
+    # table entry that needs more than sm_90's 227 KiB would fail only on the GPU
+    recs = _attention_gpu_records()
+    assert len(recs) >= 9
+    f = tmp_path / "attention_gpu.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_check.py"), str(f), "-j", "2"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"attention configs that do not fit sm_90:\n{proc.stdout[-6000:]}{proc.stderr[-3000:]}"

@@ -248,3 +248,34 @@ def test_autotuning_runs_are_not_recorded(monkeypatch, tmp_path):
         alloc.empty((8,), torch.float32, "cpu")
     assert seen == [None, None]
     assert len(rec.allocs) == 1 and rec.transient   # only the call's own allocation; the plan is not kept
+
+
+def test_symint_results_are_constants_of_the_signature():
+    # SDPA's cuDNN/flash forwards return max_q / max_k (SymInt: sizes, so functions of the keyed shapes).
+    # Their plans return the recorded ints; the C++ recipe carries them as constants (result kind 4).
+    # The CUDA overload's implementation runs here on CPU tensors too (through the interpreter).
+    from gems.ops import attention
+    schema = torch.ops.aten._scaled_dot_product_cudnn_attention.default._schema
+    assert plan_mod._symint_returns(schema) == [False] * 4 + [True, True] + [False] * 3
+
+    def args(i):
+        g = torch.Generator().manual_seed(i)
+        q, k, v = (torch.randn(1, 2, 24, 16, generator=g).to(DEVICE) for _ in range(3))
+        return q, k, v, None, True, 0.0, True
+
+    a0 = args(0)
+    out, p, rec = plan_mod.record(attention.sdpa_cudnn, schema, a0, {}, direct=False)
+    assert p is not None, rec.tainted
+    assert out[4:6] == (24, 24)
+    assert p.__gems_recipe__[3][4:6] == ((4, 24, None), (4, 24, None))
+    a1 = args(1)
+    got = p(*a1)
+    assert got[4] == 24 and got[5] == 24 and got[2] is None
+    ref = F.scaled_dot_product_attention(*(t.double().cpu() for t in a1[:3]), is_causal=True)
+    assert_close(got[0], ref, torch.float32)
+
+
+def test_int_results_not_declared_symint_keep_the_full_path():
+    # an int result the schema does not declare a size (it could depend on the data): no plan
+    schema = torch.ops.aten._local_scalar_dense.default._schema
+    assert plan_mod._symint_returns(schema) == [False]
