@@ -168,27 +168,28 @@ def _fresh_attention():
 
 def sweep(dtype, device, kinds=(), head_dim=128):
     """Try launch configs per kernel kind on representative shapes; print the best of each.
-    head_dim 128: Llama-2-7B shapes; 64: BERT-base's (batch 32, 12 heads, padding mask)."""
+    head_dim 128: Llama-2-7B shapes; 64: BERT-base's (batch 32, 12 heads, padding mask). Kind fwd takes a
+    padding mask (one bias row per key block), fwd_bias a full [B, 1, S, S] mask (bias tiles)."""
     from gems.ops import attention as A
     from gems.runtime.utils import next_pow2
     import itertools
     if head_dim <= 64:
         H, D, mask = 12, head_dim, True
-        shapes = {"fwd_bias": ("bert-base B32 S512 pad", 32, H, H, 512, 512, D, False, mask, False),
-                  "fwd": ("B32 S512", 32, H, H, 512, 512, D, False, False, False),
+        shapes = {"fwd": ("bert-base B32 S512 pad", 32, H, H, 512, 512, D, False, mask, False),
+                  "fwd_bias": ("B32 S512 full mask", 32, H, H, 512, 512, D, False, "full", False),
                   "fwd_causal": ("B32 S512 causal", 32, H, H, 512, 512, D, True, False, False),
                   "decode": ("decode KV4096", 1, H, H, 1, 4096, D, False, False, False)}
         bwd_shape = ("bert-base B32 S512 pad", 32, H, H, 512, 512, D, False, mask, True)
     else:
         D = head_dim
         shapes = {"fwd": ("llama2-7b B4 S2048 non-causal", 4, 32, 32, 2048, 2048, D, False, False, False),
-                  "fwd_bias": ("llama2-7b B4 S2048 padding mask", 4, 32, 32, 2048, 2048, D, False, True, False),
+                  "fwd_bias": ("llama2-7b B4 S2048 full mask", 4, 32, 32, 2048, 2048, D, False, "full", False),
                   "fwd_causal": ("llama2-7b B1 S4096", 1, 32, 32, 4096, 4096, D, True, False, False),
                   "decode": ("decode KV4096", 1, 32, 32, 1, 4096, D, False, False, False)}
         bwd_shape = ("llama2-7b B1 S2048", 1, 32, 32, 2048, 2048, D, True, False, True)
     if device == "cpu":   # a smoke run of the sweep itself through the interpreter
         shapes = {"fwd": ("tiny", 1, 1, 1, 64, 64, D, False, False, False),
-                  "fwd_bias": ("tiny mask", 2, 1, 1, 64, 64, D, False, True, False),
+                  "fwd_bias": ("tiny mask", 2, 1, 1, 64, 64, D, False, "full", False),
                   "fwd_causal": ("tiny causal", 1, 1, 1, 64, 64, D, True, False, False),
                   "decode": ("tiny decode", 1, 1, 1, 1, 256, D, False, False, False)}
         bwd_shape = ("tiny", 1, 1, 1, 64, 64, D, True, False, True)
@@ -207,7 +208,10 @@ def sweep(dtype, device, kinds=(), head_dim=128):
                 cfgs = cfgs[:2]
             c = shapes.get(kind, bwd_shape)
             name, B, Hq, Hkv, Sq, Sk, D, causal, mask, training = c
-            q, k, v, m = make_inputs(B, Hq, Hkv, Sq, Sk, D, mask, dtype, device, kind in ("dkdv", "dq"))
+            q, k, v, m = make_inputs(B, Hq, Hkv, Sq, Sk, D, bool(mask), dtype, device, kind in ("dkdv", "dq"))
+            if mask == "full":    # a [B, 1, Sq, Sk] mask: read as tiles (kind fwd_bias), not one row per key block
+                m = torch.rand(B, 1, Sq, Sk, device=device) > 0.2
+                m[..., 0] = True
             g = torch.randn(B, Hq, Sq, D, device=device, dtype=dtype)
             if kind in ("dkdv", "dq"):
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal)

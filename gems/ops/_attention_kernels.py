@@ -58,10 +58,18 @@ def _bias_tile(b_ptrs, mask, BIAS_BOOL: tl.constexpr):
 
 
 @triton.jit
+def _bias_keys(b_row, n, stride_bn, Sk, BIAS_BOOL: tl.constexpr):
+    """A bias that does not vary along the queries (a padding mask [B, 1, 1, Sk], or one query): one
+    vector over the block's keys, in the log2 domain, broadcast over the rows by the caller (BLOCK_M
+    times fewer loads than a tile)."""
+    return _bias_tile(b_row + n * stride_bn, n < Sk, BIAS_BOOL)
+
+
+@triton.jit
 def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, offs_n, offs_d,
                stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D, qk_scale,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr,
-               EVEN_D: tl.constexpr, IEEE: tl.constexpr):
+               BIAS_ROW: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr):
     n = start_n + offs_n
     kt_ptrs = k_base + n[None, :] * stride_kn + offs_d[:, None] * stride_kd     # [BLOCK_D, BLOCK_N]
     v_ptrs = v_base + n[:, None] * stride_vn + offs_d[None, :] * stride_vd      # [BLOCK_N, BLOCK_D]
@@ -85,12 +93,15 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, of
         if CAUSAL:
             valid = valid & (n[None, :] <= rm[:, None])
     if HAS_BIAS:
-        b_ptrs = b_rows[:, None] + n[None, :] * stride_bn
-        if MASKED:
-            bmask = rvalid[:, None] & (n[None, :] < Sk)
+        if BIAS_ROW:     # b_rows: one pointer, the bias row every query of the block shares
+            s = qk * qk_scale + _bias_keys(b_rows, n, stride_bn, Sk, BIAS_BOOL)[None, :]
         else:
-            bmask = rvalid[:, None]
-        s = qk * qk_scale + _bias_tile(b_ptrs, bmask, BIAS_BOOL)
+            b_ptrs = b_rows[:, None] + n[None, :] * stride_bn
+            if MASKED:
+                bmask = rvalid[:, None] & (n[None, :] < Sk)
+            else:
+                bmask = rvalid[:, None]
+            s = qk * qk_scale + _bias_tile(b_ptrs, bmask, BIAS_BOOL)
         if MASKED:
             s = tl.where(valid, s, NEG_INF)
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -127,11 +138,13 @@ def attn_fwd(Q, K, V, Bias, O, LSE, ML,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
              CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr, EVEN_D: tl.constexpr,
              IEEE: tl.constexpr, SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, REVERSE: tl.constexpr,
-             PACK: tl.constexpr):
+             PACK: tl.constexpr, BIAS_ROW: tl.constexpr):
     """out/lse of one query block (SPLIT: the partial out/l, m of one key slice, fp32).
 
     PACK (GQA decode): the block's rows are (query head of the group, query) pairs of one KV head,
-    so the group's heads share each K/V tile instead of reading it GROUP times; axis 1 is B * Hkv."""
+    so the group's heads share each K/V tile instead of reading it GROUP times; axis 1 is B * Hkv.
+    BIAS_ROW: the bias is the same for every row of the block (stride 0 along the queries, and along
+    the heads when PACK; or one query): it is read as one vector per key block."""
     if REVERSE:   # causal: the longest rows first, so the last wave is short
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     else:
@@ -163,6 +176,11 @@ def attn_fwd(Q, K, V, Bias, O, LSE, ML,
         b_rows = Bias + b * stride_bb + h * stride_bh + offs_m * stride_bm
         o_rows = b * stride_ob + h * stride_oh + offs_m * stride_om
         l_rows = b * stride_lb + h * stride_lh + offs_m * stride_lm
+    if BIAS_ROW:
+        if PACK:
+            b_rows = Bias + b * stride_bb + hk * GROUP * stride_bh
+        else:
+            b_rows = Bias + b * stride_bb + h * stride_bh
     q_ptrs = Q + q_rows[:, None] + offs_d[None, :] * stride_qd
     if EVEN_D:
         q = tl.load(q_ptrs, mask=rvalid[:, None], other=0.0)
@@ -198,11 +216,11 @@ def attn_fwd(Q, K, V, Bias, O, LSE, ML,
     for start_n in range(lo, hi_full_s, BLOCK_N):
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, offs_n, offs_d,
                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D,
-                                   qk_scale, False, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
+                                   qk_scale, False, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE)
     for start_n in range(lo2, hi_s, BLOCK_N):
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, offs_n, offs_d,
                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D,
-                                   qk_scale, True, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
+                                   qk_scale, True, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     split_off = 0
@@ -297,7 +315,7 @@ def _lse2(LSE_row_ptrs, mask):
 def _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, start_m, offs_n, offs_m0, offs_d,
                 stride_qm, stride_qd, stride_gm, stride_gd, stride_bm, stride_bn, stride_lm,
                 Sq, Sk, D, qk_scale, DIAG: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                BIAS_BOOL: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr):
+                BIAS_BOOL: tl.constexpr, BIAS_ROW: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr):
     offs_m = start_m + offs_m0
     rmask = offs_m < Sq
     if EVEN_D:
@@ -310,8 +328,11 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, sta
     delta = tl.load(delta_base + offs_m, mask=rmask, other=0.0)
     st = _dot(k, tl.trans(q), IEEE) * qk_scale                     # [BLOCK_N, BLOCK_M], log2 domain
     if HAS_BIAS:
-        b_ptrs = b_base + offs_n[:, None] * stride_bn + offs_m[None, :] * stride_bm
-        st += _bias_tile(b_ptrs, (offs_n[:, None] < Sk) & rmask[None, :], BIAS_BOOL)
+        if BIAS_ROW:
+            st += _bias_keys(b_base, offs_n, stride_bn, Sk, BIAS_BOOL)[:, None]
+        else:
+            b_ptrs = b_base + offs_n[:, None] * stride_bn + offs_m[None, :] * stride_bm
+            st += _bias_tile(b_ptrs, (offs_n[:, None] < Sk) & rmask[None, :], BIAS_BOOL)
     pt = tl.math.exp2(st - lse2[None, :])      # masked keys (-inf) and missing rows (lse2 = +inf) give 0
     if DIAG:
         pt = tl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
@@ -335,7 +356,7 @@ def attn_bwd_dkdv(Q, K, V, Bias, DO, LSE, Delta, DK, DV,
                   Hq, Hkv, GROUP, NG, Sq, Sk, D, qk_scale, scale,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr, EVEN_D: tl.constexpr,
-                  IEEE: tl.constexpr):
+                  IEEE: tl.constexpr, BIAS_ROW: tl.constexpr):
     """dV = sum over the group's heads of P^T dO; dK = scale * sum dS^T Q, dS = P (dP - delta).
 
     NG > 1 (GQA with too few programs otherwise): the group's heads are split over NG programs, each
@@ -378,11 +399,13 @@ def attn_bwd_dkdv(Q, K, V, Bias, DO, LSE, Delta, DK, DV,
         for start_m in range(lo, mid, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, start_m, offs_n,
                                  offs_m0, offs_d, stride_qm, stride_qd, stride_gm, stride_gd, stride_bm, stride_bn,
-                                 stride_lm, Sq, Sk, D, qk_scale, True, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
+                                 stride_lm, Sq, Sk, D, qk_scale, True, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW,
+                                 EVEN_D, IEEE)
         for start_m in range(tl.maximum(mid, lo), Sq, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, start_m, offs_n,
                                  offs_m0, offs_d, stride_qm, stride_qd, stride_gm, stride_gd, stride_bm, stride_bn,
-                                 stride_lm, Sq, Sk, D, qk_scale, False, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
+                                 stride_lm, Sq, Sk, D, qk_scale, False, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW,
+                                 EVEN_D, IEEE)
     dk = dk * scale
     gi64 = gi.to(tl.int64)
     tl.store(DK + b * stride_dkb + hk * stride_dkh + gi64 * stride_dkg + offs_n[:, None] * stride_dkn
@@ -416,7 +439,7 @@ def attn_bwd_group_sum(P, OUT, NG, Hkv, Sk, D,
 def _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, offs_n0, offs_d,
               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D, qk_scale,
               MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr,
-              EVEN_D: tl.constexpr, IEEE: tl.constexpr):
+              BIAS_ROW: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr):
     n = start_n + offs_n0
     kt_ptrs = k_base + n[None, :] * stride_kn + offs_d[:, None] * stride_kd     # [BLOCK_D, BLOCK_N]
     vt_ptrs = v_base + n[None, :] * stride_vn + offs_d[:, None] * stride_vd
@@ -436,12 +459,15 @@ def _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, o
             vt = tl.load(vt_ptrs, mask=offs_d[:, None] < D, other=0.0)
     s = _dot(q, kt, IEEE) * qk_scale
     if HAS_BIAS:
-        b_ptrs = b_base + offs_m[:, None] * stride_bm + n[None, :] * stride_bn
-        if MASKED:
-            bmask = (offs_m[:, None] < Sq) & (n[None, :] < Sk)
+        if BIAS_ROW:
+            s += _bias_keys(b_base, n, stride_bn, Sk, BIAS_BOOL)[None, :]
         else:
-            bmask = offs_m[:, None] < Sq
-        s += _bias_tile(b_ptrs, bmask, BIAS_BOOL)
+            b_ptrs = b_base + offs_m[:, None] * stride_bm + n[None, :] * stride_bn
+            if MASKED:
+                bmask = (offs_m[:, None] < Sq) & (n[None, :] < Sk)
+            else:
+                bmask = offs_m[:, None] < Sq
+            s += _bias_tile(b_ptrs, bmask, BIAS_BOOL)
     p = tl.math.exp2(s - lse2[:, None])
     if MASKED:
         valid = n[None, :] < Sk
@@ -466,7 +492,7 @@ def attn_bwd_dq(Q, K, V, Bias, DO, LSE, Delta, DQ,
                 Hq, GROUP, Sq, Sk, D, qk_scale, scale,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                 CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr, EVEN_D: tl.constexpr,
-                IEEE: tl.constexpr):
+                IEEE: tl.constexpr, BIAS_ROW: tl.constexpr):
     """dQ = scale * dS K, dS = P (dP - delta), dP = dO V^T."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -502,11 +528,11 @@ def attn_bwd_dq(Q, K, V, Bias, DO, LSE, Delta, DQ,
     for start_n in range(0, hi_full, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, offs_n0, offs_d,
                        stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D, qk_scale,
-                       False, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
+                       False, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE)
     for start_n in range(hi_full, hi, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, offs_n0, offs_d,
                        stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D, qk_scale,
-                       True, CAUSAL, HAS_BIAS, BIAS_BOOL, EVEN_D, IEEE)
+                       True, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE)
     dq = dq * scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=lmask)

@@ -89,8 +89,8 @@ def set_config(kind: str, block_d: int, ieee: bool, cfg):
 
 @functools.lru_cache(maxsize=256)
 def _config(kind: str, block_d: int, ieee: bool, interp: bool):
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of a kernel kind: fwd (no mask), fwd_bias (a mask, not
-    causal), fwd_causal, decode, dkdv, dq. tests/core/test_gpu_compile.py compiles every GPU entry for
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of a kernel kind: fwd (no mask, or one shared by the
+    queries: BIAS_ROW), fwd_bias (a mask read as tiles, not causal), fwd_causal, decode, dkdv, dq. tests/core/test_gpu_compile.py compiles every GPU entry for
     sm_90 (with a bias: the most shared memory) and checks it fits."""
     o = _OVERRIDES.get((kind, block_d, ieee))
     if o is not None:
@@ -105,7 +105,7 @@ def _config(kind: str, block_d: int, ieee: bool, interp: bool):
     # sm90, fp16/bf16: the fastest of `python -m benchmarks.attention --sweep` on an H100 (session 19,
     # docs/perf.md) at Llama-2's [B, 32, S, 128] (causal and not) and BERT's [32, 12, 512, 64] with its
     # padding mask. A mask's tiles are pipelined through shared memory too: 128 x 128 x 3 stages with a
-    # bias needs 256 KiB at head dim 128 (sm_90 has 227), hence fwd_bias.
+    # bias tile needs 256 KiB at head dim 128 (sm_90 has 227), hence fwd_bias.
     if block_d <= 64:
         return {"fwd": (128, 64, 4, 4), "fwd_bias": (128, 64, 4, 4), "fwd_causal": (64, 64, 4, 3), "decode": (16, 64, 4, 3),
                 "dkdv": (32, 64, 4, 3), "dq": (64, 32, 4, 3)}[kind]
@@ -116,8 +116,9 @@ def _config(kind: str, block_d: int, ieee: bool, interp: bool):
             "dkdv": (16, 32, 8, 2), "dq": (32, 16, 8, 2)}[kind]
 
 
-def _fwd_kind(decode: bool, causal: bool, has_bias: bool) -> str:
-    return "decode" if decode else "fwd_causal" if causal else "fwd_bias" if has_bias else "fwd"
+def _fwd_kind(decode: bool, causal: bool, bias_tile: bool) -> str:
+    """bias_tile: a bias read as [BLOCK_M, BLOCK_N] tiles (not BIAS_ROW), which needs smaller blocks."""
+    return "decode" if decode else "fwd_causal" if causal else "fwd_bias" if bias_tile else "fwd"
 
 
 @functools.lru_cache(maxsize=16)
@@ -215,6 +216,13 @@ def _bias_args(bias, q, B, Hq, Sq, Sk):
     return b, b.stride(), True, bias.dtype == torch.bool
 
 
+def _bias_row(has_bias, bst, Sq, pack=False) -> bool:
+    """Whether every query of a block sees the same bias row (the kernels' BIAS_ROW): the expanded
+    bias has stride 0 along the queries (a padding mask [B, 1, 1, Sk]) or there is one query, and, when
+    a block packs a GQA group's heads, stride 0 along the heads too."""
+    return has_bias and (bst[2] == 0 or Sq == 1) and (not pack or bst[1] == 0)
+
+
 def _scale(q, scale):
     if scale is None:
         return 1.0 / math.sqrt(q.shape[-1])
@@ -277,9 +285,10 @@ def _forward(q, k, v, bias, causal, scale, o, lse):
     decode = Sq <= 16
     qk_scale = scale * _LOG2E
     bt, bst, has_bias, bias_bool = _bias_args(bias, q, B, Hq, Sq, Sk)
-    BM, BN, W, ST = _config(_fwd_kind(decode, causal, has_bias), BD, ieee, interp)
     # GQA decode: the group's query heads share one program per KV head (K/V read once per group)
     pack = decode and group > 1
+    bias_row = _bias_row(has_bias, bst, Sq, pack)
+    BM, BN, W, ST = _config(_fwd_kind(decode, causal, has_bias and not bias_row), BD, ieee, interp)
     if pack:
         nm, nbh = _packed(B, Hq, Hkv, Sq, BM)
         sk_eff = min(Sk, Sq) if causal else Sk
@@ -296,7 +305,7 @@ def _forward(q, k, v, bias, causal, scale, o, lse):
         lst = (mp.stride(1), mp.stride(2), mp.stride(3), mp.stride(0))
         _fwd.run((nm, nbh, ns),
                  (q, k, v, bt, op, mp, lp, *common, *ost, *lst, Hq, group, Sq, Sk, D, qk_scale, split_len,
-                  BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, True, False, False, pack), W, ST)
+                  BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, True, False, False, pack, bias_row), W, ST)
         BMc = min(next_pow2(Sq), 16)
         store = lse is not None
         lt = lse if store else o
@@ -312,7 +321,7 @@ def _forward(q, k, v, bias, causal, scale, o, lse):
     _fwd.run((nm, nbh, 1),
              (q, k, v, bt, o, lt, o, *common, *_strides4(o), 0, *lst, Hq, group, Sq, Sk, D, qk_scale, Sk,
               BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, False, store,
-              bool(causal) and nm > 1 and not pack, pack), W, ST)
+              bool(causal) and nm > 1 and not pack, pack, bias_row), W, ST)
 
 
 def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv):
@@ -325,6 +334,7 @@ def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv):
     interp = _interp(q)
     qk_scale = scale * _LOG2E
     bt, bst, has_bias, bias_bool = _bias_args(bias, q, B, Hq, Sq, Sk)
+    bias_row = _bias_row(has_bias, bst, Sq)
     delta = empty((B, Hq, Sq), torch.float32, q.device)
     BMp = 32 if interp else 64
     _pre.run((cdiv(Sq, BMp), B * Hq), (o, do, delta, Hq, Sq, D, *_strides4(o), *_strides4(do), BMp, BD), 4, 1)
@@ -342,7 +352,7 @@ def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv):
         _dkdv.run((nkb, B * Hkv),
                   (q, k, v, bt, do, lse, delta, dk, dv, *common, *_strides4(dk), 0, *_strides4(dv), 0,
                    Hq, Hkv, group, 1, Sq, Sk, D, qk_scale, scale, BM1, BN1, BD, causal, has_bias, bias_bool, even,
-                   ieee), W1, S1)
+                   ieee, bias_row), W1, S1)
     else:
         pk = empty((B, Hkv, ng, Sk, D), torch.float32, q.device)
         pv = empty((B, Hkv, ng, Sk, D), torch.float32, q.device)
@@ -350,7 +360,7 @@ def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv):
         _dkdv.run((nkb, B * Hkv * ng),
                   (q, k, v, bt, do, lse, delta, pk, pv, *common, *pst, *pst,
                    Hq, Hkv, group, ng, Sq, Sk, D, qk_scale, scale, BM1, BN1, BD, causal, has_bias, bias_bool, even,
-                   ieee), W1, S1)
+                   ieee, bias_row), W1, S1)
         BNs = 32
         for part, out in ((pk, dk), (pv, dv)):
             _gsum.run((cdiv(Sk, BNs), B * Hkv),
@@ -359,7 +369,7 @@ def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv):
     BM2, BN2, W2, S2 = _config("dq", BD, ieee, interp)
     _dq.run((cdiv(Sq, BM2), B * Hq),
             (q, k, v, bt, do, lse, delta, dq, *common, *_strides4(dq),
-             Hq, group, Sq, Sk, D, qk_scale, scale, BM2, BN2, BD, causal, has_bias, bias_bool, even, ieee),
+             Hq, group, Sq, Sk, D, qk_scale, scale, BM2, BN2, BD, causal, has_bias, bias_bool, even, ieee, bias_row),
             W2, S2)
 
 

@@ -82,9 +82,9 @@ def test_kernels_compile_for_sm90():
 
 
 def _attention_gpu_records():
-    """Records of the attention kernels at every launch config of attention._config's GPU table, with a
-    float bias where the kind may have one (its tiles are pipelined through shared memory too: the most a
-    config can need; kind "fwd" is the forward without a mask) and 16-bit
+    """Records of the attention kernels at every launch config of attention._config's GPU table, with the
+    largest float bias the kind may read (its tiles are pipelined through shared memory too: the most a
+    config can need; kind "fwd" reads at most one bias row per key block) and 16-bit
     operands, from the recorded interpreter signatures; each distinct (kernel, config) once."""
     from gems.ops import attention as A
     base = {r["name"]: r for r in _records() if r["module"] == "gems.ops._attention_kernels"}
@@ -105,7 +105,10 @@ def _attention_gpu_records():
                     if p in r["signature"]:
                         r["signature"][p] = dt
                 c = r["constexprs"]
-                c.update(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, HAS_BIAS=kind != "fwd", BIAS_BOOL=False, IEEE=ieee,
+                # kind fwd: at most a bias shared by the queries (one vector per key block); the others
+                # may read [BLOCK_M, BLOCK_N] bias tiles
+                c.update(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, HAS_BIAS=True, BIAS_BOOL=False,
+                         BIAS_ROW=kind == "fwd", IEEE=ieee,
                          CAUSAL=kind in ("fwd_causal", "dkdv", "dq"))
                 if name == "attn_fwd":
                     c.update(SPLIT=kind == "decode", REVERSE=kind == "fwd_causal", STORE_LSE=kind != "decode")

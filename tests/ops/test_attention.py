@@ -203,7 +203,8 @@ def test_decode_split_kv(Sk, dtype):
     # GQA decode (the group's heads packed into one program per KV head), with a padding mask and a
     # few query rows (speculative decoding), split and not; causal (top-left: rows see keys <= row)
     decode_cases = ((2, 4, 2, 3, "bool_pad", False, ON_GPU), (1, 8, 2, 1, None, False, True),
-                    (1, 4, 1, 5, "add_head", False, True), (1, 4, 2, 3, None, True, False))
+                    (1, 4, 1, 5, "add_head", False, True), (1, 4, 2, 3, None, True, False),
+                    (1, 4, 4, 1, "add_head", False, False))    # one query: a per-head bias read as one row
     for B, Hq, Hk, Sq, mkind, causal, split in decode_cases:
         q, k, v = qkv(B, Hq, Hk, Sq, Sk, D, dtype)
         mask = make_mask(mkind, B, Hq, Sq, Sk, dtype)
@@ -435,3 +436,16 @@ def test_attention_is_opt_in():
     assert torch.equal(out, fn())
     with served_attention(fn), gems_on():
         fn()
+
+
+def test_bias_row_is_chosen_only_where_every_row_of_a_block_shares_the_bias():
+    # BIAS_ROW reads one bias vector per key block instead of a [BLOCK_M, BLOCK_N] tile; both paths are
+    # run by the cases above (bool_pad/add_pad: rows share; bool_full/add_head: they do not)
+    pad = make_mask("bool_pad", 2, 3, 9, 9, torch.float16).expand(2, 3, 9, 9)
+    head = make_mask("add_head", 2, 3, 9, 9, torch.float16).expand(2, 3, 9, 9)
+    assert A._bias_row(True, pad.stride(), 9)
+    assert not A._bias_row(True, head.stride(), 9)
+    assert A._bias_row(True, head[:, :, :1].stride(), 1)              # one query
+    assert not A._bias_row(True, head[:, :, :1].stride(), 1, pack=True)   # GQA packing: rows are heads
+    assert A._bias_row(True, pad[:, :, :1].stride(), 1, pack=True)
+    assert not A._bias_row(False, pad.stride(), 9)
