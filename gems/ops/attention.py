@@ -43,12 +43,18 @@ Launch configs: `_config` (per kind, padded head dim, fp32-or-not, GPU or interp
 `set_config` overrides one (benchmarks/attention.py --sweep).
 
 Opt-in: the overloads form the opt-in group "attention" (`gems.enable(opt_in=("attention",))` or
-GEMS_OPT_IN=attention): correct, but not yet faster than cuDNN on the H100, so plain `enable()` leaves
-SDPA to ATen.
+GEMS_OPT_IN=attention): correct, but Llama-2's prefill forward still takes 1.2-1.36x cuDNN's time on an
+H100 (cuDNN runs a FlashAttention-3-class kernel there: 500-620 TFLOP/s; a minimal Triton 3.6 flash
+kernel with the tutorial's structure measured 1.32x, with TMA loads or `warp_specialize` no better;
+docs/perf.md, session 19), so plain `enable()` leaves SDPA to ATen.
 
-Call plans: the CPU overloads and the efficient/backward overloads get plans; the cuDNN and flash
-forwards return SymInts (max_q, max_k), which plans cannot map yet, so they run the Python path
-(about 30 us of host time per call).
+Call plans: every overload gets plans. The cuDNN and flash forwards return SymInts (max_q, max_k):
+sizes, replayed as the recorded constants (before session 19 they kept the Python path, 70-140 us of
+host per call on an H100, as much as BERT's whole attention kernel).
+
+Bias tiles: a mask shared by every query of a block (a padding mask [B, 1, 1, Sk] has stride 0 along
+the queries; or a single query) is read as one vector per key block (the kernels' BIAS_ROW), not as a
+[BLOCK_M, BLOCK_N] tile; such calls take the unmasked forward's configs.
 """
 from __future__ import annotations
 
