@@ -14,6 +14,9 @@ need no mask (below the causal diagonal and inside Sk) run in a loop without mas
 the ragged last block in a second, masked loop; blocks above the diagonal are never visited.
 Split-KV (decode, few programs): each program also takes one slice of the keys and writes its partial
 (out / l, m, l) in fp32; `attn_combine` merges the slices (flash-decoding).
+Dropout (DROPOUT): P V takes P * keep, keep = `_dropout_keep`(Philox seed, offset; query row, key) < 1 - p,
+the row sum all of P, the output 1 / (1 - p); the backward regenerates keep per tile:
+dV = (P * Z)^T dO, dP = (dO V^T) * Z (Z = keep / (1 - p)), and delta = rowsum(dO * O) stays right.
 Backward: `attn_bwd_pre` delta = rowsum(dO * O); `attn_bwd_dkdv` one program per (BLOCK_N keys, batch *
 KV head) walks every query block of every query head of its group (deterministic: no atomics, GQA
 gradients summed in registers; when that leaves SMs idle the group is spread over programs writing fp32
@@ -66,10 +69,29 @@ def _bias_keys(b_row, n, stride_bn, Sk, BIAS_BOOL: tl.constexpr):
 
 
 @triton.jit
+def _dropout_keep(seed, offset, rows, col0, thr, BM: tl.constexpr, BN: tl.constexpr):
+    """Which scores of the [BM, BN] block (query rows `rows`, global ids (b * Hq + h) * Sq + i; keys col0
+    ... col0 + BN - 1, col0 % 4 == 0) dropout keeps: Philox(seed; counter (key // 4, row, offset low,
+    offset high)) gives 4 uint32 per call, one per key of the quad; keep iff < thr = keep prob * 2**32.
+    A function of the positions only, so the backward's tiles (any block shape) regenerate the same mask."""
+    offset = offset.to(tl.int64)
+    c0 = tl.broadcast_to((col0 // 4 + tl.arange(0, BN // 4))[None, :], [BM, BN // 4]).to(tl.uint32)
+    c1 = tl.broadcast_to(rows[:, None], [BM, BN // 4]).to(tl.uint32)
+    zero = tl.zeros([BM, BN // 4], tl.uint32)
+    c2 = zero + (offset & 0xFFFFFFFF).to(tl.uint32)
+    c3 = zero + ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    r0, r1, r2, r3 = tl.philox(seed, c0, c1, c2, c3)
+    # [BM, BN/4, 2, 2] -> [BM, BN]: key 4c + 2i + j takes output 2i + j of quad c
+    r = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BM, BN])
+    return r < thr.to(tl.uint32)
+
+
+@triton.jit
 def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, offs_n, offs_d,
                stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D, qk_scale,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr,
-               BIAS_ROW: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr):
+               BIAS_ROW: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr,
+               seed, offset, grow, thr, DROPOUT: tl.constexpr):
     n = start_n + offs_n
     kt_ptrs = k_base + n[None, :] * stride_kn + offs_d[:, None] * stride_kd     # [BLOCK_D, BLOCK_N]
     v_ptrs = v_base + n[:, None] * stride_vn + offs_d[None, :] * stride_vd      # [BLOCK_N, BLOCK_D]
@@ -120,13 +142,19 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, of
     alpha = tl.math.exp2(m_i - m_use)
     # P V accumulates into the rescaled accumulator inside the MMA (Hopper's wgmma adds to its
     # registers): a separate product plus an add would hold a second [BLOCK_M, BLOCK_D] fp32 tile
-    acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
+    # dropout zeroes P's entries after the softmax: the row sum (the softmax's denominator, and the lse)
+    # takes every entry, P V only the kept ones (the 1 / keep scale is applied once, at the end)
+    if DROPOUT:
+        pv = tl.where(_dropout_keep(seed, offset, grow, start_n, thr, p.shape[0], p.shape[1]), p, 0.0)
+    else:
+        pv = p
+    acc = _dot_acc(pv.to(v.dtype), v, acc * alpha[:, None], IEEE)
     # the row sum last: its registers are live for the shortest time
     l_i = l_i * alpha + tl.sum(p, 1)
     return acc, l_i, m_new
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "offset"])   # per-call values: one binary for every call
 def attn_fwd(Q, K, V, Bias, O, LSE, ML,
              stride_qb, stride_qh, stride_qm, stride_qd,
              stride_kb, stride_kh, stride_kn, stride_kd,
@@ -134,17 +162,20 @@ def attn_fwd(Q, K, V, Bias, O, LSE, ML,
              stride_bb, stride_bh, stride_bm, stride_bn,
              stride_ob, stride_oh, stride_om, stride_od, stride_os,
              stride_lb, stride_lh, stride_lm, stride_ls,
-             Hq, GROUP, Sq, Sk, D, qk_scale, SPLIT_LEN,
+             Hq, GROUP, Sq, Sk, D, qk_scale, SPLIT_LEN, seed, offset, thr, inv_keep, SeedOut,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
              CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr, EVEN_D: tl.constexpr,
              IEEE: tl.constexpr, SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, REVERSE: tl.constexpr,
-             PACK: tl.constexpr, BIAS_ROW: tl.constexpr):
+             PACK: tl.constexpr, BIAS_ROW: tl.constexpr, DROPOUT: tl.constexpr):
     """out/lse of one query block (SPLIT: the partial out/l, m of one key slice, fp32).
 
     PACK (GQA decode): the block's rows are (query head of the group, query) pairs of one KV head,
     so the group's heads share each K/V tile instead of reading it GROUP times; axis 1 is B * Hkv.
     BIAS_ROW: the bias is the same for every row of the block (stride 0 along the queries, and along
-    the heads when PACK; or one query): it is read as one vector per key block."""
+    the heads when PACK; or one query): it is read as one vector per key block.
+    DROPOUT: P's entries are kept with probability thr / 2**32 (`_dropout_keep`; Philox seed, offset per
+    call) and the output scaled by inv_keep; program (0, 0, 0) writes (seed, offset) to SeedOut, where the
+    backward kernels read them."""
     if REVERSE:   # causal: the longest rows first, so the last wave is short
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     else:
@@ -181,6 +212,15 @@ def attn_fwd(Q, K, V, Bias, O, LSE, ML,
             b_rows = Bias + b * stride_bb + hk * GROUP * stride_bh
         else:
             b_rows = Bias + b * stride_bb + h * stride_bh
+    grow = offs_m
+    if DROPOUT:
+        if PACK:
+            grow = (b * Hq + rh) * Sq + rm
+        else:
+            grow = (b * Hq + h) * Sq + offs_m
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
+            tl.store(SeedOut, seed)
+            tl.store(SeedOut + 1, offset)
     q_ptrs = Q + q_rows[:, None] + offs_d[None, :] * stride_qd
     if EVEN_D:
         q = tl.load(q_ptrs, mask=rvalid[:, None], other=0.0)
@@ -216,13 +256,17 @@ def attn_fwd(Q, K, V, Bias, O, LSE, ML,
     for start_n in range(lo, hi_full_s, BLOCK_N):
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, offs_n, offs_d,
                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D,
-                                   qk_scale, False, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE)
+                                   qk_scale, False, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE,
+                                   seed, offset, grow, thr, DROPOUT)
     for start_n in range(lo2, hi_s, BLOCK_N):
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, offs_n, offs_d,
                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D,
-                                   qk_scale, True, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE)
+                                   qk_scale, True, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE,
+                                   seed, offset, grow, thr, DROPOUT)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if DROPOUT:
+        out = out * inv_keep
     split_off = 0
     if SPLIT:
         split_off = tl.program_id(2).to(tl.int64)
@@ -315,7 +359,8 @@ def _lse2(LSE_row_ptrs, mask):
 def _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, start_m, offs_n, offs_m0, offs_d,
                 stride_qm, stride_qd, stride_gm, stride_gd, stride_bm, stride_bn, stride_lm,
                 Sq, Sk, D, qk_scale, DIAG: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                BIAS_BOOL: tl.constexpr, BIAS_ROW: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr):
+                BIAS_BOOL: tl.constexpr, BIAS_ROW: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr,
+                seed, offset, grow0, start_n, thr, inv_keep, DROPOUT: tl.constexpr):
     offs_m = start_m + offs_m0
     rmask = offs_m < Sq
     if EVEN_D:
@@ -336,8 +381,15 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, sta
     pt = tl.math.exp2(st - lse2[None, :])      # masked keys (-inf) and missing rows (lse2 = +inf) give 0
     if DIAG:
         pt = tl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
-    dv += _dot(pt.to(do.dtype), do, IEEE)
     dpt = _dot(v, tl.trans(do), IEEE)
+    if DROPOUT:
+        # the forward's mask, transposed: dV takes the kept (scaled) P, dP's kept entries are scaled
+        keep = tl.trans(_dropout_keep(seed, offset, grow0 + offs_m, start_n, thr, offs_m0.shape[0],
+                                      offs_n.shape[0]))
+        dv += _dot((tl.where(keep, pt, 0.0) * inv_keep).to(do.dtype), do, IEEE)
+        dpt = tl.where(keep, dpt * inv_keep, 0.0)
+    else:
+        dv += _dot(pt.to(do.dtype), do, IEEE)
     dst = pt * (dpt - delta[None, :])
     dk += _dot(dst.to(q.dtype), q, IEEE)
     return dk, dv
@@ -356,11 +408,13 @@ def attn_bwd_dkdv(Q, K, V, Bias, DO, LSE, Delta, DK, DV,
                   Hq, Hkv, GROUP, NG, Sq, Sk, D, qk_scale, scale,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                   CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr, EVEN_D: tl.constexpr,
-                  IEEE: tl.constexpr, BIAS_ROW: tl.constexpr):
+                  IEEE: tl.constexpr, BIAS_ROW: tl.constexpr, SeedOff, thr, inv_keep, DROPOUT: tl.constexpr):
     """dV = sum over the group's heads of P^T dO; dK = scale * sum dS^T Q, dS = P (dP - delta).
 
     NG > 1 (GQA with too few programs otherwise): the group's heads are split over NG programs, each
-    writing an fp32 partial at DK/DV + gi * stride_g, summed by `attn_bwd_group_sum`."""
+    writing an fp32 partial at DK/DV + gi * stride_g, summed by `attn_bwd_group_sum`.
+    DROPOUT (Z = the forward's mask / keep prob, regenerated from SeedOff = [seed, offset]):
+    dV = sum (P * Z)^T dO, dP = (dO V^T) * Z, dS = P (dP - delta)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     gi = pid_bh % NG
@@ -389,8 +443,14 @@ def attn_bwd_dkdv(Q, K, V, Bias, DO, LSE, Delta, DK, DV,
     else:
         lo = 0
         mid = 0
+    seed = 0
+    offset = 0
+    if DROPOUT:
+        seed = tl.load(SeedOff)
+        offset = tl.load(SeedOff + 1)
     for g in range(gi * gpp, gi * gpp + gpp):
         h = hk * GROUP + g
+        grow0 = (b * Hq + h) * Sq
         q_base = Q + b * stride_qb + h * stride_qh
         do_base = DO + b * stride_gb + h * stride_gh
         b_base = Bias + b * stride_bb + h * stride_bh
@@ -400,12 +460,12 @@ def attn_bwd_dkdv(Q, K, V, Bias, DO, LSE, Delta, DK, DV,
             dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, start_m, offs_n,
                                  offs_m0, offs_d, stride_qm, stride_qd, stride_gm, stride_gd, stride_bm, stride_bn,
                                  stride_lm, Sq, Sk, D, qk_scale, True, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW,
-                                 EVEN_D, IEEE)
+                                 EVEN_D, IEEE, seed, offset, grow0, start_n, thr, inv_keep, DROPOUT)
         for start_m in range(tl.maximum(mid, lo), Sq, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, start_m, offs_n,
                                  offs_m0, offs_d, stride_qm, stride_qd, stride_gm, stride_gd, stride_bm, stride_bn,
                                  stride_lm, Sq, Sk, D, qk_scale, False, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW,
-                                 EVEN_D, IEEE)
+                                 EVEN_D, IEEE, seed, offset, grow0, start_n, thr, inv_keep, DROPOUT)
     dk = dk * scale
     gi64 = gi.to(tl.int64)
     tl.store(DK + b * stride_dkb + hk * stride_dkh + gi64 * stride_dkg + offs_n[:, None] * stride_dkn
@@ -439,7 +499,8 @@ def attn_bwd_group_sum(P, OUT, NG, Hkv, Sk, D,
 def _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, offs_n0, offs_d,
               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D, qk_scale,
               MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr,
-              BIAS_ROW: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr):
+              BIAS_ROW: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr,
+              seed, offset, grow, thr, inv_keep, DROPOUT: tl.constexpr):
     n = start_n + offs_n0
     kt_ptrs = k_base + n[None, :] * stride_kn + offs_d[:, None] * stride_kd     # [BLOCK_D, BLOCK_N]
     vt_ptrs = v_base + n[None, :] * stride_vn + offs_d[:, None] * stride_vd
@@ -475,6 +536,9 @@ def _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, o
             valid = valid & (n[None, :] <= offs_m[:, None])
         p = tl.where(valid, p, 0.0)
     dp = _dot(do, vt, IEEE)
+    if DROPOUT:
+        keep = _dropout_keep(seed, offset, grow, start_n, thr, offs_m.shape[0], offs_n0.shape[0])
+        dp = tl.where(keep, dp * inv_keep, 0.0)
     ds = p * (dp - delta[:, None])
     dq += _dot(ds.to(kt.dtype), tl.trans(kt), IEEE)
     return dq
@@ -492,8 +556,8 @@ def attn_bwd_dq(Q, K, V, Bias, DO, LSE, Delta, DQ,
                 Hq, GROUP, Sq, Sk, D, qk_scale, scale,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                 CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr, EVEN_D: tl.constexpr,
-                IEEE: tl.constexpr, BIAS_ROW: tl.constexpr):
-    """dQ = scale * dS K, dS = P (dP - delta), dP = dO V^T."""
+                IEEE: tl.constexpr, BIAS_ROW: tl.constexpr, SeedOff, thr, inv_keep, DROPOUT: tl.constexpr):
+    """dQ = scale * dS K, dS = P (dP - delta), dP = dO V^T (DROPOUT: times the forward's Z)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // Hq).to(tl.int64)
@@ -524,15 +588,23 @@ def attn_bwd_dq(Q, K, V, Bias, DO, LSE, Delta, DQ,
     else:
         hi = Sk
         hi_full = (Sk // BLOCK_N) * BLOCK_N
+    seed = 0
+    offset = 0
+    if DROPOUT:
+        seed = tl.load(SeedOff)
+        offset = tl.load(SeedOff + 1)
+    grow = (b * Hq + h) * Sq + offs_m
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, hi_full, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, offs_n0, offs_d,
                        stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D, qk_scale,
-                       False, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE)
+                       False, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE, seed, offset, grow, thr,
+                       inv_keep, DROPOUT)
     for start_n in range(hi_full, hi, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, offs_n0, offs_d,
                        stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D, qk_scale,
-                       True, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE)
+                       True, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE, seed, offset, grow, thr,
+                       inv_keep, DROPOUT)
     dq = dq * scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=lmask)

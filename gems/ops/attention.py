@@ -20,7 +20,20 @@ other (a backward outside a `use_gems` scope) agree: the output in the layout AT
 query's dim order; flash: like query; efficient: [B, S, H, D] transposed; CPU: like query),
 logsumexp in fp32 and natural log (flash [B, H, Sq]; cuDNN [B, H, Sq, 1]; efficient [B, H,
 ceil(Sq/32)*32] or [B, H, 0] when not requested; CPU [B, Sq, H] transposed), philox seed/offset as
-empty-state tensors (dropout is never served), undefined tensors where ATen returns them.
+empty-state tensors without dropout, undefined tensors where ATen returns them.
+
+Dropout (cuDNN's and the efficient kernel's overloads, whose Philox state travels from the forward to
+the backward): P's entries are kept with probability 1 - p by a Philox mask that is a function of
+(seed, offset, query row, key) only, so the backward's tiles regenerate it; the softmax's denominator
+and the logsumexp take every entry (as ATen's math: dropout after the softmax), the output is scaled by
+1 / (1 - p). Same distribution as ATen's, not the same bits. Seed and offset come from the device's
+default generator per call (`torch.manual_seed` reproduces a run; plans draw them per call) and the
+forward kernel writes them into a (2,) int64 tensor returned as philox_seed (philox_offset is a view
+of its second element), which the backward kernels read on the device. None of ATen's overloads returns
+its state in that shape, so a backward handed ATen's state goes to ATen ("dropout state not from
+Gems' forward"). A forward served by Gems with its backward run by ATen's kernel (a backward outside
+the `use_gems` scope of its forward) would draw another mask: keep both in one scope. Dropout under
+CUDA graph capture goes to ATen (the generator is read on the host).
 Semantics follow SDPA's math reference: `is_causal` is top-left aligned when Sq != Sk (key j visible
 to query i iff j <= i); a float `attn_bias`/`attn_mask` is added to the scaled scores, a bool one
 keeps where True (SDPA converts bool masks to float before the fused ops; cuDNN's conversion uses
@@ -29,7 +42,8 @@ keeps where True (SDPA converts bool masks to float before the fused ops; cuDNN'
 (Hq % Hkv == 0) is indexed per query head as h // (Hq / Hkv), never repeated in memory. Masks are
 read through their strides, broadcast dims with stride 0, never expanded in memory.
 
-Left to ATen (counted in `gems.stats()` with the reason): dropout_p > 0 ("dropout"), head dim > 256,
+Left to ATen (counted in `gems.stats()` with the reason): dropout_p > 0 in the flash and CPU overloads
+("dropout"; they carry no Philox state to their backward), head dim > 256,
 value head dim != query head dim, varlen (cum_seq) backward, debug masks, a bias that needs its
 gradient, empty sequences, inputs that are not 4-d.
 
@@ -64,7 +78,7 @@ import math
 import torch
 
 from ..registry import FLOATS, Unsupported, register
-from ..runtime import kernel
+from ..runtime import kernel, plan
 from ..runtime.alloc import empty
 from ..runtime.utils import cdiv, next_pow2, sm_count, span
 from . import _attention_kernels as K
@@ -122,9 +136,10 @@ def _config(kind: str, block_d: int, ieee: bool, interp: bool):
             "dkdv": (16, 32, 8, 2), "dq": (32, 16, 8, 2)}[kind]
 
 
-def _fwd_kind(decode: bool, causal: bool, bias_tile: bool) -> str:
-    """bias_tile: a bias read as [BLOCK_M, BLOCK_N] tiles (not BIAS_ROW), which needs smaller blocks."""
-    return "decode" if decode else "fwd_causal" if causal else "fwd_bias" if bias_tile else "fwd"
+def _fwd_kind(decode: bool, causal: bool, bias_tile: bool, dropout: bool = False) -> str:
+    """bias_tile: a bias read as [BLOCK_M, BLOCK_N] tiles (not BIAS_ROW), which needs smaller blocks; so
+    does dropout (its Philox tile is rearranged through shared memory: 240 KiB at 128 x 128 x 3 stages)."""
+    return "decode" if decode else "fwd_causal" if causal else "fwd_bias" if bias_tile or dropout else "fwd"
 
 
 @functools.lru_cache(maxsize=16)
@@ -167,10 +182,17 @@ def _alloc_permuted(shape, perm, dtype, device):
     return empty(tuple(shape), dtype, device, tuple(strides))
 
 
-def _validate(q, k, v, bias, dropout_p):
-    """Raise Unsupported for inputs the kernels leave to ATen; returns (B, Hq, Hkv, Sq, Sk, D)."""
+def _validate(q, k, v, bias, dropout_p, allow_dropout=False):
+    """Raise Unsupported for inputs the kernels leave to ATen; returns (B, Hq, Hkv, Sq, Sk, D).
+    allow_dropout: the overload carries Philox state from its forward to its backward (cuDNN's and the
+    efficient kernel's); the others leave dropout to ATen."""
     if dropout_p and dropout_p > 0.0:
-        raise Unsupported("dropout")
+        if not allow_dropout:
+            raise Unsupported("dropout")
+        if not dropout_p <= 1.0:
+            raise Unsupported("dropout_p > 1")
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise Unsupported("dropout under CUDA graph capture")   # the generator is read on the host
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise Unsupported("not 4-d")
     if q.is_nested or k.is_nested or v.is_nested:
@@ -280,8 +302,40 @@ def _packed(B, Hq, Hkv, Sq, BM):
     return cdiv((Hq // Hkv) * Sq, BM), B * Hkv
 
 
-def _forward(q, k, v, bias, causal, scale, o, lse):
-    """o [B, Hq, Sq, D] and lse [B, Hq, Sq] (or None) are written; any strides."""
+def _keep_args(dropout_p):
+    """(thr, inv_keep) of a dropout probability: keep iff a Philox uint32 < thr = keep * 2**32."""
+    keep = 1.0 - dropout_p
+    return min(int(keep * 2.0 ** 32), 2 ** 32 - 1), (0.0 if keep == 0.0 else 1.0 / keep)
+
+
+def _philox(device, position, counters):
+    """A fresh (seed, offset) per call: on CUDA the default generator's (declared to call plans, which
+    draw them per call too; `runtime.plan.philox`), on the interpreter's CPU a seed from the CPU
+    generator (an ATen op: such calls keep the full path)."""
+    if device.type == "cuda":
+        return plan.philox(position, device.index if device.index is not None else torch.cuda.current_device(),
+                           counters)
+    return int(torch.randint(0, 2 ** 62, (), dtype=torch.int64).item()), 0
+
+
+def new_dropout_state(device):
+    """The [seed, offset] tensor a dropout forward writes and its backward reads. Shape (2,) int64: none
+    of ATen's fused overloads returns its Philox state so (cuDNN (1,), efficient (), flash uint64), so a
+    backward handed ATen's state never passes `_dropout_state` and goes to ATen."""
+    return empty((2,), torch.int64, device)
+
+
+def _dropout_state(philox_seed, q):
+    if not (isinstance(philox_seed, torch.Tensor) and philox_seed.dtype == torch.int64 and
+            tuple(philox_seed.shape) == (2,) and philox_seed.device == q.device):
+        raise Unsupported("dropout state not from Gems' forward")
+    return philox_seed
+
+
+def _forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None):
+    """o [B, Hq, Sq, D] and lse [B, Hq, Sq] (or None) are written; any strides. dropout_p > 0: P's entries
+    are dropped (Philox), the output scaled by 1 / (1 - p); (seed, offset) are written to `seed_out`
+    (`new_dropout_state`) for the backward."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     group = Hq // Hkv
@@ -294,7 +348,7 @@ def _forward(q, k, v, bias, causal, scale, o, lse):
     # GQA decode: the group's query heads share one program per KV head (K/V read once per group)
     pack = decode and group > 1
     bias_row = _bias_row(has_bias, bst, Sq, pack)
-    BM, BN, W, ST = _config(_fwd_kind(decode, causal, has_bias and not bias_row), BD, ieee, interp)
+    BM, BN, W, ST = _config(_fwd_kind(decode, causal, has_bias and not bias_row, dropout_p > 0.0), BD, ieee, interp)
     if pack:
         nm, nbh = _packed(B, Hq, Hkv, Sq, BM)
         sk_eff = min(Sk, Sq) if causal else Sk
@@ -303,15 +357,26 @@ def _forward(q, k, v, bias, causal, scale, o, lse):
         sk_eff = min(Sk, nm * BM) if causal else Sk
     ns, split_len = _splits(nbh * nm, Sk, sk_eff, BN, interp, q.device, decode)
     common = (*_strides4(q), *_strides4(k), *_strides4(v), *bst)
+    drop = dropout_p > 0.0
+
+    def dropout_args(prefix):
+        # (seed, offset, thr, inv_keep, SeedOut); seed's position in the launch's arguments for plans
+        if not drop:
+            return (0, 0, 0, 1.0, o)
+        seed, offset = _philox(q.device, len(prefix), B * Hq * Sq * cdiv(Sk, 4))
+        return (seed, offset, *_keep_args(dropout_p), seed_out)
+
     if ns > 1:
         op = empty((ns, B, Hq, Sq, D), torch.float32, q.device)
         mp = empty((ns, B, Hq, Sq), torch.float32, q.device)
         lp = empty((ns, B, Hq, Sq), torch.float32, q.device)
         ost = (op.stride(1), op.stride(2), op.stride(3), op.stride(4), op.stride(0))
         lst = (mp.stride(1), mp.stride(2), mp.stride(3), mp.stride(0))
+        prefix = (q, k, v, bt, op, mp, lp, *common, *ost, *lst, Hq, group, Sq, Sk, D, qk_scale, split_len)
         _fwd.run((nm, nbh, ns),
-                 (q, k, v, bt, op, mp, lp, *common, *ost, *lst, Hq, group, Sq, Sk, D, qk_scale, split_len,
-                  BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, True, False, False, pack, bias_row), W, ST)
+                 (*prefix, *dropout_args(prefix),
+                  BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, True, False, False, pack, bias_row, drop),
+                 W, ST)
         BMc = min(next_pow2(Sq), 16)
         store = lse is not None
         lt = lse if store else o
@@ -324,13 +389,15 @@ def _forward(q, k, v, bias, causal, scale, o, lse):
     store = lse is not None
     lt = lse if store else o
     lst = (lse.stride(0), lse.stride(1), lse.stride(2), 0) if store else (0, 0, 0, 0)
+    prefix = (q, k, v, bt, o, lt, o, *common, *_strides4(o), 0, *lst, Hq, group, Sq, Sk, D, qk_scale, Sk)
     _fwd.run((nm, nbh, 1),
-             (q, k, v, bt, o, lt, o, *common, *_strides4(o), 0, *lst, Hq, group, Sq, Sk, D, qk_scale, Sk,
+             (*prefix, *dropout_args(prefix),
               BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, False, store,
-              bool(causal) and nm > 1 and not pack, pack, bias_row), W, ST)
+              bool(causal) and nm > 1 and not pack, pack, bias_row, drop), W, ST)
 
 
-def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv):
+def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv, dropout_p=0.0, seed_off=None):
+    """dq, dk, dv are written. dropout_p > 0: seed_off is the forward's `new_dropout_state` tensor."""
     _offsets_fit(do, o)    # (q, k, v and the bias were checked by _validate)
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -347,6 +414,8 @@ def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv):
     lst = (lse.stride(0) if lse.shape[0] > 1 else 0, lse.stride(1) if lse.shape[1] > 1 else 0, lse.stride(2))
     common = (*_strides4(q), *_strides4(k), *_strides4(v), *bst, *_strides4(do), *lst)
     even = D == BD
+    drop = dropout_p > 0.0
+    dargs = (seed_off, *_keep_args(dropout_p), drop) if drop else (do, 0, 1.0, False)
     BM1, BN1, W1, S1 = _config("dkdv", BD, ieee, interp)
     nkb = cdiv(Sk, BN1)
     # GQA: one program per (key block, KV head) walks all GROUP query heads; with too few such
@@ -358,7 +427,7 @@ def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv):
         _dkdv.run((nkb, B * Hkv),
                   (q, k, v, bt, do, lse, delta, dk, dv, *common, *_strides4(dk), 0, *_strides4(dv), 0,
                    Hq, Hkv, group, 1, Sq, Sk, D, qk_scale, scale, BM1, BN1, BD, causal, has_bias, bias_bool, even,
-                   ieee, bias_row), W1, S1)
+                   ieee, bias_row, *dargs), W1, S1)
     else:
         pk = empty((B, Hkv, ng, Sk, D), torch.float32, q.device)
         pv = empty((B, Hkv, ng, Sk, D), torch.float32, q.device)
@@ -366,7 +435,7 @@ def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv):
         _dkdv.run((nkb, B * Hkv * ng),
                   (q, k, v, bt, do, lse, delta, pk, pv, *common, *pst, *pst,
                    Hq, Hkv, group, ng, Sq, Sk, D, qk_scale, scale, BM1, BN1, BD, causal, has_bias, bias_bool, even,
-                   ieee, bias_row), W1, S1)
+                   ieee, bias_row, *dargs), W1, S1)
         BNs = 32
         for part, out in ((pk, dk), (pv, dv)):
             _gsum.run((cdiv(Sk, BNs), B * Hkv),
@@ -375,7 +444,8 @@ def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv):
     BM2, BN2, W2, S2 = _config("dq", BD, ieee, interp)
     _dq.run((cdiv(Sq, BM2), B * Hq),
             (q, k, v, bt, do, lse, delta, dq, *common, *_strides4(dq),
-             Hq, group, Sq, Sk, D, qk_scale, scale, BM2, BN2, BD, causal, has_bias, bias_bool, even, ieee, bias_row),
+             Hq, group, Sq, Sk, D, qk_scale, scale, BM2, BN2, BD, causal, has_bias, bias_bool, even, ieee, bias_row,
+             *dargs),
             W2, S2)
 
 
@@ -423,6 +493,15 @@ def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout
 # ---------------------------------------------------------------------------------------------------
 # CUDA: the three fused overloads SDPA may pick
 
+def _seed_offset_for(device, dropout_p):
+    """(philox_seed, philox_offset) outputs: with dropout, the [seed, offset] state tensor (filled by the
+    forward kernel) and a view of its offset; without, empty placeholders."""
+    if dropout_p > 0.0:
+        state = new_dropout_state(device)
+        return state, state[1]
+    return _seed_offset(device)
+
+
 def _seed_offset(device, dtype=torch.int64, seed_shape=()):
     # philox state: never read (dropout is not served, and with dropout_p = 0 no backward reads it);
     # empty rather than zeros: no fill kernels per call
@@ -434,13 +513,13 @@ def _seed_offset(device, dtype=torch.int64, seed_shape=()):
 def sdpa_cudnn(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
                return_debug_mask=False, *, scale=None):
     """Fused attention forward in place of cuDNN's (SDPA's choice on H100/H200 with torch 2.11)."""
-    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p)
+    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p, allow_dropout=True)
     if return_debug_mask:
         raise Unsupported("debug mask")
     out = _alloc_like((B, Hq, Sq, D), query)
     lse = empty((B, Hq, Sq, 1), torch.float32, query.device)
-    _forward(query, key, value, attn_bias, bool(is_causal), _scale(query, scale), out, lse[..., 0])
-    seed, offset = _seed_offset(query.device)
+    seed, offset = _seed_offset_for(query.device, dropout_p)
+    _forward(query, key, value, attn_bias, bool(is_causal), _scale(query, scale), out, lse[..., 0], dropout_p, seed)
     return out, lse, None, None, Sq, Sk, seed, offset, None
 
 
@@ -450,14 +529,16 @@ def sdpa_cudnn(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, 
 def sdpa_cudnn_backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias,
                         cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *, scale=None):
     """Fused attention backward in place of cuDNN's."""
-    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p)
+    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p, allow_dropout=True)
     if cum_seq_q is not None and cum_seq_q.numel() or cum_seq_k is not None and cum_seq_k.numel():
         raise Unsupported("varlen")
     lse = logsumexp.reshape(B, Hq, Sq) if logsumexp.dim() == 4 else logsumexp
     if lse.dtype != torch.float32 or tuple(lse.shape) != (B, Hq, Sq):
         raise Unsupported("logsumexp layout")
+    state = _dropout_state(philox_seed, query) if dropout_p > 0.0 else None
     dq, dk, dv = _grads_like(query, key, value)
-    _backward(grad_out, query, key, value, out, lse, attn_bias, bool(is_causal), _scale(query, scale), dq, dk, dv)
+    _backward(grad_out, query, key, value, out, lse, attn_bias, bool(is_causal), _scale(query, scale), dq, dk, dv,
+              dropout_p, state)
     return dq, dk, dv
 
 
@@ -495,12 +576,12 @@ def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, 
           opt_in="attention")
 def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
     """Fused attention forward in place of the memory-efficient kernel's (masks, fp32)."""
-    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p)
+    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p, allow_dropout=True)
     out = _alloc_permuted((B, Hq, Sq, D), (0, 2, 1, 3), query.dtype, query.device)
     lse = empty((B, Hq, cdiv(Sq, 32) * 32 if compute_log_sumexp else 0), torch.float32, query.device)
+    seed, offset = _seed_offset_for(query.device, dropout_p)
     _forward(query, key, value, attn_bias, bool(is_causal), _scale(query, scale), out,
-             lse[:, :, :Sq] if compute_log_sumexp else None)
-    seed, offset = _seed_offset(query.device)
+             lse[:, :, :Sq] if compute_log_sumexp else None, dropout_p, seed)
     return out, lse, seed, offset
 
 
@@ -510,12 +591,13 @@ def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0
 def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset,
                             dropout_p, grad_input_mask, is_causal=False, *, scale=None):
     """Fused attention backward in place of the memory-efficient kernel's."""
-    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p)
+    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p, allow_dropout=True)
     if attn_bias is not None and len(grad_input_mask) > 3 and grad_input_mask[3]:
         raise Unsupported("attn_bias gradient")
     if logsumexp.dtype != torch.float32 or logsumexp.dim() != 3 or logsumexp.shape[2] < Sq:
         raise Unsupported("logsumexp layout")
+    state = _dropout_state(philox_seed, query) if dropout_p > 0.0 else None
     dq, dk, dv = _grads_like(query, key, value)
     _backward(grad_out_, query, key, value, out, logsumexp[:, :, :Sq], attn_bias, bool(is_causal),
-              _scale(query, scale), dq, dk, dv)
+              _scale(query, scale), dq, dk, dv, dropout_p, state)
     return dq, dk, dv, None

@@ -125,6 +125,18 @@ def _attention_gpu_records():
                                      (n.startswith("stride_") and t != "constexpr")]
                 r["num_warps"], r["num_stages"] = w, st
                 out.append(r)
+                if block_d <= 128 and kind != "fwd":
+                    # with dropout (Philox mask per tile; the forward's per-call seed/offset are 64-bit): a
+                    # forward with dropout never takes kind fwd's tiles (attention._fwd_kind)
+                    d = json.loads(json.dumps(r))
+                    d["constexprs"]["DROPOUT"] = True
+                    d["signature"].update(thr="i64")
+                    if name == "attn_fwd":
+                        d["signature"].update(seed="i64", offset="i64", SeedOut="*i64")
+                        d["divisible_16"] = [n for n in d["divisible_16"] if n not in ("seed", "offset")]
+                    else:
+                        d["signature"]["SeedOff"] = "*i64"
+                    out.append(d)
     return out
 
 

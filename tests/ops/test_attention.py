@@ -449,3 +449,110 @@ def test_bias_row_is_chosen_only_where_every_row_of_a_block_shares_the_bias():
     assert not A._bias_row(True, head[:, :, :1].stride(), 1, pack=True)   # GQA packing: rows are heads
     assert A._bias_row(True, pad[:, :, :1].stride(), 1, pack=True)
     assert not A._bias_row(False, pad.stride(), 9)
+
+
+# ---------------------------------------------------------------------------------------------------
+# dropout (cuDNN's and the efficient kernel's overloads carry Philox state from forward to backward):
+# the same contract as ATen's -- statistics, not bits. The mask is recovered from the kernel itself
+# (V = identity makes the output the dropped attention matrix), then the forward and all gradients
+# with real V and the same seed are checked against float64 math with that explicit mask.
+
+def _seeded(seed):
+    torch.manual_seed(seed)     # CPU and CUDA generators (the CUDA Philox offset restarts at 0)
+
+
+def _dropout_forward(q, k, v, mask, causal, p, seed):
+    _seeded(seed)
+    out, lse, _, _, _, _, state, offset, _ = A.sdpa_cudnn(q, k, v, mask, True, p, causal)
+    return out, lse, state, offset
+
+
+DROPOUT_CASES = {
+    "plain": (2, 2, 2, 40, False, None),
+    "causal_gqa": (1, 4, 2, 37, True, None),
+    "pad_mask": (2, 2, 2, 33, False, "bool_pad"),
+}
+
+
+@pytest.mark.parametrize("case", list(DROPOUT_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_dropout_forward_backward_match_math_with_the_kernels_mask(case, dtype):
+    B, Hq, Hk, S, causal, mkind = DROPOUT_CASES[case]
+    D, p, seed = 64, 0.3, 1234
+    mask = make_mask(mkind, B, Hq, S, S, dtype)
+    q, k, v = qkv(B, Hq, Hk, S, S, D, dtype)
+    # the kernel's mask: with V = I (D >= S) the output is P * Z / (1 - p)
+    eye = torch.zeros(B, Hk, S, D, dtype=dtype)
+    eye[:, :, torch.arange(S), torch.arange(S)] = 1
+    eye = eye.to(DEVICE)
+    dropped, _, _, _ = _dropout_forward(q, k, eye, mask, causal, p, seed)
+    r = [t.detach().cpu().double() for t in (q, k, v)]
+    probs = ref_attention(*r[:2], torch.eye(S, dtype=torch.float64).expand(B, Hk, S, S).contiguous(),
+                          mask=mask.cpu() if mask is not None else None, causal=causal)
+    live = probs > 1e-6                                   # entries P > 0: where Z is observable
+    Z = (dropped[..., :S].detach().cpu().double() != 0)
+    assert not (Z & ~live).any(), "a score P = 0 came out non-zero"
+    frac = Z[live].double().mean().item()
+    assert abs(frac - (1 - p)) < 0.04, f"kept {frac:.3f} of the entries, expected {1 - p}"
+    # the forward with real V and the same seed uses the same mask
+    out, lse, state, offset = _dropout_forward(q, k, v, mask, causal, p, seed)
+    assert state.shape == (2,) and state.dtype == torch.int64 and offset.shape == ()
+    assert_close(dropped[..., :S], (probs * Z / (1 - p)).to(torch.float64), dtype, atol=ATOL[dtype],
+                 msg="dropped probabilities")
+    rq, rk, rv = (t.clone().requires_grad_() for t in r)
+    kr, vr = rk.repeat_interleave(Hq // Hk, 1), rv.repeat_interleave(Hq // Hk, 1)
+    s = rq @ kr.transpose(-1, -2) / math.sqrt(D)
+    if causal:
+        s = s.masked_fill(~torch.ones(S, S, dtype=torch.bool).tril(), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask.cpu(), float("-inf"))
+    ref = (torch.softmax(s, -1) * Z / (1 - p)) @ vr
+    assert_close(out, ref, dtype, atol=ATOL[dtype], msg="dropout forward")
+    g = make((B, Hq, S, D), dtype)
+    ref.backward(g.cpu().double())
+    dq, dk, dv = A.sdpa_cudnn_backward(g, q, k, v, out, lse, state, offset, mask, None, None, S, S, p, causal)
+    for name, got, want in (("dq", dq, rq.grad), ("dk", dk, rk.grad), ("dv", dv, rv.grad)):
+        assert_close(got, want, dtype, atol=10 * ATOL[dtype], msg=f"dropout {name}")
+
+
+def test_dropout_masks_differ_per_call_and_repeat_per_seed():
+    q, k, v = qkv(1, 2, 2, 32, 32, 32, torch.float32)
+    a = _dropout_forward(q, k, v, None, False, 0.5, 7)[0]
+    b = _dropout_forward(q, k, v, None, False, 0.5, 7)[0]
+    c = _dropout_forward(q, k, v, None, False, 0.5, 8)[0]
+    assert torch.equal(a, b)
+    assert not torch.allclose(a, c)
+    # p = 1 drops everything: zeros, as ATen's math
+    z = _dropout_forward(q, k, v, None, False, 1.0, 7)[0]
+    assert torch.count_nonzero(z) == 0
+
+
+def test_dropout_backward_refuses_another_forwards_state():
+    # ATen's own Philox state (cuDNN returns shape (1,), the efficient kernel ()) cannot regenerate Gems'
+    # mask: such a backward goes to ATen instead of returning gradients of another mask
+    q, k, v = qkv(1, 2, 2, 16, 16, 32, torch.float32)
+    out, lse, state, offset = _dropout_forward(q, k, v, None, False, 0.2, 3)
+    for bad in (torch.zeros(1, dtype=torch.int64, device=DEVICE), torch.zeros((), dtype=torch.int64, device=DEVICE)):
+        with pytest.raises(gems.Unsupported, match="dropout state"):
+            A.sdpa_cudnn_backward(out, q, k, v, out, lse, bad, offset, None, None, None, 16, 16, 0.2, False)
+    # and overloads without a state to carry (flash, the CPU kernel) leave dropout to ATen
+    with pytest.raises(gems.Unsupported, match="dropout"):
+        A._validate(q, k, v, None, 0.2)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="SDPA takes its math path for dropout on the CPU")
+def test_sdpa_with_dropout_is_served_on_the_gpu():
+    B, H, S, D, p = 2, 4, 128, 64, 0.25
+    q, k, v = qkv(B, H, H, S, S, D, torch.bfloat16, requires_grad=True)
+    fn = lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # noqa: E731
+    with served_attention(fn, backward=True), gems_on():
+        out = fn()
+        out.backward(torch.randn_like(out))
+    assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all() and torch.isfinite(v.grad).all()
+    # V = I: the dropped attention matrix; about 1 - p of it kept
+    eye = torch.zeros(B, H, S, S, dtype=torch.bfloat16, device=DEVICE)
+    eye[:, :, torch.arange(S), torch.arange(S)] = 1
+    with gems_on():
+        dropped = F.scaled_dot_product_attention(q.detach(), k.detach(), eye, dropout_p=p)
+    frac = (dropped != 0).double().mean().item()
+    assert abs(frac - (1 - p)) < 0.02
