@@ -158,3 +158,19 @@ def test_parity_refuses_a_dtype_gems_does_not_serve(capsys):
         rc = main(["parity", "llama2", "--dtype", "bfloat16"])
         err = capsys.readouterr().err
         assert rc == 2 and "Gems serves no bf16 op on the 'interpreter' backend" in err
+
+
+def test_shadow_ignores_generator_state_results():
+    # SDPA's fused overloads return their Philox seed/offset (placeholders without dropout): generator state,
+    # not a computed value, so the op-by-op comparison leaves them out and compares the rest
+    import torch
+    from coverage_tool.parity import _drop_rng_state
+    op = torch.ops.aten._scaled_dot_product_cudnn_attention.default
+    out = tuple(torch.full((), float(i)) for i in range(9))
+    kept = _drop_rng_state(op, out)
+    assert [i for i, t in enumerate(kept) if t is None] == [6, 7]
+    assert all(kept[i] is out[i] for i in range(6)) and kept[8] is out[8]
+    flash = torch.ops.aten._scaled_dot_product_flash_attention.default
+    assert [i for i, t in enumerate(_drop_rng_state(flash, out)) if t is None] == [6, 7]
+    x = torch.ones(2)
+    assert _drop_rng_state(torch.ops.aten.exp.default, x) is x

@@ -243,21 +243,22 @@ def test_fully_masked_rows_match_aten():
         assert (out[:, :, 3] == 0).all() or not (aten[:, :, 3] == 0).all()
 
 
-def test_dropout_falls_back_with_reason():
+def test_dropout_falls_back_with_reason_where_no_state_reaches_the_backward():
+    # the flash overloads (CUDA's and the CPU one) carry no Philox state Gems can use to its backward:
+    # dropout there goes to ATen, counted; cuDNN's and the efficient kernel's are served (tests below)
     q, k, v = qkv(1, 2, 2, 16, 16, HEAD_DIMS[0], DTYPES[-1] if ON_GPU else torch.float32)
-    name = "_scaled_dot_product_efficient_attention" if ON_GPU else "_scaled_dot_product_flash_attention_for_cpu"
+    name = "_scaled_dot_product_flash_attention" if ON_GPU else "_scaled_dot_product_flash_attention_for_cpu"
     impl = gems.registry.get(name)
     before = impl.all_reasons().get("dropout", 0)
     with gems_on():
         try:
             if ON_GPU:
-                torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, False, 0.2)
+                torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.2)
             else:
                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.2)
         except RuntimeError:
             pass    # ATen's own answer to the call (whatever it is) is what the user gets
     assert impl.all_reasons().get("dropout", 0) == before + 1
-    # SDPA with dropout: whatever ATen picks, Gems never serves a fused overload with dropout > 0
     with gems_on():
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
     assert y.shape == q.shape
