@@ -11,7 +11,8 @@
 Cases (issue 10): Llama-2-7B (32 heads x 128, causal; batch 1-4, sequence 512-4096), BERT (batch 32,
 12 x 64, sequence 128-512, boolean padding mask [B, 1, 1, S] with a quarter of the keys masked in
 half the batch), GQA 32/4 (sequence 2048, causal, enable_gqa), decode (one query, KV 128-8192,
-32 x 128, batch 1; and GQA 32/4). Forward, and forward+backward where training uses it. Per row: ATen's backend
+32 x 128, batch 1; and GQA 32/4). Forward, and forward+backward where training uses it; BERT also with its
+training default, attention dropout 0.1 (forward+backward only: Gems' and ATen's masks differ by design). Per row: ATen's backend
 (the fused overload it dispatched to), median ms of each (`triton.testing.do_bench`), TFLOP/s
 (forward 4*B*H*Sq*Sk*D, half of it under a square causal mask; backward 2.5x the forward), Gems/ATen
 ratio, Gems' max abs difference to ATen, and whether Gems served the call (gems.stats()). ATen runs
@@ -44,7 +45,7 @@ BACKWARD_OF = {n: n + "_backward" for n in FUSED}
 
 
 def cases(quick: bool, cpu: bool):
-    """(name, B, Hq, Hkv, Sq, Sk, D, causal, mask, training)."""
+    """(name, B, Hq, Hkv, Sq, Sk, D, causal, mask, training[, dropout_p])."""
     out = []
     if cpu:
         return [("llama-tiny causal", 1, 2, 2, 64, 64, 32, True, False, True),
@@ -57,6 +58,8 @@ def cases(quick: bool, cpu: bool):
         out.append((f"llama2-7b B{b} S{s}", b, 32, 32, s, s, 128, True, False, True))
     for s in ((128, 512) if quick else (128, 256, 384, 512)):
         out.append((f"bert-base B32 S{s} pad", 32, 12, 12, s, s, 64, False, True, True))
+        # BERT's training default: attention dropout 0.1 (forward+backward only: the masks differ by design)
+        out.append((f"bert-base B32 S{s} pad dropout", 32, 12, 12, s, s, 64, False, True, True, 0.1))
     out.append(("gqa 32/4 B1 S2048", 1, 32, 4, 2048, 2048, 128, True, False, True))
     for kv in ((128, 2048, 8192) if quick else (128, 256, 512, 1024, 2048, 4096, 8192)):
         out.append((f"decode llama2-7b KV{kv}", 1, 32, 32, 1, kv, 128, False, False, False))
@@ -115,9 +118,10 @@ def served(names):
 
 
 def run_case(c, dtype, device):
-    name, B, Hq, Hkv, Sq, Sk, D, causal, mask, training = c
+    name, B, Hq, Hkv, Sq, Sk, D, causal, mask, training = c[:10]
+    dropout = c[10] if len(c) > 10 else 0.0
     q, k, v, m = make_inputs(B, Hq, Hkv, Sq, Sk, D, mask, dtype, device, training)
-    kw = dict(attn_mask=m, is_causal=causal, enable_gqa=Hq != Hkv)
+    kw = dict(attn_mask=m, is_causal=causal, enable_gqa=Hq != Hkv, dropout_p=dropout)
     fwd = lambda: F.scaled_dot_product_attention(q, k, v, **kw)  # noqa: E731
     g = torch.randn(B, Hq, Sq, D, device=device, dtype=dtype)
 
@@ -131,7 +135,7 @@ def run_case(c, dtype, device):
     with torch.no_grad():
         backend = aten_choice(fwd)
         ref = fwd()
-    passes = [("fwd", fwd, f, torch.no_grad)]
+    passes = [("fwd", fwd, f, torch.no_grad)] if not dropout else []
     if training:
         passes.append(("fwd+bwd", fwd_bwd, 3.5 * f, torch.enable_grad))
     for kind, fn, fl, ctx in passes:
@@ -207,7 +211,7 @@ def sweep(dtype, device, kinds=(), head_dim=128):
             if device == "cpu":
                 cfgs = cfgs[:2]
             c = shapes.get(kind, bwd_shape)
-            name, B, Hq, Hkv, Sq, Sk, D, causal, mask, training = c
+            name, B, Hq, Hkv, Sq, Sk, D, causal, mask, training = c[:10]
             q, k, v, m = make_inputs(B, Hq, Hkv, Sq, Sk, D, bool(mask), dtype, device, kind in ("dkdv", "dq"))
             if mask == "full":    # a [B, 1, Sq, Sk] mask: read as tiles (kind fwd_bias), not one row per key block
                 m = torch.rand(B, 1, Sq, Sk, device=device) > 0.2
