@@ -512,7 +512,7 @@ def _seed_offset(device, dtype=torch.int64, seed_shape=()):
           opt_in="attention")
 def sdpa_cudnn(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
                return_debug_mask=False, *, scale=None):
-    """Fused attention forward in place of cuDNN's (SDPA's choice on H100/H200 with torch 2.11)."""
+    """Fused attention forward in place of cuDNN's (SDPA's choice on H100/H200 with torch 2.11); dropout too."""
     B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p, allow_dropout=True)
     if return_debug_mask:
         raise Unsupported("debug mask")
@@ -575,7 +575,7 @@ def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, 
 @register("_scaled_dot_product_efficient_attention", category="other", dtypes=FLOATS, backends=("cuda",),
           opt_in="attention")
 def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
-    """Fused attention forward in place of the memory-efficient kernel's (masks, fp32)."""
+    """Fused attention forward in place of the memory-efficient kernel's (masks, fp32); dropout too."""
     B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p, allow_dropout=True)
     out = _alloc_permuted((B, Hq, Sq, D), (0, 2, 1, 3), query.dtype, query.device)
     lse = empty((B, Hq, cdiv(Sq, 32) * 32 if compute_log_sumexp else 0), torch.float32, query.device)
