@@ -140,14 +140,14 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, of
     else:
         p = tl.math.exp2(qk * qk_scale - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
-    # P V accumulates into the rescaled accumulator inside the MMA (Hopper's wgmma adds to its
-    # registers): a separate product plus an add would hold a second [BLOCK_M, BLOCK_D] fp32 tile
     # dropout zeroes P's entries after the softmax: the row sum (the softmax's denominator, and the lse)
     # takes every entry, P V only the kept ones (the 1 / keep scale is applied once, at the end)
     if DROPOUT:
         pv = tl.where(_dropout_keep(seed, offset, grow, start_n, thr, p.shape[0], p.shape[1]), p, 0.0)
     else:
         pv = p
+    # P V accumulates into the rescaled accumulator inside the MMA (Hopper's wgmma adds to its
+    # registers): a separate product plus an add would hold a second [BLOCK_M, BLOCK_D] fp32 tile
     acc = _dot_acc(pv.to(v.dtype), v, acc * alpha[:, None], IEEE)
     # the row sum last: its registers are live for the shortest time
     l_i = l_i * alpha + tl.sum(p, 1)
