@@ -308,16 +308,6 @@ def _keep_args(dropout_p):
     return min(int(keep * 2.0 ** 32), 2 ** 32 - 1), (0.0 if keep == 0.0 else 1.0 / keep)
 
 
-def _philox(device, position, counters):
-    """A fresh (seed, offset) per call: on CUDA the default generator's (declared to call plans, which
-    draw them per call too; `runtime.plan.philox`), on the interpreter's CPU a seed from the CPU
-    generator (an ATen op: such calls keep the full path)."""
-    if device.type == "cuda":
-        return plan.philox(position, device.index if device.index is not None else torch.cuda.current_device(),
-                           counters)
-    return int(torch.randint(0, 2 ** 62, (), dtype=torch.int64).item()), 0
-
-
 def new_dropout_state(device):
     """The [seed, offset] tensor a dropout forward writes and its backward reads. Shape (2,) int64: none
     of ATen's fused overloads returns its Philox state so (cuDNN (1,), efficient (), flash uint64), so a
@@ -363,7 +353,7 @@ def _forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None)
         # (seed, offset, thr, inv_keep, SeedOut); seed's position in the launch's arguments for plans
         if not drop:
             return (0, 0, 0, 1.0, o)
-        seed, offset = _philox(q.device, len(prefix), B * Hq * Sq * cdiv(Sk, 4))
+        seed, offset = plan.philox_for(q.device, len(prefix), B * Hq * Sq * cdiv(Sk, 4))
         return (seed, offset, *_keep_args(dropout_p), seed_out)
 
     if ns > 1:

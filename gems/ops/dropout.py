@@ -92,15 +92,6 @@ def _f32(v: float) -> float:
     return struct.unpack("f", struct.pack("f", v))[0]
 
 
-def _seed_offset(device, counters):
-    """A fresh (seed, offset) per call from torch's generator of `device`, for dropout_fwd's arguments 6
-    and 7 (on CUDA declared to plans, which draw them per call too)."""
-    if device.type == "cuda":
-        return plan.philox(6, device.index if device.index is not None else torch.cuda.current_device(), counters)
-    # CPU generator (the interpreter): no Philox offset; draw a seed from it
-    return int(torch.randint(0, 2 ** 62, (), dtype=torch.int64).item()), 0
-
-
 @register("native_dropout", category="pointwise", dtypes=FLOATS)
 def native_dropout(input, p, train):
     """(x * mask / (1 - p), mask) with mask ~ Bernoulli(1 - p) from Philox; train=False: (copy, ones)."""
@@ -127,7 +118,7 @@ def native_dropout(input, p, train):
             scale = 0.0 if q == 0 else 1.0 / _f32(q)
         else:
             scale = 0.0 if q == 0 else 1.0 / q
-        seed, offset = _seed_offset(dev, grid * block)
+        seed, offset = plan.philox_for(dev, 6, grid * block)   # dropout_fwd's arguments 6 and 7
     else:
         scale, seed, offset = 1.0, 0, 0
     all_dropped = training and p == 1.0 and be == "cuda"

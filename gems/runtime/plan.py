@@ -115,6 +115,16 @@ def philox(position: int, device_index: int, increment: int):
     return philox_state(device_index, increment)
 
 
+def philox_for(device, position: int, increment: int):
+    """(seed, offset) for a launch whose arguments `position` and `position + 1` take them: on CUDA
+    `philox` (the default generator, declared to plans); on the interpreter's CPU tensors a seed drawn
+    from the CPU generator and offset 0 (an ATen op: such calls keep the full path)."""
+    if device.type == "cuda":
+        return philox(position, device.index if device.index is not None else torch.cuda.current_device(),
+                      increment)
+    return int(torch.randint(0, 2 ** 62, (), dtype=torch.int64).item()), 0
+
+
 def _capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
 
