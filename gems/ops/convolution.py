@@ -245,7 +245,7 @@ def _pick(name, bucket, itemsize, run, macs):
     key = name + ("16" if itemsize <= 2 else "32")
     t = _TUNERS.get(key)
     if t is None:
-        t = _TUNERS[key] = Autotuner("conv-" + key, blas._CONFIGS_16 if itemsize <= 2 else blas._CONFIGS_32)
+        t = _TUNERS[key] = Autotuner("conv-" + key, blas.tile_configs(itemsize))
     return t.pick(bucket, lambda cfg: bench_ms(lambda: run(cfg)))
 
 
