@@ -40,52 +40,6 @@ from ._gemm_epilogue import scale_add_bias
 _I32_MAX = 2**31 - 1
 
 
-@triton.jit
-def _tile_mn(t, grid_m, grid_n, GROUP_M: tl.constexpr):
-    """(row tile, column tile) of tile number t in grouped order: GROUP_M row-tiles are swept for
-    each column-tile, so the programs running together share B column-panels and A row-panels in L2."""
-    per_group = GROUP_M * grid_n
-    first_m = (t // per_group) * GROUP_M
-    group_m = tl.minimum(grid_m - first_m, GROUP_M)
-    return first_m + (t % per_group) % group_m, (t % per_group) // group_m
-
-
-@triton.jit
-def _dot_k(acc, a_ptrs, b_ptrs, mask_m, mask_n, rk, steps, k_left, s_ak, s_bk,
-           PRECISION: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc += A[rows, k0 : k0 + steps * BLOCK_K + k_left] @ B[same k, cols] from the pointers at k0.
-
-    `steps` whole K tiles without a K mask: a mask along K (the contiguous axis of a row-major A)
-    would cost the 16-byte vector loads in every iteration (K = 100008, Aquila's vocab, ran 2.5x
-    cuBLAS's time); then the tail of k_left < BLOCK_K columns, peeled: the only masked step."""
-    for k in range(0, steps):
-        a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
-        b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        a_ptrs += BLOCK_K * s_ak
-        b_ptrs += BLOCK_K * s_bk
-    if not EVEN_K:
-        if k_left > 0:
-            a = tl.load(a_ptrs, mask=mask_m[:, None] & (rk[None, :] < k_left), other=0.0)
-            b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & mask_n[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
-    return acc
-
-
-@triton.jit
-def _offsets(pid_m, pid_n, I64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_K: tl.constexpr):
-    """Row, column and K offsets of a tile (64-bit where some operand spans >= 2**31 elements)."""
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    if I64:
-        rm = rm.to(tl.int64)
-        rn = rn.to(tl.int64)
-        rk = rk.to(tl.int64)
-    return rm, rn, rk
-
-
 @kernel
 @triton.jit
 def matmul_kernel(A, B, C, Bias, M, N, K, k_per, alpha, beta,
@@ -95,9 +49,10 @@ def matmul_kernel(A, B, C, Bias, M, N, K, k_per, alpha, beta,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """C[b, m, n] = alpha * sum_k A[b, m, k] * B[b, k, n] + beta * Bias[b, m, n]   (fp32 accumulation).
 
-    Program id 0 -> (batch, tile) in grouped order (`_tile_mn`). Program id 1 -> the K split: with
-    SPLIT_K > 1 split s sums k in [s * k_per, (s + 1) * k_per) and stores its raw fp32 partial at
-    C + s * s_cs (a workspace; `splitk_reduce_kernel` adds the splits and the epilogue).
+    Program id 0 -> (batch, tile); tiles of one batch are ordered in groups of GROUP_M tile-rows so
+    that consecutive programs share B column-panels and A row-panels in L2. Program id 1 -> the K
+    split: with SPLIT_K > 1 split s sums k in [s * k_per, (s + 1) * k_per) and stores its raw fp32
+    partial at C + s * s_cs (a workspace; `splitk_reduce_kernel` adds the splits and the epilogue).
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -105,8 +60,20 @@ def matmul_kernel(A, B, C, Bias, M, N, K, k_per, alpha, beta,
     grid_n = tl.cdiv(N, BLOCK_N)
     tiles = grid_m * grid_n
     batch = pid // tiles
-    pid_m, pid_n = _tile_mn(pid % tiles, grid_m, grid_n, GROUP_M)
-    rm, rn, rk = _offsets(pid_m, pid_n, I64, BLOCK_M, BLOCK_N, BLOCK_K)
+    t = pid % tiles
+    per_group = GROUP_M * grid_n
+    first_m = (t // per_group) * GROUP_M
+    group_m = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (t % per_group) % group_m
+    pid_n = (t % per_group) // group_m
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    if I64:  # some operand spans >= 2**31 elements: element offsets need 64 bits
+        rm = rm.to(tl.int64)
+        rn = rn.to(tl.int64)
+        rk = rk.to(tl.int64)
     b64 = batch.to(tl.int64)
     mask_m = rm < M
     mask_n = rn < N
@@ -114,10 +81,23 @@ def matmul_kernel(A, B, C, Bias, M, N, K, k_per, alpha, beta,
     k_len = tl.minimum(K - k0, k_per)
     a_ptrs = A + b64 * s_ab + (rm[:, None] * s_am + (k0 + rk[None, :]) * s_ak)
     b_ptrs = B + b64 * s_bb + ((k0 + rk[:, None]) * s_bk + rn[None, :] * s_bn)
+
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # (only the last split has a tail)
-    acc = _dot_k(acc, a_ptrs, b_ptrs, mask_m, mask_n, rk, k_len // BLOCK_K, k_len % BLOCK_K, s_ak, s_bk,
-                 PRECISION, EVEN_K, BLOCK_K)
+    # whole K tiles without a K mask: a mask along K (the contiguous axis of a row-major A) would cost
+    # the 16-byte vector loads in every iteration (K = 100008, Aquila's vocab, ran 2.5x cuBLAS's time)
+    for k in range(0, k_len // BLOCK_K):
+        a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
+        b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+    if not EVEN_K:
+        # the K tail, peeled: the only masked iteration (only the last split has one)
+        k_left = k_len % BLOCK_K
+        if k_left > 0:
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & (rk[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & mask_n[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
 
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K > 1:
@@ -128,99 +108,6 @@ def matmul_kernel(A, B, C, Bias, M, N, K, k_per, alpha, beta,
                              mask, HAS_BIAS)
         c_ptrs = C + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn)
         tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
-
-
-@kernel
-@triton.jit
-def matmul_streamk_kernel(A, B, C, W, Bias, M, N, K, total, per_prog, alpha, beta,
-                          s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn, s_xb, s_xm, s_xn,
-                          HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
-                          I64: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """Stream-K: the same product as matmul_kernel, with the work cut by K steps instead of tiles.
-
-    The product's `total` = batch x tiles x k_steps iterations (one BLOCK_K step of one output tile
-    each, tile-major) are cut into contiguous ranges of `per_prog`, one per program, one program per
-    SM. Why: when the tile count is not a multiple of the SM count, the last wave of a tile grid
-    leaves SMs idle (577 x 1024 in 128 x 128 tiles is 40 tiles on 132 SMs: 30% busy), and cuBLAS
-    runs such mid-size GEMMs at 600 TFLOP/s; here every SM does the same number of K steps.
-    A program walks its range tile by tile; a tile it covers whole is finished and stored here, a
-    piece of a tile (its range's first and/or last segment) goes as a raw fp32 partial to
-    W[program, 0 (first segment) or 1 (last segment)], and `streamk_fixup_kernel` adds a split
-    tile's pieces in program order (deterministic) with the epilogue. Bytes: the GEMM's operand
-    tiles once per K step, plus at most 2 x BLOCK_M x BLOCK_N x 4 written per program.
-    """
-    pid = tl.program_id(0)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    tiles = grid_m * grid_n
-    k_steps = tl.cdiv(K, BLOCK_K)
-    lo = pid * per_prog
-    hi = tl.minimum(lo + per_prog, total)
-    it = lo
-    while it < hi:
-        tile = it // k_steps
-        ks0 = it - tile * k_steps
-        ks1 = tl.minimum(k_steps, ks0 + (hi - it))
-        batch = tile // tiles
-        pid_m, pid_n = _tile_mn(tile % tiles, grid_m, grid_n, GROUP_M)
-        rm, rn, rk = _offsets(pid_m, pid_n, I64, BLOCK_M, BLOCK_N, BLOCK_K)
-        b64 = batch.to(tl.int64)
-        mask_m = rm < M
-        mask_n = rn < N
-        k0 = ks0 * BLOCK_K
-        a_ptrs = A + b64 * s_ab + (rm[:, None] * s_am + (k0 + rk[None, :]) * s_ak)
-        b_ptrs = B + b64 * s_bb + ((k0 + rk[:, None]) * s_bk + rn[None, :] * s_bn)
-        # the segment's K columns: whole steps, and the K tail when it reaches the last step
-        k_len = tl.minimum(K, ks1 * BLOCK_K) - k0
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = _dot_k(acc, a_ptrs, b_ptrs, mask_m, mask_n, rk, k_len // BLOCK_K, k_len % BLOCK_K, s_ak, s_bk,
-                     PRECISION, EVEN_K, BLOCK_K)
-        mask = mask_m[:, None] & mask_n[None, :]
-        if (ks0 == 0) & (ks1 == k_steps):
-            acc = scale_add_bias(acc, alpha, beta,
-                                 Bias + b64 * s_xb + (rm[:, None] * s_xm + rn[None, :] * s_xn), mask, HAS_BIAS)
-            tl.store(C + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn), acc.to(C.dtype.element_ty),
-                     mask=mask)
-        else:
-            slot = pid * 2 + (it != lo).to(tl.int32)
-            local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-            tl.store(W + slot.to(tl.int64) * (BLOCK_M * BLOCK_N) + local, acc)
-        it += ks1 - ks0
-
-
-@kernel
-@triton.jit
-def streamk_fixup_kernel(W, C, Bias, M, N, K, per_prog, alpha, beta, s_cb, s_cm, s_cn, s_xb, s_xm, s_xn,
-                         HAS_BIAS: tl.constexpr, I64: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """The stream-K epilogue of the tiles that several programs share: program t sums tile t's pieces
-    in program order, C = alpha * sum + beta * Bias. Tile t spans iterations [t k_steps, (t + 1)
-    k_steps), so programs p0 = t k_steps // per_prog .. p1 = ((t + 1) k_steps - 1) // per_prog
-    hold it: p0 == p1 stored it whole already; else for each p it is that program's first segment
-    (slot 0) when p's range starts inside the tile, its last (slot 1) otherwise."""
-    tile = tl.program_id(0)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    tiles = grid_m * grid_n
-    k_steps = tl.cdiv(K, BLOCK_K)
-    first = tile * k_steps
-    p0 = first // per_prog
-    p1 = (first + k_steps - 1) // per_prog
-    if p0 < p1:
-        local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for p in range(p0, p1 + 1):
-            slot = p * 2 + (p * per_prog < first).to(tl.int32)
-            acc += tl.load(W + slot.to(tl.int64) * (BLOCK_M * BLOCK_N) + local)
-        batch = tile // tiles
-        pid_m, pid_n = _tile_mn(tile % tiles, grid_m, grid_n, GROUP_M)
-        rm, rn, rk = _offsets(pid_m, pid_n, I64, BLOCK_M, BLOCK_N, BLOCK_K)
-        b64 = batch.to(tl.int64)
-        mask = (rm[:, None] < M) & (rn[None, :] < N)
-        acc = scale_add_bias(acc, alpha, beta, Bias + b64 * s_xb + (rm[:, None] * s_xm + rn[None, :] * s_xn),
-                             mask, HAS_BIAS)
-        tl.store(C + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn), acc.to(C.dtype.element_ty), mask=mask)
 
 
 @kernel
@@ -279,11 +166,6 @@ _CONFIGS_16 = [
     _cfg(64, 64, 64, 4, 4),
     _cfg(64, 128, 64, 4, 4, split=2),
     _cfg(64, 128, 64, 4, 4, split=4),
-    # stream-K (matmul_streamk_kernel: equal K-step ranges per program, for grids that leave SMs idle)
-    dict(_cfg(128, 128, 64, 8, 4), STREAM_K=True),
-    dict(_cfg(128, 256, 64, 8, 3), STREAM_K=True),
-    dict(_cfg(64, 128, 64, 4, 4), STREAM_K=True, PER_SM=2),
-    dict(_cfg(128, 64, 64, 4, 4), STREAM_K=True, PER_SM=2),
     # the persistent TMA kernel (gemm_tma.py; Hopper, 16-bit, aligned layouts, large problems only):
     # the configs that beat the pointer kernel on the most model shapes in a sweep of 11. 128x256
     # takes 3 stages, unflattened: 4 stages (192 KiB) plus the 64 KiB epilogue tile, or the flattened
@@ -304,7 +186,7 @@ _CONFIGS_32 = [
 
 
 def tile_configs(itemsize):
-    """The search space's distinct plain tiles (no TMA, stream-K or K split): for other implicit
+    """The search space's distinct plain tiles (no TMA config or K split): for other implicit
     GEMMs (convolution) that have one tiled kernel and read only the tile, warps and stages."""
     out = []
     for c in _CONFIGS_16 if itemsize <= 2 else _CONFIGS_32:
@@ -486,9 +368,8 @@ def describe_config(cfg) -> str:
         return ""
     if cfg.get("aten"):
         return "cuBLAS"
-    kind = "tma" if cfg.get("TMA") else "streamk" if cfg.get("STREAM_K") else "ptr"
+    kind = "tma" if cfg.get("TMA") else "ptr"
     split = f" split{cfg['SPLIT_K']}" if cfg.get("SPLIT_K", 1) > 1 else ""
-    split += f" x{cfg['PER_SM']}/SM" if cfg.get("PER_SM", 1) > 1 else ""
     return (f"{kind} {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
             f"{split}")
 
@@ -527,19 +408,6 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
             return
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         tiles = nb * cdiv(M, bm) * cdiv(N, bn)
-        if cfg.get("STREAM_K") and K > 0:
-            # one program per SM (3 on the interpreter, so that tests cut tiles), each `per` K steps
-            total = tiles * cdiv(K, bk)
-            progs = min(total, sm_count(a.device) * cfg.get("PER_SM", 1) if a.is_cuda else 3)
-            per = cdiv(total, progs)
-            progs = cdiv(total, per)
-            ws = empty((progs, 2, bm, bn), torch.float32, out.device)
-            matmul_streamk_kernel[(progs,)](a, b, out, ws, bias, M, N, K, total, per, *ab, *s_ab, *sc, *sx,
-                                            has_bias, prec, K % bk == 0, i64, bm, bn, bk, cfg["GROUP_M"],
-                                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-            streamk_fixup_kernel[(tiles,)](ws, out, bias, M, N, K, per, *ab, *sc, *sx, has_bias, i64,
-                                           bm, bn, bk, cfg["GROUP_M"], num_warps=cfg["num_warps"])
-            return
         split, k_per = split_k(cfg.get("SPLIT_K", 1), K, bk, nb * M * N)
         if split == 1:
             matmul_kernel[(tiles, 1)](a, b, out, bias, M, N, K, K, *ab, *s_ab, 0, *sc, *s_x, K % bk == 0, i64, 1,
@@ -588,8 +456,7 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
         # a K split adds a launch (and a workspace), a TMA call runs the Python path (no call plan):
         # like ATen's candidate they must win by that host cost where the GEMM is short enough for
         # host time to matter
-        extra = (cfg.get("TMA") or cfg.get("STREAM_K")
-                 or split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], nb * M * N)[0] > 1)
+        extra = cfg.get("TMA") or split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], nb * M * N)[0] > 1
         return _aten_time(ms) if extra else ms
 
     cfg = _picked(tuner.pick(bucket, bench))

@@ -242,42 +242,6 @@ def test_split_k(dtype):
     assert blas.split_k(3, 1000, 64, 100) == (3, 384)
 
 
-@dtype_params()
-def test_stream_k(dtype):
-    # stream-K (equal K-step ranges per program, split tiles' fp32 pieces added by the fix-up launch):
-    # on the interpreter 3 programs. 37 x 45 in 32 x 32 tiles is 4 tiles of 6 K steps (K = 167, with a
-    # tail): ranges of 8 steps finish some tiles whole and cut others at both ends; one tile of 6
-    # steps over 3 programs puts a piece with neither end in one program; a batch crosses bmm's
-    # matrices; bias/alpha/beta, a result that is its own bias, and an fp32 result of 16-bit inputs
-    k = 32 * 5 + 7
-    atol = 1e-4 if dtype == torch.float32 else None   # fp32: rounding of K-term partial sums (check_op)
-    cfg = dict(blas._INTERP_CONFIG, STREAM_K=True)
-    a, b, bias = make((37, k), dtype), make((45, k), dtype).t(), make((45,), dtype)
-    out = torch.full((37, 45), float("nan"), dtype=dtype, device=DEVICE)
-    blas._launch(a, b, out, bias.expand(37, 45), 2.0, 0.5, config=cfg)
-    assert_close(out, (0.5 * bias.double() + 2.0 * (a.double() @ b.double())).cpu(), dtype, atol=atol)
-    x, y = make((20, k), dtype), make((k, 30), dtype)
-    out = torch.full((20, 30), float("nan"), dtype=dtype, device=DEVICE)
-    blas._launch(x, y, out, None, 1.0, 0.0, config=cfg)
-    assert_close(out, (x.double() @ y.double()).cpu(), dtype, atol=atol, msg="one tile, middle piece")
-    ba, bb = make((3, 40, 64), dtype), make((3, 64, 11), dtype).transpose(1, 2).contiguous().transpose(1, 2)
-    out = torch.empty((3, 40, 11), dtype=dtype, device=DEVICE).transpose(1, 2).contiguous().transpose(1, 2)
-    blas._launch(ba, bb, out, None, 1.0, 0.0, config=cfg)
-    assert_close(out, torch.bmm(ba.double(), bb.double()).cpu(), dtype, atol=atol, msg="bmm")
-    c = make((37, 45), dtype)
-    ref = (c.double() + a.double() @ b.double()).cpu()
-    blas._launch(a, b, c, c, 1.0, 1.0, config=cfg)
-    assert_close(c, ref, dtype, atol=atol, msg="in place")
-    if dtype != torch.float32:
-        out = torch.empty((37, 45), dtype=torch.float32, device=DEVICE)
-        blas._launch(a, b, out, None, 1.0, 0.0, config=cfg)
-        assert_close(out, (a.double() @ b.double()).cpu(), torch.float32, rtol=1e-5, atol=1e-4)
-    # K == 0 (alpha == 0 ignores A @ B): the plain kernel's beta * bias
-    out = torch.empty((37, 45), dtype=dtype, device=DEVICE)
-    blas._launch(a, b, out, bias.expand(37, 45), 0.0, 0.5, config=cfg)
-    assert_close(out, (0.5 * bias.double()).expand(37, 45).cpu(), dtype)
-
-
 @pytest.mark.skipif(not ON_GPU, reason="ATen implements the out_dtype overloads on CUDA only")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_out_dtype_fp32(dtype):
@@ -353,3 +317,14 @@ def test_config_names_and_last_choice():
     out = torch.empty(9, 5, device=DEVICE)
     blas._launch(x, w, out, None, 1.0, 0.0)     # the path a first call takes: a config is chosen
     assert blas.last_config() is not None and not blas.last_config().get("aten")
+
+
+def test_tile_configs_for_other_gemms():
+    # convolution's implicit GEMMs tune over the distinct tiles of the search space: the TMA and K-split
+    # entries would time duplicates of plain tiles there
+    keys = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"}
+    for itemsize, space in ((2, blas._CONFIGS_16), (4, blas._CONFIGS_32)):
+        tiles = blas.tile_configs(itemsize)
+        assert all(set(c) == keys for c in tiles)
+        assert len({tuple(sorted(c.items())) for c in tiles}) == len(tiles)
+        assert {tuple(sorted((k, c[k]) for k in keys)) for c in space} == {tuple(sorted(c.items())) for c in tiles}
