@@ -110,7 +110,11 @@ def _compile(line: str, arch: int):
             return rec, "skipped: a constexpr of a type this script does not map"
         # optional: arguments Triton would see as multiples of 16 (aligned pointers, strides), as on a GPU call
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in rec.get("divisible_16", ())}
-        src = ASTSource(fn=fn, signature=rec["signature"], constexprs=consts, attrs=attrs)
+        if getattr(fn, "is_gluon", lambda: False)():     # Gluon kernels: the same compiler, another front end
+            from triton.experimental.gluon._runtime import GluonASTSource as source
+        else:
+            source = ASTSource
+        src = source(fn=fn, signature=rec["signature"], constexprs=consts, attrs=attrs)
         opts = {"num_warps": rec["num_warps"], "debug": bool(fn.debug)}
         if "num_stages" in rec:
             opts["num_stages"] = rec["num_stages"]

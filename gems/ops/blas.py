@@ -34,7 +34,7 @@ from ..registry import FLOATS, Unsupported, register
 from ..runtime import backend, kernel
 from ..runtime.autotune import Autotuner, bench_ms
 from ..runtime.utils import cdiv, empty, next_pow2, prepare_out, sm_count, span
-from . import gemm_tma
+from . import gemm_gluon, gemm_tma
 from ._gemm_epilogue import scale_add_bias
 
 _I32_MAX = 2**31 - 1
@@ -146,6 +146,11 @@ def _cfg(bm, bn, bk, warps, stages, group=8, split=1):
     return c
 
 
+def _gluon(bm, bn, bk, warps, buffers, group=8):
+    """A config of the Gluon kernel: its pipeline depth is NUM_BUF ring slots (num_stages unused)."""
+    return dict(_cfg(bm, bn, bk, warps, 1, group), NUM_BUF=buffers, GLUON=True)
+
+
 # Search spaces per backend (kept here rather than in backends.py: the autotuner owns them).
 # 16-bit inputs on Hopper: 128x256x64 / 8 warps is the classic wgmma-friendly tile (2 warpgroups, each
 # 64x256); 3-4 stages of (128 + 256) x 64 x 2 B = 48 KiB fit in 228 KiB of shared memory. Smaller tiles
@@ -172,6 +177,13 @@ _CONFIGS_16 = [
     # loop with a bias, exceed shared memory
     dict(_cfg(128, 256, 64, 8, 3), TMA=True, FLAT=False),
     dict(_cfg(128, 128, 64, 8, 5), TMA=True, FLAT=True),
+    # the Gluon kernel (gemm_gluon.py: the same operands and gate as TMA, a bias row at most): the
+    # configs that won a model shape of >= 2**35 multiply-adds in a sweep of 8 (H200, 2026-11-28);
+    # NUM_BUF ring slots of (BM + BN) x 64 x 2 bytes plus the BM x BN output tile fit 227 KiB
+    _gluon(128, 256, 64, 8, 3),
+    _gluon(128, 256, 64, 8, 3, group=16),
+    _gluon(128, 128, 64, 8, 5),
+    _gluon(64, 256, 64, 4, 4),
 ]
 # fp32: twice the bytes per element, so BLOCK_K 32 keeps the same shared-memory footprint
 _CONFIGS_32 = [
@@ -186,10 +198,12 @@ _CONFIGS_32 = [
 
 
 def tile_configs(itemsize):
-    """The search space's distinct plain tiles (no TMA config or K split): for other implicit
+    """The search space's distinct plain tiles (no TMA or Gluon config, no K split): for other implicit
     GEMMs (convolution) that have one tiled kernel and read only the tile, warps and stages."""
     out = []
     for c in _CONFIGS_16 if itemsize <= 2 else _CONFIGS_32:
+        if c.get("GLUON"):
+            continue
         c = {k: v for k, v in c.items() if k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")}
         if c not in out:
             out.append(c)
@@ -306,7 +320,8 @@ def _tuner(itemsize, triton_only=False):
     # separate tuning caches: a bucket tuned without the ATen candidate must not answer for 'auto'
     # ("-auto2": decisions since ATen's candidate carries _ATEN_HOST_MS; older caches decided without it)
     # ("v2": the search space of 2026-11-28, K splits included; older caches chose from the previous one)
-    name = ("mm16v2" if itemsize <= 2 else "mm32v2") + ("" if triton_only else "-auto2")
+    # ("v3": with the Gluon kernel's configs, 2026-11-28)
+    name = ("mm16v3" if itemsize <= 2 else "mm32v3") + ("" if triton_only else "-auto2")
     t = _TUNERS.get(name)
     if t is None:
         if backend().name == "interpreter":
@@ -368,6 +383,9 @@ def describe_config(cfg) -> str:
         return ""
     if cfg.get("aten"):
         return "cuBLAS"
+    if cfg.get("GLUON"):
+        return (f"gluon {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg['num_warps']} b{cfg['NUM_BUF']}"
+                + (f" g{cfg['GROUP_M']}" if cfg["GROUP_M"] != 8 else ""))
     kind = "tma" if cfg.get("TMA") else "ptr"
     split = f" split{cfg['SPLIT_K']}" if cfg.get("SPLIT_K", 1) > 1 else ""
     return (f"{kind} {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
@@ -399,12 +417,17 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
     s_x = (*sx, has_bias, prec)
 
     def run(cfg, out):
-        if cfg.get("TMA"):
+        if cfg.get("TMA") or cfg.get("GLUON"):
             lay = gemm_tma.layout(a, b, out, K, i64)
             if lay is None:
                 raise ValueError("the TMA GEMM needs one 16-bit matrix product with 16-byte aligned, "
                                  "unit-stride operands and a row-major result")
-            gemm_tma.launch(a, b, out, bias, alpha, beta, has_bias, lay, cfg)
+            if cfg.get("TMA"):
+                gemm_tma.launch(a, b, out, bias, alpha, beta, has_bias, lay, cfg)
+            elif gemm_gluon.supports(bias, has_bias):
+                gemm_gluon.launch(a, b, out, bias, alpha, beta, has_bias, lay, cfg)
+            else:
+                raise ValueError("the Gluon GEMM adds at most a bias row (stride 0 along M)")
             return
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         tiles = nb * cdiv(M, bm) * cdiv(N, bn)
@@ -438,8 +461,10 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
     # whether the TMA kernel can take the call is part of the bucket: its configs are candidates only
     # there (and a bucket that chose one serves only calls it can run)
     tma = nb * M * N * K >= _TMA_MIN_MACS and gemm_tma.tma_layout(a, b, c, K, i64) is not None
+    # (and whether the Gluon configs can take its bias: a bucket that chose one serves only such calls)
     bucket = (next_pow2(M), next_pow2(N), next_pow2(max(K, 1)), str(a.dtype).split(".")[-1], prec,
-              _layout(sa[1], sa[2]), _layout(sb[1], sb[2]), nb > 1, has_bias) + (("tma",) if tma else ())
+              _layout(sa[1], sa[2]), _layout(sb[1], sb[2]), nb > 1, has_bias) + (
+        (("tma",) if gemm_gluon.supports(bias, has_bias) else ("tma", "bias2d")) if tma else ())
 
     def bench(cfg):
         # time into scratch: `c` may alias the bias (addmm_), which repeated runs would accumulate into.
@@ -450,13 +475,14 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
             if c.dtype != a.dtype:   # fp32 results of 16-bit inputs (out_dtype): no like-for-like ATen call
                 raise RuntimeError("no ATen candidate")
             return _aten_time(bench_ms(lambda: _aten_gemm(a, b, bias if has_bias else None, alpha, beta, scratch)))
-        if cfg.get("TMA") and not tma:
+        if (cfg.get("TMA") or cfg.get("GLUON")) and not tma:
             raise RuntimeError("not a TMA call")
         ms = bench_ms(lambda: run(cfg, scratch))
         # a K split adds a launch (and a workspace), a TMA call runs the Python path (no call plan):
         # like ATen's candidate they must win by that host cost where the GEMM is short enough for
         # host time to matter
-        extra = cfg.get("TMA") or split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], nb * M * N)[0] > 1
+        extra = (cfg.get("TMA") or cfg.get("GLUON")
+                 or split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], nb * M * N)[0] > 1)
         return _aten_time(ms) if extra else ms
 
     cfg = _picked(tuner.pick(bucket, bench))

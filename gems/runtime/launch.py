@@ -25,6 +25,10 @@ try:
     from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
 except ImportError:  # pragma: no cover - a Triton without host tensor descriptors
     _TensorDescriptor = None
+try:   # Gluon's host descriptor also carries its shared-memory layout, which the binary depends on
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
+except ImportError:  # pragma: no cover - a Triton without Gluon
+    _GluonDescriptor = None
 _MAX_ENTRIES = 256  # binaries per kernel; a kernel with more variants than this is a design bug
 
 
@@ -53,6 +57,8 @@ def binary_key(args, constexpr_pos=()) -> tuple:
         elif a.__class__ is _TensorDescriptor:
             # Triton specializes a host descriptor on its dtype and block shape (tensordesc<bf16[128, 64]>)
             app((a.base.dtype, tuple(a.block_shape), a.padding))
+        elif a.__class__ is _GluonDescriptor:
+            app((a.base.dtype, tuple(a.block_shape), a.padding, a.layout))
         else:  # dtypes, strings, ... can only be constexprs; key by value
             app(a)
     return tuple(key)

@@ -567,6 +567,10 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
             elif a is None or a.__class__ in (bool, int) and -2**62 < a < 2**62:
                 exprs.append(repr(a))
                 parts.append(("const", a))
+            elif isinstance(getattr(a, "base", None), _T):
+                # a TMA descriptor (Triton's or Gluon's) holds this call's tensor: not a constant
+                rec.tainted = "tensor descriptor argument"
+                return None
             else:
                 exprs.append(const(a))
                 parts.append(("const", a))

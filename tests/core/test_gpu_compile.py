@@ -153,3 +153,41 @@ def test_attention_gpu_configs_fit_sm90(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_check.py"), str(f), "-j", "2"],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"attention configs that do not fit sm_90:\n{proc.stdout[-6000:]}{proc.stderr[-3000:]}"
+
+
+def gluon_gemm_record(cfg, a_t, b_t, has_bias, dtype="bf16"):
+    """A compile record of gemm_gluon.matmul_gluon_kernel for one launch config: host descriptors are typed
+    by their dtype, block shape and shared-memory layout (Triton's tensordesc<...> string)."""
+    from triton.experimental.gluon import language as gl
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+
+    def desc(block):
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16 if dtype == "bf16" else gl.float16)
+        return f"tensordesc<{dtype}[{block[0]}, {block[1]}],{layout!r}>"
+
+    sig = {"a_desc": desc([bk, bm] if a_t else [bm, bk]), "b_desc": desc([bn, bk] if b_t else [bk, bn]),
+           "c_desc": desc([bm, bn]), "Bias": "*" + dtype, "M": "i32", "N": "i32", "K": "i32", "alpha": "fp32",
+           "beta": "fp32", "s_xn": "i32"}
+    consts = dict(A_T=a_t, B_T=b_t, HAS_BIAS=has_bias, GROUP_M=cfg["GROUP_M"], NUM_BUF=cfg["NUM_BUF"])
+    sig.update({k: "constexpr" for k in consts})
+    return {"module": "gems.ops.gemm_gluon", "name": "matmul_gluon_kernel", "signature": sig, "constexprs": consts,
+            "num_warps": cfg["num_warps"]}
+
+
+@pytest.mark.skipif(ON_GPU, reason="on the GPU test_gemm_gluon launches these configs")
+def test_gluon_gemm_configs_fit_sm90(tmp_path):
+    # Gluon has no interpreter: the CPU suite never runs this kernel. Every config of the GEMM search space
+    # compiles here for sm_90 in the layouts the models pass (a weight read transposed with a bias row, a
+    # transposed activation, plain), and fits its ring and output tile in shared memory
+    from gems.ops import blas
+    cfgs = [c for c in blas._CONFIGS_16 if c.get("GLUON")]
+    assert cfgs
+    recs = [gluon_gemm_record(c, a_t, b_t, bias) for c in cfgs
+            for a_t, b_t, bias in ((False, True, True), (True, False, False), (False, False, False))]
+    f = tmp_path / "gluon_gemm.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_check.py"), str(f), "-j", "2"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"Gluon GEMM configs that do not fit sm_90:\n{proc.stdout[-6000:]}{proc.stderr[-3000:]}"

@@ -321,10 +321,11 @@ def test_config_names_and_last_choice():
 
 def test_tile_configs_for_other_gemms():
     # convolution's implicit GEMMs tune over the distinct tiles of the search space: the TMA and K-split
-    # entries would time duplicates of plain tiles there
+    # entries would time duplicates of plain tiles there, the Gluon ones tiles of another pipeline
     keys = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"}
     for itemsize, space in ((2, blas._CONFIGS_16), (4, blas._CONFIGS_32)):
         tiles = blas.tile_configs(itemsize)
         assert all(set(c) == keys for c in tiles)
         assert len({tuple(sorted(c.items())) for c in tiles}) == len(tiles)
-        assert {tuple(sorted((k, c[k]) for k in keys)) for c in space} == {tuple(sorted(c.items())) for c in tiles}
+        plain = [c for c in space if not c.get("GLUON")]     # (another kernel, whose tiles mean ring slots)
+        assert {tuple(sorted((k, c[k]) for k in keys)) for c in plain} == {tuple(sorted(c.items())) for c in tiles}

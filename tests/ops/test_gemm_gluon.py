@@ -1,0 +1,71 @@
+"""The Gluon GEMM (gems/ops/gemm_gluon.py) on a Hopper GPU: every config of the search space, small
+shapes whose M, N and K leave partial tiles (zero-filled loads, clipped stores), programs that loop over
+several tiles, the four operand layouts, a bias row with alpha/beta. Gluon has no interpreter, so on
+CPU only the refusals run here (tests/core/test_gpu_compile.py compiles every config for sm_90)."""
+import pytest
+import torch
+
+from gems.ops import blas, gemm_gluon, gemm_tma
+from harness import DEVICE, ON_GPU, assert_close, make
+
+CONFIGS = [c for c in blas._CONFIGS_16 if c.get("GLUON")]
+hopper = pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] != 9,
+                            reason="Gluon kernels run on a Hopper GPU only (no interpreter)")
+
+
+def _operand(rows, cols, transposed, dtype):
+    if transposed:
+        return make((cols, rows), dtype).t()
+    return make((rows, cols), dtype)
+
+
+@hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("lay", ["NN", "NT", "TN", "TT"])
+def test_every_config_layouts_bias(dtype, lay):
+    # 328 x 1000 x 520: 3 x 4 tiles of 128 x 256 with tails in M, N and K; with more tiles than
+    # programs in a 64-SM grid below, each program takes several tiles (the ring's counters and
+    # phases carry across tiles)
+    M, N, K = 328, 1000, 520
+    a, b = _operand(M, K, lay[0] == "T", dtype), _operand(K, N, lay[1] == "T", dtype)
+    bias = make((N,), dtype).expand(M, N)
+    ref_bias = (0.5 * (a.double() @ b.double()) + 2.0 * bias.double()).cpu()
+    ref = (a.double() @ b.double()).cpu()
+    for cfg in CONFIGS:
+        out = torch.full((M, N), float("nan"), dtype=dtype, device=DEVICE)
+        blas._launch(a, b, out, bias, 0.5, 2.0, config=cfg)
+        assert_close(out, ref_bias, dtype, atol=2e-2, msg=f"{lay} {blas.describe_config(cfg)} bias")
+        out = torch.full((M, N), float("nan"), dtype=dtype, device=DEVICE)
+        blas._launch(a, b, out, None, 1.0, 0.0, config=cfg)
+        assert_close(out, ref, dtype, atol=2e-2, msg=f"{lay} {blas.describe_config(cfg)}")
+
+
+@hopper
+def test_many_tiles_per_program_and_short_k(monkeypatch):
+    # 4 programs over 40 tiles, and K shorter than the ring's prologue (one 64-wide step with a tail)
+    monkeypatch.setattr(gemm_gluon, "sm_count", lambda device: 4)
+    for (M, N, K) in [(1000, 1280, 264), (520, 640, 40)]:
+        a, b = make((M, K), torch.bfloat16), make((N, K), torch.bfloat16).t()
+        for cfg in CONFIGS:
+            out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+            blas._launch(a, b, out, None, 1.0, 0.0, config=cfg)
+            assert_close(out, (a.double() @ b.double()).cpu(), torch.bfloat16, atol=2e-2,
+                         msg=f"{M}x{N}x{K} {blas.describe_config(cfg)}")
+
+
+def test_what_it_refuses():
+    h = torch.float16
+    M, N, K = 64, 48, 32
+    a, b, c = make((M, K), h), make((K, N), h), make((M, N), h)
+    assert gemm_gluon.supports(None, False)
+    assert gemm_gluon.supports(make((N,), h).expand(M, N), True)          # a bias row
+    assert not gemm_gluon.supports(make((M, N), h), True)                 # a full bias matrix (addmm_)
+    assert gemm_gluon.supports(make((M, N), h), False)                    # beta == 0: no bias read
+    assert gemm_tma.layout(a, b, c, K, False) is not None                  # the operands themselves are fine
+    with pytest.raises(ValueError, match="bias row"):
+        blas._launch(a, b, c, make((M, N), h), 1.0, 1.0, config=CONFIGS[0])
+    odd = make((M, K + 3), h)[:, :K]                  # leading stride not 16-byte aligned: no descriptor
+    with pytest.raises(ValueError, match="TMA GEMM needs"):
+        blas._launch(odd, b, c, None, 1.0, 0.0, config=CONFIGS[0])
+    assert blas.describe_config(blas._gluon(128, 256, 64, 8, 3)) == "gluon 128x256x64 w8 b3"
+    assert blas.describe_config(blas._gluon(128, 256, 64, 8, 3, group=16)) == "gluon 128x256x64 w8 b3 g16"
