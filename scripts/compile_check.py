@@ -118,6 +118,8 @@ def _compile(line: str, arch: int):
         opts = {"num_warps": rec["num_warps"], "debug": bool(fn.debug)}
         if "num_stages" in rec:
             opts["num_stages"] = rec["num_stages"]
+        if "maxnreg" in rec:
+            opts["maxnreg"] = rec["maxnreg"]
         k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
         shared = k.metadata.shared
         if shared > _SHARED_MAX.get(arch, 232448):

@@ -146,9 +146,10 @@ def _cfg(bm, bn, bk, warps, stages, group=8, split=1):
     return c
 
 
-def _gluon(bm, bn, bk, warps, buffers, group=8):
-    """A config of the Gluon kernel: its pipeline depth is NUM_BUF ring slots (num_stages unused)."""
-    return dict(_cfg(bm, bn, bk, warps, 1, group), NUM_BUF=buffers, GLUON=True)
+def _gluon(bm, bn, bk, warps, buffers, group=8, maxnreg=160):
+    """A config of the Gluon kernel: its pipeline depth is NUM_BUF ring slots (num_stages unused), and
+    `maxnreg` caps registers per thread so that its warps plus the load warpgroup fit 64K registers."""
+    return dict(_cfg(bm, bn, bk, warps, 1, group), NUM_BUF=buffers, maxnreg=maxnreg, GLUON=True)
 
 
 # Search spaces per backend (kept here rather than in backends.py: the autotuner owns them).
@@ -177,13 +178,12 @@ _CONFIGS_16 = [
     # loop with a bias, exceed shared memory
     dict(_cfg(128, 256, 64, 8, 3), TMA=True, FLAT=False),
     dict(_cfg(128, 128, 64, 8, 5), TMA=True, FLAT=True),
-    # the Gluon kernel (gemm_gluon.py: the same operands and gate as TMA, a bias row at most): the
-    # configs that won a model shape of >= 2**35 multiply-adds in a sweep of 8 (H200, 2026-11-28);
-    # NUM_BUF ring slots of (BM + BN) x 64 x 2 bytes plus the BM x BN output tile fit 227 KiB
+    # the warp-specialized Gluon kernel (gemm_gluon.py: the same operands and gate as TMA, a bias row at
+    # most): the configs that won a model shape of >= 2**33 multiply-adds in a sweep of 5 (H200,
+    # 2026-11-28); NUM_BUF ring slots of (BM + BN) x 64 x 2 bytes plus the BM x BN output tile fit 227 KiB
     _gluon(128, 256, 64, 8, 3),
     _gluon(128, 256, 64, 8, 3, group=16),
-    _gluon(128, 128, 64, 8, 5),
-    _gluon(64, 256, 64, 4, 4),
+    _gluon(128, 128, 64, 4, 5, maxnreg=224),
 ]
 # fp32: twice the bytes per element, so BLOCK_K 32 keeps the same shared-memory footprint
 _CONFIGS_32 = [
@@ -385,7 +385,7 @@ def describe_config(cfg) -> str:
         return "cuBLAS"
     if cfg.get("GLUON"):
         return (f"gluon {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg['num_warps']} b{cfg['NUM_BUF']}"
-                + (f" g{cfg['GROUP_M']}" if cfg["GROUP_M"] != 8 else ""))
+                f" r{cfg['maxnreg']}" + (f" g{cfg['GROUP_M']}" if cfg["GROUP_M"] != 8 else ""))
     kind = "tma" if cfg.get("TMA") else "ptr"
     split = f" split{cfg['SPLIT_K']}" if cfg.get("SPLIT_K", 1) > 1 else ""
     return (f"{kind} {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"

@@ -1,18 +1,20 @@
-"""A persistent Hopper GEMM written in Gluon (Triton's explicit-layout language): TMA loads into a ring
-of shared-memory buffers guarded by mbarriers, asynchronous warpgroup MMAs (wgmma) with one in flight,
-and the output tile stored by TMA while the next tile's first loads are already on their way.
+"""A persistent, warp-specialized Hopper GEMM written in Gluon (Triton's explicit-layout language): one
+warp issues TMA loads into a ring of shared-memory slots, the kernel's warpgroups run asynchronous
+warpgroup MMAs (wgmma, one in flight) and the epilogue, mbarriers hand the slots back and forth, and each
+output tile leaves by a TMA store that overlaps the next tile's MMAs.
 
 C = alpha * (A @ B) + beta * Bias        (A: M x K, B: K x N, C: M x N row-major; one matrix, no batch)
 
-Why a second TMA kernel: Triton's compiler (gemm_tma.py) decides the pipeline itself and ran the models'
-large GEMMs at 1.04-1.14x cuBLAS's time; here the schedule is written out, as cuBLAS's Hopper kernels
-do it. Per K step the TMA unit moves (BM + BN) x BK x 2 bytes; the MMA of step k overlaps the loads
-of steps k + 1 .. k + NUM_BUF - 1 and the wait for MMA k - 1 (`warpgroup_mma_wait(1)`), after which
-its buffers are refilled.
+Why a second TMA kernel: Triton's compiler (gemm_tma.py) schedules one instruction stream for loads and
+MMAs, and ran the models' large GEMMs at 1.00-1.08x cuBLAS's device time. cuBLAS's Hopper kernels split
+producer and consumer warps; written out here the same way, the models' 39 GEMMs of >= 2**33
+multiply-adds ran at a geometric mean of 1.045x cuBLAS's device time (0.92-1.04x on the large ones),
+against 1.097x for the same kernel software-pipelined in one partition (H200, bf16, CUDA-graph timing
+after an L2 flush, 2026-11-28). Per K step the TMA unit moves (BM + BN) x BK x 2 bytes into a slot.
 
 Same contract as gemm_tma: Hopper, 16-bit operands with one unit stride and 16-byte aligned base and
-leading strides (`gemm_tma.layout`), a row-major 16-bit result. Host descriptors: the Python path only
-(no call plan), so the tuner offers it only to problems whose device time covers that.
+leading strides (`gemm_tma.layout`), a row-major 16-bit result, and at most a bias row. Host descriptors:
+the Python path only (no call plan), so the tuner offers it only to problems whose device time covers that.
 """
 import functools
 
@@ -24,6 +26,11 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..runtime import kernel
 from ..runtime.utils import cdiv, sm_count
+
+# registers per thread of the load warp (it holds a few scalars); the MMA warpgroups get the rest of the
+# launch's cap (`maxnreg` in the configs: (num_warps + 4) x 32 threads x maxnreg <= 65536, the load warp
+# counting as a warpgroup)
+LOAD_REGS = gl.constexpr(40)
 
 
 @gluon.constexpr_function
@@ -68,51 +75,49 @@ def _tile_offsets(tile, grid_m, grid_n, GROUP_M: gl.constexpr, BLOCK_M: gl.const
     return (first_m + (tile % per_group) % group_m) * BLOCK_M, ((tile % per_group) // group_m) * BLOCK_N
 
 
-@kernel
 @gluon.jit
-def matmul_gluon_kernel(a_desc, b_desc, c_desc, Bias, M, N, K, alpha, beta, s_xn,
-                        A_T: gl.constexpr, B_T: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
-                        NUM_BUF: gl.constexpr):
-    """Program p computes output tiles p, p + programs, ... with fp32 accumulation;
-    C[tile] = alpha * sum_k A[m, k] B[k, n] + beta * Bias[n]   (a bias row: `launch` takes no other).
-
-    Counters `loads` / `used` run over the program's whole life (ring slot = count % NUM_BUF, barrier
-    phase = (count // NUM_BUF) & 1); a load predicated off (past K) is not counted, so both agree at
-    every tile's end. A_T / B_T: the operand is read through a descriptor of its transpose (its rows
-    are the contiguous axis) and handed to wgmma as a permuted shared-memory view."""
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[0 if A_T else 1]
-    layout: gl.constexpr = _mma_layout(BLOCK_M, BLOCK_N, gl.num_warps())
-
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_BUF] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_BUF] + b_desc.block_type.shape, b_desc.layout)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_BUF):
-        mbarrier.init(bars.index(i), count=1)
-
+def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
+                    A_T: gl.constexpr, B_T: gl.constexpr, GROUP_M: gl.constexpr, NUM_BUF: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """One warp: walks the program's tiles and K steps, and for step `count` waits until the MMA
+    partition has released ring slot count % NUM_BUF (`empty`), then issues its TMA loads (`ready`
+    counts the bytes). It runs ahead into the next tile while the MMA warps finish this one."""
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     grid_m = gl.cdiv(M, BLOCK_M)
     grid_n = gl.cdiv(N, BLOCK_N)
-    tiles = grid_m * grid_n
     k_steps = gl.cdiv(K, BLOCK_K)
-    loads = 0
-    used = 0
+    count = 0
+    for tile in range(pid, grid_m * grid_n, programs):
+        off_m, off_n = _tile_offsets(tile, grid_m, grid_n, GROUP_M, BLOCK_M, BLOCK_N)
+        for ks in range(k_steps):
+            # a fresh barrier counts as released in phase 1: the first NUM_BUF loads do not wait
+            mbarrier.wait(empty.index(count % NUM_BUF), ((count // NUM_BUF) & 1) ^ 1)
+            _issue_load(a_desc, b_desc, a_bufs, b_bufs, ready, count, off_m, off_n, ks * BLOCK_K, True, A_T, B_T,
+                        NUM_BUF)
+            count += 1
 
-    # the first tile's first NUM_BUF - 1 K steps
-    off_m, off_n = _tile_offsets(pid, grid_m, grid_n, GROUP_M, BLOCK_M, BLOCK_N)
-    for i in gl.static_range(NUM_BUF - 1):
-        p = (i < k_steps) & (pid < tiles)
-        _issue_load(a_desc, b_desc, a_bufs, b_bufs, bars, loads, off_m, off_n, i * BLOCK_K, p, A_T, B_T, NUM_BUF)
-        loads += p.to(gl.int32)
 
-    for tile in range(pid, tiles, programs):
+@gluon.jit
+def _mma_partition(c_desc, a_bufs, b_bufs, c_smem, ready, empty, Bias, M, N, K, alpha, beta, s_xn,
+                   A_T: gl.constexpr, B_T: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
+                   NUM_BUF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """The kernel's warpgroups: per K step wait for the slot's bytes, issue the wgmma asynchronously,
+    wait for the previous one (one in flight) and release its slot; per tile the epilogue (alpha, the
+    bias row, the cast) into shared memory and a TMA store that overlaps the next tile's MMAs."""
+    layout: gl.constexpr = _mma_layout(BLOCK_M, BLOCK_N, gl.num_warps())
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    grid_m = gl.cdiv(M, BLOCK_M)
+    grid_n = gl.cdiv(N, BLOCK_N)
+    k_steps = gl.cdiv(K, BLOCK_K)
+    count = 0
+    for tile in range(pid, grid_m * grid_n, programs):
+        off_m, off_n = _tile_offsets(tile, grid_m, grid_n, GROUP_M, BLOCK_M, BLOCK_N)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
         for ks in range(k_steps):
-            s = used % NUM_BUF
-            mbarrier.wait(bars.index(s), (used // NUM_BUF) & 1)
+            s = count % NUM_BUF
+            mbarrier.wait(ready.index(s), (count // NUM_BUF) & 1)
             if A_T:
                 a = a_bufs.index(s).permute((1, 0))
             else:
@@ -122,28 +127,17 @@ def matmul_gluon_kernel(a_desc, b_desc, c_desc, Bias, M, N, K, alpha, beta, s_xn
             else:
                 b = b_bufs.index(s)
             acc = warpgroup_mma(a, b, acc, is_async=True)
-            # MMA ks - 1 is complete after this: its slot takes the load of step ks + NUM_BUF - 1
             acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
-            used += 1
-            nk = ks + NUM_BUF - 1
-            p = nk < k_steps
-            _issue_load(a_desc, b_desc, a_bufs, b_bufs, bars, loads, off_m, off_n, nk * BLOCK_K, p, A_T, B_T,
-                        NUM_BUF)
-            loads += p.to(gl.int32)
+            # the MMA of step count - 1 is complete: the loader may refill its slot
+            mbarrier.arrive(empty.index((count + NUM_BUF - 1) % NUM_BUF), pred=ks > 0)
+            count += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-
-        # the next tile's first loads go out before this tile's epilogue
-        next_m, next_n = _tile_offsets(tile + programs, grid_m, grid_n, GROUP_M, BLOCK_M, BLOCK_N)
-        for i in gl.static_range(NUM_BUF - 1):
-            p = (i < k_steps) & (tile + programs < tiles)
-            _issue_load(a_desc, b_desc, a_bufs, b_bufs, bars, loads, next_m, next_n, i * BLOCK_K, p, A_T, B_T,
-                        NUM_BUF)
-            loads += p.to(gl.int32)
+        mbarrier.arrive(empty.index((count + NUM_BUF - 1) % NUM_BUF), pred=k_steps > 0)
 
         acc = acc * alpha
         if HAS_BIAS:
             # a bias row (linear's; stride 0 along M): one vector per tile, broadcast over the rows. A
-            # [BM, BN] tile of bias pointers would take 128 of the 255 registers per thread and spill
+            # [BM, BN] tile of bias pointers would take 128 registers per thread and spill
             rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
             x = gl.load(Bias + rn * s_xn, mask=rn < N, other=0.0)
             acc = acc + beta * x.to(gl.float32)[None, :]
@@ -152,11 +146,40 @@ def matmul_gluon_kernel(a_desc, b_desc, c_desc, Bias, M, N, K, alpha, beta, s_xn
         c_smem.store(acc.to(c_desc.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
-        off_m = next_m
-        off_n = next_n
     tma.store_wait(pendings=0)
+
+
+@kernel
+@gluon.jit
+def matmul_gluon_kernel(a_desc, b_desc, c_desc, Bias, M, N, K, alpha, beta, s_xn,
+                        A_T: gl.constexpr, B_T: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
+                        NUM_BUF: gl.constexpr):
+    """Program p computes output tiles p, p + programs, ... with fp32 accumulation;
+    C[tile] = alpha * sum_k A[m, k] B[k, n] + beta * Bias[n]   (a bias row: `launch` takes no other).
+
+    Warp-specialized: `_load_partition` (one extra warp, few registers) and `_mma_partition` (the
+    launch's num_warps) share a ring of NUM_BUF operand slots through two barriers per slot, `ready`
+    (loads landed) and `empty` (MMA done reading). Both walk the same tiles and K steps, so a running
+    count gives each the slot (count % NUM_BUF) and the barrier phase ((count // NUM_BUF) & 1).
+    A_T / B_T: the operand is read through a descriptor of its transpose (its rows are the contiguous
+    axis) and handed to wgmma as a permuted shared-memory view."""
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[0 if A_T else 1]
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_BUF] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_BUF] + b_desc.block_type.shape, b_desc.layout)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_BUF):
-        mbarrier.invalidate(bars.index(i))
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_mma_partition, (c_desc, a_bufs, b_bufs, c_smem, ready, empty, Bias, M, N, K, alpha, beta, s_xn, A_T, B_T,
+                          HAS_BIAS, GROUP_M, NUM_BUF, BLOCK_M, BLOCK_N, BLOCK_K)),
+        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, A_T, B_T, GROUP_M, NUM_BUF,
+                           BLOCK_M, BLOCK_N, BLOCK_K)),
+    ], [1], [LOAD_REGS])
 
 
 @functools.lru_cache(maxsize=None)
@@ -176,7 +199,7 @@ def supports(bias, has_bias):
 
 
 def launch(a, b, c, bias, alpha, beta, has_bias, layouts, cfg):
-    """c = alpha * a @ b (+ beta * bias row) with `cfg` (BLOCK_M/N/K, GROUP_M, NUM_BUF, warps); `layouts`
+    """c = alpha * a @ b (+ beta * bias row) with `cfg` (BLOCK_M/N/K, GROUP_M, NUM_BUF, warps, maxnreg); `layouts`
     from gemm_tma.layout (the same operand conditions), the bias as `supports` says."""
     (a_t, s_a), (b_t, s_b) = layouts
     M, K = a.shape
@@ -189,4 +212,4 @@ def launch(a, b, c, bias, alpha, beta, has_bias, layouts, cfg):
     xn = bias.stride(1) if has_bias else 0
     matmul_gluon_kernel[(progs,)](ad, bd, cd, bias, M, N, K, float(alpha), float(beta), xn,
                                   a_t, b_t, has_bias, cfg["GROUP_M"], cfg["NUM_BUF"], num_warps=cfg["num_warps"],
-                                  num_stages=1)
+                                  num_stages=1, maxnreg=cfg["maxnreg"])

@@ -105,20 +105,25 @@ class LaunchCache:
         self.hits = self.misses = 0
 
     def __getitem__(self, grid):
-        return lambda *args, num_warps=4, num_stages=3: self.run(grid, args, num_warps, num_stages)
+        return lambda *args, num_warps=4, num_stages=3, maxnreg=None: self.run(grid, args, num_warps, num_stages,
+                                                                             maxnreg)
 
-    def run(self, grid, args, num_warps=4, num_stages=3):
+    def run(self, grid, args, num_warps=4, num_stages=3, maxnreg=None):
+        """`maxnreg`: the per-thread register cap (warp-specialized Gluon kernels rebalance registers
+        between partitions under it); part of the binary's key when given."""
         rec = _plan.active()
         if rec is not None:
-            return self._run_recorded(rec, grid, args, num_warps, num_stages)
+            return self._run_recorded(rec, grid, args, num_warps, num_stages, maxnreg)
         if self.interpreted:
             return self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
         dev = _get_device()
-        key = (dev, num_warps, num_stages, self._key(*args))
+        key = (dev, num_warps, num_stages, self._key(*args)) if maxnreg is None else \
+            (dev, num_warps, num_stages, maxnreg, self._key(*args))
         entry = self._cache.get(key)
         if entry is None:
             self.misses += 1
-            kernel = self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            opts = {} if maxnreg is None else {"maxnreg": maxnreg}
+            kernel = self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages, **opts)
             if len(self._cache) >= _MAX_ENTRIES:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[key] = _entry(kernel)
@@ -144,9 +149,13 @@ class LaunchCache:
                            kernel.launch_metadata(grid, stream, *args), enter, leave, *args)
         return kernel
 
-    def _run_recorded(self, rec, grid, args, num_warps, num_stages):
+    def _run_recorded(self, rec, grid, args, num_warps, num_stages, maxnreg=None):
         """A launch while a call plan is recorded: run it (the interpreter's own storage copies are
         not the op's and must not taint the recording), then note it with its binary."""
+        if maxnreg is not None:     # a plan's launch line carries warps and stages only
+            _plan.taint("a launch with a register cap")
+            with _plan.suspended():
+                return self.run(grid, args, num_warps, num_stages, maxnreg)
         with _plan.quiet():
             if self.interpreted:
                 out = self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages)

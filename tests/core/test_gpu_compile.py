@@ -171,7 +171,7 @@ def gluon_gemm_record(cfg, a_t, b_t, has_bias, dtype="bf16"):
     consts = dict(A_T=a_t, B_T=b_t, HAS_BIAS=has_bias, GROUP_M=cfg["GROUP_M"], NUM_BUF=cfg["NUM_BUF"])
     sig.update({k: "constexpr" for k in consts})
     return {"module": "gems.ops.gemm_gluon", "name": "matmul_gluon_kernel", "signature": sig, "constexprs": consts,
-            "num_warps": cfg["num_warps"]}
+            "num_warps": cfg["num_warps"], "maxnreg": cfg["maxnreg"]}
 
 
 @pytest.mark.skipif(ON_GPU, reason="on the GPU test_gemm_gluon launches these configs")

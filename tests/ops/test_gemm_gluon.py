@@ -67,5 +67,13 @@ def test_what_it_refuses():
     odd = make((M, K + 3), h)[:, :K]                  # leading stride not 16-byte aligned: no descriptor
     with pytest.raises(ValueError, match="TMA GEMM needs"):
         blas._launch(odd, b, c, None, 1.0, 0.0, config=CONFIGS[0])
-    assert blas.describe_config(blas._gluon(128, 256, 64, 8, 3)) == "gluon 128x256x64 w8 b3"
-    assert blas.describe_config(blas._gluon(128, 256, 64, 8, 3, group=16)) == "gluon 128x256x64 w8 b3 g16"
+    assert blas.describe_config(blas._gluon(128, 256, 64, 8, 3)) == "gluon 128x256x64 w8 b3 r160"
+    assert blas.describe_config(blas._gluon(128, 256, 64, 8, 3, group=16)) == "gluon 128x256x64 w8 b3 r160 g16"
+
+
+def test_configs_fit_the_register_file():
+    # the load warp is scheduled as a warpgroup: (num_warps + 4) x 32 threads at `maxnreg` registers each
+    # must fit the SM's 64K, or the launch fails (out of resources: threads) on the GPU only
+    for cfg in CONFIGS:
+        assert (cfg["num_warps"] + 4) * 32 * cfg["maxnreg"] <= 65536, cfg
+        assert cfg["maxnreg"] % 8 == 0 and cfg["maxnreg"] >= 128, cfg
