@@ -236,10 +236,12 @@ def _skinny(N, K, itemsize, sms):
 
 
 _TUNE_MIN_MACS = 2**27
-# TMA calls run the Python path (no call plan: their descriptors are built per call), 50-100 us of
-# host time: only problems of at least 2**35 multiply-adds (2048 x 4096 x 4096, ~50 us of device
-# time on an H200) are offered to it, where the device time covers that
-_TMA_MIN_MACS = 2**35
+# TMA and Gluon calls run the Python path (no call plan: their descriptors are built per call), 80-150 us
+# of host time per call: only problems of at least 2**36 multiply-adds (2048 x 11008 x 4096, ~250 us of
+# device time on an H200) are offered to them, where the device time covers that. At 2**35 (2048 x 4096
+# x 4096, 87 us) the tuned benchmark measured the host path: 1.75x cuBLAS's time with a Gluon config
+# whose device time was 1.02x (H200, 2026-11-28)
+_TMA_MIN_MACS = 2**36
 # the split-K epilogue's tile: 32 rows x 128 contiguous fp32 columns (512-byte row segments)
 _RED_M, _RED_N = 32, 128
 

@@ -18,6 +18,7 @@ the Python path only (no call plan), so the tuner offers it only to problems who
 """
 import functools
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -189,8 +190,16 @@ def _smem_layout(block, bits):
 
 
 def _desc(t, shape, lead, block):
-    dt = "bf16" if str(t.dtype) == "torch.bfloat16" else "fp16"
-    return TensorDescriptor(t, shape, [lead, 1], list(block), _smem_layout(tuple(block), dt))
+    """A host descriptor of a row-major view (leading stride `lead`), built without the dataclass's
+    per-call validation: gemm_tma.layout checked alignment and strides once, and this runs per call."""
+    d = _NEW(TensorDescriptor)
+    d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, [lead, 1], list(block), "zero"
+    d.layout = _smem_layout(tuple(block), "bf16" if t.dtype is _BF16 else "fp16")
+    return d
+
+
+_NEW = object.__new__
+_BF16 = torch.bfloat16
 
 
 def supports(bias, has_bias):

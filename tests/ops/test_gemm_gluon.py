@@ -77,3 +77,15 @@ def test_configs_fit_the_register_file():
     for cfg in CONFIGS:
         assert (cfg["num_warps"] + 4) * 32 * cfg["maxnreg"] <= 65536, cfg
         assert cfg["maxnreg"] % 8 == 0 and cfg["maxnreg"] >= 128, cfg
+
+
+def test_descriptors_match_the_validated_ones():
+    # per-call descriptors skip the dataclass's checks (gemm_tma.layout made them once): same fields
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+        t = make((64, 136), dtype)[:, :128]
+        d = gemm_gluon._desc(t, [64, 128], 136, [64, 32])
+        ref = TensorDescriptor(t, [64, 128], [136, 1], [64, 32], gemm_gluon._smem_layout((64, 32), name))
+        for f in ("shape", "strides", "block_shape", "layout", "padding"):
+            assert getattr(d, f) == getattr(ref, f), f
+        assert d.base is ref.base and type(d) is TensorDescriptor
