@@ -27,6 +27,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..runtime import kernel
 from ..runtime.utils import cdiv, sm_count
+from . import gemm_tma
 
 # registers per thread of the load warp (it holds a few scalars); the MMA warpgroups get the rest of the
 # launch's cap (`maxnreg` in the configs: (num_warps + 4) x 32 threads x maxnreg <= 65536, the load warp
@@ -77,17 +78,20 @@ def _tile_offsets(tile, grid_m, grid_n, GROUP_M: gl.constexpr, BLOCK_M: gl.const
 
 
 @gluon.jit
+def _schedule(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+    """(program, programs, tile rows, tile columns, K steps): both partitions walk tiles program,
+    program + programs, ... and every K step of each, in the same order."""
+    return gl.program_id(0), gl.num_programs(0), gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), gl.cdiv(K, BLOCK_K)
+
+
+@gluon.jit
 def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
                     A_T: gl.constexpr, B_T: gl.constexpr, GROUP_M: gl.constexpr, NUM_BUF: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
     """One warp: walks the program's tiles and K steps, and for step `count` waits until the MMA
     partition has released ring slot count % NUM_BUF (`empty`), then issues its TMA loads (`ready`
     counts the bytes). It runs ahead into the next tile while the MMA warps finish this one."""
-    pid = gl.program_id(0)
-    programs = gl.num_programs(0)
-    grid_m = gl.cdiv(M, BLOCK_M)
-    grid_n = gl.cdiv(N, BLOCK_N)
-    k_steps = gl.cdiv(K, BLOCK_K)
+    pid, programs, grid_m, grid_n, k_steps = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
     count = 0
     for tile in range(pid, grid_m * grid_n, programs):
         off_m, off_n = _tile_offsets(tile, grid_m, grid_n, GROUP_M, BLOCK_M, BLOCK_N)
@@ -107,11 +111,7 @@ def _mma_partition(c_desc, a_bufs, b_bufs, c_smem, ready, empty, Bias, M, N, K, 
     wait for the previous one (one in flight) and release its slot; per tile the epilogue (alpha, the
     bias row, the cast) into shared memory and a TMA store that overlaps the next tile's MMAs."""
     layout: gl.constexpr = _mma_layout(BLOCK_M, BLOCK_N, gl.num_warps())
-    pid = gl.program_id(0)
-    programs = gl.num_programs(0)
-    grid_m = gl.cdiv(M, BLOCK_M)
-    grid_n = gl.cdiv(N, BLOCK_N)
-    k_steps = gl.cdiv(K, BLOCK_K)
+    pid, programs, grid_m, grid_n, k_steps = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
     count = 0
     for tile in range(pid, grid_m * grid_n, programs):
         off_m, off_n = _tile_offsets(tile, grid_m, grid_n, GROUP_M, BLOCK_M, BLOCK_N)
@@ -210,14 +210,11 @@ def supports(bias, has_bias):
 def launch(a, b, c, bias, alpha, beta, has_bias, layouts, cfg):
     """c = alpha * a @ b (+ beta * bias row) with `cfg` (BLOCK_M/N/K, GROUP_M, NUM_BUF, warps, maxnreg); `layouts`
     from gemm_tma.layout (the same operand conditions), the bias as `supports` says."""
-    (a_t, s_a), (b_t, s_b) = layouts
+    (a_t, _), (b_t, _) = layouts
     M, K = a.shape
     N = b.shape[1]
-    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    ad = _desc(a, [K, M], s_a, [bk, bm]) if a_t else _desc(a, [M, K], s_a, [bm, bk])
-    bd = _desc(b, [N, K], s_b, [bn, bk]) if b_t else _desc(b, [K, N], s_b, [bk, bn])
-    cd = _desc(c, [M, N], max(c.stride(0), N), [bm, bn])
-    progs = min(cdiv(M, bm) * cdiv(N, bn), sm_count(a.device))
+    ad, bd, cd = gemm_tma.descriptors(a, b, c, layouts, cfg, _desc)
+    progs = min(cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), sm_count(a.device))
     xn = bias.stride(1) if has_bias else 0
     matmul_gluon_kernel[(progs,)](ad, bd, cd, bias, M, N, K, float(alpha), float(beta), xn,
                                   a_t, b_t, has_bias, cfg["GROUP_M"], cfg["NUM_BUF"], num_warps=cfg["num_warps"],

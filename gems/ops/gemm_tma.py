@@ -128,17 +128,26 @@ def _desc(t, shape, lead, block):
 _NEW = object.__new__
 
 
-def launch(a, b, c, bias, alpha, beta, has_bias, layouts, cfg):
-    """c = alpha * a @ b (+ beta * bias) with `cfg` (BLOCK_M/N/K, GROUP_M, FLAT, warps, stages)."""
+def descriptors(a, b, c, layouts, cfg, desc):
+    """Descriptors of A, B and C (`desc(tensor, shape, leading stride, block)` builds one) over the
+    stored row-major matrices: a transposed operand is described as its transpose, whose rows are
+    contiguous, with the block's dims swapped (shared by this kernel and gemm_gluon's)."""
     (a_t, s_a), (b_t, s_b) = layouts
     M, K = a.shape
     N = b.shape[1]
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    # descriptors over the stored (row-major) matrices: a transposed operand is described as its
-    # transpose, whose rows are contiguous
-    ad = _desc(a, [K, M], s_a, [bk, bm]) if a_t else _desc(a, [M, K], s_a, [bm, bk])
-    bd = _desc(b, [N, K], s_b, [bn, bk]) if b_t else _desc(b, [K, N], s_b, [bk, bn])
-    cd = _desc(c, [M, N], max(c.stride(0), N), [bm, bn])
+    ad = desc(a, [K, M], s_a, [bk, bm]) if a_t else desc(a, [M, K], s_a, [bm, bk])
+    bd = desc(b, [N, K], s_b, [bn, bk]) if b_t else desc(b, [K, N], s_b, [bk, bn])
+    return ad, bd, desc(c, [M, N], max(c.stride(0), N), [bm, bn])
+
+
+def launch(a, b, c, bias, alpha, beta, has_bias, layouts, cfg):
+    """c = alpha * a @ b (+ beta * bias) with `cfg` (BLOCK_M/N/K, GROUP_M, FLAT, warps, stages)."""
+    (a_t, _), (b_t, _) = layouts
+    M, K = a.shape
+    N = b.shape[1]
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    ad, bd, cd = descriptors(a, b, c, layouts, cfg, _desc)
     # one program per SM (on the interpreter 3, so that programs loop over several tiles in tests)
     progs = min(cdiv(M, bm) * cdiv(N, bn), sm_count(a.device) if a.is_cuda else 3)
     xm, xn = (bias.stride(0), bias.stride(1)) if has_bias else (0, 0)

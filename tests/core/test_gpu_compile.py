@@ -146,13 +146,17 @@ def test_attention_gpu_configs_fit_sm90(tmp_path):
     # table entry that needs more than sm_90's 227 KiB would fail only on the GPU
     recs = _attention_gpu_records()
     assert len(recs) >= 9
-    f = tmp_path / "attention_gpu.jsonl"
-    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    _compile_all(tmp_path / "attention_gpu.jsonl", recs, "attention configs that do not fit sm_90")
+
+
+def _compile_all(path, recs, what):
+    """compile_check.py over `recs` (written to `path`) in a process without the interpreter."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_check.py"), str(f), "-j", "2"],
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_check.py"), str(path), "-j", "2"],
                           env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"attention configs that do not fit sm_90:\n{proc.stdout[-6000:]}{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"{what}:\n{proc.stdout[-6000:]}{proc.stderr[-3000:]}"
 
 
 def gluon_gemm_record(cfg, a_t, b_t, has_bias, dtype="bf16"):
@@ -184,10 +188,4 @@ def test_gluon_gemm_configs_fit_sm90(tmp_path):
     assert cfgs
     recs = [gluon_gemm_record(c, a_t, b_t, bias) for c in cfgs
             for a_t, b_t, bias in ((False, True, True), (True, False, False), (False, False, False))]
-    f = tmp_path / "gluon_gemm.jsonl"
-    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_check.py"), str(f), "-j", "2"],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"Gluon GEMM configs that do not fit sm_90:\n{proc.stdout[-6000:]}{proc.stderr[-3000:]}"
+    _compile_all(tmp_path / "gluon_gemm.jsonl", recs, "Gluon GEMM configs that do not fit sm_90")
