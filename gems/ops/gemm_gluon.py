@@ -190,15 +190,12 @@ def _smem_layout(block, bits):
 
 
 def _desc(t, shape, lead, block):
-    """A host descriptor of a row-major view (leading stride `lead`), built without the dataclass's
-    per-call validation: gemm_tma.layout checked alignment and strides once, and this runs per call."""
-    d = _NEW(TensorDescriptor)
-    d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, [lead, 1], list(block), "zero"
+    """gemm_tma's unvalidated host descriptor, as Gluon's class with its shared-memory layout."""
+    d = gemm_tma._desc(t, shape, lead, block, TensorDescriptor)
     d.layout = _smem_layout(tuple(block), "bf16" if t.dtype is _BF16 else "fp16")
     return d
 
 
-_NEW = object.__new__
 _BF16 = torch.bfloat16
 
 

@@ -117,10 +117,11 @@ def layout(a, b, c, K, i64):
     return la, lb
 
 
-def _desc(t, shape, lead, block):
+def _desc(t, shape, lead, block, cls=TensorDescriptor):
     """A host descriptor of a row-major view (leading stride `lead`), built without the dataclass's
-    per-call validation: `layout` checked alignment and strides once, and this runs on every call."""
-    d = _NEW(TensorDescriptor)
+    per-call validation: `layout` checked alignment and strides once, and this runs on every call.
+    `cls`: Triton's descriptor class, or Gluon's (whose caller adds the shared-memory layout)."""
+    d = _NEW(cls)
     d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, [lead, 1], block, "zero"
     return d
 

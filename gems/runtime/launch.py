@@ -110,20 +110,19 @@ class LaunchCache:
 
     def run(self, grid, args, num_warps=4, num_stages=3, maxnreg=None):
         """`maxnreg`: the per-thread register cap (warp-specialized Gluon kernels rebalance registers
-        between partitions under it); part of the binary's key when given."""
+        between partitions under it); part of the binary's key."""
         rec = _plan.active()
         if rec is not None:
             return self._run_recorded(rec, grid, args, num_warps, num_stages, maxnreg)
         if self.interpreted:
             return self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
         dev = _get_device()
-        key = (dev, num_warps, num_stages, self._key(*args)) if maxnreg is None else \
-            (dev, num_warps, num_stages, maxnreg, self._key(*args))
+        key = (dev, num_warps, num_stages, maxnreg, self._key(*args))
         entry = self._cache.get(key)
         if entry is None:
             self.misses += 1
-            opts = {} if maxnreg is None else {"maxnreg": maxnreg}
-            kernel = self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages, **opts)
+            # (Triton's options treat maxnreg=None as unset: the binary of a launch without a cap)
+            kernel = self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
             if len(self._cache) >= _MAX_ENTRIES:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[key] = _entry(kernel)
@@ -166,7 +165,7 @@ class LaunchCache:
                     out = self.run(grid, args, num_warps, num_stages)
                 finally:
                     _plan._STATE.rec = rec
-                entry = self._cache.get((_get_device(), num_warps, num_stages, self._key(*args)))
+                entry = self._cache.get((_get_device(), num_warps, num_stages, None, self._key(*args)))
         rec.launch(self, entry, grid, args, num_warps, num_stages)
         return out
 
@@ -175,7 +174,7 @@ class LaunchCache:
         run with these arguments on the current device, or None (the interpreter, not run yet)."""
         if self.interpreted:
             return None
-        return self._cache.get((_get_device(), num_warps, num_stages, self._key(*args)))
+        return self._cache.get((_get_device(), num_warps, num_stages, None, self._key(*args)))
 
     def cache_info(self) -> dict:
         return {"entries": len(self._cache), "hits": self.hits, "misses": self.misses}
