@@ -237,3 +237,37 @@ def optimizer_steps(make_opt, dtype, steps, on, shapes, seed):
             opt.step()
     state = [v for p in params for v in opt.state[p].values() if isinstance(v, torch.Tensor) and v.dim()]
     return [p.detach() for p in params] + state
+
+
+def check_planned_gemm(monkeypatch, cfg, launcher, shape, dtype, atol):
+    """Three mm calls of one signature with fresh data and GEMM config `cfg` forced (the tuner and
+    the fixed small tiles bypassed): each agrees with float64 ATen, only the first runs Gems' Python
+    path (`launcher`, the module whose `launch` it calls, is entered once: the others replay the call
+    plan), and the plan rebuilds the descriptors per call. On the GPU the C++ fast path replays it:
+    its recipe encodes each descriptor once and puts in each call's address. Returns the plan."""
+    from gems import registry
+    from gems.ops import blas
+
+    class Fixed:
+        def pick(self, bucket, bench):
+            return cfg
+    monkeypatch.setattr(blas, "_tuner", lambda *a, **k: Fixed())
+    monkeypatch.setattr(blas, "small_config", lambda *a, **k: None)
+    entered, launch = [], launcher.launch
+    monkeypatch.setattr(launcher, "launch", lambda *a, **k: entered.append(1) or launch(*a, **k))
+    impl = registry.get("mm.default")
+    hits = impl.fast.hits if impl.fast is not None else 0
+    M, N, K = shape
+    for i in range(3):
+        a, b = make((M, K), dtype), make((N, K), dtype).t()     # x @ W.t(), as a linear layer
+        with gems.use_gems():
+            out = torch.mm(a, b)
+        assert_close(out, (a.double() @ b.double()).cpu(), dtype, atol=atol, msg=f"call {i}")
+    assert len(entered) == 1, f"the Python path ran {len(entered)} times: {impl.plans.reasons}"
+    plans = [p for p in impl.plans.plans.values() if "rebased" in str(getattr(p, "__globals__", {}).values())]
+    assert plans, "no plan rebuilds a descriptor"
+    if ON_GPU:
+        recipe = plans[-1].__gems_recipe__
+        assert recipe is not None and any(p[0] == 4 for launch_ in recipe[2] for p in launch_[6]), recipe
+        assert impl.fast is not None and impl.fast.hits - hits >= 2
+    return plans[-1]

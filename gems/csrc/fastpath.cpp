@@ -80,6 +80,17 @@ typedef int (*memset32_fn)(uint64_t, unsigned, size_t, void*);
 typedef int (*memset16_fn)(uint64_t, unsigned short, size_t, void*);
 memset32_fn g_cuMemsetD32Async = nullptr;
 memset16_fn g_cuMemsetD16Async = nullptr;
+// CUtensorMap (cuda.h): 128 opaque bytes, 64-byte aligned, passed to a kernel by value
+struct alignas(64) TensorMap {
+  uint64_t opaque[16];
+};
+// cuTensorMapEncodeTiled(map, dtype, rank, address, dims, byte strides (rank - 1), box, element strides,
+// interleave, swizzle, L2 promotion, out-of-bounds fill); cuTensorMapReplaceAddress(map, address)
+typedef int (*tmap_encode_fn)(TensorMap*, int, unsigned, void*, const uint64_t*, const uint64_t*, const unsigned*,
+                              const unsigned*, int, int, int, int);
+typedef int (*tmap_address_fn)(TensorMap*, void*);
+tmap_encode_fn g_cuTensorMapEncodeTiled = nullptr;
+tmap_address_fn g_cuTensorMapReplaceAddress = nullptr;
 
 // A thread that has made no CUDA runtime call yet has no current driver context (torch's autograd
 // device threads skip cudaSetDevice for the device that is already "current"), and cuLaunchKernel
@@ -151,6 +162,8 @@ bool load_driver() {
   g_cuStreamIsCapturing = (capturing_fn)dlsym(h, "cuStreamIsCapturing");
   g_cuMemsetD32Async = (memset32_fn)dlsym(h, "cuMemsetD32Async");
   g_cuMemsetD16Async = (memset16_fn)dlsym(h, "cuMemsetD16Async");
+  g_cuTensorMapEncodeTiled = (tmap_encode_fn)dlsym(h, "cuTensorMapEncodeTiled");
+  g_cuTensorMapReplaceAddress = (tmap_address_fn)dlsym(h, "cuTensorMapReplaceAddress");
   if (!g_cuCtxGetCurrent || !g_cuCtxSetCurrent || !g_cuDeviceGet || !g_cuDevicePrimaryCtxRetain) {
     g_cuLaunchKernel = nullptr;
   }
@@ -265,7 +278,7 @@ IValue wrapped_value(const at::Tensor& t) {
 // ------------------------------------------------------------------------------------------------
 // recipes (built by runtime/plan.py from a recorded call; see Op.publish for the format)
 // ------------------------------------------------------------------------------------------------
-enum ParamKind : int { P_TENSOR = 0, P_CONST = 1, P_DYN = 2, P_PHILOX = 3 };
+enum ParamKind : int { P_TENSOR = 0, P_CONST = 1, P_DYN = 2, P_PHILOX = 3, P_TMA = 4 };
 enum Conv : int { C_RAW = 0, C_FLOAT = 1, C_INT = 2, C_ITEM = 3 };
 // kernel parameter types (Triton signature strings mapped by plan.py)
 enum PType : int { T_I8 = 0, T_I16 = 1, T_I32 = 2, T_I64 = 3, T_F32 = 4, T_F64 = 5, T_F16 = 6, T_BF16 = 7, T_PTR = 8 };
@@ -287,6 +300,8 @@ struct Param {
   int conv = C_RAW;         // P_DYN; P_PHILOX: 0 the seed, 1 the offset (payload: counters drawn,
                             // idx: the CUDA device whose default generator gives them)
   py::object obj;           // P_CONST under the interpreter
+  std::shared_ptr<TensorMap> tmap;   // P_TMA: the descriptor encoded at parse time; per call only the
+                                     // address of (src, idx) + byte_off is put in
 };
 
 struct Launch {
@@ -352,6 +367,37 @@ View parse_view(py::handle h) {
   return v;
 }
 
+// TMA descriptors one replayed launch may pass (a GEMM passes 3)
+constexpr int kMaxTma = 8;
+
+// A TMA descriptor as Triton's launcher encodes it (driver.c fillTMADescriptor), from plan.py's
+// (address, data type, dims, byte strides (rank - 1), box, swizzle, out-of-bounds fill), dims, strides
+// and box innermost first; no interleave, unit element strides, 128-byte L2 promotion. A replay
+// copies it and puts in the call's address: the rest is a function of the call's signature.
+std::shared_ptr<TensorMap> encode_tensor_map(py::handle h) {
+  TORCH_CHECK(load_driver() && g_cuTensorMapEncodeTiled && g_cuTensorMapReplaceAddress,
+              "gems: this CUDA driver cannot encode tensor maps");
+  auto t = h.cast<py::tuple>();
+  auto dims = vec<uint64_t>(t[2]);
+  auto strides = vec<uint64_t>(t[3]);
+  auto box = vec<unsigned>(t[4]);
+  size_t rank = dims.size();
+  TORCH_CHECK(rank >= 1 && rank <= 5 && box.size() == rank && strides.size() + 1 == rank,
+              "gems: malformed tensor map in a recipe");
+  unsigned element_strides[5] = {1, 1, 1, 1, 1};
+  TensorMap m;   // encoded in aligned storage (the driver requires 64 bytes), kept by copy
+  int err = g_cuTensorMapEncodeTiled(&m, t[1].cast<int>(), static_cast<unsigned>(rank),
+                                     reinterpret_cast<void*>(t[0].cast<uint64_t>()), dims.data(), strides.data(),
+                                     box.data(), element_strides, /*interleave none*/ 0, t[5].cast<int>(),
+                                     /*L2 promotion 128B*/ 2, t[6].cast<int>());
+  if (err != 0) {
+    const char* msg = "unknown";
+    if (g_cuGetErrorString) g_cuGetErrorString(err, &msg);
+    TORCH_CHECK(false, "gems: cuTensorMapEncodeTiled failed for a recipe: ", msg);
+  }
+  return std::make_shared<TensorMap>(m);
+}
+
 std::shared_ptr<Recipe> parse_recipe(py::handle r) {
   auto rec = std::make_shared<Recipe>();
   auto t = r.cast<py::tuple>();
@@ -384,6 +430,7 @@ std::shared_ptr<Recipe> parse_recipe(py::handle r) {
     } else {
       L.py_launch = py::reinterpret_borrow<py::object>(lt[1]);
     }
+    int n_tma = 0;
     for (auto p : lt[6]) {
       auto pt = p.cast<py::tuple>();
       Param P;
@@ -400,6 +447,12 @@ std::shared_ptr<Recipe> parse_recipe(py::handle r) {
         } else {
           P.obj = py::reinterpret_borrow<py::object>(pt[2]);
         }
+      } else if (P.kind == P_TMA) {
+        P.src = pt[1].cast<int>();
+        P.idx = pt[2].cast<int>();
+        P.byte_off = pt[3].cast<int64_t>();
+        P.tmap = encode_tensor_map(pt[4]);
+        n_tma++;
       } else if (P.kind == P_PHILOX) {
         P.conv = pt[1].cast<int>();
         P.payload = pt[2].cast<uint64_t>();
@@ -413,6 +466,7 @@ std::shared_ptr<Recipe> parse_recipe(py::handle r) {
       }
       L.params.push_back(std::move(P));
     }
+    TORCH_CHECK(n_tma <= kMaxTma, "gems: a recipe launch with more than ", kMaxTma, " tensor maps");
     rec->launches.push_back(std::move(L));
   }
   for (auto res : t[3]) {
@@ -790,8 +844,20 @@ struct Op : std::enable_shared_from_this<Op> {
         size_t np = L.params.size();
         TORCH_CHECK(np <= kMaxParams, "gems fast path: too many kernel parameters");   // plan.py keeps such plans in Python
         uint64_t philox_seed = 0, philox_offset = 0;
+        TensorMap maps[kMaxTma];
+        int n_maps = 0;
         for (size_t i = 0; i < np; i++) {
           const Param& P = L.params[i];
+          if (P.kind == P_TMA) {
+            // the signature's descriptor with this call's address; a 128-byte parameter by value
+            TensorMap& m = maps[n_maps++];
+            m = *P.tmap;
+            auto addr = reinterpret_cast<uintptr_t>(source(P.src, P.idx).const_data_ptr()) + P.byte_off;
+            int err = g_cuTensorMapReplaceAddress(&m, reinterpret_cast<void*>(addr));
+            TORCH_CHECK(err == 0, "gems: cuTensorMapReplaceAddress failed for aten::", name, " (error ", err, ")");
+            params[i] = &m;
+            continue;
+          }
           if (P.kind == P_TENSOR) {
             storage[i] = reinterpret_cast<uintptr_t>(source(P.src, P.idx).const_data_ptr()) + P.byte_off;
           } else if (P.kind == P_CONST) {

@@ -236,12 +236,13 @@ def _skinny(N, K, itemsize, sms):
 
 
 _TUNE_MIN_MACS = 2**27
-# TMA and Gluon calls run the Python path (no call plan: their descriptors are built per call), 80-150 us
-# of host time per call: only problems of at least 2**36 multiply-adds (2048 x 11008 x 4096, ~250 us of
-# device time on an H200) are offered to them, where the device time covers that. At 2**35 (2048 x 4096
-# x 4096, 87 us) the tuned benchmark measured the host path: 1.75x cuBLAS's time with a Gluon config
-# whose device time was 1.02x (H200, 2026-11-28)
-_TMA_MIN_MACS = 2**36
+# The TMA and Gluon kernels (persistent, one program per SM) are candidates from 2**33 multiply-adds
+# (2048 x 1024 x 4096; ~25 us of device time on an H200): below that their fixed per-SM prologue and
+# the few tiles per SM leave nothing to win over the pointer kernel's grid, and the tuner would only
+# time more configs. Their calls are planned like any launch (runtime/plan.py rebuilds the host
+# descriptors per call, the C++ recipe encodes them once and puts in each call's addresses). Before
+# that (session 20) they ran the Python path, 80-150 us of host per call, and the gate was 2**36.
+_TMA_MIN_MACS = 2**33
 # the split-K epilogue's tile: 32 rows x 128 contiguous fp32 columns (512-byte row segments)
 _RED_M, _RED_N = 32, 128
 
@@ -323,7 +324,8 @@ def _tuner(itemsize, triton_only=False):
     # ("-auto2": decisions since ATen's candidate carries _ATEN_HOST_MS; older caches decided without it)
     # ("v2": the search space of 2026-11-28, K splits included; older caches chose from the previous one)
     # ("v3": with the Gluon kernel's configs, 2026-11-28)
-    name = ("mm16v3" if itemsize <= 2 else "mm32v3") + ("" if triton_only else "-auto2")
+    # ("v4": TMA and Gluon calls planned, offered from 2**33 multiply-adds without a host handicap)
+    name = ("mm16v4" if itemsize <= 2 else "mm32v4") + ("" if triton_only else "-auto2")
     t = _TUNERS.get(name)
     if t is None:
         if backend().name == "interpreter":
@@ -480,11 +482,9 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
         if (cfg.get("TMA") or cfg.get("GLUON")) and not tma:
             raise RuntimeError("not a TMA call")
         ms = bench_ms(lambda: run(cfg, scratch))
-        # a K split adds a launch (and a workspace), a TMA call runs the Python path (no call plan):
-        # like ATen's candidate they must win by that host cost where the GEMM is short enough for
-        # host time to matter
-        extra = (cfg.get("TMA") or cfg.get("GLUON")
-                 or split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], nb * M * N)[0] > 1)
+        # a K split adds a launch (and a workspace): like ATen's candidate it must win by that host
+        # cost where the GEMM is short enough for host time to matter
+        extra = split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], nb * M * N)[0] > 1
         return _aten_time(ms) if extra else ms
 
     cfg = _picked(tuner.pick(bucket, bench))

@@ -150,11 +150,8 @@ class LaunchCache:
 
     def _run_recorded(self, rec, grid, args, num_warps, num_stages, maxnreg=None):
         """A launch while a call plan is recorded: run it (the interpreter's own storage copies are
-        not the op's and must not taint the recording), then note it with its binary."""
-        if maxnreg is not None:     # a plan's launch line carries warps and stages only
-            _plan.taint("a launch with a register cap")
-            with _plan.suspended():
-                return self.run(grid, args, num_warps, num_stages, maxnreg)
+        not the op's and must not taint the recording), then note it with its binary (a register
+        cap is compiled into the binary: a replay launches that function and needs nothing more)."""
         with _plan.quiet():
             if self.interpreted:
                 out = self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
@@ -162,32 +159,42 @@ class LaunchCache:
             else:
                 _plan._STATE.rec = None     # the plain path below, without recording itself again
                 try:
-                    out = self.run(grid, args, num_warps, num_stages)
+                    out = self.run(grid, args, num_warps, num_stages, maxnreg)
                 finally:
                     _plan._STATE.rec = rec
-                entry = self._cache.get((_get_device(), num_warps, num_stages, None, self._key(*args)))
-        rec.launch(self, entry, grid, args, num_warps, num_stages)
+                entry = self.entry(args, num_warps, num_stages, maxnreg)
+        rec.launch(self, entry, grid, args, num_warps, num_stages, maxnreg)
         return out
 
-    def entry(self, args, num_warps=4, num_stages=3):
+    def entry(self, args, num_warps=4, num_stages=3, maxnreg=None):
         """The cached (kernel, launcher, function, cooperative, pdl, metadata) of a launch that has
         run with these arguments on the current device, or None (the interpreter, not run yet)."""
         if self.interpreted:
             return None
-        return self._cache.get((_get_device(), num_warps, num_stages, None, self._key(*args)))
+        return self._cache.get((_get_device(), num_warps, num_stages, maxnreg, self._key(*args)))
 
     def cache_info(self) -> dict:
         return {"entries": len(self._cache), "hits": self.hits, "misses": self.misses}
+
+
+def _direct(launch) -> bool:
+    """Whether `launch` takes the C signature Triton 3.6 generates: the C launcher itself, or, for a
+    kernel with tensor-descriptor parameters, the closure Triton wraps it in
+    (driver.wrap_handle_tensordesc), which takes the same leading arguments and encodes each host
+    descriptor before calling it."""
+    if type(launch).__name__ == "builtin_function_or_method":
+        return True
+    return getattr(launch, "__qualname__", "") == "wrap_handle_tensordesc.<locals>.inner"
 
 
 def _entry(kernel):
     """(kernel, C launcher or None, function, cooperative, pdl, packed metadata).
 
     The C launcher is called directly only when the kernel needs no scratch memory (what
-    CudaLauncher.__call__ would allocate) and the launcher is the plain one (no tensor descriptors)."""
+    CudaLauncher.__call__ would allocate) and has the launcher signature `_direct` knows."""
     run = getattr(kernel, "run", None)
     launch = getattr(run, "launch", None)
-    direct = (launch is not None and type(launch).__name__ == "builtin_function_or_method"
+    direct = (launch is not None and _direct(launch)
               and not getattr(run, "global_scratch_size", 1) and not getattr(run, "profile_scratch_size", 1))
     if not direct:
         return kernel, None, None, False, False, None

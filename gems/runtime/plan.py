@@ -167,7 +167,7 @@ class Recording:
     def __init__(self, values=None):
         self.values = values or {}   # the recorded call's arguments by schema name
         self.allocs = []        # (tensor, zero_fill, poison)
-        self.launches = []      # (LaunchCache, entry or None, grid, args, num_warps, num_stages, dynamic)
+        self.launches = []      # (LaunchCache, entry or None, grid, args, (num_warps, num_stages, maxnreg), dynamic)
         self.tainted = None
         self.transient = False
         self.pending_dynamic = None
@@ -194,9 +194,9 @@ class Recording:
     def alloc(self, t, zero, poison):
         self.allocs.append((t, zero, poison))
 
-    def launch(self, lc, entry, grid, args, num_warps, num_stages):
+    def launch(self, lc, entry, grid, args, num_warps, num_stages, maxnreg=None):
         dyn, self.pending_dynamic = self.pending_dynamic, None
-        self.launches.append((lc, entry, tuple(grid), tuple(args), num_warps, num_stages, dyn or {}))
+        self.launches.append((lc, entry, tuple(grid), tuple(args), (num_warps, num_stages, maxnreg), dyn or {}))
 
 
 def quiet():
@@ -465,6 +465,20 @@ class _Ref:
         self.name, self.off, self.view = name, off, view
 
 
+def _rebase(d):
+    """A function of a tensor: descriptor `d` (Triton's or Gluon's host TMA descriptor) over that
+    tensor, every other field as recorded."""
+    cls, fields = d.__class__, dict(d.__dict__)
+    new = object.__new__
+
+    def rebased(base):
+        out = new(cls)
+        out.__dict__.update(fields)
+        out.base = base
+        return out
+    return rebased
+
+
 def build(rec: Recording, schema, args, kwargs, result, direct: bool):
     """The plan function for this recording, or None (with `rec.tainted` saying why, when known).
 
@@ -543,7 +557,7 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
         lines.insert(0, "    if _hooks():\n        return _MISS")
     launches = []    # per launch: (entry, grid, [(kind, value)]) for the recipe
     random = False
-    for i, (lc, entry, grid, kargs, nw, ns_, dyn) in enumerate(rec.launches):
+    for i, (lc, entry, grid, kargs, opts, dyn) in enumerate(rec.launches):
         exprs, parts = [], []
         for pos, a in enumerate(kargs):
             if pos in dyn and dyn[pos][1] in PHILOX:
@@ -567,15 +581,22 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
             elif a is None or a.__class__ in (bool, int) and -2**62 < a < 2**62:
                 exprs.append(repr(a))
                 parts.append(("const", a))
-            elif isinstance(getattr(a, "base", None), _T):
-                # a TMA descriptor (Triton's or Gluon's) holds this call's tensor: not a constant
-                rec.tainted = "tensor descriptor argument"
-                return None
+            elif isinstance(getattr(a, "base", None), _T) and hasattr(a, "block_shape"):
+                # a TMA descriptor (Triton's or Gluon's): its shape, strides and block are functions of
+                # the signature, its base is this call's tensor. The plan rebuilds it per call; the
+                # C++ recipe encodes it once and puts in each call's address
+                r = ref(a.base)
+                e = None if r is None else tensor_expr(r, False)
+                if e is None:
+                    return None
+                exprs.append(f"{const(_rebase(a))}({e})")
+                parts.append(("desc", (r, a)))
             else:
                 exprs.append(const(a))
                 parts.append(("const", a))
         g = tuple(grid) + (1,) * (3 - len(grid))
-        launches.append((lc, entry, g, parts, nw, ns_, _dev_index(kargs) if direct else None))
+        nw, ns_, maxnreg = opts
+        launches.append((lc, entry, g, parts, opts, _dev_index(kargs) if direct else None))
         if direct and entry is not None and entry[1] is not None:
             kernel, launch, function, coop, pdl, meta = entry
             lines.append(f"    {const(launch)}({g[0]}, {g[1]}, {g[2]}, _stream({const(_dev_index(kargs))}), "
@@ -585,7 +606,8 @@ def build(rec: Recording, schema, args, kwargs, result, direct: bool):
             rec.tainted = "kernel without a direct launcher"
             return None
         else:
-            lines.append(f"    {const(lc.fn)}[{g!r}]({', '.join(exprs)}, num_warps={nw}, num_stages={ns_})")
+            cap = "" if maxnreg is None else f", maxnreg={maxnreg}"
+            lines.append(f"    {const(lc.fn)}[{g!r}]({', '.join(exprs)}, num_warps={nw}, num_stages={ns_}{cap})")
 
     if random:
         if not direct:
@@ -706,7 +728,7 @@ def _recipe(schema, rec, guards, launches, refs, direct):
     for t, zero, poison in rec.allocs:
         allocs.append((tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device), 1 if zero else 2 if poison else 0))
     ls = []
-    for lc, entry, grid, parts, nw, ns_, dev_index in launches:
+    for lc, entry, grid, parts, (nw, ns_, maxnreg), dev_index in launches:
         params = []
         if direct:
             kernel = entry[0]
@@ -717,12 +739,21 @@ def _recipe(schema, rec, guards, launches, refs, direct):
             types = list(kernel.src.signature.values())
             if len(types) != len(parts):
                 raise _NoRecipe
+            metas = iter(getattr(md, "tensordesc_meta", None) or ())
             for ty, (kind, v) in zip(types, parts):
                 if ty == "constexpr":
                     continue
                 if not isinstance(ty, str):
                     raise _NoRecipe
-                if kind == "tensor":
+                if kind == "desc" or ty.startswith("tensordesc"):
+                    if kind != "desc" or not ty.startswith("tensordesc"):
+                        raise _NoRecipe
+                    r, d = v
+                    tmap, shape, strides = _tensor_map(d, next(metas, None))
+                    params.append((4, *src(r.name), r.off, tmap))
+                    params += [(1, _PTYPES["i32"], _pack(x, "i32")) for x in shape]
+                    params += [(1, _PTYPES["i64"], _pack(x, "i64")) for x in strides]
+                elif kind == "tensor":
                     if not ty.startswith("*"):
                         raise _NoRecipe
                     params.append((0, *src(v.name), v.off, None))
@@ -745,6 +776,8 @@ def _recipe(schema, rec, guards, launches, refs, direct):
             ls.append((0, int(function), grid, 32 * md.num_warps, int(md.shared), dev_index, tuple(params)))
         else:
             for kind, v in parts:
+                if kind == "desc":
+                    raise _NoRecipe     # the interpreter's descriptors stay with the Python plan
                 if kind == "tensor":
                     if v.view is False:
                         raise _NoRecipe
@@ -754,7 +787,7 @@ def _recipe(schema, rec, guards, launches, refs, direct):
                     params.append((2, index[name], CONVERSIONS[conv], 0))
                 else:
                     params.append((1, None, v))
-            ls.append((1, _interpreter_launch(lc.fn, grid, nw, ns_), None, None, None, None, tuple(params)))
+            ls.append((1, _interpreter_launch(lc.fn, grid, nw, ns_, maxnreg), None, None, None, None, tuple(params)))
     res = []
     for r in refs:
         if r is None:
@@ -773,13 +806,44 @@ def _recipe(schema, rec, guards, launches, refs, direct):
 reentry_guard = None
 
 
-def _interpreter_launch(fn, grid, num_warps, num_stages):
+def _interpreter_launch(fn, grid, num_warps, num_stages, maxnreg=None):
     """A launch the C++ fast path calls back under the interpreter. The interpreter copies storages
     with ATen ops Gems may serve: the re-entry guard is up while it runs (as for a Python plan)."""
+    cap = {} if maxnreg is None else {"maxnreg": maxnreg}
+
     def launch(*args):
         with reentry_guard():
-            fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            fn[grid](*args, num_warps=num_warps, num_stages=num_stages, **cap)
     return launch
+
+
+# Triton's TMA data type codes differ between the compiler's metadata and the driver's enum
+# (driver.py TMA_DTYPE_DEVICE_TO_HOST): 8, 9, 10 map to 10, 8, 9
+_TMA_DTYPE_TO_DRIVER = {8: 10, 9: 8, 10: 9}
+
+
+def _tensor_map(d, meta):
+    """The C++ recipe's form of host descriptor `d` for a kernel compiled with TMA metadata `meta`
+    (one entry of `tensordesc_meta`): ((address, driver data type, dims, byte strides, box, swizzle,
+    out-of-bounds fill), shape, strides), the parameters Triton's launcher passes for it
+    (driver.make_tensordesc_arg: the encoded map, then the shape as i32 and the strides as i64), with
+    the encoding's arrays innermost first as driver.c's fillTMADescriptor gives them to
+    cuTensorMapEncodeTiled. A kernel lowered without TMA metadata (descriptors decomposed into
+    pointers) gets no recipe."""
+    if meta is None or d.strides[-1] != 1:
+        raise _NoRecipe
+    shape = list(d.shape)
+    if meta["fp4_padded"]:
+        shape[-1] *= 2
+    size = meta["elem_size"]
+    block = list(meta["block_size"])
+    if len(block) != len(shape) or not 1 <= len(shape) <= 5:
+        raise _NoRecipe
+    fill = 1 if d.padding == "nan" else 0
+    dtype = _TMA_DTYPE_TO_DRIVER.get(meta["elem_type"], meta["elem_type"])
+    tmap = (d.base.data_ptr(), dtype, tuple(reversed(shape)), tuple(size * s for s in reversed(d.strides[:-1])),
+            tuple(reversed(block)), meta["swizzle"], fill)
+    return tmap, shape, list(d.strides)
 
 
 def _dev_index(kargs):

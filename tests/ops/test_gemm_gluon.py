@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gems.ops import blas, gemm_gluon, gemm_tma
-from harness import DEVICE, ON_GPU, assert_close, make
+from harness import DEVICE, ON_GPU, assert_close, check_planned_gemm, make
 
 CONFIGS = [c for c in blas._CONFIGS_16 if c.get("GLUON")]
 hopper = pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] != 9,
@@ -89,3 +89,12 @@ def test_descriptors_match_the_validated_ones():
         for f in ("shape", "strides", "block_shape", "layout", "padding"):
             assert getattr(d, f) == getattr(ref, f), f
         assert d.base is ref.base and type(d) is TensorDescriptor
+
+
+@hopper
+@pytest.mark.parametrize("cfg", CONFIGS, ids=blas.describe_config)
+def test_repeat_calls_replay_a_plan(monkeypatch, cfg):
+    # a launch with a register cap and three descriptors, replayed by the C++ fast path; the shape is
+    # one no other test plans, per config (the forced config must not serve other calls)
+    shape = (264 + 8 * CONFIGS.index(cfg), 392, 136)
+    check_planned_gemm(monkeypatch, cfg, gemm_gluon, shape, torch.bfloat16, atol=2e-2)

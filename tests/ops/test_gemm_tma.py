@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gems.ops import blas, gemm_tma
-from harness import DEVICE, ON_GPU, assert_close, make
+from harness import DEVICE, ON_GPU, assert_close, check_planned_gemm, make
 
 CFG = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=2, TMA=True, FLAT=True)
 DTYPES = [torch.float16] + ([torch.bfloat16] if ON_GPU else [])
@@ -66,3 +66,8 @@ def test_layouts_it_refuses():
     # a call the tuner sees: TMA configs are candidates only on a Hopper GPU
     if not ON_GPU:
         assert gemm_tma.tma_layout(a, b, c, K, False) is None
+
+
+def test_repeat_calls_replay_a_plan(monkeypatch):
+    # 80 x 56 x 88: a signature no other test plans (the forced config must not serve other tests)
+    check_planned_gemm(monkeypatch, CFG, gemm_tma, (80, 56, 88), torch.float16, atol=1e-2)
