@@ -184,6 +184,12 @@ _CONFIGS_16 = [
     _gluon(128, 256, 64, 8, 3),
     _gluon(128, 256, 64, 8, 3, group=16),
     _gluon(128, 128, 64, 4, 5, maxnreg=224),
+    # mid-size candidates (session 21 sweep, to be pruned to the winners)
+    _gluon(128, 128, 64, 8, 4),
+    _gluon(64, 128, 64, 4, 6, maxnreg=224),
+    _gluon(128, 64, 64, 4, 6, maxnreg=224),
+    _gluon(64, 256, 64, 4, 4, maxnreg=224),
+    _gluon(128, 128, 128, 8, 3),
 ]
 # fp32: twice the bytes per element, so BLOCK_K 32 keeps the same shared-memory footprint
 _CONFIGS_32 = [
@@ -242,7 +248,7 @@ _TUNE_MIN_MACS = 2**27
 # time more configs. Their calls are planned like any launch (runtime/plan.py rebuilds the host
 # descriptors per call, the C++ recipe encodes them once and puts in each call's addresses). Before
 # that (session 20) they ran the Python path, 80-150 us of host per call, and the gate was 2**36.
-_TMA_MIN_MACS = 2**33
+_TMA_MIN_MACS = 2**30
 # the split-K epilogue's tile: 32 rows x 128 contiguous fp32 columns (512-byte row segments)
 _RED_M, _RED_N = 32, 128
 
