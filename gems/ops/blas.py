@@ -184,12 +184,10 @@ _CONFIGS_16 = [
     _gluon(128, 256, 64, 8, 3),
     _gluon(128, 256, 64, 8, 3, group=16),
     _gluon(128, 128, 64, 4, 5, maxnreg=224),
-    # mid-size candidates (session 21 sweep, to be pruned to the winners)
-    _gluon(128, 128, 64, 8, 4),
+    # one warpgroup on 64 x 128 tiles: the mid-size winner (2**31-2**33 multiply-adds: weight gradients,
+    # BERT/CLIP layers, 7 of the 85 shapes) of 5 candidates tried once Gluon calls were planned; 128x128
+    # with 8 warps, 128x64, 64x256 and 128x128x128 won none (H200, 2026-11-28)
     _gluon(64, 128, 64, 4, 6, maxnreg=224),
-    _gluon(128, 64, 64, 4, 6, maxnreg=224),
-    _gluon(64, 256, 64, 4, 4, maxnreg=224),
-    _gluon(128, 128, 128, 8, 3),
 ]
 # fp32: twice the bytes per element, so BLOCK_K 32 keeps the same shared-memory footprint
 _CONFIGS_32 = [
@@ -242,12 +240,13 @@ def _skinny(N, K, itemsize, sms):
 
 
 _TUNE_MIN_MACS = 2**27
-# The TMA and Gluon kernels (persistent, one program per SM) are candidates from 2**33 multiply-adds
-# (2048 x 1024 x 4096; ~25 us of device time on an H200): below that their fixed per-SM prologue and
-# the few tiles per SM leave nothing to win over the pointer kernel's grid, and the tuner would only
-# time more configs. Their calls are planned like any launch (runtime/plan.py rebuilds the host
-# descriptors per call, the C++ recipe encodes them once and puts in each call's addresses). Before
-# that (session 20) they ran the Python path, 80-150 us of host per call, and the gate was 2**36.
+# The TMA and Gluon kernels (persistent, one program per SM) are candidates from 2**30 multiply-adds
+# (e.g. 512 x 1024 x 2048, ~3 us of device time on an H200): the Gluon kernel won shapes from 2**31 up
+# (weight gradients of 2048-4096 x 256-2048) in the tuned benchmark, and below 2**30 the tuner would
+# only time more configs. Their calls are planned like any launch (runtime/plan.py rebuilds the host
+# descriptors per call, the C++ recipe encodes them once and puts in each call's addresses: 8-12 us of
+# host per call, against cuBLAS's 19-22). Before that (session 20) they ran the Python path, 80-150 us
+# of host per call, and the gate was 2**36.
 _TMA_MIN_MACS = 2**30
 # the split-K epilogue's tile: 32 rows x 128 contiguous fp32 columns (512-byte row segments)
 _RED_M, _RED_N = 32, 128
