@@ -279,3 +279,53 @@ def test_int_results_not_declared_symint_keep_the_full_path():
     # an int result the schema does not declare a size (it could depend on the data): no plan
     schema = torch.ops.aten._local_scalar_dense.default._schema
     assert plan_mod._symint_returns(schema) == [False]
+
+
+@pytest.mark.parametrize("case", ["fp16 2-D", "nan padding", "fp8 dtype code", "fp4 padded", "3-D"])
+def test_tma_recipe_passes_what_tritons_launcher_passes(monkeypatch, case):
+    # The C++ recipe encodes a host TMA descriptor itself (cuTensorMapEncodeTiled) and passes the shape
+    # and strides after it: the arguments must be the ones Triton's launcher derives from the same
+    # descriptor and kernel metadata (driver.make_tensordesc_arg, which calls fill_tma_descriptor;
+    # driver.c then reverses the arrays to innermost-first and turns element strides into bytes)
+    import triton
+    from triton.backends.nvidia import driver as nv
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    seen = []
+
+    class Utils:
+        def fill_tma_descriptor(self, *args):
+            seen.append(args)
+            return "map"
+
+    class Driver:
+        utils = Utils()
+    monkeypatch.setattr(triton.runtime.driver, "_active", Driver())
+    shape, block, elem_type, fp4, padding = [72, 88], [32, 64], 6, False, "zero"
+    if case == "nan padding":
+        padding = "nan"
+    elif case == "fp8 dtype code":
+        elem_type = 9      # the compiler's and the driver's codes differ for 8, 9 and 10
+    elif case == "fp4 padded":
+        fp4 = True
+    elif case == "3-D":
+        shape, block = [3, 72, 88], [1, 32, 64]
+    buf = torch.empty(4096 * 4, dtype=torch.float16)
+    strides = [96 * 80, 96, 1][-len(shape):]
+    d = TensorDescriptor(buf, shape, strides, block, padding)
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": elem_type, "block_size": block, "fp4_padded": fp4}
+    want = nv.make_tensordesc_arg(d, meta)
+    (ptr, swizzle, size, dtype, box, dims, st, fill), = seen
+    rank = len(dims)
+    tmap, got_shape, got_strides = plan_mod._tensor_map(d, meta)
+    assert tmap == (ptr, dtype, tuple(reversed(dims)), tuple(size * st[i] for i in reversed(range(rank - 1))),
+                    tuple(reversed(box)), swizzle, fill)
+    assert ["map", *got_shape, *got_strides] == want
+    assert tmap[1] == (8 if case == "fp8 dtype code" else 6) and tmap[6] == (padding == "nan")
+    assert got_shape[-1] == (176 if fp4 else 88)
+
+
+def test_tma_recipe_refuses_a_kernel_lowered_without_tma_metadata():
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    d = TensorDescriptor(torch.empty(64, dtype=torch.float16), [8, 8], [8, 1], [8, 8])
+    with pytest.raises(plan_mod._NoRecipe):
+        plan_mod._tensor_map(d, None)
