@@ -264,7 +264,8 @@ def check_planned_gemm(monkeypatch, cfg, launcher, shape, dtype, atol):
             out = torch.mm(a, b)
         assert_close(out, (a.double() @ b.double()).cpu(), dtype, atol=atol, msg=f"call {i}")
     assert len(entered) == 1, f"the Python path ran {len(entered)} times: {impl.plans.reasons}"
-    plans = [p for p in impl.plans.plans.values() if "rebased" in str(getattr(p, "__globals__", {}).values())]
+    plans = [p for p in impl.plans.plans.values()
+             if any(getattr(v, "__name__", "") == "rebased" for v in getattr(p, "__globals__", {}).values())]
     assert plans, "no plan rebuilds a descriptor"
     if ON_GPU:
         recipe = plans[-1].__gems_recipe__

@@ -745,9 +745,9 @@ def _recipe(schema, rec, guards, launches, refs, direct):
                     continue
                 if not isinstance(ty, str):
                     raise _NoRecipe
-                if kind == "desc" or ty.startswith("tensordesc"):
-                    if kind != "desc" or not ty.startswith("tensordesc"):
-                        raise _NoRecipe
+                if ty.startswith("tensordesc") != (kind == "desc"):
+                    raise _NoRecipe
+                if kind == "desc":
                     r, d = v
                     tmap, shape, strides = _tensor_map(d, next(metas, None))
                     params.append((4, *src(r.name), r.off, tmap))
