@@ -82,6 +82,7 @@ from ..runtime import kernel, plan
 from ..runtime.alloc import empty
 from ..runtime.utils import cdiv, next_pow2, sm_count, span
 from . import _attention_kernels as K
+from . import attention_gluon
 
 _fwd = kernel(K.attn_fwd)
 _combine = kernel(K.attn_combine)
@@ -338,6 +339,10 @@ def _forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None)
     # GQA decode: the group's query heads share one program per KV head (K/V read once per group)
     pack = decode and group > 1
     bias_row = _bias_row(has_bias, bst, Sq, pack)
+    if not decode and not has_bias and dropout_p == 0.0 and attention_gluon.supports(q, k, v, o):
+        # Hopper, head dim 128, no mask: the warp-specialized Gluon kernel (attention_gluon.py)
+        attention_gluon.launch(q, k, v, o, lse, causal, qk_scale)
+        return
     BM, BN, W, ST = _config(_fwd_kind(decode, causal, has_bias and not bias_row, dropout_p > 0.0), BD, ieee, interp)
     if pack:
         nm, nbh = _packed(B, Hq, Hkv, Sq, BM)

@@ -189,3 +189,35 @@ def test_gluon_gemm_configs_fit_sm90(tmp_path):
     recs = [gluon_gemm_record(c, a_t, b_t, bias) for c in cfgs
             for a_t, b_t, bias in ((False, True, True), (True, False, False), (False, False, False))]
     _compile_all(tmp_path / "gluon_gemm.jsonl", recs, "Gluon GEMM configs that do not fit sm_90")
+
+
+def gluon_attention_record(head_dim, cfg, causal, store_lse, dtype="bf16"):
+    """A compile record of attention_gluon.attn_fwd_gluon for (BLOCK_N, STAGES, OVERLAP) `cfg`: 4-d host
+    descriptors typed like gluon_gemm_record's."""
+    from triton.experimental.gluon import language as gl
+    from gems.ops import attention_gluon as G
+    bn, stages, overlap = cfg
+
+    def desc(block):
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16 if dtype == "bf16" else gl.float16)
+        return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
+
+    rows = [1, 1, G.ROWS.value, head_dim]
+    keys = [1, 1, bn, head_dim]
+    sig = {"q_desc": desc(rows), "k_desc": desc(keys), "v_desc": desc(keys), "o_desc": desc(rows),
+           "LSE": "*fp32", "Hq": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32",
+           "s_lb": "i32", "s_lh": "i32", "s_lm": "i32"}
+    consts = dict(CAUSAL=causal, STORE_LSE=store_lse, OVERLAP=overlap, STAGES=stages)
+    sig.update({k: "constexpr" for k in consts})
+    return {"module": "gems.ops.attention_gluon", "name": "attn_fwd_gluon", "signature": sig, "constexprs": consts,
+            "num_warps": 4, "num_stages": 1}
+
+
+@pytest.mark.skipif(ON_GPU, reason="on the GPU test_attention_gluon launches these configs")
+def test_gluon_attention_configs_fit_sm90(tmp_path):
+    # Gluon has no interpreter: every head dim's config compiles here for sm_90, causal or not, in both
+    # 16-bit dtypes, and fits Q, the K/V ring and the barriers in shared memory
+    from gems.ops import attention_gluon as G
+    recs = [gluon_attention_record(d, cfg, causal, causal, dt) for d, cfg in G._CONFIGS.items()
+            for causal in (False, True) for dt in ("bf16", "fp16")]
+    _compile_all(tmp_path / "gluon_attention.jsonl", recs, "Gluon attention configs that do not fit sm_90")

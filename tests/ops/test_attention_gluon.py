@@ -1,0 +1,164 @@
+"""The warp-specialized Gluon attention forward (gems/ops/attention_gluon.py), reached through SDPA.
+
+Gluon has no interpreter: these tests run on a Hopper GPU only (the CPU suite compiles every config for
+sm_90 in tests/core/test_gpu_compile.py). Reference: SDPA's math in float64; outputs by the
+flash-attention rule (error <= 2x ATen's own bf16/fp16 error + atol), the logsumexp against float64.
+Each test asserts the Gluon kernel ran (its `launch` entered), so none passes on the Triton kernel.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gems
+from gems.ops import attention_gluon as G
+from harness import DEVICE, ON_GPU, assert_close, make
+
+pytestmark = pytest.mark.skipif(not ON_GPU or not torch.cuda.is_available()
+                                or torch.cuda.get_device_capability()[0] != 9,
+                                reason="the Gluon attention kernel runs on Hopper GPUs only")
+
+ATOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def qkv(B, Hq, Hk, Sq, Sk, D, dtype, layout, requires_grad=False):
+    """Q, K, V as [B, H, S, D] views; 'bshd': Hugging Face's memory order (heads inside the sequence)."""
+    def one(H, S):
+        if layout == "bshd":
+            t = make((B, S, H, D), dtype, low=-2.0, high=2.0).transpose(1, 2)
+        else:
+            t = make((B, H, S, D), dtype, low=-2.0, high=2.0)
+        return t.detach().requires_grad_(requires_grad)
+    return one(Hq, Sq), one(Hk, Sk), one(Hk, Sk)
+
+
+def reference(q, k, v, causal, scale):
+    """(out, logsumexp) in float64 on the CPU: GQA by repeated heads, top-left causal."""
+    q, k, v = (t.detach().cpu().double() for t in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) * scale
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+@pytest.fixture
+def entered(monkeypatch):
+    """Counts calls of attention_gluon.launch."""
+    calls, launch = [], G.launch
+    monkeypatch.setattr(G, "launch", lambda *a, **k: calls.append(1) or launch(*a, **k))
+    return calls
+
+
+# (B, Hq, Hk, Sq, Sk, causal): ragged lengths (no multiple of 128), Sq != Sk both ways, GQA, one
+# program's rows split across the two consumers (Sq 65-127), a key block shorter than the ring
+SHAPES = [(1, 4, 4, 256, 256, True), (2, 4, 4, 1000, 1000, False), (1, 8, 2, 777, 777, True),
+          (2, 3, 3, 300, 517, False), (1, 4, 4, 517, 300, True), (1, 4, 4, 200, 1000, True),
+          (2, 2, 2, 100, 100, True), (1, 2, 1, 17, 40, False), (1, 32, 4, 512, 512, True)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{s}" for s in SHAPES])
+def test_forward_matches_float64(shape, layout, dtype, entered):
+    B, Hq, Hk, Sq, Sk, causal = shape
+    q, k, v = qkv(B, Hq, Hk, Sq, Sk, 128, dtype, layout)
+    kw = dict(is_causal=causal, enable_gqa=Hq != Hk)
+    with gems.use_gems(opt_in=("attention",)):
+        out = F.scaled_dot_product_attention(q, k, v, **kw)
+    assert entered, "the Gluon kernel did not run"
+    ref, _ = reference(q, k, v, causal, 1 / math.sqrt(128))
+    assert_close(out, ref, dtype, F.scaled_dot_product_attention(q, k, v, **kw), atol=ATOL[dtype], msg=f"{shape}")
+
+
+CONFIGS = [(128, 2, True), (128, 2, False), (128, 3, False), (64, 3, True), (64, 2, False)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=[f"{c}" for c in CONFIGS])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 333, 333, True), (1, 4, 4, 200, 517, False)])
+def test_every_config_and_the_logsumexp(cfg, shape, entered):
+    """Every (BLOCK_N, STAGES, OVERLAP) variant, and the logsumexp the backward reads."""
+    B, Hq, Hk, Sq, Sk, causal = shape
+    q, k, v = qkv(B, Hq, Hk, Sq, Sk, 128, torch.bfloat16, "bshd")
+    o = torch.empty_like(q)
+    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=DEVICE)
+    scale = 0.37
+    G.set_config(128, cfg)
+    try:
+        G.launch(q, k, v, o, lse, causal, scale * 1.4426950408889634)
+    finally:
+        G.set_config(128, None)
+    ref, rlse = reference(q, k, v, causal, scale)
+    aten = F.scaled_dot_product_attention(q, k.repeat_interleave(Hq // Hk, 1), v.repeat_interleave(Hq // Hk, 1),
+                                          is_causal=causal, scale=scale)
+    assert_close(o, ref, torch.bfloat16, aten, atol=ATOL[torch.bfloat16], msg=f"{cfg}")
+    assert_close(lse, rlse, torch.float32, atol=1e-4, rtol=1e-5, msg=f"lse {cfg}")
+
+
+def test_training_gradients_use_its_logsumexp(entered):
+    """A training step: the Gluon forward's output and logsumexp feed Gems' backward kernels."""
+    q, k, v = qkv(1, 8, 2, 300, 300, 128, torch.bfloat16, "bshd", requires_grad=True)
+    g = make((1, 8, 300, 128), torch.bfloat16)
+    kw = dict(is_causal=True, enable_gqa=True)
+    with gems.use_gems(opt_in=("attention",)):
+        out = F.scaled_dot_product_attention(q, k, v, **kw)
+        got = torch.autograd.grad(out, (q, k, v), g)
+    assert entered
+    r = [t.detach().cpu().double().requires_grad_(True) for t in (q, k, v)]
+    kr, vr = r[1].repeat_interleave(4, 1), r[2].repeat_interleave(4, 1)
+    ref = F.scaled_dot_product_attention(r[0], kr, vr, is_causal=True)
+    refg = torch.autograd.grad(ref, r, g.cpu().double())
+    aten = F.scaled_dot_product_attention(q, k, v, **kw)
+    ateng = torch.autograd.grad(aten, (q, k, v), g)
+    assert_close(list(got), list(refg), torch.bfloat16, list(ateng), atol=ATOL[torch.bfloat16], msg="grads")
+
+
+def test_repeat_calls_replay_a_plan_with_descriptors(entered):
+    """Three calls of one signature with fresh data: only the first runs the Python path; the plan
+    rebuilds the four descriptors per call, and the C++ fast path replays it (descriptor parameters)."""
+    name = "_scaled_dot_product_cudnn_attention.default"
+    impl = gems.registry.get(name)
+    hits = impl.fast.hits if impl.fast is not None else 0
+    for i in range(3):
+        q, k, v = qkv(2, 4, 4, 384, 384, 128, torch.bfloat16, "bshd")
+        with gems.use_gems(opt_in=("attention",)):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        ref, _ = reference(q, k, v, True, 1 / math.sqrt(128))
+        assert_close(out, ref, torch.bfloat16, F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                     atol=ATOL[torch.bfloat16], msg=f"call {i}")
+    assert len(entered) == 1, f"the Python path ran {len(entered)} times: {impl.plans.reasons}"
+    plans = [p for p in impl.plans.plans.values()
+             if any(getattr(f, "__name__", "") == "rebased" for f in getattr(p, "__globals__", {}).values())]
+    assert plans, "no plan rebuilds a descriptor"
+    recipe = plans[-1].__gems_recipe__
+    assert recipe is not None and sum(p[0] == 4 for launch_ in recipe[2] for p in launch_[6]) == 4, recipe
+    assert impl.fast is not None and impl.fast.hits - hits >= 2
+
+
+def test_left_to_the_triton_kernel(entered, monkeypatch):
+    """Masks, dropout, decode, head dims other than 128 and a misaligned operand take the Triton kernel
+    (still served by Gems, still correct); `enabled = False` sends every call there."""
+    q, k, v = qkv(1, 2, 2, 200, 200, 128, torch.bfloat16, "bhsd")
+    mask = torch.rand(200, 200, device=DEVICE) > 0.3
+    q64, k64, v64 = qkv(1, 2, 2, 200, 200, 64, torch.bfloat16, "bhsd")
+    base = make((1, 2, 200 * 128 + 1), torch.bfloat16)
+    qm = base[:, :, 1:].view(1, 2, 200, 128)          # 2 bytes off 16-byte alignment
+    calls = [lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+             lambda: F.scaled_dot_product_attention(q[:, :, :5], k, v),
+             lambda: F.scaled_dot_product_attention(q64, k64, v64, is_causal=True),
+             lambda: F.scaled_dot_product_attention(qm, k, v, is_causal=True)]
+    fused = [gems.registry.get(n) for n in ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention",
+                                            "_scaled_dot_product_efficient_attention")]
+    for i, fn in enumerate(calls):
+        served = sum(f.served for f in fused)
+        with gems.use_gems(opt_in=("attention",)):
+            out = fn()
+        assert sum(f.served for f in fused) > served, f"call {i} was not served by Gems"
+        assert torch.isfinite(out).all()     # (its values: tests/ops/test_attention.py)
+    assert not entered
+    monkeypatch.setattr(G, "enabled", False)
+    with gems.use_gems(opt_in=("attention",)):
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert not entered
