@@ -56,11 +56,17 @@ leaves SMs idle the keys are split over programs (flash-decoding) and merged by 
 Launch configs: `_config` (per kind, padded head dim, fp32-or-not, GPU or interpreter), cached;
 `set_config` overrides one (benchmarks/attention.py --sweep).
 
+Hopper forward, head dim 128, no mask or dropout (prefill and training of Llama-2-class models): the
+warp-specialized Gluon kernel of gems/ops/attention_gluon.py (a TMA loader warp, two consumer
+warpgroups, FlashAttention-3's overlap of the next Q K^T with the softmax). cuDNN runs a
+FlashAttention-3-class kernel on Hopper (500-620 TFLOP/s); the Triton kernel's structure took 1.19-1.36x
+its time there, and TMA loads or Triton's `warp_specialize` did not move it (docs/perf.md, session 19);
+the Gluon kernel takes 0.99-1.05x (session 22). Everything else (masks, dropout, decode, other head
+dims, fp32, other GPUs, operands TMA cannot address) takes the Triton kernels.
+
 Opt-in: the overloads form the opt-in group "attention" (`gems.enable(opt_in=("attention",))` or
-GEMS_OPT_IN=attention): correct, but Llama-2's prefill forward still takes 1.2-1.36x cuDNN's time on an
-H100 (cuDNN runs a FlashAttention-3-class kernel there: 500-620 TFLOP/s; a minimal Triton 3.6 flash
-kernel with the tutorial's structure measured 1.32x, with TMA loads or `warp_specialize` no better;
-docs/perf.md, session 19), so plain `enable()` leaves SDPA to ATen.
+GEMS_OPT_IN=attention): correct, but the backward still takes 1.2-1.4x cuDNN's time at Llama-2's shapes
+and decode up to 1.3x, so plain `enable()` leaves SDPA to ATen.
 
 Call plans: every overload gets plans. The cuDNN and flash forwards return SymInts (max_q, max_k):
 sizes, replayed as the recorded constants (before session 19 they kept the Python path, 70-140 us of
