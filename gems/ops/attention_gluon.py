@@ -1,6 +1,6 @@
-"""A FlashAttention-3-style forward for Hopper written in Gluon: one warp loads Q, K and V by TMA into
-shared memory, two consumer warpgroups each own 64 query rows of a 128-row block and run the block's
-two GEMMs as asynchronous warpgroup MMAs, and mbarriers hand the K/V ring's slots back and forth.
+"""A FlashAttention-3-style forward for Hopper written in Gluon: a loading warpgroup brings Q, K and V by
+TMA into shared memory, two consumer warpgroups each own 64 query rows of a 128-row tile and run the
+tile's two GEMMs as asynchronous warpgroup MMAs, and mbarriers hand the buffers back and forth.
 
     S = Q K^T,   P = exp2(S * qk_scale - m),   O = (sum_j P_j V_j) / l,   lse = (m + log2 l) * ln 2
 
@@ -10,21 +10,24 @@ qk_scale = scale * log2(e)).
 Why a second forward: the Triton kernel (_attention_kernels.attn_fwd) runs the tutorial's loop, in which
 every warp waits for its own loads and does its own softmax between its GEMMs; on an H100 its best config
 took 1.35x cuDNN's time at Llama-2's shapes, and neither TMA loads nor Triton 3.6's automatic warp
-specialization moved it (docs/perf.md, session 19). Here loads run in their own warp, ahead of the MMAs,
-and (OVERLAP) each consumer issues the next block's Q K^T before the softmax of the current one and the
-P V product after it, so the tensor cores work while the softmax runs (FlashAttention-3's intra-warpgroup
-overlap); the two consumers share each K/V tile, and the hardware interleaves one's softmax with the
-other's MMAs.
+specialization moved it (docs/perf.md, session 19). Here loads run ahead of the MMAs in their own
+warps, and (OVERLAP) each consumer issues the next block's Q K^T before the softmax of the current one
+and the P V product after it, so the tensor cores work while the softmax runs (FlashAttention-3's
+intra-warpgroup overlap); the two consumers share each K/V tile, and the hardware interleaves one's
+softmax with the other's MMAs. PERSISTENT: one program per SM walks tiles, so the next tile's Q, K and
+V load while this one's output is stored (0.91-0.99x cuDNN's time against 1.02-1.08x with one program
+per tile at Llama-2's long shapes; H200, docs/perf.md, session 22).
 
 Bytes per key block: the TMA unit moves BLOCK_N x D x 2 bytes of K and as much of V into a ring slot,
-read by both consumers (128 query rows); Q (128 x D x 2 bytes) once per program.
+read by both consumers (128 query rows); Q (128 x D x 2 bytes) once per tile.
 
-Contract (`supports`): Hopper, fp16/bf16, head dim 64 or 128, Q/K/V with unit stride along the head dim
-and 16-byte aligned base and strides (TMA), no mask, no dropout, more than 16 queries (decode has its own
-split-KV kernel). Causal is top-left aligned (key j visible to query i iff j <= i), as in attention.py.
-Descriptors are 4-d over [B, H, S, D] with the tensors' own strides, so Hugging Face's [B, S, H, D]
-layout and GQA (K/V head h // group) need no copy; rows past the sequence are zero-filled by TMA on
-loads and clipped on the output's store.
+Contract (`supports`): Hopper, fp16/bf16, head dim 128, Q/K/V/O with unit stride along the head dim and
+16-byte aligned base and strides (TMA), and from the caller: no mask, no dropout, more than 16 queries
+(decode has its own split-KV kernel). Causal is top-left aligned (key j visible to query i iff j <= i),
+as in attention.py. Descriptors are 4-d over [B, H, S, D] with the tensors' own strides, so Hugging
+Face's [B, S, H, D] layout and GQA (K/V head h // group) need no copy; rows past the sequence are
+zero-filled by TMA on loads and clipped on the output's store. Head dim 64 ran 1.27-1.38x cuDNN's time
+here against the Triton kernel's 1.09-1.34x, so it stays there.
 """
 import functools
 
@@ -36,12 +39,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..runtime import kernel
-from ..runtime.utils import cdiv
+from ..runtime.utils import cdiv, sm_count
 
 # query rows per consumer warpgroup (one wgmma M of 16 per warp, 4 warps); a program owns two
 ROWS = gl.constexpr(64)
-LOAD_REGS = gl.constexpr(24)
-# registers per thread of consumer 1 (the worker warpgroup; consumer 0 gets the launch's cap)
+# registers per thread of each consumer warpgroup (setmaxnreg; the loading warpgroup gives its own back)
 CONSUMER_REGS = gl.constexpr(240)
 LN2 = gl.constexpr(0.6931471805599453)
 # the consumers' halves of a program's rows (constexpr: warp_specialize passes values by their types)
@@ -56,16 +58,32 @@ def _acc_layout(N):
 
 
 @gluon.jit
-def _coords(Hq, GROUP, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr):
-    """(batch, query head, KV head, first row) of this program; causal programs run longest rows first."""
+def _tile_coords(t, n_m, Hq, GROUP, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr):
+    """(batch, query head, KV head, first row) of tile t. Tiles run query blocks fastest, so the
+    programs working at one time share a few heads' K/V in L2; causal blocks longest first, so the
+    last ones to finish are short."""
+    pid_m = t % n_m
     if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    else:
-        pid_m = gl.program_id(0)
-    pid_bh = gl.program_id(1)
+        pid_m = n_m - 1 - pid_m
+    pid_bh = t // n_m
     b = pid_bh // Hq
     h = pid_bh % Hq
     return b, h, h // GROUP, pid_m * BLOCK_M
+
+
+@gluon.jit
+def _round_tile(r, n_tiles):
+    """(the program's tile in round r, whether there is one). Round r covers tiles [r * P, r * P + P) of the
+    P programs, in program order on even rounds and in reverse on odd ones: a program that drew one of the
+    longest causal tiles in one round draws one of the shortest in the next (with tiles in program order
+    every round, 132 programs and 4 query blocks per head, a program would get the same block length in
+    every round)."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    if r % 2 == 1:
+        pid = nprog - 1 - pid
+    t = r * nprog + pid
+    return t, t < n_tiles
 
 
 @gluon.jit
@@ -81,27 +99,50 @@ def _key_blocks(m0, Sk, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, Hq,
-                    GROUP, Sk, CAUSAL: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Q's two halves, then K_j and V_j into ring slot j % STAGES once both consumers have released the
-    slot's previous K (`k_empty`, two arrivals) or V (`v_empty`). K and V have their own barriers: Q K^T
-    can start before V has landed, and a K slot is refilled as soon as its scores are computed, while
-    the P V product of the same block still reads V."""
-    b, h, hk, m0 = _coords(Hq, GROUP, CAUSAL, 2 * ROWS)
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
+                    v_empty, Hq, GROUP, Sq, Sk, n_tiles, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                    BLOCK_N: gl.constexpr):
+    """Walks the program's tiles (`_round_tile`): the tile's Q halves into Q buffer
+    i % 2 once both consumers have stored the output of tile i - 2 from it (`q_empty`), then K_j and
+    V_j into ring slot c % STAGES (c counts key blocks over all the program's tiles) once both
+    consumers have released the slot's previous K (`k_empty`, two arrivals) or V (`v_empty`). K and V
+    have their own barriers: Q K^T can start before V has landed, and a K slot is refilled as soon as
+    its scores are computed, while the P V product of the same block still reads V. The loads run
+    ahead into the next tile while the consumers finish this one."""
+    n_m = gl.cdiv(Sq, 2 * ROWS)
+    c = 0
+    i = 0
+    for r in range(gl.cdiv(n_tiles, gl.num_programs(0))):
+        t, has = _round_tile(r, n_tiles)
+        if has:
+            c, i = _load_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                              k_empty, v_empty, t, n_m, c, i, Hq, GROUP, Sk, CAUSAL, STAGES, BLOCK_N)
+
+
+@gluon.jit
+def _load_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+               t, n_m, c, i, Hq, GROUP, Sk, CAUSAL: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The loads of the program's i-th tile, t; its key blocks are the program's c, c + 1, ...; returns
+    the counts after it."""
+    b, h, hk, m0 = _tile_coords(t, n_m, Hq, GROUP, CAUSAL, 2 * ROWS)
     n_blocks, _ = _key_blocks(m0, Sk, CAUSAL, 2 * ROWS, BLOCK_N)
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, h, m0, 0], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [b, h, m0 + ROWS, 0], q_bar, q_smem.index(1))
+    qb = i % 2
+    # a fresh barrier counts as released in phase 1: the first loads into each buffer do not wait
+    mbarrier.wait(q_empty.index(qb), ((i // 2) & 1) ^ 1)
+    mbarrier.expect(q_ready.index(qb), 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, m0, 0], q_ready.index(qb), q_smem.index(2 * qb))
+    tma.async_copy_global_to_shared(q_desc, [b, h, m0 + ROWS, 0], q_ready.index(qb), q_smem.index(2 * qb + 1))
     for j in range(n_blocks):
-        s = j % STAGES
-        # a fresh barrier counts as released in phase 1: the first STAGES loads do not wait
-        phase = ((j // STAGES) & 1) ^ 1
+        s = c % STAGES
+        phase = ((c // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(s), phase)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
         mbarrier.wait(v_empty.index(s), phase)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(s), v_smem.index(s))
+        c += 1
+    return c, i + 1
 
 
 @gluon.jit
@@ -122,42 +163,38 @@ def _scores(s, j, full, row0, Sk, qk_scale, m_i, CAUSAL: gl.constexpr, BLOCK_N: 
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, o_desc, q_bar, k_ready, v_ready, k_empty, v_empty, LSE, Hq, GROUP, Sq, Sk, qk_scale,
-              s_lb, s_lh, s_lm, HALF: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-              OVERLAP: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr):
-    """One warpgroup: query rows [m0 + HALF * 64, + 64) of the program's block, every key block."""
+def _consumer_tile(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, c, n_blocks, full, row0, Sk, qk_scale,
+                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+                   HEAD_D: gl.constexpr):
+    """(acc, m, l) of one warpgroup's 64 rows over the tile's n_blocks key blocks, which sit in ring
+    slots c % STAGES, (c + 1) % STAGES, ..."""
     s_layout: gl.constexpr = _acc_layout(BLOCK_N)
     o_layout: gl.constexpr = _acc_layout(HEAD_D)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    dtype: gl.constexpr = q_smem.dtype
-    b, h, hk, m0 = _coords(Hq, GROUP, CAUSAL, 2 * ROWS)
-    row0 = m0 + HALF * ROWS
-    n_blocks, full = _key_blocks(m0, Sk, CAUSAL, 2 * ROWS, BLOCK_N)
-
-    q = q_smem.index(HALF).reshape([ROWS, HEAD_D])
+    dtype: gl.constexpr = k_smem.dtype
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([ROWS, HEAD_D], gl.float32, o_layout)
-    mbarrier.wait(q_bar, 0)
     if OVERLAP:
         # block 0's scores and P before the loop; iteration j issues S_j, then P_{j-1} V_{j-1}, and runs
         # block j's softmax while the second MMA is in flight
-        mbarrier.wait(k_ready.index(0), 0)
-        kt = k_smem.index(0).reshape([BLOCK_N, HEAD_D]).permute((1, 0))
+        s_idx = c % STAGES
+        mbarrier.wait(k_ready.index(s_idx), (c // STAGES) & 1)
+        kt = k_smem.index(s_idx).reshape([BLOCK_N, HEAD_D]).permute((1, 0))
         s_tok = warpgroup_mma(q, kt, s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-        mbarrier.arrive(k_empty.index(0))
+        mbarrier.arrive(k_empty.index(s_idx))
         p, m_i, alpha = _scores(s, 0, full, row0, Sk, qk_scale, m_i, CAUSAL, BLOCK_N)
         l_i = l_i * alpha + gl.sum(p, 1)
         for j in range(1, n_blocks):
-            s_idx = j % STAGES
-            mbarrier.wait(k_ready.index(s_idx), (j // STAGES) & 1)
+            s_idx = (c + j) % STAGES
+            mbarrier.wait(k_ready.index(s_idx), ((c + j) // STAGES) & 1)
             kt = k_smem.index(s_idx).reshape([BLOCK_N, HEAD_D]).permute((1, 0))
             s_tok = warpgroup_mma(q, kt, s_zero, use_acc=False, is_async=True)
-            prev = (j - 1) % STAGES
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            prev = (c + j - 1) % STAGES
+            mbarrier.wait(v_ready.index(prev), ((c + j - 1) // STAGES) & 1)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             pv = gl.convert_layout(p.to(dtype), p_layout)
             v = v_smem.index(prev).reshape([BLOCK_N, HEAD_D])
@@ -169,8 +206,8 @@ def _consumer(q_smem, k_smem, v_smem, o_desc, q_bar, k_ready, v_ready, k_empty, 
             l_i = l_i * alpha + gl.sum(p, 1)
             acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, pv))
             mbarrier.arrive(v_empty.index(prev))
-        last = (n_blocks - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+        last = (c + n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((c + n_blocks - 1) // STAGES) & 1)
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
         pv = gl.convert_layout(p.to(dtype), p_layout)
         o_tok = warpgroup_mma(pv, v_smem.index(last).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
@@ -178,8 +215,8 @@ def _consumer(q_smem, k_smem, v_smem, o_desc, q_bar, k_ready, v_ready, k_empty, 
         mbarrier.arrive(v_empty.index(last))
     else:
         for j in range(n_blocks):
-            s_idx = j % STAGES
-            phase = (j // STAGES) & 1
+            s_idx = (c + j) % STAGES
+            phase = ((c + j) // STAGES) & 1
             mbarrier.wait(k_ready.index(s_idx), phase)
             kt = k_smem.index(s_idx).reshape([BLOCK_N, HEAD_D]).permute((1, 0))
             s_tok = warpgroup_mma(q, kt, s_zero, use_acc=False, is_async=True)
@@ -193,54 +230,103 @@ def _consumer(q_smem, k_smem, v_smem, o_desc, q_bar, k_ready, v_ready, k_empty, 
             o_tok = warpgroup_mma(pv, v_smem.index(s_idx).reshape([BLOCK_N, HEAD_D]), acc, is_async=True)
             acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, pv))
             mbarrier.arrive(v_empty.index(s_idx))
+    return acc, m_i, l_i
 
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, o_desc, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, LSE, Hq, GROUP,
+              Sq, Sk, qk_scale, s_lb, s_lh, s_lm, n_tiles, HALF: gl.constexpr, CAUSAL: gl.constexpr,
+              STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+              HEAD_D: gl.constexpr):
+    """One warpgroup: query rows [m0 + HALF * 64, + 64) of each of the program's tiles, every key block;
+    the output leaves through the tile's Q buffer, which is then handed back to the loader."""
+    n_m = gl.cdiv(Sq, 2 * ROWS)
+    c = 0
+    i = 0
+    for r in range(gl.cdiv(n_tiles, gl.num_programs(0))):
+        t, has = _round_tile(r, n_tiles)
+        if has:
+            c, i = _consume_tile(q_smem, k_smem, v_smem, o_desc, q_ready, q_empty, k_ready, v_ready, k_empty,
+                                 v_empty, LSE, t, n_m, c, i, Hq, GROUP, Sq, Sk, qk_scale, s_lb, s_lh, s_lm, HALF,
+                                 CAUSAL, STORE_LSE, OVERLAP, STAGES, BLOCK_N, HEAD_D)
+
+
+@gluon.jit
+def _consume_tile(q_smem, k_smem, v_smem, o_desc, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, LSE, t, n_m,
+                  c, i, Hq, GROUP, Sq, Sk, qk_scale, s_lb, s_lh, s_lm, HALF: gl.constexpr, CAUSAL: gl.constexpr,
+                  STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HEAD_D: gl.constexpr):
+    """One warpgroup's rows of the program's i-th tile, t, whose key blocks are the program's c, c + 1,
+    ...: softmax and output, stored through the tile's Q buffer, which then goes back to the loader;
+    returns the counts after it."""
+    o_rows: gl.constexpr = gl.SliceLayout(1, _acc_layout(HEAD_D))
+    s_rows: gl.constexpr = gl.SliceLayout(1, _acc_layout(BLOCK_N))
+    b, h, hk, m0 = _tile_coords(t, n_m, Hq, GROUP, CAUSAL, 2 * ROWS)
+    row0 = m0 + HALF * ROWS
+    n_blocks, full = _key_blocks(m0, Sk, CAUSAL, 2 * ROWS, BLOCK_N)
+    qb = i % 2
+    q_slot = q_smem.index(2 * qb + HALF)
+    q = q_slot.reshape([ROWS, HEAD_D])
+    mbarrier.wait(q_ready.index(qb), (i // 2) & 1)
+    acc, m_i, l_i = _consumer_tile(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, c, n_blocks, full,
+                                   row0, Sk, qk_scale, CAUSAL, OVERLAP, STAGES, BLOCK_N, HEAD_D)
     # every row sees key 0 (Sk >= 1; causal rows i >= 0), so l_i > 0
     out = acc / gl.convert_layout(l_i, o_rows)[:, None]
     if STORE_LSE:
-        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+        rows = row0 + gl.arange(0, ROWS, layout=s_rows)
         lse = (m_i + gl.log2(l_i)) * LN2
         gl.store(LSE + b.to(gl.int64) * s_lb + h.to(gl.int64) * s_lh + rows * s_lm, lse, mask=rows < Sq)
     # the output leaves through this warpgroup's Q slot (its MMAs are done): TMA clips rows past Sq
-    q_slot = q_smem.index(HALF)
-    q.store(out.to(dtype))
+    q.store(out.to(k_smem.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], q_slot)
     tma.store_wait(pendings=0)
+    mbarrier.arrive(q_empty.index(qb))
+    return c + n_blocks, i + 1
 
 
 @kernel
 @gluon.jit
-def attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, LSE, Hq, GROUP, Sq, Sk, qk_scale, s_lb, s_lh, s_lm,
+def attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, LSE, Hq, GROUP, Sq, Sk, qk_scale, s_lb, s_lh, s_lm, n_tiles,
                    CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, OVERLAP: gl.constexpr, STAGES: gl.constexpr):
-    """Program (query block of 128 rows, batch x query head): out and lse of those rows.
+    """Out and lse of the program's tiles (a tile: 128 query rows of one batch and query head; one per
+    round r of `_round_tile`). One program per tile, or one per SM walking several (persistent).
 
-    Warp-specialized: the kernel's 4 warps are consumer 0 (rows 0-63), a worker warpgroup consumer 1
-    (rows 64-127), and one worker warp the loader. The K/V ring has STAGES slots with three barriers
-    each: `k_ready` / `v_ready` (the TMA's bytes landed) and `k_empty` / `v_empty` (both consumers are done
-    with it). A running key-block count j gives the slot (j % STAGES) and phase ((j // STAGES) & 1)."""
+    Warp-specialized: the kernel's 4 warps load (one would do: TMA copies are issued by one thread),
+    and two worker warpgroups are the consumers, rows 0-63 and 64-127 of each tile. Q has two buffers
+    (the next tile's Q loads while this one's output is stored), each with barriers `q_ready` / `q_empty`;
+    the K/V ring has STAGES slots with four barriers each: `k_ready` / `v_ready` (the TMA's bytes
+    landed) and `k_empty` / `v_empty` (both consumers are done with it). Running counts give each
+    side the same buffer and phase: tile i of the program, Q buffer i % 2, phase (i // 2) & 1; key
+    block c of the program, slot c % STAGES, phase (c // STAGES) & 1."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     HEAD_D: gl.constexpr = k_desc.block_type.shape[3]
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [4] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)
         mbarrier.init(v_empty.index(i), count=2)
     gl.warp_specialize([
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                           Hq, GROUP, Sk, CAUSAL, STAGES, BLOCK_N)),
-        (_consumer, (q_smem, k_smem, v_smem, o_desc, q_bar, k_ready, v_ready, k_empty, v_empty, LSE, Hq, GROUP, Sq,
-                     Sk, qk_scale, s_lb, s_lh, s_lm, FIRST, CAUSAL, STORE_LSE, OVERLAP, STAGES, BLOCK_N, HEAD_D)),
-        (_consumer, (q_smem, k_smem, v_smem, o_desc, q_bar, k_ready, v_ready, k_empty, v_empty, LSE, Hq, GROUP, Sq,
-                     Sk, qk_scale, s_lb, s_lh, s_lm, SECOND, CAUSAL, STORE_LSE, OVERLAP, STAGES, BLOCK_N, HEAD_D)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                           k_empty, v_empty, Hq, GROUP, Sq, Sk, n_tiles, CAUSAL, STAGES, BLOCK_N)),
+        (_consumer, (q_smem, k_smem, v_smem, o_desc, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, LSE, Hq,
+                     GROUP, Sq, Sk, qk_scale, s_lb, s_lh, s_lm, n_tiles, FIRST, CAUSAL, STORE_LSE, OVERLAP, STAGES,
+                     BLOCK_N, HEAD_D)),
+        (_consumer, (q_smem, k_smem, v_smem, o_desc, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, LSE, Hq,
+                     GROUP, Sq, Sk, qk_scale, s_lb, s_lh, s_lm, n_tiles, SECOND, CAUSAL, STORE_LSE, OVERLAP, STAGES,
+                     BLOCK_N, HEAD_D)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -267,21 +353,30 @@ def _tma_ok(t) -> bool:
             and all((s * es) % 16 == 0 for s in t.stride()[:-1]))
 
 
-# (BLOCK_N, STAGES, OVERLAP) by head dim; `set_config` overrides (benchmarks/attention.py --sweep)
-_CONFIGS = {128: (128, 2, True)}
+# (BLOCK_N, STAGES, OVERLAP, PERSISTENT: one program per SM, else one per tile) by head dim, from a sweep
+# at Llama-2's shapes on an H200 (docs/perf.md, session 22); up to SHORT_KEYS keys a tile has at most 4
+# key blocks, most of them in the overlapped loop's prologue and epilogue: without the overlap B8 x 512
+# causal took 1.05x cuDNN's time, with it 1.18x (at 2048 keys: 0.87x and 0.79x). `set_config` overrides.
+_CONFIGS = {128: (128, 2, True, True)}
+_SHORT = {128: (128, 2, False, True)}
+SHORT_KEYS = 512
 _OVERRIDE: dict = {}
 
 
 def set_config(head_dim: int, cfg):
-    """Force (BLOCK_N, STAGES, OVERLAP) for one head dim; None restores the table."""
+    """Force (BLOCK_N, STAGES, OVERLAP, PERSISTENT) for one head dim; None restores the table."""
     if cfg is None:
         _OVERRIDE.pop(head_dim, None)
     else:
         _OVERRIDE[head_dim] = tuple(cfg)
 
 
-def config(head_dim: int):
-    return _OVERRIDE.get(head_dim) or _CONFIGS[head_dim]
+def config(head_dim: int, keys: int):
+    """The launch config for `keys` keys (per query row, before any causal mask)."""
+    o = _OVERRIDE.get(head_dim)
+    if o is not None:
+        return o
+    return (_SHORT if keys <= SHORT_KEYS else _CONFIGS)[head_dim]
 
 
 # False: every call takes attention.py's Triton kernels (benchmarks compare the two)
@@ -307,7 +402,7 @@ def launch(q, k, v, o, lse, causal: bool, qk_scale: float):
     said yes. qk_scale = scale * log2(e)."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    bn, stages, overlap = config(D)
+    bn, stages, overlap, persistent = config(D, Sk)
     qd = _desc(q, [1, 1, ROWS.value, D])
     od = _desc(o, [1, 1, ROWS.value, D])
     kd = _desc(k, [1, 1, bn, D])
@@ -315,6 +410,7 @@ def launch(q, k, v, o, lse, causal: bool, qk_scale: float):
     store = lse is not None
     lt = lse if store else o
     ls = lse.stride() if store else (0, 0, 0)
-    attn_fwd_gluon[(cdiv(Sq, 2 * ROWS.value), B * Hq)](qd, kd, vd, od, lt, Hq, Hq // Hkv, Sq, Sk, float(qk_scale),
-                                                 ls[0], ls[1], ls[2], bool(causal), store, overlap, stages,
-                                                 num_warps=4, num_stages=1)
+    n_tiles = cdiv(Sq, 2 * ROWS.value) * B * Hq
+    progs = min(n_tiles, sm_count(q.device)) if persistent else n_tiles
+    attn_fwd_gluon[(progs,)](qd, kd, vd, od, lt, Hq, Hq // Hkv, Sq, Sk, float(qk_scale), ls[0], ls[1], ls[2], n_tiles,
+                             bool(causal), store, overlap, stages, num_warps=4, num_stages=1)

@@ -192,11 +192,11 @@ def test_gluon_gemm_configs_fit_sm90(tmp_path):
 
 
 def gluon_attention_record(head_dim, cfg, causal, store_lse, dtype="bf16"):
-    """A compile record of attention_gluon.attn_fwd_gluon for (BLOCK_N, STAGES, OVERLAP) `cfg`: 4-d host
-    descriptors typed like gluon_gemm_record's."""
+    """A compile record of attention_gluon.attn_fwd_gluon for (BLOCK_N, STAGES, OVERLAP, PERSISTENT) `cfg`
+    (the last one only sizes the grid): 4-d host descriptors typed like gluon_gemm_record's."""
     from triton.experimental.gluon import language as gl
     from gems.ops import attention_gluon as G
-    bn, stages, overlap = cfg
+    bn, stages, overlap = cfg[:3]
 
     def desc(block):
         layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16 if dtype == "bf16" else gl.float16)
@@ -206,7 +206,7 @@ def gluon_attention_record(head_dim, cfg, causal, store_lse, dtype="bf16"):
     keys = [1, 1, bn, head_dim]
     sig = {"q_desc": desc(rows), "k_desc": desc(keys), "v_desc": desc(keys), "o_desc": desc(rows),
            "LSE": "*fp32", "Hq": "i32", "GROUP": "i32", "Sq": "i32", "Sk": "i32", "qk_scale": "fp32",
-           "s_lb": "i32", "s_lh": "i32", "s_lm": "i32"}
+           "s_lb": "i32", "s_lh": "i32", "s_lm": "i32", "n_tiles": "i32"}
     consts = dict(CAUSAL=causal, STORE_LSE=store_lse, OVERLAP=overlap, STAGES=stages)
     sig.update({k: "constexpr" for k in consts})
     return {"module": "gems.ops.attention_gluon", "name": "attn_fwd_gluon", "signature": sig, "constexprs": consts,
@@ -215,9 +215,10 @@ def gluon_attention_record(head_dim, cfg, causal, store_lse, dtype="bf16"):
 
 @pytest.mark.skipif(ON_GPU, reason="on the GPU test_attention_gluon launches these configs")
 def test_gluon_attention_configs_fit_sm90(tmp_path):
-    # Gluon has no interpreter: every head dim's config compiles here for sm_90, causal or not, in both
-    # 16-bit dtypes, and fits Q, the K/V ring and the barriers in shared memory
+    # Gluon has no interpreter: every head dim's configs (long and short keys) compile here for sm_90,
+    # causal or not, in both 16-bit dtypes, and fit Q, the K/V ring and the barriers in shared memory
     from gems.ops import attention_gluon as G
-    recs = [gluon_attention_record(d, cfg, causal, causal, dt) for d, cfg in G._CONFIGS.items()
+    cfgs = [(d, cfg) for table in (G._CONFIGS, G._SHORT) for d, cfg in table.items()]
+    recs = [gluon_attention_record(d, cfg, causal, causal, dt) for d, cfg in cfgs
             for causal in (False, True) for dt in ("bf16", "fp16")]
     _compile_all(tmp_path / "gluon_attention.jsonl", recs, "Gluon attention configs that do not fit sm_90")

@@ -53,10 +53,12 @@ def entered(monkeypatch):
 
 
 # (B, Hq, Hk, Sq, Sk, causal): ragged lengths (no multiple of 128), Sq != Sk both ways, GQA, one
-# program's rows split across the two consumers (Sq 65-127), a key block shorter than the ring
+# tile's rows split across the two consumers (Sq 65-127), a key block shorter than the ring, more
+# tiles than SMs (persistent programs walk several)
 SHAPES = [(1, 4, 4, 256, 256, True), (2, 4, 4, 1000, 1000, False), (1, 8, 2, 777, 777, True),
           (2, 3, 3, 300, 517, False), (1, 4, 4, 517, 300, True), (1, 4, 4, 200, 1000, True),
-          (2, 2, 2, 100, 100, True), (1, 2, 1, 17, 40, False), (1, 32, 4, 512, 512, True)]
+          (2, 2, 2, 100, 100, True), (1, 2, 1, 17, 40, False), (1, 32, 4, 512, 512, True),
+          (2, 32, 8, 1000, 1000, True)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -73,13 +75,15 @@ def test_forward_matches_float64(shape, layout, dtype, entered):
     assert_close(out, ref, dtype, F.scaled_dot_product_attention(q, k, v, **kw), atol=ATOL[dtype], msg=f"{shape}")
 
 
-CONFIGS = [(128, 2, True), (128, 2, False), (128, 3, False), (64, 3, True), (64, 2, False)]
+CONFIGS = [(128, 2, True, False), (128, 2, True, True), (128, 2, False, True), (64, 3, True, True),
+           (64, 4, True, False), (64, 2, False, True)]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[f"{c}" for c in CONFIGS])
-@pytest.mark.parametrize("shape", [(2, 4, 2, 333, 333, True), (1, 4, 4, 200, 517, False)])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 333, 333, True), (1, 4, 4, 200, 517, False), (4, 16, 4, 700, 700, True)])
 def test_every_config_and_the_logsumexp(cfg, shape, entered):
-    """Every (BLOCK_N, STAGES, OVERLAP) variant, and the logsumexp the backward reads."""
+    """Every (BLOCK_N, STAGES, OVERLAP, PERSISTENT) variant, and the logsumexp the backward reads; the last
+    shape has 384 tiles, so persistent programs walk several, of different lengths."""
     B, Hq, Hk, Sq, Sk, causal = shape
     q, k, v = qkv(B, Hq, Hk, Sq, Sk, 128, torch.bfloat16, "bshd")
     o = torch.empty_like(q)
