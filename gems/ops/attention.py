@@ -58,10 +58,10 @@ Launch configs: `_config` (per kind, padded head dim, fp32-or-not, GPU or interp
 
 Hopper forward, head dim 128, no mask or dropout (prefill and training of Llama-2-class models): the
 warp-specialized Gluon kernel of gems/ops/attention_gluon.py (a TMA loader warp, two consumer
-warpgroups, FlashAttention-3's overlap of the next Q K^T with the softmax). cuDNN runs a
-FlashAttention-3-class kernel on Hopper (500-620 TFLOP/s); the Triton kernel's structure took 1.19-1.36x
-its time there, and TMA loads or Triton's `warp_specialize` did not move it (docs/perf.md, session 19);
-the Gluon kernel takes 0.99-1.05x (session 22). Everything else (masks, dropout, decode, other head
+warpgroups, FlashAttention-3's overlap of the next Q K^T with the softmax, one program per SM). cuDNN
+runs a FlashAttention-3-class kernel on Hopper (500-620 TFLOP/s); the Triton kernel's structure took
+1.19-1.36x its time there, and TMA loads or Triton's `warp_specialize` did not move it (docs/perf.md,
+session 19); the Gluon kernel takes 0.79-0.99x at 2048-8192 tokens (session 22). Everything else (masks, dropout, decode, other head
 dims, fp32, other GPUs, operands TMA cannot address) takes the Triton kernels.
 
 Opt-in: the overloads form the opt-in group "attention" (`gems.enable(opt_in=("attention",))` or
