@@ -4,7 +4,8 @@
     python -m benchmarks.attention --quick -o att.json  # a few cases per family
     python -m benchmarks.attention --only decode        # case names containing 'decode'
     python -m benchmarks.attention --sweep fwd          # try launch configs of a kernel kind
-                                                        # (fwd fwd_bias fwd_causal decode dkdv dq;
+                                                        # (fwd fwd_bias fwd_causal decode dkdv dq: Triton;
+                                                        # gluon: the Hopper forward, vs cuDNN;
                                                         # --sweep-head-dim 64: BERT's shapes)
     python -m benchmarks.attention --device cpu         # tiny shapes through the Triton interpreter (smoke run)
 
@@ -38,6 +39,7 @@ import gems  # noqa: E402
 # loads the op modules before enable(opt_in=("attention",)) validates the group name (registry.opt_in_groups
 # reads the table without loading it)
 gems.registry.all_impls()
+from gems.ops import attention_gluon as AG  # noqa: E402
 
 FUSED = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention",
          "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu")
@@ -202,8 +204,15 @@ def sweep(dtype, device, kinds=(), head_dim=128):
             "decode": [(16, bn, w, s) for bn, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3))],
             "dkdv": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((16, 32, 64), (64, 128), (4, 8), (2, 3))],
             "dq": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (32, 64), (4, 8), (2, 3))]}
+    if D == 128 and (not kinds or "gluon" in kinds):
+        if device == "cuda" and torch.cuda.get_device_capability()[0] == 9:
+            _sweep_gluon(dtype, device, shapes)
+        else:
+            print("gluon: the Gluon forward runs on Hopper GPUs only", file=sys.stderr)
     block_d = max(16, next_pow2(D))
     gems.enable(opt_in=("attention",))
+    # the Triton kinds' configs: calls the Gluon forward would take (head dim 128, no mask) go to Triton
+    gluon_was, AG.enabled = AG.enabled, False
     try:
         for kind, cfgs in grid.items():
             if kinds and kind not in kinds:
@@ -241,7 +250,49 @@ def sweep(dtype, device, kinds=(), head_dim=128):
             print(f"{kind:10s} on {name} (head dim {D}): table config {A._config(kind, block_d, False, device == 'cpu')} "
                   f"{base:.3f} ms; best " + ", ".join(f"{cfg} {t:.3f} ms" for t, cfg in results[:4]))
     finally:
+        AG.enabled = gluon_was
         gems.disable()
+
+
+def _sweep_gluon(dtype, device, shapes):
+    """The Gluon forward's (BLOCK_N, STAGES, OVERLAP, PERSISTENT) configs on the non-causal and causal
+    Llama-2 shapes, against cuDNN (SDPA's choice with Gems off) in the same run."""
+    import itertools
+    cfgs = [c for c in itertools.product((64, 128), (2, 3, 4), (True, False), (True, False))
+            if (4 + 2 * c[1] * c[0] // 64) * 16 <= 227]          # shared memory (KiB): 4 Q halves + the ring
+    for kind in ("fwd", "fwd_causal"):
+        name, B, Hq, Hkv, Sq, Sk, D, causal = shapes[kind][:8]
+        q, k, v, _ = make_inputs(B, Hq, Hkv, Sq, Sk, D, False, dtype, device, False)
+        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+        t_aten = bench(fn, device)
+        gems.enable(opt_in=("attention",))
+        entered, launch = [], AG.launch
+        AG.launch = lambda *a, **kw: entered.append(1) or launch(*a, **kw)
+        results = []
+        try:
+            for cfg in cfgs:
+                AG.set_config(D, cfg)
+                _fresh_attention()
+                entered.clear()
+                try:
+                    t = bench(fn, device)
+                    if not entered:
+                        raise RuntimeError("the Gluon kernel did not run")
+                    results.append((t, cfg))
+                except Exception as e:  # noqa: BLE001 - out of shared memory / registers
+                    results.append((float("inf"), cfg))
+                    print(f"  gluon {cfg}: {type(e).__name__}: {str(e)[:80]}", file=sys.stderr)
+            AG.set_config(D, None)
+            _fresh_attention()
+            base = bench(fn, device)
+        finally:
+            AG.launch = launch
+            AG.set_config(D, None)
+            gems.disable()
+        results.sort()
+        print(f"gluon on {name} (head dim {D}): cuDNN {t_aten:.3f} ms; table config {AG.config(D, Sk)} {base:.3f} ms "
+              f"({base / t_aten:.2f}x); best " + ", ".join(f"{cfg} {t:.3f} ms ({t / t_aten:.2f}x)"
+                                                          for t, cfg in results[:4]))
 
 
 def main(argv=None):
@@ -252,7 +303,7 @@ def main(argv=None):
     ap.add_argument("--dtype", default=None, choices=("bf16", "fp16"))
     ap.add_argument("--sweep", nargs="*", default=None, metavar="KIND",
                     help="try launch configs (GPU), print the best per kernel kind (fwd fwd_bias fwd_causal decode dkdv "
-                         "dq; all if none)")
+                         "dq: the Triton kernels; gluon: the Hopper forward at head dim 128; all if none)")
     ap.add_argument("--sweep-head-dim", type=int, default=128, help="128: Llama-2 shapes; 64: BERT's")
     ap.add_argument("-o", "--json", default=None)
     a = ap.parse_args(argv)
