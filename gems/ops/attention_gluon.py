@@ -41,7 +41,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ..runtime import kernel
 from ..runtime.utils import cdiv, sm_count
 
-# query rows per consumer warpgroup (one wgmma M of 16 per warp, 4 warps); a program owns two
+# query rows per consumer warpgroup (one wgmma M of 16 per warp, 4 warps); a tile has two
 ROWS = gl.constexpr(64)
 # registers per thread of each consumer warpgroup (setmaxnreg; the loading warpgroup gives its own back)
 CONSUMER_REGS = gl.constexpr(240)
@@ -88,7 +88,7 @@ def _round_tile(r, n_tiles):
 
 @gluon.jit
 def _key_blocks(m0, Sk, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """(key blocks this program reads, blocks before the first that needs a mask)."""
+    """(key blocks the tile at row m0 reads, blocks before the first that needs a mask)."""
     if CAUSAL:
         hi = gl.minimum(Sk, m0 + BLOCK_M)
         full = gl.minimum(m0 // BLOCK_N, Sk // BLOCK_N)
@@ -348,9 +348,12 @@ def _desc(t, block):
 
 
 def _tma_ok(t) -> bool:
+    """Whether a TMA descriptor can address `t` through its own strides: unit stride along the last
+    dim, a 16-byte aligned base, the other strides positive multiples of 16 bytes (a broadcast dim,
+    stride 0, is not one: such a tensor goes to the Triton kernel, which reads it in place)."""
     es = t.element_size()
     return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all((s * es) % 16 == 0 for s in t.stride()[:-1]))
+            and all(s > 0 and (s * es) % 16 == 0 for s in t.stride()[:-1]))
 
 
 # (BLOCK_N, STAGES, OVERLAP, PERSISTENT: one program per SM, else one per tile) by head dim, from a sweep

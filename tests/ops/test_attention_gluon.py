@@ -15,9 +15,9 @@ import gems
 from gems.ops import attention_gluon as G
 from harness import DEVICE, ON_GPU, assert_close, make
 
-pytestmark = pytest.mark.skipif(not ON_GPU or not torch.cuda.is_available()
-                                or torch.cuda.get_device_capability()[0] != 9,
-                                reason="the Gluon attention kernel runs on Hopper GPUs only")
+hopper = pytest.mark.skipif(not ON_GPU or not torch.cuda.is_available()
+                            or torch.cuda.get_device_capability()[0] != 9,
+                            reason="the Gluon attention kernel runs on Hopper GPUs only")
 
 ATOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -61,6 +61,7 @@ SHAPES = [(1, 4, 4, 256, 256, True), (2, 4, 4, 1000, 1000, False), (1, 8, 2, 777
           (2, 32, 8, 1000, 1000, True)]
 
 
+@hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"{s}" for s in SHAPES])
@@ -79,6 +80,7 @@ CONFIGS = [(128, 2, True, False), (128, 2, True, True), (128, 2, False, True), (
            (64, 4, True, False), (64, 2, False, True)]
 
 
+@hopper
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[f"{c}" for c in CONFIGS])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 333, 333, True), (1, 4, 4, 200, 517, False), (4, 16, 4, 700, 700, True)])
 def test_every_config_and_the_logsumexp(cfg, shape, entered):
@@ -101,6 +103,7 @@ def test_every_config_and_the_logsumexp(cfg, shape, entered):
     assert_close(lse, rlse, torch.float32, atol=1e-4, rtol=1e-5, msg=f"lse {cfg}")
 
 
+@hopper
 def test_training_gradients_use_its_logsumexp(entered):
     """A training step: the Gluon forward's output and logsumexp feed Gems' backward kernels."""
     q, k, v = qkv(1, 8, 2, 300, 300, 128, torch.bfloat16, "bshd", requires_grad=True)
@@ -119,6 +122,7 @@ def test_training_gradients_use_its_logsumexp(entered):
     assert_close(list(got), list(refg), torch.bfloat16, list(ateng), atol=ATOL[torch.bfloat16], msg="grads")
 
 
+@hopper
 def test_repeat_calls_replay_a_plan_with_descriptors(entered):
     """Three calls of one signature with fresh data: only the first runs the Python path; the plan
     rebuilds the four descriptors per call, and the C++ fast path replays it (descriptor parameters)."""
@@ -141,6 +145,7 @@ def test_repeat_calls_replay_a_plan_with_descriptors(entered):
     assert impl.fast is not None and impl.fast.hits - hits >= 2
 
 
+@hopper
 def test_left_to_the_triton_kernel(entered, monkeypatch):
     """Masks, dropout, decode, head dims other than 128 and a misaligned operand take the Triton kernel
     (still served by Gems, still correct); `enabled = False` sends every call there."""
@@ -166,3 +171,17 @@ def test_left_to_the_triton_kernel(entered, monkeypatch):
     with gems.use_gems(opt_in=("attention",)):
         F.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert not entered
+
+
+def test_descriptor_conditions():
+    """Which operands a TMA descriptor addresses in place (checked per signature, so a plan never
+    replays a descriptor over a tensor it cannot address): runs on the CPU too."""
+    x = torch.empty(2, 64, 8, 128, dtype=torch.bfloat16)
+    assert G._tma_ok(x.transpose(1, 2))                            # Hugging Face's [B, S, H, D]
+    assert G._tma_ok(torch.empty(2, 8, 64, 128, dtype=torch.float16))
+    flat = torch.empty(2 * 8 * 64 * 128 + 8, dtype=torch.bfloat16)
+    assert G._tma_ok(flat[8:].view(2, 8, 64, 128)) == (flat[8:].data_ptr() % 16 == 0)
+    assert not G._tma_ok(flat[1:1 + 2 * 8 * 64 * 128].view(2, 8, 64, 128))   # base 2 bytes off
+    assert not G._tma_ok(torch.empty(2, 8, 64, 130, dtype=torch.bfloat16)[..., :128])   # row stride 260 bytes
+    assert not G._tma_ok(torch.empty(2, 1, 64, 128, dtype=torch.bfloat16).expand(2, 8, 64, 128))  # stride 0
+    assert not G._tma_ok(torch.empty(2, 8, 128, 64, dtype=torch.bfloat16).transpose(2, 3))    # head dim strided
