@@ -264,11 +264,20 @@ def check_planned_gemm(monkeypatch, cfg, launcher, shape, dtype, atol):
             out = torch.mm(a, b)
         assert_close(out, (a.double() @ b.double()).cpu(), dtype, atol=atol, msg=f"call {i}")
     assert len(entered) == 1, f"the Python path ran {len(entered)} times: {impl.plans.reasons}"
+    return check_descriptor_plan(impl, hits)
+
+
+def check_descriptor_plan(impl, hits_before, descriptors=None):
+    """The op's call plan that rebuilds host TMA descriptors per call (asserted to exist); on the GPU its
+    C++ recipe holds descriptor parameters (`descriptors` of them, when given) and the C++ fast path
+    replayed it at least twice since `impl.fast.hits` was `hits_before`. Returns the plan."""
     plans = [p for p in impl.plans.plans.values()
              if any(getattr(v, "__name__", "") == "rebased" for v in getattr(p, "__globals__", {}).values())]
     assert plans, "no plan rebuilds a descriptor"
     if ON_GPU:
         recipe = plans[-1].__gems_recipe__
-        assert recipe is not None and any(p[0] == 4 for launch_ in recipe[2] for p in launch_[6]), recipe
-        assert impl.fast is not None and impl.fast.hits - hits >= 2
+        assert recipe is not None, "the plan has no C++ recipe"
+        n = sum(p[0] == 4 for launch_ in recipe[2] for p in launch_[6])      # P_TMA parameters
+        assert n >= 1 if descriptors is None else n == descriptors, recipe
+        assert impl.fast is not None and impl.fast.hits - hits_before >= 2
     return plans[-1]

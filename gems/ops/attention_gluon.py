@@ -29,17 +29,15 @@ Face's [B, S, H, D] layout and GQA (K/V head h // group) need no copy; rows past
 zero-filled by TMA on loads and clipped on the output's store. Head dim 64 ran 1.27-1.38x cuDNN's time
 here against the Triton kernel's 1.09-1.34x, so it stays there.
 """
-import functools
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..runtime import kernel
 from ..runtime.utils import cdiv, sm_count
+from . import gemm_gluon, gemm_tma
 
 # query rows per consumer warpgroup (one wgmma M of 16 per warp, 4 warps); a tile has two
 ROWS = gl.constexpr(64)
@@ -330,21 +328,9 @@ def attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, LSE, Hq, GROUP, Sq, Sk, qk_sc
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
-@functools.lru_cache(maxsize=None)
-def _smem_layout(block, dtype):
-    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if dtype is torch.bfloat16 else gl.float16)
-
-
-_NEW = object.__new__
-
-
 def _desc(t, block):
-    """A host descriptor of 4-d `t` ([B, H, S, D], unit stride along D) with its own strides, built
-    without the dataclass's per-call validation (`supports` checked alignment once per signature)."""
-    d = _NEW(TensorDescriptor)
-    d.base, d.shape, d.strides, d.block_shape, d.padding = t, list(t.shape), list(t.stride()), block, "zero"
-    d.layout = _smem_layout(tuple(block), t.dtype)
-    return d
+    """Gluon's host descriptor of 4-d `t` ([B, H, S, D]) with its own strides (`supports` checked them)."""
+    return gemm_gluon.descriptor(t, list(t.shape), list(t.stride()), block)
 
 
 def _tma_ok(t) -> bool:
@@ -386,14 +372,10 @@ def config(head_dim: int, keys: int):
 enabled = True
 
 
-@functools.lru_cache(maxsize=16)
-def _hopper(index) -> bool:
-    return torch.cuda.get_device_capability(index)[0] == 9
-
-
 def supports(q, k, v, o) -> bool:
     """Whether `launch` computes this call (no mask or dropout: the caller's part of the contract)."""
-    return (enabled and q.is_cuda and q.dtype in _DTYPES and q.shape[3] in _CONFIGS and _hopper(q.device.index)
+    return (enabled and q.is_cuda and q.dtype in _DTYPES and q.shape[3] in _CONFIGS
+            and gemm_tma._major_cc(q.device.index) == 9
             and all(_tma_ok(t) for t in (q, k, v, o)))
 
 

@@ -185,19 +185,21 @@ def matmul_gluon_kernel(a_desc, b_desc, c_desc, Bias, M, N, K, alpha, beta, s_xn
 
 
 @functools.lru_cache(maxsize=None)
-def _smem_layout(block, bits):
-    dtype = gl.bfloat16 if bits == "bf16" else gl.float16
-    return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
+def _smem_layout(block, dtype):
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if dtype is torch.bfloat16 else gl.float16)
 
 
-def _desc(t, shape, lead, block):
-    """gemm_tma's unvalidated host descriptor, as Gluon's class with its shared-memory layout."""
-    d = gemm_tma._desc(t, shape, lead, block, TensorDescriptor)
-    d.layout = _smem_layout(tuple(block), "bf16" if t.dtype is _BF16 else "fp16")
+def descriptor(t, shape, strides, block):
+    """gemm_tma's unvalidated host descriptor, as Gluon's class with its shared-memory layout (16-bit `t`;
+    attention_gluon's descriptors too)."""
+    d = gemm_tma.descriptor(t, shape, strides, block, TensorDescriptor)
+    d.layout = _smem_layout(tuple(block), t.dtype)
     return d
 
 
-_BF16 = torch.bfloat16
+def _desc(t, shape, lead, block):
+    """`descriptor` of a row-major view (leading stride `lead`): gemm_tma.descriptors' builder."""
+    return descriptor(t, shape, [lead, 1], block)
 
 
 def supports(bias, has_bias):

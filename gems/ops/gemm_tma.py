@@ -118,13 +118,18 @@ def layout(a, b, c, K, i64):
     return la, lb
 
 
-def _desc(t, shape, lead, block, cls=TensorDescriptor):
-    """A host descriptor of a row-major view (leading stride `lead`), built without the dataclass's
-    per-call validation: `layout` checked alignment and strides once, and this runs on every call.
-    `cls`: Triton's descriptor class, or Gluon's (whose caller adds the shared-memory layout)."""
+def descriptor(t, shape, strides, block, cls=TensorDescriptor):
+    """A host descriptor of `t` viewed with `shape` / `strides`, built without the dataclass's per-call
+    validation: the caller checked alignment and strides once per signature, and this runs on every
+    call. `cls`: Triton's descriptor class, or Gluon's (gemm_gluon.descriptor adds its layout)."""
     d = _NEW(cls)
-    d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, [lead, 1], block, "zero"
+    d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, strides, block, "zero"
     return d
+
+
+def _desc(t, shape, lead, block, cls=TensorDescriptor):
+    """`descriptor` of a row-major view (leading stride `lead`), as `layout` checked it."""
+    return descriptor(t, shape, [lead, 1], block, cls)
 
 
 _NEW = object.__new__

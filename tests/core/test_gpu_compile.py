@@ -159,15 +159,21 @@ def _compile_all(path, recs, what):
     assert proc.returncode == 0, f"{what}:\n{proc.stdout[-6000:]}{proc.stderr[-3000:]}"
 
 
+def _gluon_desc_type(block, dtype):
+    """Triton's type string of a Gluon host descriptor: dtype ("bf16" / "fp16"), block shape and the
+    default shared-memory layout for them (what gemm_gluon.descriptor attaches)."""
+    from triton.experimental.gluon import language as gl
+    layout = gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if dtype == "bf16" else gl.float16)
+    return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
+
+
 def gluon_gemm_record(cfg, a_t, b_t, has_bias, dtype="bf16"):
     """A compile record of gemm_gluon.matmul_gluon_kernel for one launch config: host descriptors are typed
     by their dtype, block shape and shared-memory layout (Triton's tensordesc<...> string)."""
-    from triton.experimental.gluon import language as gl
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
 
     def desc(block):
-        layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16 if dtype == "bf16" else gl.float16)
-        return f"tensordesc<{dtype}[{block[0]}, {block[1]}],{layout!r}>"
+        return _gluon_desc_type(block, dtype)
 
     sig = {"a_desc": desc([bk, bm] if a_t else [bm, bk]), "b_desc": desc([bn, bk] if b_t else [bk, bn]),
            "c_desc": desc([bm, bn]), "Bias": "*" + dtype, "M": "i32", "N": "i32", "K": "i32", "alpha": "fp32",
@@ -194,13 +200,11 @@ def test_gluon_gemm_configs_fit_sm90(tmp_path):
 def gluon_attention_record(head_dim, cfg, causal, store_lse, dtype="bf16"):
     """A compile record of attention_gluon.attn_fwd_gluon for (BLOCK_N, STAGES, OVERLAP, PERSISTENT) `cfg`
     (the last one only sizes the grid): 4-d host descriptors typed like gluon_gemm_record's."""
-    from triton.experimental.gluon import language as gl
     from gems.ops import attention_gluon as G
     bn, stages, overlap = cfg[:3]
 
     def desc(block):
-        layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16 if dtype == "bf16" else gl.float16)
-        return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
+        return _gluon_desc_type(block, dtype)
 
     rows = [1, 1, G.ROWS.value, head_dim]
     keys = [1, 1, bn, head_dim]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import gems
 from gems.ops import attention_gluon as G
-from harness import DEVICE, ON_GPU, assert_close, make
+from harness import DEVICE, ON_GPU, assert_close, check_descriptor_plan, make
 
 hopper = pytest.mark.skipif(not ON_GPU or not torch.cuda.is_available()
                             or torch.cuda.get_device_capability()[0] != 9,
@@ -137,12 +137,7 @@ def test_repeat_calls_replay_a_plan_with_descriptors(entered):
         assert_close(out, ref, torch.bfloat16, F.scaled_dot_product_attention(q, k, v, is_causal=True),
                      atol=ATOL[torch.bfloat16], msg=f"call {i}")
     assert len(entered) == 1, f"the Python path ran {len(entered)} times: {impl.plans.reasons}"
-    plans = [p for p in impl.plans.plans.values()
-             if any(getattr(f, "__name__", "") == "rebased" for f in getattr(p, "__globals__", {}).values())]
-    assert plans, "no plan rebuilds a descriptor"
-    recipe = plans[-1].__gems_recipe__
-    assert recipe is not None and sum(p[0] == 4 for launch_ in recipe[2] for p in launch_[6]) == 4, recipe
-    assert impl.fast is not None and impl.fast.hits - hits >= 2
+    check_descriptor_plan(impl, hits, descriptors=4)
 
 
 @hopper

@@ -81,11 +81,12 @@ def test_configs_fit_the_register_file():
 
 def test_descriptors_match_the_validated_ones():
     # per-call descriptors skip the dataclass's checks (gemm_tma.layout made them once): same fields
+    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+    for dtype, gdtype in ((torch.bfloat16, gl.bfloat16), (torch.float16, gl.float16)):
         t = make((64, 136), dtype)[:, :128]
         d = gemm_gluon._desc(t, [64, 128], 136, [64, 32])
-        ref = TensorDescriptor(t, [64, 128], [136, 1], [64, 32], gemm_gluon._smem_layout((64, 32), name))
+        ref = TensorDescriptor(t, [64, 128], [136, 1], [64, 32], gl.NVMMASharedLayout.get_default_for([64, 32], gdtype))
         for f in ("shape", "strides", "block_shape", "layout", "padding"):
             assert getattr(d, f) == getattr(ref, f), f
         assert d.base is ref.base and type(d) is TensorDescriptor
