@@ -12,7 +12,8 @@
 Cases (issue 10): Llama-2-7B (32 heads x 128, causal; batch 1-4, sequence 512-4096), BERT (batch 32,
 12 x 64, sequence 128-512, boolean padding mask [B, 1, 1, S] with a quarter of the keys masked in
 half the batch), GQA 32/4 (sequence 2048, causal, enable_gqa), decode (one query, KV 128-8192,
-32 x 128, batch 1; and GQA 32/4). Forward, and forward+backward where training uses it; BERT also with its
+32 x 128, batch 1; and GQA 32/4). Forward, and forward+backward and the backward alone where training uses
+it; BERT also with its
 training default, attention dropout 0.1 (forward+backward only: Gems' and ATen's masks differ by design). Per row: ATen's backend
 (the fused overload it dispatched to), median ms of each (`triton.testing.do_bench`), TFLOP/s
 (forward 4*B*H*Sq*Sk*D, half of it under a square causal mask; backward 2.5x the forward), Gems/ATen
@@ -137,18 +138,25 @@ def run_case(c, dtype, device):
     with torch.no_grad():
         backend = aten_choice(fwd)
         ref = fwd()
-    passes = [("fwd", fwd, f, torch.no_grad)] if not dropout else []
+    def bwd():
+        # the backward alone, of a forward run on the same side (Gems' backward reads its forward's state)
+        out = fwd()
+        return lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
+
+    # (pass, a function returning the timed callable, flops, grad mode)
+    passes = [("fwd", lambda: fwd, f, torch.no_grad)] if not dropout else []
     if training:
-        passes.append(("fwd+bwd", fwd_bwd, 3.5 * f, torch.enable_grad))
-    for kind, fn, fl, ctx in passes:
+        passes.append(("fwd+bwd", lambda: fwd_bwd, 3.5 * f, torch.enable_grad))
+        passes.append(("bwd", bwd, 2.5 * f, torch.enable_grad))
+    for kind, make, fl, ctx in passes:
         gems.disable()
         with ctx():
-            t_aten = bench(fn, device)
+            t_aten = bench(make(), device)
         gems.enable(opt_in=("attention",))
         gems.reset_stats()
         try:
             with ctx():
-                t_gems = bench(fn, device)
+                t_gems = bench(make(), device)
                 out = fwd() if kind == "fwd" else None
             names = [backend] + ([BACKWARD_OF.get(backend, "")] if kind != "fwd" else [])
             s = served([n for n in names if n])

@@ -88,7 +88,7 @@ from ..runtime import kernel, plan
 from ..runtime.alloc import empty
 from ..runtime.utils import cdiv, next_pow2, sm_count, span
 from . import _attention_kernels as K
-from . import attention_gluon
+from . import attention_gluon, attention_gluon_bwd
 
 _fwd = kernel(K.attn_fwd)
 _combine = kernel(K.attn_combine)
@@ -412,10 +412,14 @@ def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv, dropout_p=0.
     delta = empty((B, Hq, Sq), torch.float32, q.device)
     BMp = 32 if interp else 64
     _pre.run((cdiv(Sq, BMp), B * Hq), (o, do, delta, Hq, Sq, D, *_strides4(o), *_strides4(do), BMp, BD), 4, 1)
+    drop = dropout_p > 0.0
+    if not has_bias and not drop and attention_gluon_bwd.supports(q, k, v, do, dq, dk, dv, scale):
+        # Hopper, head dim 128, no mask: the warp-specialized Gluon kernel (attention_gluon_bwd.py)
+        attention_gluon_bwd.launch(do, q, k, v, lse, delta, dq, dk, dv, causal, scale)
+        return
     lst = (lse.stride(0) if lse.shape[0] > 1 else 0, lse.stride(1) if lse.shape[1] > 1 else 0, lse.stride(2))
     common = (*_strides4(q), *_strides4(k), *_strides4(v), *bst, *_strides4(do), *lst)
     even = D == BD
-    drop = dropout_p > 0.0
     dargs = (seed_off, *_keep_args(dropout_p), drop) if drop else (do, 0, 1.0, False)
     BM1, BN1, W1, S1 = _config("dkdv", BD, ieee, interp)
     nkb = cdiv(Sk, BN1)

@@ -186,12 +186,15 @@ def matmul_gluon_kernel(a_desc, b_desc, c_desc, Bias, M, N, K, alpha, beta, s_xn
 
 @functools.lru_cache(maxsize=None)
 def _smem_layout(block, dtype):
-    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if dtype is torch.bfloat16 else gl.float16)
+    return gl.NVMMASharedLayout.get_default_for(list(block), _GL_DTYPES[dtype])
+
+
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
 
 def descriptor(t, shape, strides, block):
-    """gemm_tma's unvalidated host descriptor, as Gluon's class with its shared-memory layout (16-bit `t`;
-    attention_gluon's descriptors too)."""
+    """gemm_tma's unvalidated host descriptor, as Gluon's class with its shared-memory layout (16-bit or fp32
+    `t`; attention_gluon's descriptors too)."""
     d = gemm_tma.descriptor(t, shape, strides, block, TensorDescriptor)
     d.layout = _smem_layout(tuple(block), t.dtype)
     return d

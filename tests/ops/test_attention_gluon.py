@@ -1,9 +1,10 @@
-"""The warp-specialized Gluon attention forward (gems/ops/attention_gluon.py), reached through SDPA.
+"""The warp-specialized Gluon attention forward and backward (gems/ops/attention_gluon.py,
+attention_gluon_bwd.py), reached through SDPA.
 
 Gluon has no interpreter: these tests run on a Hopper GPU only (the CPU suite compiles every config for
 sm_90 in tests/core/test_gpu_compile.py). Reference: SDPA's math in float64; outputs by the
 flash-attention rule (error <= 2x ATen's own bf16/fp16 error + atol), the logsumexp against float64.
-Each test asserts the Gluon kernel ran (its `launch` entered), so none passes on the Triton kernel.
+Gradients against float64 autograd by the same rule. Each test asserts the Gluon kernel ran (its `launch` entered), so none passes on the Triton kernel.
 """
 import math
 
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 
 import gems
 from gems.ops import attention_gluon as G
+from gems.ops import attention_gluon_bwd as GB
 from harness import DEVICE, ON_GPU, assert_close, check_descriptor_plan, make
 
 hopper = pytest.mark.skipif(not ON_GPU or not torch.cuda.is_available()
@@ -44,12 +46,36 @@ def reference(q, k, v, causal, scale):
     return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
 
 
+def _counting(monkeypatch, module):
+    calls, launch = [], module.launch
+    monkeypatch.setattr(module, "launch", lambda *a, **k: calls.append(1) or launch(*a, **k))
+    return calls
+
+
 @pytest.fixture
 def entered(monkeypatch):
     """Counts calls of attention_gluon.launch."""
-    calls, launch = [], G.launch
-    monkeypatch.setattr(G, "launch", lambda *a, **k: calls.append(1) or launch(*a, **k))
-    return calls
+    return _counting(monkeypatch, G)
+
+
+@pytest.fixture
+def entered_bwd(monkeypatch):
+    """Counts calls of attention_gluon_bwd.launch."""
+    return _counting(monkeypatch, GB)
+
+
+def grads(q, k, v, g, causal):
+    """(Gems' grads, float64 grads on the CPU, ATen's grads at q's dtype) of SDPA's output against g."""
+    kw = dict(is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+    with gems.use_gems(opt_in=("attention",)):
+        got = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, **kw), (q, k, v), g)
+    r = [t.detach().cpu().double().requires_grad_(True) for t in (q, k, v)]
+    rep = q.shape[1] // k.shape[1]
+    ref = F.scaled_dot_product_attention(r[0], r[1].repeat_interleave(rep, 1), r[2].repeat_interleave(rep, 1),
+                                         is_causal=causal)
+    refg = torch.autograd.grad(ref, r, g.cpu().double())
+    aten = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, **kw), (q, k, v), g)
+    return list(got), list(refg), list(aten)
 
 
 # (B, Hq, Hk, Sq, Sk, causal): ragged lengths (no multiple of 128), Sq != Sk both ways, GQA, one
@@ -113,13 +139,65 @@ def test_training_gradients_use_its_logsumexp(entered):
         out = F.scaled_dot_product_attention(q, k, v, **kw)
         got = torch.autograd.grad(out, (q, k, v), g)
     assert entered
-    r = [t.detach().cpu().double().requires_grad_(True) for t in (q, k, v)]
-    kr, vr = r[1].repeat_interleave(4, 1), r[2].repeat_interleave(4, 1)
-    ref = F.scaled_dot_product_attention(r[0], kr, vr, is_causal=True)
-    refg = torch.autograd.grad(ref, r, g.cpu().double())
-    aten = F.scaled_dot_product_attention(q, k, v, **kw)
-    ateng = torch.autograd.grad(aten, (q, k, v), g)
-    assert_close(list(got), list(refg), torch.bfloat16, list(ateng), atol=ATOL[torch.bfloat16], msg="grads")
+    _, refg, ateng = grads(q, k, v, g, True)
+    assert_close(list(got), refg, torch.bfloat16, ateng, atol=ATOL[torch.bfloat16], msg="grads")
+
+
+# (B, Hq, Hk, Sq, Sk, causal): as SHAPES, plus one query row and 16 (the Triton forward's decode kernel
+# feeds the Gluon backward), keys never seen by a causal query (Sk > Sq), one key block with two
+# programs' worth of GQA heads
+BWD_SHAPES = SHAPES + [(1, 4, 4, 1, 300, False), (2, 4, 2, 16, 16, True), (1, 2, 2, 100, 450, True),
+                       (1, 16, 1, 130, 130, False)]
+
+
+@hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("shape", BWD_SHAPES, ids=[f"{s}" for s in BWD_SHAPES])
+def test_backward_matches_float64(shape, layout, dtype, entered_bwd):
+    B, Hq, Hk, Sq, Sk, causal = shape
+    q, k, v = qkv(B, Hq, Hk, Sq, Sk, 128, dtype, layout, requires_grad=True)
+    g = make((B, Hq, Sq, 128), dtype)
+    got, refg, aten = grads(q, k, v, g, causal)
+    assert entered_bwd, "the Gluon backward did not run"
+    assert_close(got, refg, dtype, aten, atol=ATOL[dtype], msg=f"{shape}")
+
+
+@hopper
+def test_backward_repeat_calls_replay_a_plan_with_descriptors(entered_bwd):
+    """Three backward calls of one signature: the Python path once, then the plan with the five
+    descriptors (Q, K, V, dO and the fp32 dQ accumulator) rebuilt per call, replayed by the C++ path."""
+    name = "_scaled_dot_product_cudnn_attention_backward.default"
+    impl = gems.registry.get(name)
+    hits = impl.fast.hits if impl.fast is not None else 0
+    for i in range(3):
+        q, k, v = qkv(1, 8, 2, 333, 333, 128, torch.bfloat16, "bshd", requires_grad=True)
+        g = make((1, 8, 333, 128), torch.bfloat16)
+        got, refg, aten = grads(q, k, v, g, True)
+        assert_close(got, refg, torch.bfloat16, aten, atol=ATOL[torch.bfloat16], msg=f"call {i}")
+    assert len(entered_bwd) == 1, f"the Python path ran {len(entered_bwd)} times: {impl.plans.reasons}"
+    check_descriptor_plan(impl, hits, descriptors=5)
+
+
+@hopper
+def test_backward_left_to_the_triton_kernels(entered_bwd, monkeypatch):
+    """A mask, dropout and head dim 64 take the Triton backward (still Gems'); `enabled = False` too."""
+    q, k, v = qkv(1, 2, 2, 200, 200, 128, torch.bfloat16, "bhsd", requires_grad=True)
+    q64, k64, v64 = qkv(1, 2, 2, 200, 200, 64, torch.bfloat16, "bhsd", requires_grad=True)
+    mask = torch.rand(200, 200, device=DEVICE) > 0.3
+    calls = [((q, k, v), dict(attn_mask=mask)), ((q, k, v), dict(dropout_p=0.3, is_causal=True)),
+             ((q64, k64, v64), dict(is_causal=True))]
+    for i, (inputs, kw) in enumerate(calls):
+        with gems.use_gems(opt_in=("attention",)):
+            out = F.scaled_dot_product_attention(*inputs, **kw)
+            gs = torch.autograd.grad(out, inputs, torch.ones_like(out))
+        assert all(torch.isfinite(t).all() for t in gs), f"call {i}"   # (values: tests/ops/test_attention.py)
+    assert not entered_bwd
+    monkeypatch.setattr(GB, "enabled", False)
+    with gems.use_gems(opt_in=("attention",)):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert not entered_bwd
 
 
 @hopper
