@@ -61,11 +61,15 @@ warp-specialized Gluon kernel of gems/ops/attention_gluon.py (a TMA loader warp,
 warpgroups, FlashAttention-3's overlap of the next Q K^T with the softmax, one program per SM). cuDNN
 runs a FlashAttention-3-class kernel on Hopper (500-620 TFLOP/s); the Triton kernel's structure took
 1.19-1.36x its time there, and TMA loads or Triton's `warp_specialize` did not move it (docs/perf.md,
-session 19); the Gluon kernel takes 0.79-0.99x at 2048-8192 tokens (session 22). Everything else (masks, dropout, decode, other head
-dims, fp32, other GPUs, operands TMA cannot address) takes the Triton kernels.
+session 19); the Gluon kernel takes 0.79-0.99x at 2048-8192 tokens (session 22). The backward on the
+same calls: gems/ops/attention_gluon_bwd.py (one program per 128 keys, dQ accumulated across programs
+by TMA reduce-adds, so nothing is recomputed: 5 GEMMs per block pair where the Triton kernels' dK/dV
+and dQ passes take 7; 1.20-1.28x cuDNN's backward against the Triton kernels' 1.26-1.53x, session 23).
+Everything else (masks, dropout, decode, other head dims, fp32, other GPUs, operands TMA cannot
+address) takes the Triton kernels.
 
 Opt-in: the overloads form the opt-in group "attention" (`gems.enable(opt_in=("attention",))` or
-GEMS_OPT_IN=attention): correct, but the backward still takes 1.2-1.4x cuDNN's time at Llama-2's shapes
+GEMS_OPT_IN=attention): correct, but the backward still takes 1.2-1.3x cuDNN's time at Llama-2's shapes
 and decode up to 1.3x, so plain `enable()` leaves SDPA to ATen.
 
 Call plans: every overload gets plans. The cuDNN and flash forwards return SymInts (max_q, max_k):

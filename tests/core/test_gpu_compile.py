@@ -160,10 +160,11 @@ def _compile_all(path, recs, what):
 
 
 def _gluon_desc_type(block, dtype):
-    """Triton's type string of a Gluon host descriptor: dtype ("bf16" / "fp16"), block shape and the
+    """Triton's type string of a Gluon host descriptor: dtype ("bf16" / "fp16" / "fp32"), block shape and the
     default shared-memory layout for them (what gemm_gluon.descriptor attaches)."""
     from triton.experimental.gluon import language as gl
-    layout = gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if dtype == "bf16" else gl.float16)
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp32": gl.float32}[dtype]
+    layout = gl.NVMMASharedLayout.get_default_for(list(block), gdt)
     return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
 
 
@@ -226,3 +227,33 @@ def test_gluon_attention_configs_fit_sm90(tmp_path):
     recs = [gluon_attention_record(d, cfg, causal, causal, dt) for d, cfg in cfgs
             for causal in (False, True) for dt in ("bf16", "fp16")]
     _compile_all(tmp_path / "gluon_attention.jsonl", recs, "Gluon attention configs that do not fit sm_90")
+
+
+def gluon_attention_bwd_record(causal, split, dtype="bf16"):
+    """A compile record of attention_gluon_bwd.attn_bwd_gluon (head dim 128): Q/dO descriptors of 64 rows,
+    K/V of BLOCK_N, the fp32 dQ accumulator's of [64, 64]; DK/DV fp32 sums when `split`."""
+    from gems.ops import attention_gluon_bwd as GB
+    rows = [1, 1, GB.ROWS.value, 128]
+    keys = [1, 1, GB.BLOCK_N, 128]
+    grad = "*fp32" if split else "*" + dtype
+    sig = {"q_desc": _gluon_desc_type(rows, dtype), "k_desc": _gluon_desc_type(keys, dtype),
+           "v_desc": _gluon_desc_type(keys, dtype), "do_desc": _gluon_desc_type(rows, dtype),
+           "dq_desc": _gluon_desc_type([1, 1, GB.ROWS.value, GB.ROWS.value], "fp32"),
+           "LSE": "*fp32", "DELTA": "*fp32", "DK": grad, "DV": grad}
+    sig.update({n: "i32" for n in ("Hkv", "GROUP", "NG", "Sq", "Sk")})
+    sig.update({"qk_scale": "fp32", "scale": "fp32"})
+    sig.update({n: "i32" for n in ("s_lb", "s_lh", "s_lm", "s_kb", "s_kh", "s_km", "s_vb", "s_vh", "s_vm")})
+    consts = dict(CAUSAL=causal, SPLIT=split, STAGES=GB.STAGES)
+    sig.update({k: "constexpr" for k in consts})
+    return {"module": "gems.ops.attention_gluon_bwd", "name": "attn_bwd_gluon", "signature": sig,
+            "constexprs": consts, "num_warps": 4, "num_stages": 1}
+
+
+@pytest.mark.skipif(ON_GPU, reason="on the GPU test_attention_gluon launches this kernel")
+def test_gluon_attention_backward_fits_sm90(tmp_path):
+    # the Gluon backward compiles for sm_90 causal or not, with dK/dV stored or added into fp32 sums (GQA
+    # split), in both 16-bit dtypes, and fits K, V, the Q/dO ring, P^T, dS^T and the dQ staging in shared
+    # memory
+    recs = [gluon_attention_bwd_record(causal, split, dt) for causal in (False, True) for split in (False, True)
+            for dt in ("bf16", "fp16")]
+    _compile_all(tmp_path / "gluon_attention_bwd.jsonl", recs, "Gluon attention backward that does not fit sm_90")

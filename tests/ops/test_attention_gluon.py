@@ -258,3 +258,15 @@ def test_descriptor_conditions():
     assert not G._tma_ok(torch.empty(2, 8, 64, 130, dtype=torch.bfloat16)[..., :128])   # row stride 260 bytes
     assert not G._tma_ok(torch.empty(2, 1, 64, 128, dtype=torch.bfloat16).expand(2, 8, 64, 128))  # stride 0
     assert not G._tma_ok(torch.empty(2, 8, 128, 64, dtype=torch.bfloat16).transpose(2, 3))    # head dim strided
+
+
+def test_backward_group_split():
+    """How many programs share a KV head's query heads in the Gluon backward (each then adds dK/dV into
+    fp32 sums): one while that gives two programs per SM, else the smallest divisor of the group that
+    does, else the whole group. Runs on the CPU too."""
+    assert GB.group_split(512, 4, 132) == 1              # MHA-sized grids keep dK/dV in one program
+    assert GB.group_split(264, 4, 132) == 1              # exactly two per SM
+    assert GB.group_split(263, 4, 132) == 2
+    assert GB.group_split(64, 8, 132) == 8               # GQA 32/4 at 2048 tokens: 16 key blocks x 4 KV heads
+    assert GB.group_split(100, 6, 132) == 3              # 2 is a divisor but 200 < 264
+    assert GB.group_split(10, 6, 132) == 6               # never enough: every head its own program
