@@ -413,14 +413,14 @@ def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv, dropout_p=0.
     qk_scale = scale * _LOG2E
     bt, bst, has_bias, bias_bool = _bias_args(bias, q, B, Hq, Sq, Sk)
     bias_row = _bias_row(has_bias, bst, Sq)
+    drop = dropout_p > 0.0
+    if not has_bias and not drop and attention_gluon_bwd.supports(q, k, v, o, do, dq, dk, dv, scale):
+        # Hopper, head dim 128, no mask: the warp-specialized Gluon kernel (attention_gluon_bwd.py)
+        attention_gluon_bwd.launch(do, q, k, v, o, lse, dq, dk, dv, causal, scale)
+        return
     delta = empty((B, Hq, Sq), torch.float32, q.device)
     BMp = 32 if interp else 64
     _pre.run((cdiv(Sq, BMp), B * Hq), (o, do, delta, Hq, Sq, D, *_strides4(o), *_strides4(do), BMp, BD), 4, 1)
-    drop = dropout_p > 0.0
-    if not has_bias and not drop and attention_gluon_bwd.supports(q, k, v, do, dq, dk, dv, scale):
-        # Hopper, head dim 128, no mask: the warp-specialized Gluon kernel (attention_gluon_bwd.py)
-        attention_gluon_bwd.launch(do, q, k, v, lse, delta, dq, dk, dv, causal, scale)
-        return
     lst = (lse.stride(0) if lse.shape[0] > 1 else 0, lse.stride(1) if lse.shape[1] > 1 else 0, lse.stride(2))
     common = (*_strides4(q), *_strides4(k), *_strides4(v), *bst, *_strides4(do), *lst)
     even = D == BD

@@ -1,33 +1,39 @@
 """A FlashAttention-3-style backward for Hopper written in Gluon: one program per block of 128 keys walks the
-query blocks that see it, a loading warp brings Q and dO by TMA, two consumer warpgroups each own 64 of
-the keys, and dQ leaves every step through a TMA reduce-add into an fp32 accumulator.
+query blocks that see it, a loading warp brings Q, dO, lse2 and delta by TMA, two consumer warpgroups each
+own 64 of the keys, and dQ leaves every step through a TMA reduce-add into an fp32 accumulator.
 
     S^T = K Q^T,   P^T = exp2(S^T * qk_scale - lse2),   dV += P^T dO,   dP^T = V dO^T,
     dS^T = P^T * (dP^T - delta) * scale,   dK += dS^T Q,   dQ += dS K
 
-(lse2 = lse * log2(e) from the forward; delta = rowsum(dO * O), attention._backward's pre-kernel; the
-scale is folded into dS, so dK and dQ need no epilogue scaling).
+(lse2 = lse * log2(e) of the forward's logsumexp, delta = rowsum(dO * O): `attn_bwd_gluon_pre`, which
+also zeroes the dQ accumulator; the scale is folded into dS, so dK and dQ need no epilogue scaling;
+`attn_bwd_cast` writes dQ in its dtype at the end).
 
 Why: the Triton backward (_attention_kernels: attn_bwd_dkdv, then attn_bwd_dq) recomputes S and dP in
 its dQ kernel, 7 GEMMs per block pair where this kernel does 5, and its loads wait in the MMA warps;
-forward + backward took 1.23-1.42x cuDNN's time at Llama-2's shapes (H200, docs/perf.md, session 22).
-Here dQ is accumulated across the key-block programs in global memory by the TMA unit
+it took 1.26-1.53x cuDNN's backward time at Llama-2's shapes, this kernel 1.02-1.09x (H200, docs/perf.md,
+session 23). dQ is accumulated across the key-block programs in global memory by the TMA unit
 (`cp.reduce.async.bulk.tensor ... add.f32`, one [64, 64] fp32 box per consumer and step), so no
-program recomputes anything; the price is 32 KB of fp32 reduce traffic into L2 per step and a final
-cast (`_dq_cast`).
+program recomputes anything; the price is 32 KB of fp32 reduce traffic into L2 per step, the
+accumulator's zeroing and the final cast.
 
-Per step (64 queries x 128 keys): the loader moves Q and dO (2 x 64 x 128 x 2 bytes) into ring slot
-it % STAGES; each consumer computes its 64 keys' S^T and dP^T ([64 keys, 64 queries], wgmma from
-shared memory), P^T and dS^T in registers, dV and dK ([64 keys, 128], A from registers), and then,
-after both consumers have written their halves of dS^T to shared memory (`ds_ready`, two arrivals),
-its half of dQ's columns: dQ[:, half] = dS (all 128 keys) K[:, half].
+Per step (64 queries x 128 keys): the loader moves Q and dO (2 x 64 x 128 x 2 bytes) and lse2 and
+delta (2 x 64 x 4 bytes) into ring slot it % STAGES; each consumer computes its 64 keys' S^T and dP^T
+([64 keys, 64 queries], wgmma from shared memory), P^T and dS^T in registers, stores both to shared
+memory, runs dV and dK ([64 keys, 128]) from there, and then, after both consumers have written
+their halves of dS^T (`ds_ready`, two arrivals), its half of dQ's columns: dQ[:, half] = dS (all 128
+keys) K[:, half]. What the measurements said (session 23, H200): with lse and delta loaded by the
+consumers from global memory right before the first product, the load latency stalled every step
+(1.20-1.28x cuDNN, against 1.02-1.09x through the loader); with each consumer computing dQ over its
+own 64 keys (no `ds_ready`, twice the reduce traffic) 1.13-1.27x.
 
 Contract (`supports`): Hopper, fp16/bf16, head dim 128, Q/K/V/dO addressable by TMA in place
-(attention_gluon._tma_ok), no mask, no dropout (the caller's part). Causal is top-left aligned. GQA:
-a program walks the query blocks of every query head of its KV head, so dK and dV are complete when
-it ends (no partial sums). Rows past Sq / Sk are zero-filled on loads (P^T = 0 there: lse2 = +inf
-for missing rows, and keys past Sk are masked) and clipped on the dQ reduce; dK/dV rows past Sk are
-not stored.
+(attention_gluon._tma_ok), O and the gradients with unit last stride, a positive scale, no mask, no
+dropout (the caller's part). Causal is top-left aligned. GQA: a program walks the query blocks of the
+query heads of its KV head (all of them, or GROUP / NG when `group_split` spreads the group over NG
+programs, which then add dK and dV into fp32 sums). Rows past Sq / Sk are zero-filled on loads (P^T =
+0 there: lse2 = +inf for missing rows, and keys past Sk are masked) and clipped on the dQ reduce;
+dK/dV rows past Sk are not stored.
 """
 import torch
 import triton
@@ -40,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from ..runtime import kernel
-from ..runtime.alloc import zeros
+from ..runtime.alloc import empty, zeros
 from ..runtime.utils import cdiv, sm_count
 from . import attention_gluon as fwd
 from .attention_gluon import FIRST, ROWS, SECOND, _acc_layout
@@ -79,10 +85,10 @@ def _program(Hkv, GROUP, NG):
 
 
 @gluon.jit
-def _bwd_load(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_ready, q_ready, q_empty, Hkv,
-              GROUP, NG, Sq, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
-    """K and V of the program's key block once, then Q and dO of step it into slot it % STAGES once both
-    consumers released the slot's previous step (`q_empty`, two arrivals)."""
+def _bwd_load(q_desc, k_desc, v_desc, do_desc, l_desc, d_desc, q_smem, k_smem, v_smem, do_smem, l_smem, d_smem,
+              kv_ready, q_ready, q_empty, Hkv, GROUP, NG, Sq, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """K and V of the program's key block once, then Q, dO, lse2 and delta of step it into slot
+    it % STAGES once both consumers released the slot's previous step (`q_empty`, two arrivals)."""
     n0 = gl.program_id(0) * (2 * ROWS)
     b, hk, h0, heads = _program(Hkv, GROUP, NG)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
@@ -93,16 +99,19 @@ def _bwd_load(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, 
         s = it % STAGES
         # a fresh barrier counts as released in phase 1: the first loads into each slot do not wait
         mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
-        mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                        + l_desc.block_type.nbytes + d_desc.block_type.nbytes)
         h = h0 + it // nq
         m0 = (lo + it % nq) * ROWS
         tma.async_copy_global_to_shared(q_desc, [b, h, m0, 0], q_ready.index(s), q_smem.index(s))
         tma.async_copy_global_to_shared(do_desc, [b, h, m0, 0], q_ready.index(s), do_smem.index(s))
+        tma.async_copy_global_to_shared(l_desc, [b, h, m0], q_ready.index(s), l_smem.index(s))
+        tma.async_copy_global_to_shared(d_desc, [b, h, m0], q_ready.index(s), d_smem.index(s))
 
 
 @gluon.jit
-def _bwd_consumer(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_ready, q_ready, q_empty, ds_ready,
-                  dq_desc, LSE, DELTA, DK, DV, Hkv, GROUP, NG, Sq, Sk, qk_scale, scale, s_lb, s_lh, s_lm,
+def _bwd_consumer(q_smem, k_smem, v_smem, do_smem, l_smem, d_smem, p_smem, ds_smem, dq_smem, kv_ready, q_ready,
+                  q_empty, ds_ready, dq_desc, DK, DV, Hkv, GROUP, NG, Sq, Sk, qk_scale, scale,
                   s_kb, s_kh, s_km, s_vb, s_vh, s_vm, HALF: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
                   STAGES: gl.constexpr, HEAD_D: gl.constexpr):
     """One warpgroup: keys [n0 + HALF * 64, + 64) of the program's block against every query block that
@@ -130,25 +139,19 @@ def _bwd_consumer(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_
     dv = gl.zeros([ROWS, HEAD_D], gl.float32, o_layout)
     # blocks that need a mask: keys past Sk (last key block), causal queries left of the diagonal
     ragged = n0 + 2 * ROWS > Sk
-    lse_b = LSE + b.to(gl.int64) * s_lb
-    delta_b = DELTA + b.to(gl.int64) * Hkv * GROUP * Sq
     mbarrier.wait(kv_ready, 0)
     for it in range(heads * nq):
         s = it % STAGES
         h = h0 + it // nq
         m0 = (lo + it % nq) * ROWS
         qrows = m0 + gl.arange(0, ROWS, layout=cols)
-        rmask = qrows < Sq
-        # lse of a missing row (or -inf: a row with no visible key) becomes +inf, so its P is 0; S^T's
-        # accumulator starts at -lse2 / qk_scale, so that lse2 does not stay live (16 registers) across the
-        # products. (dP^T's starts at zero: started at -delta, ptxas waited for S^T's product before
-        # issuing it.)
-        lse2 = gl.load(lse_b + h.to(gl.int64) * s_lh + qrows * s_lm, mask=rmask, other=float("inf"))
-        lse2 = gl.where(lse2 == float("-inf"), float("inf"), lse2) * (LOG2E / qk_scale)
-        delta = gl.load(delta_b + h.to(gl.int64) * Sq + qrows, mask=rmask, other=0.0)
         mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
         q = q_smem.index(s).reshape([ROWS, HEAD_D])
         do = do_smem.index(s).reshape([ROWS, HEAD_D])
+        # lse2 (+inf for rows past Sq or without a visible key: P = 0 there) seeds S^T's accumulator at
+        # -lse2 / qk_scale, so that it does not stay live (16 registers) across the products; dP^T's
+        # starts at zero (started at -delta, ptxas waited for S^T's product before issuing it)
+        lse2 = l_smem.index(s).reshape([ROWS]).load(cols) * (1.0 / qk_scale)
         st_tok = warpgroup_mma(k_mine, q.permute((1, 0)), s_zero - lse2[None, :], is_async=True)
         dpt_tok = warpgroup_mma(v_mine, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         # wgmma groups retire in order: with one outstanding, S^T is done and dP^T may still run
@@ -168,6 +171,7 @@ def _bwd_consumer(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_
         gl.thread_barrier()
         dv_tok = warpgroup_mma(p_buf, do, dv, is_async=True)
         dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt_tok,))
+        delta = d_smem.index(s).reshape([ROWS]).load(cols)
         dst = (pt * (dpt - delta[None, :]) * scale).to(dtype)
         # dS^T of both halves in shared memory (buffer it % 2: a consumer writes it again two steps on,
         # after the other passed the next step's `ds_ready`, so after its dQ product of this one)
@@ -208,8 +212,8 @@ def _bwd_consumer(q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_
 
 @kernel
 @gluon.jit
-def attn_bwd_gluon(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, Hkv, GROUP, NG, Sq, Sk, qk_scale,
-                   scale, s_lb, s_lh, s_lm, s_kb, s_kh, s_km, s_vb, s_vh, s_vm,
+def attn_bwd_gluon(q_desc, k_desc, v_desc, do_desc, l_desc, d_desc, dq_desc, DK, DV, Hkv, GROUP, NG, Sq, Sk, qk_scale,
+                   scale, s_kb, s_kh, s_km, s_vb, s_vh, s_vm,
                    CAUSAL: gl.constexpr, SPLIT: gl.constexpr, STAGES: gl.constexpr):
     """dK, dV of the program's 128 keys (program (key block, (batch * KV head) * NG + g)) and its share of
     dQ. SPLIT (NG > 1): DK / DV are fp32 sums the NG programs of a KV head add into.
@@ -225,6 +229,8 @@ def attn_bwd_gluon(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV,
     v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    l_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + l_desc.block_type.shape, l_desc.layout)
+    d_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + d_desc.block_type.shape, d_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * ROWS, ROWS], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * ROWS, ROWS], ds_layout)
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, ROWS], dtype)
@@ -241,15 +247,42 @@ def attn_bwd_gluon(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV,
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
     gl.warp_specialize([
-        (_bwd_load, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_ready, q_ready, q_empty,
-                     Hkv, GROUP, NG, Sq, CAUSAL, STAGES)),
-        (_bwd_consumer, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_ready, q_ready, q_empty,
-                         ds_ready, dq_desc, LSE, DELTA, DK, DV, Hkv, GROUP, NG, Sq, Sk, qk_scale, scale, s_lb, s_lh,
-                         s_lm, s_kb, s_kh, s_km, s_vb, s_vh, s_vm, FIRST, CAUSAL, SPLIT, STAGES, HEAD_D)),
-        (_bwd_consumer, (q_smem, k_smem, v_smem, do_smem, p_smem, ds_smem, dq_smem, kv_ready, q_ready, q_empty,
-                         ds_ready, dq_desc, LSE, DELTA, DK, DV, Hkv, GROUP, NG, Sq, Sk, qk_scale, scale, s_lb, s_lh,
-                         s_lm, s_kb, s_kh, s_km, s_vb, s_vh, s_vm, SECOND, CAUSAL, SPLIT, STAGES, HEAD_D)),
+        (_bwd_load, (q_desc, k_desc, v_desc, do_desc, l_desc, d_desc, q_smem, k_smem, v_smem, do_smem, l_smem,
+                     d_smem, kv_ready, q_ready, q_empty, Hkv, GROUP, NG, Sq, CAUSAL, STAGES)),
+        (_bwd_consumer, (q_smem, k_smem, v_smem, do_smem, l_smem, d_smem, p_smem, ds_smem, dq_smem, kv_ready,
+                         q_ready, q_empty, ds_ready, dq_desc, DK, DV, Hkv, GROUP, NG, Sq, Sk, qk_scale, scale,
+                         s_kb, s_kh, s_km, s_vb, s_vh, s_vm, FIRST, CAUSAL, SPLIT, STAGES, HEAD_D)),
+        (_bwd_consumer, (q_smem, k_smem, v_smem, do_smem, l_smem, d_smem, p_smem, ds_smem, dq_smem, kv_ready,
+                         q_ready, q_empty, ds_ready, dq_desc, DK, DV, Hkv, GROUP, NG, Sq, Sk, qk_scale, scale,
+                         s_kb, s_kh, s_km, s_vb, s_vh, s_vm, SECOND, CAUSAL, SPLIT, STAGES, HEAD_D)),
     ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+
+
+@kernel
+@triton.jit
+def attn_bwd_gluon_pre(O, DO, LSE, DELTA, LSE2, ACC, Hq, Sq, SQP, s_ob, s_oh, s_om, s_gb, s_gh, s_gm, s_lb, s_lh, s_lm,
+                       BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr):
+    """Per row of [B, Hq, SQP]: delta = rowsum(dO * O) and lse2 = lse * log2(e) (+inf past Sq, or for an lse
+    of -inf: a row without a visible key), padded to SQP rows so that their row strides suit TMA (16
+    bytes); and the fp32 dQ accumulator's rows zeroed. Reads O and dO (2 x 2 x D bytes a row), writes
+    4 x D + 8 bytes a row."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // Hq
+    h = bh % Hq
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, HEAD_D)
+    valid = rows < Sq
+    r64 = rows[:, None].to(tl.int64)
+    o = tl.load(O + b * s_ob + h * s_oh + r64 * s_om + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+    g = tl.load(DO + b * s_gb + h * s_gh + r64 * s_gm + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+    lse = tl.load(LSE + b * s_lb + h * s_lh + rows * s_lm, mask=valid, other=float("-inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    padded = rows < SQP
+    tl.store(DELTA + bh * SQP + rows, tl.sum(o * g, 1), mask=padded)
+    tl.store(LSE2 + bh * SQP + rows, lse2, mask=padded)
+    tl.store(ACC + bh * Sq * HEAD_D + r64 * HEAD_D + d[None, :], tl.zeros([BLOCK_M, HEAD_D], tl.float32),
+             mask=valid[:, None])
 
 
 @kernel
@@ -279,13 +312,13 @@ STAGES = 2
 enabled = True
 
 
-def supports(q, k, v, do, dq, dk, dv, scale) -> bool:
+def supports(q, k, v, o, do, dq, dk, dv, scale) -> bool:
     """Whether `launch` computes this backward (no mask or dropout: the caller's part of the contract;
     a positive scale: the kernel divides the logsumexp by it)."""
     return (enabled and q.is_cuda and q.dtype in fwd._DTYPES and q.shape[3] == 128
             and fwd.gemm_tma._major_cc(q.device.index) == 9 and scale > 0
             and all(fwd._tma_ok(t) for t in (q, k, v, do))
-            and all(t.stride(-1) == 1 for t in (dq, dk, dv)))
+            and all(t.stride(-1) == 1 for t in (o, dq, dk, dv)))
 
 
 def group_split(programs: int, group: int, sms: int) -> int:
@@ -298,29 +331,39 @@ def group_split(programs: int, group: int, sms: int) -> int:
     return group
 
 
-def launch(do, q, k, v, lse, delta, dq, dk, dv, causal: bool, scale: float):
-    """dq, dk, dv ([B, H, S, D], unit last stride) from do, q, k, v (`supports` said yes), lse [B, Hq, Sq]
-    (natural log, any strides) and delta [B, Hq, Sq] (contiguous)."""
+def launch(do, q, k, v, o, lse, dq, dk, dv, causal: bool, scale: float):
+    """dq, dk, dv ([B, H, S, D], unit last stride) from do, q, k, v, o (`supports` said yes) and lse [B, Hq, Sq]
+    (natural log, any strides): the pre-kernel, the main kernel, the casts of the fp32 sums."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     group = Hq // Hkv
     nkb = cdiv(Sk, BLOCK_N)
     ng = group_split(nkb * B * Hkv, group, sm_count(q.device)) if group > 1 else 1
-    acc = zeros((B, Hq, Sq, D), torch.float32, q.device)
+    sqp = cdiv(Sq, 4) * 4
+    acc = empty((B, Hq, Sq, D), torch.float32, q.device)       # zeroed by the pre-kernel
+    lse2 = empty((B, Hq, sqp), torch.float32, q.device)
+    delta = empty((B, Hq, sqp), torch.float32, q.device)
+    BM = 32
+    attn_bwd_gluon_pre[(cdiv(sqp, BM), B * Hq)](
+        o, do, lse, delta, lse2, acc, Hq, Sq, sqp, o.stride(0), o.stride(1), o.stride(2), do.stride(0),
+        do.stride(1), do.stride(2), lse.stride(0), lse.stride(1), lse.stride(2), BM, D, num_warps=4)
     if ng > 1:
         dk_out = zeros((B, Hkv, Sk, D), torch.float32, q.device)
         dv_out = zeros((B, Hkv, Sk, D), torch.float32, q.device)
     else:
         dk_out, dv_out = dk, dv
-    qd = fwd._desc(q, [1, 1, ROWS.value, D])
-    dod = fwd._desc(do, [1, 1, ROWS.value, D])
+    rows = ROWS.value
+    qd = fwd._desc(q, [1, 1, rows, D])
+    dod = fwd._desc(do, [1, 1, rows, D])
     kd = fwd._desc(k, [1, 1, BLOCK_N, D])
     vd = fwd._desc(v, [1, 1, BLOCK_N, D])
-    dqd = fwd._desc(acc, [1, 1, ROWS.value, ROWS.value])
-    ls, ks, vs = lse.stride(), dk_out.stride(), dv_out.stride()
+    ld = fwd._desc(lse2, [1, 1, rows])
+    dd = fwd._desc(delta, [1, 1, rows])
+    dqd = fwd._desc(acc, [1, 1, rows, rows])
+    ks, vs = dk_out.stride(), dv_out.stride()
     attn_bwd_gluon[(nkb, B * Hkv * ng)](
-        qd, kd, vd, dod, dqd, lse, delta, dk_out, dv_out, Hkv, group, ng, Sq, Sk, float(scale * 1.4426950408889634),
-        float(scale), ls[0], ls[1], ls[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], bool(causal), ng > 1, STAGES,
+        qd, kd, vd, dod, ld, dd, dqd, dk_out, dv_out, Hkv, group, ng, Sq, Sk, float(scale * 1.4426950408889634),
+        float(scale), ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], bool(causal), ng > 1, STAGES,
         num_warps=4, num_stages=1)
     _cast(acc, dq)
     if ng > 1:

@@ -231,18 +231,20 @@ def test_gluon_attention_configs_fit_sm90(tmp_path):
 
 def gluon_attention_bwd_record(causal, split, dtype="bf16"):
     """A compile record of attention_gluon_bwd.attn_bwd_gluon (head dim 128): Q/dO descriptors of 64 rows,
-    K/V of BLOCK_N, the fp32 dQ accumulator's of [64, 64]; DK/DV fp32 sums when `split`."""
+    K/V of BLOCK_N, lse2's and delta's of 64 fp32, the fp32 dQ accumulator's of [64, 64]; DK/DV fp32 sums
+    when `split`."""
     from gems.ops import attention_gluon_bwd as GB
     rows = [1, 1, GB.ROWS.value, 128]
     keys = [1, 1, GB.BLOCK_N, 128]
     grad = "*fp32" if split else "*" + dtype
     sig = {"q_desc": _gluon_desc_type(rows, dtype), "k_desc": _gluon_desc_type(keys, dtype),
            "v_desc": _gluon_desc_type(keys, dtype), "do_desc": _gluon_desc_type(rows, dtype),
-           "dq_desc": _gluon_desc_type([1, 1, GB.ROWS.value, GB.ROWS.value], "fp32"),
-           "LSE": "*fp32", "DELTA": "*fp32", "DK": grad, "DV": grad}
+           "l_desc": _gluon_desc_type([1, 1, GB.ROWS.value], "fp32"),
+           "d_desc": _gluon_desc_type([1, 1, GB.ROWS.value], "fp32"),
+           "dq_desc": _gluon_desc_type([1, 1, GB.ROWS.value, GB.ROWS.value], "fp32"), "DK": grad, "DV": grad}
     sig.update({n: "i32" for n in ("Hkv", "GROUP", "NG", "Sq", "Sk")})
     sig.update({"qk_scale": "fp32", "scale": "fp32"})
-    sig.update({n: "i32" for n in ("s_lb", "s_lh", "s_lm", "s_kb", "s_kh", "s_km", "s_vb", "s_vh", "s_vm")})
+    sig.update({n: "i32" for n in ("s_kb", "s_kh", "s_km", "s_vb", "s_vh", "s_vm")})
     consts = dict(CAUSAL=causal, SPLIT=split, STAGES=GB.STAGES)
     sig.update({k: "constexpr" for k in consts})
     return {"module": "gems.ops.attention_gluon_bwd", "name": "attn_bwd_gluon", "signature": sig,
