@@ -64,13 +64,14 @@ runs a FlashAttention-3-class kernel on Hopper (500-620 TFLOP/s); the Triton ker
 session 19); the Gluon kernel takes 0.79-0.99x at 2048-8192 tokens (session 22). The backward on the
 same calls: gems/ops/attention_gluon_bwd.py (one program per 128 keys, dQ accumulated across programs
 by TMA reduce-adds, so nothing is recomputed: 5 GEMMs per block pair where the Triton kernels' dK/dV
-and dQ passes take 7; 1.20-1.28x cuDNN's backward against the Triton kernels' 1.26-1.53x, session 23).
+and dQ passes take 7; 1.02-1.09x cuDNN's backward against the Triton kernels' 1.19-1.52x, session 23).
 Everything else (masks, dropout, decode, other head dims, fp32, other GPUs, operands TMA cannot
 address) takes the Triton kernels.
 
 Opt-in: the overloads form the opt-in group "attention" (`gems.enable(opt_in=("attention",))` or
-GEMS_OPT_IN=attention): correct, but the backward still takes 1.2-1.3x cuDNN's time at Llama-2's shapes
-and decode up to 1.3x, so plain `enable()` leaves SDPA to ATen.
+GEMS_OPT_IN=attention): correct, and at or near cuDNN's time for Llama-2's prefill and training shapes
+(forward 0.79-0.99x, backward 1.02-1.09x on an H200), but decode still takes up to 1.3x and BERT's
+attention dropout at 512 tokens 1.4x, so plain `enable()` leaves SDPA to ATen.
 
 Call plans: every overload gets plans. The cuDNN and flash forwards return SymInts (max_q, max_k):
 sizes, replayed as the recorded constants (before session 19 they kept the Python path, 70-140 us of
