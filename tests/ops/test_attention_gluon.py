@@ -87,10 +87,18 @@ SHAPES = [(1, 4, 4, 256, 256, True), (2, 4, 4, 1000, 1000, False), (1, 8, 2, 777
           (2, 32, 8, 1000, 1000, True)]
 
 
-@hopper
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
-@pytest.mark.parametrize("shape", SHAPES, ids=[f"{s}" for s in SHAPES])
+def every_layout_and_dtype(shapes):
+    """Hopper-only test over `shapes` x both memory orders x both 16-bit dtypes."""
+    def mark(test):
+        for m in (pytest.mark.parametrize("shape", shapes, ids=[f"{s}" for s in shapes]),
+                  pytest.mark.parametrize("layout", ["bhsd", "bshd"]),
+                  pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"]), hopper):
+            test = m(test)
+        return test
+    return mark
+
+
+@every_layout_and_dtype(SHAPES)
 def test_forward_matches_float64(shape, layout, dtype, entered):
     B, Hq, Hk, Sq, Sk, causal = shape
     q, k, v = qkv(B, Hq, Hk, Sq, Sk, 128, dtype, layout)
@@ -150,10 +158,7 @@ BWD_SHAPES = SHAPES + [(1, 4, 4, 1, 300, False), (2, 4, 2, 16, 16, True), (1, 2,
                        (1, 16, 1, 130, 130, False)]
 
 
-@hopper
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
-@pytest.mark.parametrize("shape", BWD_SHAPES, ids=[f"{s}" for s in BWD_SHAPES])
+@every_layout_and_dtype(BWD_SHAPES)
 def test_backward_matches_float64(shape, layout, dtype, entered_bwd):
     B, Hq, Hk, Sq, Sk, causal = shape
     q, k, v = qkv(B, Hq, Hk, Sq, Sk, 128, dtype, layout, requires_grad=True)
