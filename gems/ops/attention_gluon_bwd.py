@@ -277,7 +277,7 @@ def attn_bwd_gluon_pre(O, DO, LSE, DELTA, LSE2, ACC, Hq, Sq, SQP, s_ob, s_oh, s_
     o = tl.load(O + b * s_ob + h * s_oh + r64 * s_om + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
     g = tl.load(DO + b * s_gb + h * s_gh + r64 * s_gm + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
     lse = tl.load(LSE + b * s_lb + h * s_lh + rows * s_lm, mask=valid, other=float("-inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
     padded = rows < SQP
     tl.store(DELTA + bh * SQP + rows, tl.sum(o * g, 1), mask=padded)
     tl.store(LSE2 + bh * SQP + rows, lse2, mask=padded)
@@ -362,7 +362,7 @@ def launch(do, q, k, v, o, lse, dq, dk, dv, causal: bool, scale: float):
     dqd = fwd._desc(acc, [1, 1, rows, rows])
     ks, vs = dk_out.stride(), dv_out.stride()
     attn_bwd_gluon[(nkb, B * Hkv * ng)](
-        qd, kd, vd, dod, ld, dd, dqd, dk_out, dv_out, Hkv, group, ng, Sq, Sk, float(scale * 1.4426950408889634),
+        qd, kd, vd, dod, ld, dd, dqd, dk_out, dv_out, Hkv, group, ng, Sq, Sk, float(scale * LOG2E.value),
         float(scale), ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], bool(causal), ng > 1, STAGES,
         num_warps=4, num_stages=1)
     _cast(acc, dq)
