@@ -372,11 +372,16 @@ def config(head_dim: int, keys: int):
 enabled = True
 
 
+def tma_operands(q, *ts) -> bool:
+    """The conditions the Gluon attention kernels (forward and backward) share: `q` fp16/bf16 on a
+    Hopper GPU, and `q` and `ts` addressable by TMA in place."""
+    return (q.is_cuda and q.dtype in _DTYPES and gemm_tma._major_cc(q.device.index) == 9
+            and _tma_ok(q) and all(_tma_ok(t) for t in ts))
+
+
 def supports(q, k, v, o) -> bool:
     """Whether `launch` computes this call (no mask or dropout: the caller's part of the contract)."""
-    return (enabled and q.is_cuda and q.dtype in _DTYPES and q.shape[3] in _CONFIGS
-            and gemm_tma._major_cc(q.device.index) == 9
-            and all(_tma_ok(t) for t in (q, k, v, o)))
+    return enabled and q.shape[3] in _CONFIGS and tma_operands(q, k, v, o)
 
 
 _DTYPES = (torch.float16, torch.bfloat16)

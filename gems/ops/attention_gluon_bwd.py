@@ -28,7 +28,7 @@ consumers from global memory right before the first product, the load latency st
 own 64 keys (no `ds_ready`, twice the reduce traffic) 1.13-1.27x.
 
 Contract (`supports`): Hopper, fp16/bf16, head dim 128, Q/K/V/dO addressable by TMA in place
-(attention_gluon._tma_ok), O and the gradients with unit last stride, a positive scale, no mask, no
+(attention_gluon.tma_operands), O and the gradients with unit last stride, a positive scale, no mask, no
 dropout (the caller's part). Causal is top-left aligned. GQA: a program walks the query blocks of the
 query heads of its KV head (all of them, or GROUP / NG when `group_split` spreads the group over NG
 programs, which then add dK and dV into fp32 sums). Rows past Sq / Sk are zero-filled on loads (P^T =
@@ -49,9 +49,8 @@ from ..runtime import kernel
 from ..runtime.alloc import empty, zeros
 from ..runtime.utils import cdiv, sm_count
 from . import attention_gluon as fwd
-from .attention_gluon import FIRST, ROWS, SECOND, _acc_layout
+from .attention_gluon import CONSUMER_REGS, FIRST, ROWS, SECOND, _acc_layout
 
-CONSUMER_REGS = gl.constexpr(240)
 LOG2E = gl.constexpr(1.4426950408889634)
 # keys per program (two consumer warpgroups of ROWS each)
 BLOCK_N = 128
@@ -315,9 +314,7 @@ enabled = True
 def supports(q, k, v, o, do, dq, dk, dv, scale) -> bool:
     """Whether `launch` computes this backward (no mask or dropout: the caller's part of the contract;
     a positive scale: the kernel divides the logsumexp by it)."""
-    return (enabled and q.is_cuda and q.dtype in fwd._DTYPES and q.shape[3] == 128
-            and fwd.gemm_tma._major_cc(q.device.index) == 9 and scale > 0
-            and all(fwd._tma_ok(t) for t in (q, k, v, do))
+    return (enabled and q.shape[3] == 128 and scale > 0 and fwd.tma_operands(q, k, v, do)
             and all(t.stride(-1) == 1 for t in (o, dq, dk, dv)))
 
 
