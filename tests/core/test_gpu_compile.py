@@ -125,11 +125,14 @@ def _attention_gpu_records():
                                      (n.startswith("stride_") and t != "constexpr")]
                 r["num_warps"], r["num_stages"] = w, st
                 out.append(r)
-                if block_d <= 128 and kind != "fwd":
-                    # with dropout (Philox mask per tile; the forward's per-call seed/offset are 64-bit): a
-                    # forward with dropout never takes kind fwd's tiles (attention._fwd_kind)
+                # with dropout (Philox mask per tile; the forward's per-call seed/offset are 64-bit): a
+                # forward with dropout never takes kind fwd's tiles (attention._fwd_kind). Mode 2: the
+                # forward also stores the mask's bits (a superset of mode 1's code), the backward reads
+                # them instead of running Philox (mode 1): both backward modes are compiled
+                modes = () if block_d > 128 or kind == "fwd" else (2,) if name == "attn_fwd" else (1, 2)
+                for mode in modes:
                     d = json.loads(json.dumps(r))
-                    d["constexprs"]["DROPOUT"] = True
+                    d["constexprs"]["DROPOUT"] = mode
                     d["signature"].update(thr="i64")
                     if name == "attn_fwd":
                         d["signature"].update(seed="i64", offset="i64", SeedOut="*i64")

@@ -217,6 +217,14 @@ def test_decode_split_kv(Sk, dtype):
                             causal=causal)
         aten = F.scaled_dot_product_attention(q, k, v, **kw) if dtype != torch.float32 else None
         assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg=f"decode gqa {B, Hq, Hk, Sq, mkind, causal}")
+    # a head dim that is not a power of two (the combine's masked columns)
+    D2 = 80 if ON_GPU else 24
+    q, k, v = qkv(1, 2, 2, 1, Sk, D2, dtype)
+    with served_attention(lambda: F.scaled_dot_product_attention(q, k, v)), gems_on():
+        out = F.scaled_dot_product_attention(q, k, v)
+    ref = ref_attention(*(t.cpu().double() for t in (q, k, v)))
+    aten = F.scaled_dot_product_attention(q, k, v) if dtype != torch.float32 else None
+    assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg=f"decode head dim {D2}")
 
 
 def test_fully_masked_rows_match_aten():
@@ -475,9 +483,12 @@ DROPOUT_CASES = {
 }
 
 
+@pytest.mark.parametrize("bits", [True, False], ids=["stored", "regenerated"])
 @pytest.mark.parametrize("case", list(DROPOUT_CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-def test_dropout_forward_backward_match_math_with_the_kernels_mask(case, dtype):
+def test_dropout_forward_backward_match_math_with_the_kernels_mask(case, dtype, bits, monkeypatch):
+    """The backward's mask is the forward's, whether it reads the forward's bits or runs Philox again."""
+    monkeypatch.setattr(A, "DROPOUT_BITS", bits)
     B, Hq, Hk, S, causal, mkind = DROPOUT_CASES[case]
     D, p, seed = 64, 0.3, 1234
     mask = make_mask(mkind, B, Hq, S, S, dtype)
@@ -497,7 +508,8 @@ def test_dropout_forward_backward_match_math_with_the_kernels_mask(case, dtype):
     assert abs(frac - (1 - p)) < 0.04, f"kept {frac:.3f} of the entries, expected {1 - p}"
     # the forward with real V and the same seed uses the same mask
     out, lse, state, offset = _dropout_forward(q, k, v, mask, causal, p, seed)
-    assert state.shape == (2,) and state.dtype == torch.int64 and offset.shape == ()
+    words = B * Hq * S * 2 if bits else 0     # 16 bytes per row of <= 128 keys
+    assert state.shape == (2 + words,) and state.dtype == torch.int64 and offset.shape == ()
     assert_close(dropped[..., :S], (probs * Z / (1 - p)).to(torch.float64), dtype, atol=ATOL[dtype],
                  msg="dropped probabilities")
     rq, rk, rv = (t.clone().requires_grad_() for t in r)
@@ -533,7 +545,10 @@ def test_dropout_backward_refuses_another_forwards_state():
     # mask: such a backward goes to ATen instead of returning gradients of another mask
     q, k, v = qkv(1, 2, 2, 16, 16, 32, torch.float32)
     out, lse, state, offset = _dropout_forward(q, k, v, None, False, 0.2, 3)
-    for bad in (torch.zeros(1, dtype=torch.int64, device=DEVICE), torch.zeros((), dtype=torch.int64, device=DEVICE)):
+    # nor can a state holding another shape's mask bits
+    assert state.shape == (2 + 1 * 2 * 16 * 2,)
+    for bad in (torch.zeros(1, dtype=torch.int64, device=DEVICE), torch.zeros((), dtype=torch.int64, device=DEVICE),
+                torch.zeros(state.shape[0] + 2, dtype=torch.int64, device=DEVICE)):
         with pytest.raises(gems.Unsupported, match="dropout state"):
             A.sdpa_cudnn_backward(out, q, k, v, out, lse, bad, offset, None, None, None, 16, 16, 0.2, False)
     # and overloads without a state to carry (flash, the CPU kernel) leave dropout to ATen
