@@ -276,17 +276,20 @@ def _strides4(t):
     return t.stride()
 
 
-# split-KV decode: aim at this many programs per SM, each with at least this many keys (GPU)
-SPLIT_PROGRAMS_PER_SM = 4
-SPLIT_MIN_KEYS = 256
+# split-KV decode: aim at this many programs per SM, each with at least this many keys (GPU). From a
+# sweep of 15 decode shapes (KV 512-32768, batch 1-16, GQA 32/4 and 32/8) on an H200 (session 24,
+# docs/perf.md): one program per SM and 128 keys gave the lowest geomean to cuDNN's time (0.996, was
+# 1.043 with 4 and 256); more, shorter programs pay the pipeline's prologue more often
+SPLIT_PROGRAMS_PER_SM = 1
+SPLIT_MIN_KEYS = 128
 # the combine merges every split of a row in one [splits, head dim] tile
 MAX_SPLITS = 64
 
 
 def _splits(progs, Sk, sk_eff, BN, interp, device, decode):
     """(number of KV splits, keys per split): split-KV for decode-like calls (<= 16 queries) when one
-    program per query block leaves SMs idle and the keys are long; each split keeps >= 256 keys on
-    the GPU. (Prefill never splits: its fp32 partials would cost more than the idle SMs.)"""
+    program per query block leaves SMs idle and the keys are long; each split keeps >= SPLIT_MIN_KEYS
+    keys on the GPU. (Prefill never splits: its fp32 partials would cost more than the idle SMs.)"""
     sms = _sm_count(device.type, device.index)
     min_chunk = 2 * BN if interp else SPLIT_MIN_KEYS
     if not decode or progs >= sms or sk_eff < 2 * min_chunk:
