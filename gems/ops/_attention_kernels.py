@@ -134,11 +134,16 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, of
                stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D, qk_scale,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr,
                BIAS_ROW: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr,
-               seed, offset, grow, thr, Bits, DROPOUT: tl.constexpr):
+               seed, offset, grow, thr, Bits, DROPOUT: tl.constexpr, KD, VD, kv_b, kv_h, TMA: tl.constexpr):
     n = start_n + offs_n
     kt_ptrs = k_base + n[None, :] * stride_kn + offs_d[:, None] * stride_kd     # [BLOCK_D, BLOCK_N]
     v_ptrs = v_base + n[:, None] * stride_vn + offs_d[None, :] * stride_vd      # [BLOCK_N, BLOCK_D]
-    if MASKED:
+    if TMA:
+        # K, V tiles by TMA ([1, 1, BLOCK_N, D] boxes; keys past Sk arrive as zeros): no per-thread
+        # address math, the copy engine streams 2 x BLOCK_N x D x 2 bytes per step
+        kt = tl.trans(tl.reshape(KD.load([kv_b, kv_h, start_n, 0]), [offs_n.shape[0], offs_d.shape[0]]))
+        v = tl.reshape(VD.load([kv_b, kv_h, start_n, 0]), [offs_n.shape[0], offs_d.shape[0]])
+    elif MASKED:
         if EVEN_D:
             kt = tl.load(kt_ptrs, mask=n[None, :] < Sk, other=0.0)
             v = tl.load(v_ptrs, mask=n[:, None] < Sk, other=0.0)
@@ -201,7 +206,7 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, of
 
 
 @triton.jit(do_not_specialize=["seed", "offset"])   # per-call values: one binary for every call
-def attn_fwd(Q, K, V, Bias, O, LSE, ML,
+def attn_fwd(Q, K, V, KD, VD, Bias, O, LSE, ML,
              stride_qb, stride_qh, stride_qm, stride_qd,
              stride_kb, stride_kh, stride_kn, stride_kd,
              stride_vb, stride_vh, stride_vn, stride_vd,
@@ -212,7 +217,7 @@ def attn_fwd(Q, K, V, Bias, O, LSE, ML,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
              CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr, EVEN_D: tl.constexpr,
              IEEE: tl.constexpr, SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, REVERSE: tl.constexpr,
-             PACK: tl.constexpr, BIAS_ROW: tl.constexpr, DROPOUT: tl.constexpr):
+             PACK: tl.constexpr, BIAS_ROW: tl.constexpr, DROPOUT: tl.constexpr, TMA: tl.constexpr):
     """out/lse of one query block (SPLIT: the partial out/l, m of one key slice, fp32).
 
     PACK (GQA decode): the block's rows are (query head of the group, query) pairs of one KV head,
@@ -221,7 +226,9 @@ def attn_fwd(Q, K, V, Bias, O, LSE, ML,
     the heads when PACK; or one query): it is read as one vector per key block.
     DROPOUT: P's entries are kept with probability thr / 2**32 (`_dropout_keep`; Philox seed, offset per
     call) and the output scaled by inv_keep; program (0, 0, 0) writes (seed, offset) to SeedOut, where the
-    backward kernels read them; DROPOUT == 2: every program also writes its keep bits after them."""
+    backward kernels read them; DROPOUT == 2: every program also writes its keep bits after them.
+    TMA (decode on Hopper): K and V come through the descriptors KD, VD ([B, Hkv, Sk, D] boxes of
+    [1, 1, BLOCK_N, D]); otherwise KD, VD are unused."""
     if REVERSE:   # causal: the longest rows first, so the last wave is short
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     else:
@@ -275,6 +282,8 @@ def attn_fwd(Q, K, V, Bias, O, LSE, ML,
         q = tl.load(q_ptrs, mask=rvalid[:, None] & (offs_d[None, :] < D), other=0.0)
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
+    kv_b = b.to(tl.int32)
+    kv_h = hk.to(tl.int32)
     # keys [0, hi) are visible to some row of this block; [0, hi_full) to every row, without a mask
     if CAUSAL:
         if PACK:
@@ -304,12 +313,12 @@ def attn_fwd(Q, K, V, Bias, O, LSE, ML,
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, offs_n, offs_d,
                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D,
                                    qk_scale, False, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE,
-                                   seed, offset, grow, thr, Bits, DROPOUT)
+                                   seed, offset, grow, thr, Bits, DROPOUT, KD, VD, kv_b, kv_h, TMA)
     for start_n in range(lo2, hi_s, BLOCK_N):
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, offs_n, offs_d,
                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D,
                                    qk_scale, True, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE,
-                                   seed, offset, grow, thr, Bits, DROPOUT)
+                                   seed, offset, grow, thr, Bits, DROPOUT, KD, VD, kv_b, kv_h, TMA)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     if DROPOUT:

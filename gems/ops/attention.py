@@ -93,7 +93,7 @@ from ..runtime import kernel, plan
 from ..runtime.alloc import empty
 from ..runtime.utils import cdiv, next_pow2, sm_count, span
 from . import _attention_kernels as K
-from . import attention_gluon, attention_gluon_bwd
+from . import attention_gluon, attention_gluon_bwd, gemm_tma
 
 _fwd = kernel(K.attn_fwd)
 _combine = kernel(K.attn_combine)
@@ -314,6 +314,20 @@ def num_splits(B, Hq, Sq, Sk, D, dtype, causal, device, Hkv=None) -> int:
     return _splits(B * Hq * nm, Sk, min(Sk, nm * BM) if causal else Sk, BN, interp, device, decode)[0]
 
 
+# decode (<= 16 queries) on Hopper reads K and V by TMA where their layout allows (see DECODE_TMA's
+# measurement in docs/perf.md, session 24); False: pointer loads everywhere
+DECODE_TMA = True
+
+
+def _decode_tma(q, k, v) -> bool:
+    return DECODE_TMA and attention_gluon.tma_operands(q, k, v)
+
+
+def _kv_desc(t, block_n):
+    """Triton's host descriptor of K or V [B, Hkv, Sk, D] through its own strides, boxes of [1, 1, block_n, D]."""
+    return gemm_tma.descriptor(t, list(t.shape), list(t.stride()), [1, 1, block_n, t.shape[3]])
+
+
 def _packed(B, Hq, Hkv, Sq, BM):
     """(query blocks, programs along axis 1) of the GQA-decode packing: rows = (group head, query)."""
     return cdiv((Hq // Hkv) * Sq, BM), B * Hkv
@@ -388,6 +402,8 @@ def _forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None)
         nm, nbh = cdiv(Sq, BM), B * Hq
         sk_eff = min(Sk, nm * BM) if causal else Sk
     ns, split_len = _splits(nbh * nm, Sk, sk_eff, BN, interp, q.device, decode)
+    tma = decode and D == BD and _decode_tma(q, k, v)
+    kd, vd = (_kv_desc(k, BN), _kv_desc(v, BN)) if tma else (k, v)
     common = (*_strides4(q), *_strides4(k), *_strides4(v), *bst)
     drop = dropout_p > 0.0
     mode = (2 if seed_out.shape[0] > 2 else 1) if drop else 0
@@ -405,10 +421,10 @@ def _forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None)
         lp = empty((ns, B, Hq, Sq), torch.float32, q.device)
         ost = (op.stride(1), op.stride(2), op.stride(3), op.stride(4), op.stride(0))
         lst = (mp.stride(1), mp.stride(2), mp.stride(3), mp.stride(0))
-        prefix = (q, k, v, bt, op, mp, lp, *common, *ost, *lst, Hq, group, Sq, Sk, D, qk_scale, split_len)
+        prefix = (q, k, v, kd, vd, bt, op, mp, lp, *common, *ost, *lst, Hq, group, Sq, Sk, D, qk_scale, split_len)
         _fwd.run((nm, nbh, ns),
                  (*prefix, *dropout_args(prefix),
-                  BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, True, False, False, pack, bias_row, mode),
+                  BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, True, False, False, pack, bias_row, mode, tma),
                  W, ST)
         store = lse is not None
         lt = lse if store else o
@@ -421,11 +437,11 @@ def _forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None)
     store = lse is not None
     lt = lse if store else o
     lst = (lse.stride(0), lse.stride(1), lse.stride(2), 0) if store else (0, 0, 0, 0)
-    prefix = (q, k, v, bt, o, lt, o, *common, *_strides4(o), 0, *lst, Hq, group, Sq, Sk, D, qk_scale, Sk)
+    prefix = (q, k, v, kd, vd, bt, o, lt, o, *common, *_strides4(o), 0, *lst, Hq, group, Sq, Sk, D, qk_scale, Sk)
     _fwd.run((nm, nbh, 1),
              (*prefix, *dropout_args(prefix),
               BM, BN, BD, causal, has_bias, bias_bool, D == BD, ieee, False, store,
-              bool(causal) and nm > 1 and not pack, pack, bias_row, mode), W, ST)
+              bool(causal) and nm > 1 and not pack, pack, bias_row, mode, tma), W, ST)
 
 
 def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv, dropout_p=0.0, state=None):

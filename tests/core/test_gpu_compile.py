@@ -125,6 +125,14 @@ def _attention_gpu_records():
                                      (n.startswith("stride_") and t != "constexpr")]
                 r["num_warps"], r["num_stages"] = w, st
                 out.append(r)
+                if kind == "decode" and block_d <= 128:
+                    # decode on Hopper: K and V through TMA descriptors (attention._decode_tma)
+                    t = json.loads(json.dumps(r))
+                    box = f"tensordesc<bf16[1, 1, {bn}, {block_d}]>"
+                    t["signature"].update(KD=box, VD=box)
+                    t["constexprs"]["TMA"] = True
+                    t["divisible_16"] = [n for n in t["divisible_16"] if n not in ("KD", "VD")]
+                    out.append(t)
                 # with dropout (Philox mask per tile; the forward's per-call seed/offset are 64-bit): a
                 # forward with dropout never takes kind fwd's tiles (attention._fwd_kind). Mode 2: the
                 # forward also stores the mask's bits (a superset of mode 1's code), the backward reads
