@@ -142,7 +142,9 @@ def _config(kind: str, block_d: int, ieee: bool, interp: bool):
         return {"fwd": (128, 64, 4, 4), "fwd_bias": (128, 64, 4, 4), "fwd_causal": (64, 64, 4, 3), "decode": (16, 64, 4, 3),
                 "dkdv": (32, 64, 4, 3), "dq": (64, 32, 4, 3)}[kind]
     if block_d <= 128:
-        return {"fwd": (128, 128, 8, 3), "fwd_bias": (64, 64, 4, 3), "fwd_causal": (64, 64, 4, 3), "decode": (16, 64, 4, 3),
+        # decode: K/V by TMA (DECODE_TMA), 128 keys x 2 stages, from a sweep of 15 decode shapes on an H200
+        # (session 24: geomean 0.975 of cuDNN's device time; 64 x 3 stages: 1.008)
+        return {"fwd": (128, 128, 8, 3), "fwd_bias": (64, 64, 4, 3), "fwd_causal": (64, 64, 4, 3), "decode": (16, 128, 4, 2),
                 "dkdv": (64, 64, 4, 2), "dq": (128, 64, 8, 3)}[kind]
     return {"fwd": (64, 32, 8, 2), "fwd_bias": (64, 32, 8, 2), "fwd_causal": (64, 32, 8, 2), "decode": (16, 32, 8, 2),
             "dkdv": (16, 32, 8, 2), "dq": (32, 16, 8, 2)}[kind]
@@ -276,11 +278,12 @@ def _strides4(t):
     return t.stride()
 
 
-# split-KV decode: aim at this many programs per SM, each with at least this many keys (GPU). From a
-# sweep of 15 decode shapes (KV 512-32768, batch 1-16, GQA 32/4 and 32/8) on an H200 (session 24,
-# docs/perf.md): one program per SM and 128 keys gave the lowest geomean to cuDNN's time (0.996, was
-# 1.043 with 4 and 256); more, shorter programs pay the pipeline's prologue more often
-SPLIT_PROGRAMS_PER_SM = 1
+# split-KV decode: aim at this many programs per SM, each with at least this many keys (GPU). From
+# sweeps of 15 decode shapes (KV 512-32768, batch 1-16, GQA 32/4 and 32/8) on an H200 (session 24,
+# docs/perf.md): 2 and 128 with the TMA decode config (geomean 0.975 of cuDNN's device time; 4 and
+# 256 with the old one-split-at-a-time combine: 1.043); more, shorter programs pay the pipeline's
+# prologue more often
+SPLIT_PROGRAMS_PER_SM = 2
 SPLIT_MIN_KEYS = 128
 # the combine merges every split of a row in one [splits, head dim] tile
 MAX_SPLITS = 64
