@@ -18,7 +18,7 @@ Dropout (DROPOUT): P V takes P * keep, keep = `_dropout_keep`(Philox seed, offse
 the row sum all of P, the output 1 / (1 - p); the backward needs keep per tile again:
 dV = (P * Z)^T dO, dP = (dO V^T) * Z (Z = keep / (1 - p)), and delta = rowsum(dO * O) stays right.
 DROPOUT == 1: the backward kernels regenerate keep from Philox; DROPOUT == 2: the forward also writes it
-as bits after [seed, offset] in the state tensor (`_keep_store`), and the backward reads them (`_keep`).
+as bits after [seed, offset] in the state tensor (`_keep_fwd`), and the backward reads them (`_keep`).
 Backward: `attn_bwd_pre` delta = rowsum(dO * O); `attn_bwd_dkdv` one program per (BLOCK_N keys, batch *
 KV head) walks every query block of every query head of its group (deterministic: no atomics, GQA
 gradients summed in registers; when that leaves SMs idle the group is spread over programs writing fp32
@@ -71,42 +71,60 @@ def _bias_keys(b_row, n, stride_bn, Sk, BIAS_BOOL: tl.constexpr):
 
 
 @triton.jit
-def _dropout_keep(seed, offset, rows, col0, thr, BM: tl.constexpr, BN: tl.constexpr):
-    """Which scores of the [BM, BN] block (query rows `rows`, global ids (b * Hq + h) * Sq + i; keys col0
-    ... col0 + BN - 1, col0 % 4 == 0) dropout keeps: Philox(seed; counter (key // 4, row, offset low,
-    offset high)) gives 4 uint32 per call, one per key of the quad; keep iff < thr = keep prob * 2**32.
-    A function of the positions only, so the backward's tiles (any block shape) regenerate the same mask."""
+def _philox_quads(seed, offset, rows, col0, BM: tl.constexpr, BN: tl.constexpr):
+    """Philox(seed; counter (key // 4, row, offset low, offset high)) for the [BM, BN] block of query rows
+    `rows` (global ids (b * Hq + h) * Sq + i) and keys col0 ... col0 + BN - 1 (col0 % 4 == 0): four
+    [BM, BN / 4] uint32, r_t[:, c] for key col0 + 4c + t. A function of the positions only, so the
+    backward's tiles (any block shape) regenerate the same numbers."""
     offset = offset.to(tl.int64)
     c0 = tl.broadcast_to((col0 // 4 + tl.arange(0, BN // 4))[None, :], [BM, BN // 4]).to(tl.uint32)
     c1 = tl.broadcast_to(rows[:, None], [BM, BN // 4]).to(tl.uint32)
     zero = tl.zeros([BM, BN // 4], tl.uint32)
     c2 = zero + (offset & 0xFFFFFFFF).to(tl.uint32)
     c3 = zero + ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    r0, r1, r2, r3 = tl.philox(seed, c0, c1, c2, c3)
-    # [BM, BN/4, 2, 2] -> [BM, BN]: key 4c + 2i + j takes output 2i + j of quad c
-    r = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BM, BN])
-    return r < thr.to(tl.uint32)
+    return tl.philox(seed, c0, c1, c2, c3)
+
+
+@triton.jit
+def _quads(r0, r1, r2, r3, BM: tl.constexpr, BN: tl.constexpr):
+    """[BM, BN / 4] x 4 -> [BM, BN]: key 4c + t takes r_t[:, c] ([BM, BN/4, 2, 2] -> [BM, BN])."""
+    return tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BM, BN])
+
+
+@triton.jit
+def _dropout_keep(seed, offset, rows, col0, thr, BM: tl.constexpr, BN: tl.constexpr):
+    """Which scores of the [BM, BN] block dropout keeps: a key's Philox uint32 < thr = keep prob * 2**32."""
+    r0, r1, r2, r3 = _philox_quads(seed, offset, rows, col0, BM, BN)
+    return _quads(r0, r1, r2, r3, BM, BN) < thr.to(tl.uint32)
 
 
 @triton.jit
 def _bits_row(Sk):
-    """Bytes per query row of a stored dropout mask (one bit per key): rows padded to 128 keys, so every
-    key block (<= 128 keys, a divisor of 128) lies inside its row and rows stay 16-byte aligned."""
-    return ((Sk + 127) // 128) * 16
+    """Bytes per query row of a stored dropout mask (4 bits per byte: one byte per quad of keys): rows
+    padded to 128 keys, so every key block (<= 128 keys, a divisor of 128) lies inside its row."""
+    return ((Sk + 127) // 128) * 32
 
 
 @triton.jit
 def _bits_ptrs(Bits, rows, col0, Sk, BN: tl.constexpr):
-    """[BM, BN / 8] byte pointers of the keys col0 ... col0 + BN - 1 (byte j: keys col0 + 8j + bit)."""
-    return Bits + rows[:, None] * _bits_row(Sk) + (col0 // 8 + tl.arange(0, BN // 8))[None, :]
+    """[BM, BN / 4] byte pointers of the key quads col0 / 4 ... (col0 + BN) / 4 - 1."""
+    return Bits + rows[:, None] * _bits_row(Sk) + (col0 // 4 + tl.arange(0, BN // 4))[None, :]
 
 
 @triton.jit
-def _keep_store(keep, Bits, rows, rmask, col0, Sk, BM: tl.constexpr, BN: tl.constexpr):
-    """The forward writes its keep tile as bits, so the backward reads BM * BN / 8 bytes instead of
-    running Philox again (10 rounds per 4 scores: at BERT's 512 tokens, half of each backward kernel)."""
-    w = tl.reshape(keep.to(tl.int32), [BM, BN // 8, 8]) << tl.arange(0, 8)[None, None, :]
-    tl.store(_bits_ptrs(Bits, rows, col0, Sk, BN), tl.sum(w, 2).to(tl.uint8), mask=rmask[:, None])
+def _keep_fwd(seed, offset, rows, rmask, col0, thr, Bits, Sk, BM: tl.constexpr, BN: tl.constexpr,
+              DROPOUT: tl.constexpr):
+    """The forward's keep tile; DROPOUT == 2 also stores it (bit t of byte c: key 4c + t), packed in the
+    layout Philox computes it in (a quad per byte: packing 8 keys per byte needed a reshape of the tile
+    that doubled the forward's time at BERT's 512 tokens), so the backward reads BM * BN / 4 bytes
+    instead of running Philox again (10 rounds per 4 scores, about half of each backward kernel)."""
+    r0, r1, r2, r3 = _philox_quads(seed, offset, rows, col0, BM, BN)
+    t = thr.to(tl.uint32)
+    if DROPOUT == 2:
+        nib = ((r0 < t).to(tl.uint8) | ((r1 < t).to(tl.uint8) << 1) | ((r2 < t).to(tl.uint8) << 2)
+               | ((r3 < t).to(tl.uint8) << 3))
+        tl.store(_bits_ptrs(Bits, rows, col0, Sk, BN), nib, mask=rmask[:, None])
+    return _quads(r0, r1, r2, r3, BM, BN) < t
 
 
 @triton.jit
@@ -114,8 +132,8 @@ def _keep(seed, offset, rows, rmask, col0, thr, Bits, Sk, BM: tl.constexpr, BN: 
           DROPOUT: tl.constexpr):
     """The backward's keep tile [BM, BN]: DROPOUT == 2 reads the forward's bits, 1 regenerates Philox."""
     if DROPOUT == 2:
-        byte = tl.load(_bits_ptrs(Bits, rows, col0, Sk, BN), mask=rmask[:, None], other=0).to(tl.int32)
-        return tl.reshape((byte[:, :, None] >> tl.arange(0, 8)[None, None, :]) & 1, [BM, BN]) != 0
+        nib = tl.load(_bits_ptrs(Bits, rows, col0, Sk, BN), mask=rmask[:, None], other=0)
+        return _quads(nib & 1, nib & 2, nib & 4, nib & 8, BM, BN) != 0
     else:
         return _dropout_keep(seed, offset, rows, col0, thr, BM, BN)
 
@@ -191,9 +209,7 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, of
     # dropout zeroes P's entries after the softmax: the row sum (the softmax's denominator, and the lse)
     # takes every entry, P V only the kept ones (the 1 / keep scale is applied once, at the end)
     if DROPOUT:
-        keep = _dropout_keep(seed, offset, grow, start_n, thr, p.shape[0], p.shape[1])
-        if DROPOUT == 2:
-            _keep_store(keep, Bits, grow, rvalid, start_n, Sk, p.shape[0], p.shape[1])
+        keep = _keep_fwd(seed, offset, grow, rvalid, start_n, thr, Bits, Sk, p.shape[0], p.shape[1], DROPOUT)
         pv = tl.where(keep, p, 0.0)
     else:
         pv = p

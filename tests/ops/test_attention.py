@@ -508,7 +508,7 @@ def test_dropout_forward_backward_match_math_with_the_kernels_mask(case, dtype, 
     assert abs(frac - (1 - p)) < 0.04, f"kept {frac:.3f} of the entries, expected {1 - p}"
     # the forward with real V and the same seed uses the same mask
     out, lse, state, offset = _dropout_forward(q, k, v, mask, causal, p, seed)
-    words = B * Hq * S * 2 if bits else 0     # 16 bytes per row of <= 128 keys
+    words = B * Hq * S * 4 if bits else 0     # 32 bytes per row of <= 128 keys
     assert state.shape == (2 + words,) and state.dtype == torch.int64 and offset.shape == ()
     assert_close(dropped[..., :S], (probs * Z / (1 - p)).to(torch.float64), dtype, atol=ATOL[dtype],
                  msg="dropped probabilities")
@@ -546,7 +546,7 @@ def test_dropout_backward_refuses_another_forwards_state():
     q, k, v = qkv(1, 2, 2, 16, 16, 32, torch.float32)
     out, lse, state, offset = _dropout_forward(q, k, v, None, False, 0.2, 3)
     # nor can a state holding another shape's mask bits
-    assert state.shape == (2 + 1 * 2 * 16 * 2,)
+    assert state.shape == (2 + 1 * 2 * 16 * 4,)
     for bad in (torch.zeros(1, dtype=torch.int64, device=DEVICE), torch.zeros((), dtype=torch.int64, device=DEVICE),
                 torch.zeros(state.shape[0] + 2, dtype=torch.int64, device=DEVICE)):
         with pytest.raises(gems.Unsupported, match="dropout state"):
