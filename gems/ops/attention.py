@@ -52,7 +52,12 @@ unmasked key blocks below the causal diagonal, masked diagonal/ragged blocks; ba
 per key block, dQ per query block, deterministic). Head dims that are not a power of two (80, 96)
 run in a padded BLOCK_D with masks; fp32 inputs (efficient attention on CUDA) use full-precision dots.
 Decode (<= 16 queries): GQA groups are packed into one program per KV head, and when that still
-leaves SMs idle the keys are split over programs (flash-decoding) and merged by a combine kernel.
+leaves SMs idle the keys are split over programs (flash-decoding) and merged by a combine kernel that
+reads every split of a row in one tile; on Hopper K and V arrive by TMA (DECODE_TMA). Device time
+0.73-1.06x cuDNN's over 15 decode shapes, geomean 0.975 (H200, session 24).
+Dropout: the forward's keep mask is stored (2 bits per score, after [seed, offset] in the state tensor
+the overloads return as philox_seed) where it is no larger than Q (Sk <= 8 * head dim,
+`dropout_bits_words`), so the backward kernels read it instead of running Philox twice more.
 Launch configs: `_config` (per kind, padded head dim, fp32-or-not, GPU or interpreter), cached;
 `set_config` overrides one (benchmarks/attention.py --sweep).
 
@@ -70,8 +75,9 @@ address) takes the Triton kernels.
 
 Opt-in: the overloads form the opt-in group "attention" (`gems.enable(opt_in=("attention",))` or
 GEMS_OPT_IN=attention): correct, and at or near cuDNN's time for Llama-2's prefill and training shapes
-(forward 0.79-0.99x, backward 1.02-1.09x on an H200), but decode still takes up to 1.3x and BERT's
-attention dropout at 512 tokens 1.4x, so plain `enable()` leaves SDPA to ATen.
+(forward 0.79-0.99x, backward 1.02-1.09x on an H200), decode at 0.73-1.06x (session 24), but BERT's
+attention dropout at 512 tokens still takes 1.26x (the forward's Philox), so plain `enable()` leaves
+SDPA to ATen.
 
 Call plans: every overload gets plans. The cuDNN and flash forwards return SymInts (max_q, max_k):
 sizes, replayed as the recorded constants (before session 19 they kept the Python path, 70-140 us of
