@@ -32,6 +32,9 @@ LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))
+# a stored dropout mask's bytes per 128 keys of a query row (a byte per quad of keys); attention.py
+# sizes the state tensor with it
+MASK_BYTES_PER_128 = tl.constexpr(32)
 
 
 @triton.jit
@@ -102,7 +105,7 @@ def _dropout_keep(seed, offset, rows, col0, thr, BM: tl.constexpr, BN: tl.conste
 def _bits_row(Sk):
     """Bytes per query row of a stored dropout mask (4 bits per byte: one byte per quad of keys): rows
     padded to 128 keys, so every key block (<= 128 keys, a divisor of 128) lies inside its row."""
-    return ((Sk + 127) // 128) * 32
+    return ((Sk + 127) // 128) * MASK_BYTES_PER_128
 
 
 @triton.jit

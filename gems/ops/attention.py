@@ -359,7 +359,7 @@ def dropout_bits_words(B, Hq, Sq, Sk, D) -> int:
     """int64 words of the stored dropout mask of these shapes (0: the mask is regenerated)."""
     if not DROPOUT_BITS or Sk > 8 * D:
         return 0
-    return B * Hq * Sq * cdiv(Sk, 128) * 4     # 32 bytes per 128 keys (_attention_kernels._bits_row)
+    return B * Hq * Sq * cdiv(Sk, 128) * K.MASK_BYTES_PER_128.value // 8     # as _attention_kernels._bits_row
 
 
 def new_dropout_state(device, words=0):

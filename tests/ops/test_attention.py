@@ -194,37 +194,32 @@ def test_decode_split_kv(Sk, dtype):
     B, H, D = 1, 2, HEAD_DIMS[-1] if ON_GPU else 32
     long_kv = Sk >= (512 if ON_GPU else 64)     # a split needs >= 2 x SPLIT_MIN_KEYS keys on the GPU (2 blocks on CPU)
     assert (A.num_splits(B, H, 1, Sk, D, dtype, False, torch.device(DEVICE)) > 1) == long_kv
-    q, k, v = qkv(B, H, H, 1, Sk, D, dtype)
-    with served_attention(lambda: F.scaled_dot_product_attention(q, k, v)), gems_on():
-        out = F.scaled_dot_product_attention(q, k, v)
-    ref = ref_attention(*(t.cpu().double() for t in (q, k, v)))
-    aten = F.scaled_dot_product_attention(q, k, v) if dtype != torch.float32 else None
-    assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg="decode")
+
+    def check(q, k, v, msg, mask=None, **kw):
+        """Gems' SDPA (served) against float64, with ATen's own error as the allowance."""
+        if mask is not None:
+            kw["attn_mask"] = mask
+        with served_attention(lambda: F.scaled_dot_product_attention(q, k, v, **kw)), gems_on():
+            out = F.scaled_dot_product_attention(q, k, v, **kw)
+        ref = ref_attention(*(t.cpu().double() for t in (q, k, v)), mask=mask.cpu() if mask is not None else None,
+                            causal=kw.get("is_causal", False))
+        aten = F.scaled_dot_product_attention(q, k, v, **kw) if dtype != torch.float32 else None
+        assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg=msg)
+
+    check(*qkv(B, H, H, 1, Sk, D, dtype), "decode")
     # GQA decode (the group's heads packed into one program per KV head), with a padding mask and a
     # few query rows (speculative decoding), split and not; causal (top-left: rows see keys <= row)
     decode_cases = ((2, 4, 2, 3, "bool_pad", False, ON_GPU), (1, 8, 2, 1, None, False, True),
                     (1, 4, 1, 5, "add_head", False, True), (1, 4, 2, 3, None, True, False),
                     (1, 4, 4, 1, "add_head", False, False))    # one query: a per-head bias read as one row
     for B, Hq, Hk, Sq, mkind, causal, split in decode_cases:
-        q, k, v = qkv(B, Hq, Hk, Sq, Sk, D, dtype)
-        mask = make_mask(mkind, B, Hq, Sq, Sk, dtype)
-        kw = dict(attn_mask=mask, enable_gqa=True, is_causal=causal)
         if split and long_kv:
             assert A.num_splits(B, Hq, Sq, Sk, D, dtype, causal, torch.device(DEVICE), Hkv=Hk) > 1
-        with served_attention(lambda: F.scaled_dot_product_attention(q, k, v, **kw)), gems_on():
-            out = F.scaled_dot_product_attention(q, k, v, **kw)
-        ref = ref_attention(*(t.cpu().double() for t in (q, k, v)), mask=mask.cpu() if mask is not None else None,
-                            causal=causal)
-        aten = F.scaled_dot_product_attention(q, k, v, **kw) if dtype != torch.float32 else None
-        assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg=f"decode gqa {B, Hq, Hk, Sq, mkind, causal}")
+        check(*qkv(B, Hq, Hk, Sq, Sk, D, dtype), f"decode gqa {B, Hq, Hk, Sq, mkind, causal}",
+              mask=make_mask(mkind, B, Hq, Sq, Sk, dtype), enable_gqa=True, is_causal=causal)
     # a head dim that is not a power of two (the combine's masked columns)
     D2 = 80 if ON_GPU else 24
-    q, k, v = qkv(1, 2, 2, 1, Sk, D2, dtype)
-    with served_attention(lambda: F.scaled_dot_product_attention(q, k, v)), gems_on():
-        out = F.scaled_dot_product_attention(q, k, v)
-    ref = ref_attention(*(t.cpu().double() for t in (q, k, v)))
-    aten = F.scaled_dot_product_attention(q, k, v) if dtype != torch.float32 else None
-    assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg=f"decode head dim {D2}")
+    check(*qkv(1, 2, 2, 1, Sk, D2, dtype), f"decode head dim {D2}")
 
 
 def test_fully_masked_rows_match_aten():
