@@ -4,7 +4,7 @@
     python -m benchmarks.attention --quick -o att.json  # a few cases per family
     python -m benchmarks.attention --only decode        # case names containing 'decode'
     python -m benchmarks.attention --sweep fwd          # try launch configs of a kernel kind
-                                                        # (fwd fwd_bias fwd_causal decode dkdv dq: Triton;
+                                                        # (fwd fwd_bias fwd_dropout fwd_causal decode dkdv dq: Triton;
                                                         # gluon: the Hopper forward, vs cuDNN;
                                                         # --sweep-head-dim 64: BERT's shapes)
     python -m benchmarks.attention --device cpu         # tiny shapes through the Triton interpreter (smoke run)
@@ -183,7 +183,8 @@ def _fresh_attention():
 def sweep(dtype, device, kinds=(), head_dim=128):
     """Try launch configs per kernel kind on representative shapes; print the best of each.
     head_dim 128: Llama-2-7B shapes; 64: BERT-base's (batch 32, 12 heads, padding mask). Kind fwd takes a
-    padding mask (one bias row per key block), fwd_bias a full [B, 1, S, S] mask (bias tiles)."""
+    padding mask (one bias row per key block), fwd_bias a full [B, 1, S, S] mask (bias tiles), fwd_dropout
+    the padding mask (head dim 64) or none, with dropout 0.1 (the forward alone: the mask is stored there)."""
     from gems.ops import attention as A
     from gems.runtime.utils import next_pow2
     import itertools
@@ -191,6 +192,7 @@ def sweep(dtype, device, kinds=(), head_dim=128):
         H, D, mask = 12, head_dim, True
         shapes = {"fwd": ("bert-base B32 S512 pad", 32, H, H, 512, 512, D, False, mask, False),
                   "fwd_bias": ("B32 S512 full mask", 32, H, H, 512, 512, D, False, "full", False),
+                  "fwd_dropout": ("bert-base B32 S512 pad dropout", 32, H, H, 512, 512, D, False, mask, False, 0.1),
                   "fwd_causal": ("B32 S512 causal", 32, H, H, 512, 512, D, True, False, False),
                   "decode": ("decode KV4096", 1, H, H, 1, 4096, D, False, False, False)}
         bwd_shape = ("bert-base B32 S512 pad", 32, H, H, 512, 512, D, False, mask, True)
@@ -198,17 +200,19 @@ def sweep(dtype, device, kinds=(), head_dim=128):
         D = head_dim
         shapes = {"fwd": ("llama2-7b B4 S2048 non-causal", 4, 32, 32, 2048, 2048, D, False, False, False),
                   "fwd_bias": ("llama2-7b B4 S2048 full mask", 4, 32, 32, 2048, 2048, D, False, "full", False),
+                  "fwd_dropout": ("llama2-7b B4 S1024 dropout", 4, 32, 32, 1024, 1024, D, False, False, False, 0.1),
                   "fwd_causal": ("llama2-7b B1 S4096", 1, 32, 32, 4096, 4096, D, True, False, False),
                   "decode": ("decode KV4096", 1, 32, 32, 1, 4096, D, False, False, False)}
         bwd_shape = ("llama2-7b B1 S2048", 1, 32, 32, 2048, 2048, D, True, False, True)
     if device == "cpu":   # a smoke run of the sweep itself through the interpreter
         shapes = {"fwd": ("tiny", 1, 1, 1, 64, 64, D, False, False, False),
                   "fwd_bias": ("tiny mask", 2, 1, 1, 64, 64, D, False, "full", False),
+                  "fwd_dropout": ("tiny dropout", 1, 1, 1, 64, 64, D, False, False, False, 0.1),
                   "fwd_causal": ("tiny causal", 1, 1, 1, 64, 64, D, True, False, False),
                   "decode": ("tiny decode", 1, 1, 1, 1, 256, D, False, False, False)}
         bwd_shape = ("tiny", 1, 1, 1, 64, 64, D, True, False, True)
     fwd_grid = [(bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]
-    grid = {"fwd": fwd_grid, "fwd_bias": fwd_grid, "fwd_causal": fwd_grid,
+    grid = {"fwd": fwd_grid, "fwd_bias": fwd_grid, "fwd_dropout": fwd_grid, "fwd_causal": fwd_grid,
             "decode": [(16, bn, w, s) for bn, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3))],
             "dkdv": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((16, 32, 64), (64, 128), (4, 8), (2, 3))],
             "dq": [(bm, bn, w, s) for bm, bn, w, s in itertools.product((64, 128), (32, 64), (4, 8), (2, 3))]}
@@ -229,6 +233,7 @@ def sweep(dtype, device, kinds=(), head_dim=128):
                 cfgs = cfgs[:2]
             c = shapes.get(kind, bwd_shape)
             name, B, Hq, Hkv, Sq, Sk, D, causal, mask, training = c[:10]
+            p = c[10] if len(c) > 10 else 0.0
             q, k, v, m = make_inputs(B, Hq, Hkv, Sq, Sk, D, bool(mask), dtype, device, kind in ("dkdv", "dq"))
             if mask == "full":    # a [B, 1, Sq, Sk] mask: read as tiles (kind fwd_bias), not one row per key block
                 m = torch.rand(B, 1, Sq, Sk, device=device) > 0.2
@@ -238,7 +243,7 @@ def sweep(dtype, device, kinds=(), head_dim=128):
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal)
                 fn = lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True)  # noqa: E731
             else:
-                fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal)  # noqa: E731
+                fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal, dropout_p=p)  # noqa: E731
             results = []
             for cfg in cfgs:
                 A.set_config(kind, block_d, False, cfg)

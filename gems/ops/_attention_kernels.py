@@ -14,11 +14,13 @@ need no mask (below the causal diagonal and inside Sk) run in a loop without mas
 the ragged last block in a second, masked loop; blocks above the diagonal are never visited.
 Split-KV (decode, few programs): each program also takes one slice of the keys and writes its partial
 (out / l, m, l) in fp32; `attn_combine` merges the slices (flash-decoding).
-Dropout (DROPOUT): P V takes P * keep, keep = `_dropout_keep`(Philox seed, offset; query row, key) < 1 - p,
-the row sum all of P, the output 1 / (1 - p); the backward needs keep per tile again:
+Dropout (DROPOUT): P V takes P * keep, keep = a Philox uint32 < (1 - p) 2^32 per score (`_philox_pairs`:
+one call per 2 x 2 scores, queries i, i ^ 8 x keys j, j ^ 8, a function of (seed, offset, positions)
+only), the row sum all of P, the output 1 / (1 - p); the backward needs keep per tile again:
 dV = (P * Z)^T dO, dP = (dO V^T) * Z (Z = keep / (1 - p)), and delta = rowsum(dO * O) stays right.
-DROPOUT == 1: the backward kernels regenerate keep from Philox; DROPOUT == 2: the forward also writes it
-as bits after [seed, offset] in the state tensor (`_keep_fwd`), and the backward reads them (`_keep`).
+DROPOUT == 1: the backward kernels regenerate keep from Philox; DROPOUT == 2: the forward also writes it,
+a bit per score, after [seed, offset] in the state tensor (`_store_kept`), and the backward reads the
+words (`_keep`).
 Backward: `attn_bwd_pre` delta = rowsum(dO * O); `attn_bwd_dkdv` one program per (BLOCK_N keys, batch *
 KV head) walks every query block of every query head of its group (deterministic: no atomics, GQA
 gradients summed in registers; when that leaves SMs idle the group is spread over programs writing fp32
@@ -32,8 +34,8 @@ LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))
-# a stored dropout mask's bytes per 128 keys of a query row (a byte per quad of keys); attention.py
-# sizes the state tensor with it
+# a stored dropout mask's bytes per 128 keys of a query pair (a bit per score); attention.py sizes the
+# state tensor with it
 MASK_BYTES_PER_128 = tl.constexpr(32)
 
 
@@ -74,71 +76,161 @@ def _bias_keys(b_row, n, stride_bn, Sk, BIAS_BOOL: tl.constexpr):
 
 
 @triton.jit
-def _philox_quads(seed, offset, rows, col0, BM: tl.constexpr, BN: tl.constexpr):
-    """Philox(seed; counter (key // 4, row, offset low, offset high)) for the [BM, BN] block of query rows
-    `rows` (global ids (b * Hq + h) * Sq + i) and keys col0 ... col0 + BN - 1 (col0 % 4 == 0): four
-    [BM, BN / 4] uint32, r_t[:, c] for key col0 + 4c + t. A function of the positions only, so the
-    backward's tiles (any block shape) regenerate the same numbers."""
+def _query_pairs(bh, start_m, Sq, BM: tl.constexpr):
+    """Dropout's row counters: query i of head bh pairs with i ^ 8 (one Philox call gives four numbers:
+    2 queries x 2 keys). The [BM / 2] pair ids of queries start_m ... start_m + BM - 1 (start_m % 16 == 0):
+    bh * pairs per head + start_m / 2 + 0 ... BM / 2 - 1, and which of them lie inside the head's
+    (16-padded) rows."""
+    sqp = ((Sq + 15) // 16) * 8
+    lp = start_m // 2 + tl.arange(0, BM // 2)
+    return bh * sqp + lp, lp < sqp
+
+
+@triton.jit
+def _key_pairs(start_n, BN: tl.constexpr):
+    """The key pair ids (key j pairs with j ^ 8) of keys start_n ... start_n + BN - 1 (start_n % 16 == 0)."""
+    return start_n // 2 + tl.arange(0, BN // 2)
+
+
+@triton.jit
+def _interleave8(x00, x01, x10, x11, R: tl.constexpr, C: tl.constexpr):
+    """Four [R / 2, C / 2] tiles -> [R, C]: out[r, c] = x_{bit 3 of r, bit 3 of c}[pair(r), pair(c)],
+    pair(e) = (e // 16) * 8 + e % 8. Bit 3 of the row and of the column index is a register bit of
+    Hopper's MMA accumulator layout (rows r and r + 8, columns c and c + 8 sit in one thread), in both
+    orientations the kernels use (queries x keys and keys x queries), so Triton builds the tile in the
+    registers that already hold the four numbers: no trip through shared memory, which a quad of
+    adjacent keys (a lane bit) needed in every loop step."""
+    a = tl.join(tl.reshape(x00, [R // 16, 8, C // 16, 8]), tl.reshape(x01, [R // 16, 8, C // 16, 8]))
+    b = tl.join(tl.reshape(x10, [R // 16, 8, C // 16, 8]), tl.reshape(x11, [R // 16, 8, C // 16, 8]))
+    t = tl.join(a, b)                                          # [R/16, 8, C/16, 8, col bit 3, row bit 3]
+    return tl.reshape(tl.permute(t, (0, 5, 1, 2, 4, 3)), [R, C])
+
+
+@triton.jit
+def _philox_pairs(seed, offset, qp, kp, KEYS_FIRST: tl.constexpr):
+    """Philox(seed; counter (key pair, query pair, offset low, offset high)): r_t (t = 2 * query bit 3 +
+    key bit 3) for the query pairs qp and key pairs kp, as [qp, kp] tiles ([kp, qp] with KEYS_FIRST).
+    A function of the positions only, so every kernel's tiles (any block shape, either orientation)
+    regenerate the forward's numbers."""
     offset = offset.to(tl.int64)
-    c0 = tl.broadcast_to((col0 // 4 + tl.arange(0, BN // 4))[None, :], [BM, BN // 4]).to(tl.uint32)
-    c1 = tl.broadcast_to(rows[:, None], [BM, BN // 4]).to(tl.uint32)
-    zero = tl.zeros([BM, BN // 4], tl.uint32)
+    if KEYS_FIRST:
+        c0 = tl.broadcast_to(kp[:, None], [kp.shape[0], qp.shape[0]]).to(tl.uint32)
+        c1 = tl.broadcast_to(qp[None, :], [kp.shape[0], qp.shape[0]]).to(tl.uint32)
+    else:
+        c0 = tl.broadcast_to(kp[None, :], [qp.shape[0], kp.shape[0]]).to(tl.uint32)
+        c1 = tl.broadcast_to(qp[:, None], [qp.shape[0], kp.shape[0]]).to(tl.uint32)
+    zero = c0 * 0
     c2 = zero + (offset & 0xFFFFFFFF).to(tl.uint32)
     c3 = zero + ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32)
     return tl.philox(seed, c0, c1, c2, c3)
 
 
 @triton.jit
-def _quads(r0, r1, r2, r3, BM: tl.constexpr, BN: tl.constexpr):
-    """[BM, BN / 4] x 4 -> [BM, BN]: key 4c + t takes r_t[:, c] ([BM, BN/4, 2, 2] -> [BM, BN])."""
-    return tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BM, BN])
-
-
-@triton.jit
-def _dropout_keep(seed, offset, rows, col0, thr, BM: tl.constexpr, BN: tl.constexpr):
-    """Which scores of the [BM, BN] block dropout keeps: a key's Philox uint32 < thr = keep prob * 2**32."""
-    r0, r1, r2, r3 = _philox_quads(seed, offset, rows, col0, BM, BN)
-    return _quads(r0, r1, r2, r3, BM, BN) < thr.to(tl.uint32)
+def _arrange(k0, k1, k2, k3, KEYS_FIRST: tl.constexpr):
+    """The [queries, keys] (KEYS_FIRST: [keys, queries]) keep tile of the four pair tiles k_t."""
+    if KEYS_FIRST:
+        return _interleave8(k0, k2, k1, k3, 2 * k0.shape[0], 2 * k0.shape[1])
+    else:
+        return _interleave8(k0, k1, k2, k3, 2 * k0.shape[0], 2 * k0.shape[1])
 
 
 @triton.jit
 def _bits_row(Sk):
-    """Bytes per query row of a stored dropout mask (4 bits per byte: one byte per quad of keys): rows
-    padded to 128 keys, so every key block (<= 128 keys, a divisor of 128) lies inside its row."""
+    """Bytes per query pair of a stored dropout mask: keys padded to 128, so every key block (<= 128
+    keys, a divisor of 128) lies inside its row."""
     return ((Sk + 127) // 128) * MASK_BYTES_PER_128
 
 
-@triton.jit
-def _bits_ptrs(Bits, rows, col0, Sk, BN: tl.constexpr):
-    """[BM, BN / 4] byte pointers of the key quads col0 / 4 ... (col0 + BN) / 4 - 1."""
-    return Bits + rows[:, None] * _bits_row(Sk) + (col0 // 4 + tl.arange(0, BN // 4))[None, :]
+# The stored mask's format follows the forward's registers (Hopper's MMA layout: lane q % 4 of a quad
+# holds key pairs 8J + 2q + s, s = 0, 1, for every 16 keys J of the block): a query pair's 64-key group
+# takes 4 words, word q holds the 4-bit groups (bit t: the score t of `_philox_pairs`) of key pairs
+# 8Jl + 2q + s (Jl = 0..3) at bits 4 (2Jl + s). So the forward stores one 32-bit word per query pair
+# and 64 keys from each thread, and the backward loads 32-bit words, which Triton's pipeliner
+# prefetches (cp.async); a byte per 2 x 2 scores stored from those registers (uncoalesced byte stores)
+# and read back by byte loads (not pipelined) cost more than regenerating Philox (session 25).
 
-
 @triton.jit
-def _keep_fwd(seed, offset, rows, rmask, col0, thr, Bits, Sk, BM: tl.constexpr, BN: tl.constexpr,
-              DROPOUT: tl.constexpr):
-    """The forward's keep tile; DROPOUT == 2 also stores it (bit t of byte c: key 4c + t), packed in the
-    layout Philox computes it in (a quad per byte: packing 8 keys per byte needed a reshape of the tile
-    that doubled the forward's time at BERT's 512 tokens), so the backward reads BM * BN / 4 bytes
-    instead of running Philox again (10 rounds per 4 scores, about half of each backward kernel)."""
-    r0, r1, r2, r3 = _philox_quads(seed, offset, rows, col0, BM, BN)
-    t = thr.to(tl.uint32)
-    if DROPOUT == 2:
-        nib = ((r0 < t).to(tl.uint8) | ((r1 < t).to(tl.uint8) << 1) | ((r2 < t).to(tl.uint8) << 2)
-               | ((r3 < t).to(tl.uint8) << 3))
-        tl.store(_bits_ptrs(Bits, rows, col0, Sk, BN), nib, mask=rmask[:, None])
-    return _quads(r0, r1, r2, r3, BM, BN) < t
+def _word_shifts(start_n, BN: tl.constexpr):
+    """[JW, 2] bit offsets, in the words of `_mask_words`, of the key pairs 8 (Jl0 + jl) + 2q + s of a
+    block of BN keys (jl < JW = min(BN / 16, 4); Jl0: the block's first 16 keys inside its 64)."""
+    JW: tl.constexpr = BN // 16 if BN < 64 else 4
+    jl0 = (start_n % 64) // 16 if BN < 64 else 0
+    jl = tl.arange(0, JW)[:, None]
+    return (4 * (2 * (jl0 + jl) + tl.arange(0, 2)[None, :])).to(tl.uint32)
 
 
 @triton.jit
-def _keep(seed, offset, rows, rmask, col0, thr, Bits, Sk, BM: tl.constexpr, BN: tl.constexpr,
-          DROPOUT: tl.constexpr):
-    """The backward's keep tile [BM, BN]: DROPOUT == 2 reads the forward's bits, 1 regenerates Philox."""
-    if DROPOUT == 2:
-        nib = tl.load(_bits_ptrs(Bits, rows, col0, Sk, BN), mask=rmask[:, None], other=0)
-        return _quads(nib & 1, nib & 2, nib & 4, nib & 8, BM, BN) != 0
+def _mask_words(Bits, qp, start_n, Sk, BN: tl.constexpr, KEYS_FIRST: tl.constexpr):
+    """uint32 pointers of the words holding keys start_n ... start_n + BN - 1 of the query pairs qp:
+    [qp, BN / 64 (at least 1), 4 (q)] ([BN / 64, 4, qp] with KEYS_FIRST)."""
+    NW: tl.constexpr = BN // 64 if BN >= 64 else 1
+    W = Bits.to(tl.pointer_type(tl.uint32), bitcast=True)
+    wrow = _bits_row(Sk) // 4
+    g = start_n // 64 + tl.arange(0, NW)
+    q = tl.arange(0, 4)
+    if KEYS_FIRST:
+        return W + qp[None, None, :] * wrow + g[:, None, None] * 4 + q[None, :, None]
     else:
-        return _dropout_keep(seed, offset, rows, col0, thr, BM, BN)
+        return W + qp[:, None, None] * wrow + g[None, :, None] * 4 + q[None, None, :]
+
+
+@triton.jit
+def _unpack(w, start_n, BN: tl.constexpr, KEYS_FIRST: tl.constexpr):
+    """The [queries, keys] keep tile of a block's words w [QP, BN / 64, 4] (KEYS_FIRST: the [keys,
+    queries] tile of w [BN / 64, 4, QP])."""
+    sh = _word_shifts(start_n, BN)
+    if KEYS_FIRST:
+        nib = (w[:, None, :, None, :] >> sh[None, :, None, :, None]) & 15        # [NW, JW, 4, 2, QP]
+        nib = tl.reshape(nib, [BN // 2, w.shape[2]])
+    else:
+        nib = (w[:, :, None, :, None] >> sh[None, None, :, None, :]) & 15        # [QP, NW, JW, 4, 2]
+        nib = tl.reshape(nib, [w.shape[0], BN // 2])
+    return _arrange((nib & 1) != 0, (nib & 2) != 0, (nib & 4) != 0, (nib & 8) != 0, KEYS_FIRST)
+
+
+@triton.jit
+def _store_kept(Bits, qp, qpv, start_n, Sk, kept, BN: tl.constexpr):
+    """Store a forward block's [BM, BN] kept tile (queries x keys) in the words of `_mask_words`: row
+    16R + 8h + i, key 64G + 16Jl + 8k + 2q + s -> bit 4 (2Jl + s) + 2h + k of word (pair 8R + i, G, q).
+    The tile is the forward's P V operand != 0 (kept and P > 0; where P = 0 the backward's dS and dV
+    terms are 0 whatever the bit), so Triton derives every layout here from the MMA's registers: built
+    from the keep tile itself, the store's own layout made it run Philox a second time."""
+    NW: tl.constexpr = BN // 64 if BN >= 64 else 1
+    JW: tl.constexpr = BN // 16 if BN < 64 else 4
+    BM: tl.constexpr = kept.shape[0]
+    b = tl.reshape(kept.to(tl.uint32), [BM // 16, 2, 8, NW, JW, 2, 4, 2])
+    sh = _word_shifts(start_n, BN)                                               # [JW, 2]: jl, s
+    hk = (2 * tl.arange(0, 2)[:, None] + tl.arange(0, 2)[None, :]).to(tl.uint32)  # [2, 2]: h, k
+    sh8 = sh[None, None, None, None, :, None, None, :] + hk[None, :, None, None, None, :, None, None]
+    w = tl.sum(tl.sum(tl.sum(tl.sum(b << sh8, 7), 5), 4), 1)          # [BM/16, 8, NW, 4]: disjoint bits
+    w = tl.reshape(w, [BM // 2, NW, 4])
+    ptrs = _mask_words(Bits, qp, start_n, Sk, BN, False)
+    m = qpv[:, None, None]
+    if BN >= 64:
+        tl.store(ptrs, w, mask=m)
+    elif BN == 32:   # the half of the word that this block's keys own
+        half = ptrs.to(tl.pointer_type(tl.uint16), bitcast=True) + (start_n % 64) // 32
+        tl.store(half, (w >> (16 * ((start_n % 64) // 32))).to(tl.uint16), mask=m)
+    else:
+        byte = ptrs.to(tl.pointer_type(tl.uint8), bitcast=True) + (start_n % 64) // 16
+        tl.store(byte, (w >> (8 * ((start_n % 64) // 16))).to(tl.uint8), mask=m)
+
+
+@triton.jit
+def _keep(seed, offset, qp, qpv, col0, thr, Bits, Sk, BN: tl.constexpr, DROPOUT: tl.constexpr,
+          KEYS_FIRST: tl.constexpr):
+    """The backward's keep tile ([queries, keys], or [keys, queries] with KEYS_FIRST): DROPOUT == 2
+    reads the forward's bits, 1 regenerates Philox."""
+    if DROPOUT == 2:
+        if KEYS_FIRST:
+            w = tl.load(_mask_words(Bits, qp, col0, Sk, BN, True), mask=qpv[None, None, :], other=0)
+        else:
+            w = tl.load(_mask_words(Bits, qp, col0, Sk, BN, False), mask=qpv[:, None, None], other=0)
+        return _unpack(w, col0, BN, KEYS_FIRST)
+    else:
+        r0, r1, r2, r3 = _philox_pairs(seed, offset, qp, _key_pairs(col0, BN), KEYS_FIRST)
+        t = thr.to(tl.uint32)
+        return _arrange(r0 < t, r1 < t, r2 < t, r3 < t, KEYS_FIRST)
 
 
 @triton.jit
@@ -155,7 +247,7 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, of
                stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D, qk_scale,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr,
                BIAS_ROW: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr,
-               seed, offset, grow, thr, Bits, DROPOUT: tl.constexpr, KD, VD, kv_b, kv_h, TMA: tl.constexpr):
+               seed, offset, qp, qpv, thr, Bits, DROPOUT: tl.constexpr, KD, VD, kv_b, kv_h, TMA: tl.constexpr):
     n = start_n + offs_n
     kt_ptrs = k_base + n[None, :] * stride_kn + offs_d[:, None] * stride_kd     # [BLOCK_D, BLOCK_N]
     v_ptrs = v_base + n[:, None] * stride_vn + offs_d[None, :] * stride_vd      # [BLOCK_N, BLOCK_D]
@@ -212,8 +304,10 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, of
     # dropout zeroes P's entries after the softmax: the row sum (the softmax's denominator, and the lse)
     # takes every entry, P V only the kept ones (the 1 / keep scale is applied once, at the end)
     if DROPOUT:
-        keep = _keep_fwd(seed, offset, grow, rvalid, start_n, thr, Bits, Sk, p.shape[0], p.shape[1], DROPOUT)
+        keep = _keep(seed, offset, qp, qpv, start_n, thr, Bits, Sk, p.shape[1], 1, False)
         pv = tl.where(keep, p, 0.0)
+        if DROPOUT == 2:
+            _store_kept(Bits, qp, qpv, start_n, Sk, pv != 0.0, p.shape[1])
     else:
         pv = p
     # P V accumulates into the rescaled accumulator inside the MMA (Hopper's wgmma adds to its
@@ -243,7 +337,7 @@ def attn_fwd(Q, K, V, KD, VD, Bias, O, LSE, ML,
     so the group's heads share each K/V tile instead of reading it GROUP times; axis 1 is B * Hkv.
     BIAS_ROW: the bias is the same for every row of the block (stride 0 along the queries, and along
     the heads when PACK; or one query): it is read as one vector per key block.
-    DROPOUT: P's entries are kept with probability thr / 2**32 (`_dropout_keep`; Philox seed, offset per
+    DROPOUT: P's entries are kept with probability thr / 2**32 (`_philox_pairs`; Philox seed, offset per
     call) and the output scaled by inv_keep; program (0, 0, 0) writes (seed, offset) to SeedOut, where the
     backward kernels read them; DROPOUT == 2: every program also writes its keep bits after them.
     TMA (decode on Hopper): K and V come through the descriptors KD, VD ([B, Hkv, Sk, D] boxes of
@@ -284,12 +378,8 @@ def attn_fwd(Q, K, V, KD, VD, Bias, O, LSE, ML,
             b_rows = Bias + b * stride_bb + hk * GROUP * stride_bh
         else:
             b_rows = Bias + b * stride_bb + h * stride_bh
-    grow = offs_m
+    qp, qpv = _query_pairs(pid_bh, start_m, Sq, BLOCK_M)     # dropout (never with PACK)
     if DROPOUT:
-        if PACK:
-            grow = (b * Hq + rh) * Sq + rm
-        else:
-            grow = (b * Hq + h) * Sq + offs_m
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
             tl.store(SeedOut, seed)
             tl.store(SeedOut + 1, offset)
@@ -332,12 +422,12 @@ def attn_fwd(Q, K, V, KD, VD, Bias, O, LSE, ML,
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, offs_n, offs_d,
                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D,
                                    qk_scale, False, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE,
-                                   seed, offset, grow, thr, Bits, DROPOUT, KD, VD, kv_b, kv_h, TMA)
+                                   seed, offset, qp, qpv, thr, Bits, DROPOUT, KD, VD, kv_b, kv_h, TMA)
     for start_n in range(lo2, hi_s, BLOCK_N):
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, b_rows, start_n, rm, rvalid, offs_n, offs_d,
                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_bn, Sk, D,
                                    qk_scale, True, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE,
-                                   seed, offset, grow, thr, Bits, DROPOUT, KD, VD, kv_b, kv_h, TMA)
+                                   seed, offset, qp, qpv, thr, Bits, DROPOUT, KD, VD, kv_b, kv_h, TMA)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     if DROPOUT:
@@ -437,7 +527,7 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, sta
                 stride_qm, stride_qd, stride_gm, stride_gd, stride_bm, stride_bn, stride_lm,
                 Sq, Sk, D, qk_scale, DIAG: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                 BIAS_BOOL: tl.constexpr, BIAS_ROW: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr,
-                seed, offset, grow0, start_n, thr, inv_keep, Bits, DROPOUT: tl.constexpr):
+                seed, offset, bh, start_n, thr, inv_keep, Bits, DROPOUT: tl.constexpr):
     offs_m = start_m + offs_m0
     rmask = offs_m < Sq
     if EVEN_D:
@@ -460,9 +550,9 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, sta
         pt = tl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
     dpt = _dot(v, tl.trans(do), IEEE)
     if DROPOUT:
-        # the forward's mask, transposed: dV takes the kept (scaled) P, dP's kept entries are scaled
-        keep = tl.trans(_keep(seed, offset, grow0 + offs_m, rmask, start_n, thr, Bits, Sk, offs_m0.shape[0],
-                              offs_n.shape[0], DROPOUT))
+        # the forward's mask as [keys, queries]: dV takes the kept (scaled) P, dP's kept entries are scaled
+        qp, qpv = _query_pairs(bh, start_m, Sq, offs_m0.shape[0])
+        keep = _keep(seed, offset, qp, qpv, start_n, thr, Bits, Sk, offs_n.shape[0], DROPOUT, True)
         dv += _dot((tl.where(keep, pt, 0.0) * inv_keep).to(do.dtype), do, IEEE)
         dpt = tl.where(keep, dpt * inv_keep, 0.0)
     else:
@@ -529,7 +619,7 @@ def attn_bwd_dkdv(Q, K, V, Bias, DO, LSE, Delta, DK, DV,
     Bits = _bits_base(SeedOff, DROPOUT)
     for g in range(gi * gpp, gi * gpp + gpp):
         h = hk * GROUP + g
-        grow0 = (b * Hq + h) * Sq
+        bh = b * Hq + h
         q_base = Q + b * stride_qb + h * stride_qh
         do_base = DO + b * stride_gb + h * stride_gh
         b_base = Bias + b * stride_bb + h * stride_bh
@@ -539,12 +629,12 @@ def attn_bwd_dkdv(Q, K, V, Bias, DO, LSE, Delta, DK, DV,
             dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, start_m, offs_n,
                                  offs_m0, offs_d, stride_qm, stride_qd, stride_gm, stride_gd, stride_bm, stride_bn,
                                  stride_lm, Sq, Sk, D, qk_scale, True, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW,
-                                 EVEN_D, IEEE, seed, offset, grow0, start_n, thr, inv_keep, Bits, DROPOUT)
+                                 EVEN_D, IEEE, seed, offset, bh, start_n, thr, inv_keep, Bits, DROPOUT)
         for start_m in range(tl.maximum(mid, lo), Sq, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, b_base, lse_base, delta_base, start_m, offs_n,
                                  offs_m0, offs_d, stride_qm, stride_qd, stride_gm, stride_gd, stride_bm, stride_bn,
                                  stride_lm, Sq, Sk, D, qk_scale, False, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW,
-                                 EVEN_D, IEEE, seed, offset, grow0, start_n, thr, inv_keep, Bits, DROPOUT)
+                                 EVEN_D, IEEE, seed, offset, bh, start_n, thr, inv_keep, Bits, DROPOUT)
     dk = dk * scale
     gi64 = gi.to(tl.int64)
     tl.store(DK + b * stride_dkb + hk * stride_dkh + gi64 * stride_dkg + offs_n[:, None] * stride_dkn
@@ -579,7 +669,7 @@ def _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, o
               stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D, qk_scale,
               MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_BOOL: tl.constexpr,
               BIAS_ROW: tl.constexpr, EVEN_D: tl.constexpr, IEEE: tl.constexpr,
-              seed, offset, grow, thr, inv_keep, Bits, DROPOUT: tl.constexpr):
+              seed, offset, qp, qpv, thr, inv_keep, Bits, DROPOUT: tl.constexpr):
     n = start_n + offs_n0
     kt_ptrs = k_base + n[None, :] * stride_kn + offs_d[:, None] * stride_kd     # [BLOCK_D, BLOCK_N]
     vt_ptrs = v_base + n[None, :] * stride_vn + offs_d[:, None] * stride_vd
@@ -616,8 +706,7 @@ def _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, o
         p = tl.where(valid, p, 0.0)
     dp = _dot(do, vt, IEEE)
     if DROPOUT:
-        keep = _keep(seed, offset, grow, offs_m < Sq, start_n, thr, Bits, Sk, offs_m.shape[0], offs_n0.shape[0],
-                     DROPOUT)
+        keep = _keep(seed, offset, qp, qpv, start_n, thr, Bits, Sk, offs_n0.shape[0], DROPOUT, False)
         dp = tl.where(keep, dp * inv_keep, 0.0)
     ds = p * (dp - delta[:, None])
     dq += _dot(ds.to(kt.dtype), tl.trans(kt), IEEE)
@@ -674,18 +763,18 @@ def attn_bwd_dq(Q, K, V, Bias, DO, LSE, Delta, DQ,
         seed = tl.load(SeedOff)
         offset = tl.load(SeedOff + 1)
     Bits = _bits_base(SeedOff, DROPOUT)
-    grow = (b * Hq + h) * Sq + offs_m
+    qp, qpv = _query_pairs(b * Hq + h, start_m, Sq, BLOCK_M)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, hi_full, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, offs_n0, offs_d,
                        stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D, qk_scale,
-                       False, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE, seed, offset, grow, thr,
-                       inv_keep, Bits, DROPOUT)
+                       False, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE, seed, offset, qp, qpv,
+                       thr, inv_keep, Bits, DROPOUT)
     for start_n in range(hi_full, hi, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_base, v_base, b_base, start_n, offs_m, offs_n0, offs_d,
                        stride_kn, stride_kd, stride_vn, stride_vd, stride_bm, stride_bn, Sq, Sk, D, qk_scale,
-                       True, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE, seed, offset, grow, thr,
-                       inv_keep, Bits, DROPOUT)
+                       True, CAUSAL, HAS_BIAS, BIAS_BOOL, BIAS_ROW, EVEN_D, IEEE, seed, offset, qp, qpv,
+                       thr, inv_keep, Bits, DROPOUT)
     dq = dq * scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=lmask)

@@ -24,7 +24,7 @@ empty-state tensors without dropout, undefined tensors where ATen returns them.
 
 Dropout (cuDNN's and the efficient kernel's overloads, whose Philox state travels from the forward to
 the backward): P's entries are kept with probability 1 - p by a Philox mask that is a function of
-(seed, offset, query row, key) only, so the backward's tiles regenerate it; the softmax's denominator
+(seed, offset, query row, key) only, so the backward's tiles can regenerate it; the softmax's denominator
 and the logsumexp take every entry (as ATen's math: dropout after the softmax), the output is scaled by
 1 / (1 - p). Same distribution as ATen's, not the same bits. Seed and offset come from the device's
 default generator per call (`torch.manual_seed` reproduces a run; plans draw them per call) and the
@@ -55,9 +55,11 @@ Decode (<= 16 queries): GQA groups are packed into one program per KV head, and 
 leaves SMs idle the keys are split over programs (flash-decoding) and merged by a combine kernel that
 reads every split of a row in one tile; on Hopper K and V arrive by TMA (DECODE_TMA). Device time
 0.73-1.06x cuDNN's over 15 decode shapes, geomean 0.975 (H200, session 24).
-Dropout: the forward's keep mask is stored (2 bits per score, after [seed, offset] in the state tensor
-the overloads return as philox_seed) where it is no larger than Q (Sk <= 8 * head dim,
-`dropout_bits_words`), so the backward kernels read it instead of running Philox twice more.
+Dropout: the forward's keep mask is stored (a bit per score, in words packed from the MMA's registers,
+after [seed, offset] in the state tensor the overloads return as philox_seed) where it is no larger
+than Q (Sk <= 16 * head dim, `dropout_bits_words`), so the backward kernels read it instead of
+running Philox twice more; Philox numbers a 2 x 2 block of scores per call (queries i, i ^ 8, keys
+j, j ^ 8), which Hopper's MMA layout keeps in one thread, so no tile goes through shared memory.
 Launch configs: `_config` (per kind, padded head dim, fp32-or-not, GPU or interpreter), cached;
 `set_config` overrides one (benchmarks/attention.py --sweep).
 
@@ -128,38 +130,42 @@ def set_config(kind: str, block_d: int, ieee: bool, cfg):
 @functools.lru_cache(maxsize=256)
 def _config(kind: str, block_d: int, ieee: bool, interp: bool):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of a kernel kind: fwd (no mask, or one shared by the
-    queries: BIAS_ROW), fwd_bias (a mask read as tiles, not causal), fwd_causal, decode, dkdv, dq. tests/core/test_gpu_compile.py compiles every GPU entry for
+    queries: BIAS_ROW), fwd_bias (a mask read as tiles, not causal), fwd_dropout (not causal), fwd_causal,
+    decode, dkdv, dq. tests/core/test_gpu_compile.py compiles every GPU entry for
     sm_90 (with a bias: the most shared memory) and checks it fits."""
     o = _OVERRIDES.get((kind, block_d, ieee))
     if o is not None:
         return o
     if interp:
         # the interpreter runs one program at a time: few, wide programs; several blocks per test shape
-        return {"fwd": (32, 16, 1, 1), "fwd_bias": (32, 16, 1, 1), "fwd_causal": (32, 16, 1, 1), "decode": (16, 16, 1, 1),
-                "dkdv": (16, 32, 1, 1), "dq": (32, 16, 1, 1)}[kind]
+        return {"fwd": (32, 16, 1, 1), "fwd_bias": (32, 16, 1, 1), "fwd_dropout": (32, 16, 1, 1),
+                "fwd_causal": (32, 16, 1, 1), "decode": (16, 16, 1, 1), "dkdv": (16, 32, 1, 1), "dq": (32, 16, 1, 1)}[kind]
     if ieee:   # fp32: register- and shared-memory-hungry full-precision dots
-        return {"fwd": (64, 32, 4, 2), "fwd_bias": (64, 32, 4, 2), "fwd_causal": (64, 32, 4, 2), "decode": (16, 32, 4, 2),
-                "dkdv": (32, 32, 4, 2), "dq": (32, 32, 4, 2)}[kind]
+        return {"fwd": (64, 32, 4, 2), "fwd_bias": (64, 32, 4, 2), "fwd_dropout": (64, 32, 4, 2),
+                "fwd_causal": (64, 32, 4, 2), "decode": (16, 32, 4, 2), "dkdv": (32, 32, 4, 2), "dq": (32, 32, 4, 2)}[kind]
     # sm90, fp16/bf16: the fastest of `python -m benchmarks.attention --sweep` on an H100 (session 19,
     # docs/perf.md) at Llama-2's [B, 32, S, 128] (causal and not) and BERT's [32, 12, 512, 64] with its
     # padding mask. A mask's tiles are pipelined through shared memory too: 128 x 128 x 3 stages with a
     # bias tile needs 256 KiB at head dim 128 (sm_90 has 227), hence fwd_bias.
+    # fwd_dropout (not causal): Philox's registers on top of the scores': 128 x 64 x 4 warps spills, and
+    # 64 x 64 x 2 stages was the fastest of five at BERT's [32, 12, 512, 64] (session 25, docs/perf.md)
     if block_d <= 64:
-        return {"fwd": (128, 64, 4, 4), "fwd_bias": (128, 64, 4, 4), "fwd_causal": (64, 64, 4, 3), "decode": (16, 64, 4, 3),
-                "dkdv": (32, 64, 4, 3), "dq": (64, 32, 4, 3)}[kind]
+        return {"fwd": (128, 64, 4, 4), "fwd_bias": (128, 64, 4, 4), "fwd_dropout": (64, 64, 4, 2),
+                "fwd_causal": (64, 64, 4, 3), "decode": (16, 64, 4, 3), "dkdv": (32, 64, 4, 3), "dq": (64, 32, 4, 3)}[kind]
     if block_d <= 128:
         # decode: K/V by TMA (DECODE_TMA), 128 keys x 2 stages, from a sweep of 15 decode shapes on an H200
         # (session 24: geomean 0.975 of cuDNN's device time; 64 x 3 stages: 1.008)
-        return {"fwd": (128, 128, 8, 3), "fwd_bias": (64, 64, 4, 3), "fwd_causal": (64, 64, 4, 3), "decode": (16, 128, 4, 2),
-                "dkdv": (64, 64, 4, 2), "dq": (128, 64, 8, 3)}[kind]
-    return {"fwd": (64, 32, 8, 2), "fwd_bias": (64, 32, 8, 2), "fwd_causal": (64, 32, 8, 2), "decode": (16, 32, 8, 2),
-            "dkdv": (16, 32, 8, 2), "dq": (32, 16, 8, 2)}[kind]
+        return {"fwd": (128, 128, 8, 3), "fwd_bias": (64, 64, 4, 3), "fwd_dropout": (64, 64, 4, 3),
+                "fwd_causal": (64, 64, 4, 3), "decode": (16, 128, 4, 2), "dkdv": (64, 64, 4, 2), "dq": (128, 64, 8, 3)}[kind]
+    return {"fwd": (64, 32, 8, 2), "fwd_bias": (64, 32, 8, 2), "fwd_dropout": (64, 32, 8, 2), "fwd_causal": (64, 32, 8, 2),
+            "decode": (16, 32, 8, 2), "dkdv": (16, 32, 8, 2), "dq": (32, 16, 8, 2)}[kind]
 
 
 def _fwd_kind(decode: bool, causal: bool, bias_tile: bool, dropout: bool = False) -> str:
     """bias_tile: a bias read as [BLOCK_M, BLOCK_N] tiles (not BIAS_ROW), which needs smaller blocks; so
-    does dropout (its Philox tile is rearranged through shared memory: 240 KiB at 128 x 128 x 3 stages)."""
-    return "decode" if decode else "fwd_causal" if causal else "fwd_bias" if bias_tile or dropout else "fwd"
+    does dropout (Philox's registers)."""
+    return ("decode" if decode else "fwd_causal" if causal else "fwd_dropout" if dropout else
+            "fwd_bias" if bias_tile else "fwd")
 
 
 @functools.lru_cache(maxsize=16)
@@ -348,18 +354,18 @@ def _keep_args(dropout_p):
     return min(int(keep * 2.0 ** 32), 2 ** 32 - 1), (0.0 if keep == 0.0 else 1.0 / keep)
 
 
-# Dropout's mask is stored for the backward (2 bits per score: 4 bits of a byte per quad of keys)
-# instead of regenerated by Philox in both backward kernels when it is no larger than Q: Sk <= 8 * D
-# keys (BERT: 512 <= 512; Llama-2: up to 1024 tokens; longer: regenerated). False: always regenerate
-# (tests compare the two).
+# Dropout's mask is stored for the backward (a bit per score) instead of regenerated by Philox in both
+# backward kernels when it is no larger than Q: Sk <= 16 * D keys (BERT: 512 <= 1024; Llama-2: up to
+# 2048 tokens; longer: regenerated). False: always regenerate (tests compare the two).
 DROPOUT_BITS = True
 
 
 def dropout_bits_words(B, Hq, Sq, Sk, D) -> int:
     """int64 words of the stored dropout mask of these shapes (0: the mask is regenerated)."""
-    if not DROPOUT_BITS or Sk > 8 * D:
+    if not DROPOUT_BITS or Sk > 16 * D:
         return 0
-    return B * Hq * Sq * cdiv(Sk, 128) * K.MASK_BYTES_PER_128.value // 8     # as _attention_kernels._bits_row
+    # query pairs (i, i ^ 8; rows padded to 16) x keys padded to 128: _attention_kernels._query_pairs, _bits_row
+    return B * Hq * cdiv(Sq, 16) * 8 * cdiv(Sk, 128) * K.MASK_BYTES_PER_128.value // 8
 
 
 def new_dropout_state(device, words=0):
@@ -397,8 +403,9 @@ def _forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None)
     decode = Sq <= 16
     qk_scale = scale * _LOG2E
     bt, bst, has_bias, bias_bool = _bias_args(bias, q, B, Hq, Sq, Sk)
-    # GQA decode: the group's query heads share one program per KV head (K/V read once per group)
-    pack = decode and group > 1
+    # GQA decode: the group's query heads share one program per KV head (K/V read once per group); not
+    # with dropout, whose Philox counters pair a block's rows within one head
+    pack = decode and group > 1 and dropout_p == 0.0
     bias_row = _bias_row(has_bias, bst, Sq, pack)
     if not decode and not has_bias and dropout_p == 0.0 and attention_gluon.supports(q, k, v, o):
         # Hopper, head dim 128, no mask: the warp-specialized Gluon kernel (attention_gluon.py)

@@ -88,8 +88,8 @@ def _attention_gpu_records():
     operands, from the recorded interpreter signatures; each distinct (kernel, config) once."""
     from gems.ops import attention as A
     base = {r["name"]: r for r in _records() if r["module"] == "gems.ops._attention_kernels"}
-    kernel_of = {"fwd": "attn_fwd", "fwd_bias": "attn_fwd", "fwd_causal": "attn_fwd", "decode": "attn_fwd",
-                 "dkdv": "attn_bwd_dkdv", "dq": "attn_bwd_dq"}
+    kernel_of = {"fwd": "attn_fwd", "fwd_bias": "attn_fwd", "fwd_dropout": "attn_fwd", "fwd_causal": "attn_fwd",
+                 "decode": "attn_fwd", "dkdv": "attn_bwd_dkdv", "dq": "attn_bwd_dq"}
     out, seen = [], set()
     for block_d in (64, 128, 256):
         for ieee in (False,):    # (fp32's configs are small and run in the GPU suite's fp32 tests)
@@ -134,10 +134,10 @@ def _attention_gpu_records():
                     t["divisible_16"] = [n for n in t["divisible_16"] if n not in ("KD", "VD")]
                     out.append(t)
                 # with dropout (Philox mask per tile; the forward's per-call seed/offset are 64-bit): a
-                # forward with dropout never takes kind fwd's tiles (attention._fwd_kind). Mode 2: the
+                # forward with dropout takes kind fwd_dropout's, fwd_causal's or decode's tiles (attention._fwd_kind). Mode 2: the
                 # forward also stores the mask's bits (a superset of mode 1's code), the backward reads
                 # them instead of running Philox (mode 1): both backward modes are compiled
-                modes = () if block_d > 128 or kind == "fwd" else (2,) if name == "attn_fwd" else (1, 2)
+                modes = () if block_d > 128 or kind in ("fwd", "fwd_bias") else (2,) if name == "attn_fwd" else (1, 2)
                 for mode in modes:
                     d = json.loads(json.dumps(r))
                     d["constexprs"]["DROPOUT"] = mode

@@ -484,6 +484,28 @@ DROPOUT_CASES = {
 def test_dropout_forward_backward_match_math_with_the_kernels_mask(case, dtype, bits, monkeypatch):
     """The backward's mask is the forward's, whether it reads the forward's bits or runs Philox again."""
     monkeypatch.setattr(A, "DROPOUT_BITS", bits)
+    _check_dropout(case, dtype)
+
+
+# key blocks of 32, 64 and 128 in the forward (a stored word's half, whole words, two words per row
+# pair) read back by backward blocks of other widths; the default test configs use 16 and 32
+WIDE_BLOCKS = {"fwd_dropout": (32, 64), "fwd_causal": (16, 128), "dkdv": (32, 128), "dq": (16, 32)}
+
+
+@pytest.mark.parametrize("wide", [dict(WIDE_BLOCKS), {**WIDE_BLOCKS, "fwd_dropout": (16, 32), "dkdv": (16, 64)}],
+                         ids=["fwd64", "fwd32"])
+@pytest.mark.parametrize("case", list(DROPOUT_CASES))
+def test_dropout_stored_mask_across_block_widths(case, wide):
+    try:
+        for kind, (bm, bn) in wide.items():
+            A.set_config(kind, 64, False, (bm, bn, 4, 2))
+        _check_dropout(case, torch.float16)
+    finally:
+        for kind in wide:
+            A.set_config(kind, 64, False, None)
+
+
+def _check_dropout(case, dtype):
     B, Hq, Hk, S, causal, mkind = DROPOUT_CASES[case]
     D, p, seed = 64, 0.3, 1234
     mask = make_mask(mkind, B, Hq, S, S, dtype)
@@ -503,7 +525,7 @@ def test_dropout_forward_backward_match_math_with_the_kernels_mask(case, dtype, 
     assert abs(frac - (1 - p)) < 0.04, f"kept {frac:.3f} of the entries, expected {1 - p}"
     # the forward with real V and the same seed uses the same mask
     out, lse, state, offset = _dropout_forward(q, k, v, mask, causal, p, seed)
-    words = B * Hq * S * 4 if bits else 0     # 32 bytes per row of <= 128 keys
+    words = B * Hq * math.ceil(S / 16) * 8 * 4 if A.DROPOUT_BITS else 0   # 32 bytes per query pair (rows padded to 16) and 128 keys
     assert state.shape == (2 + words,) and state.dtype == torch.int64 and offset.shape == ()
     assert_close(dropped[..., :S], (probs * Z / (1 - p)).to(torch.float64), dtype, atol=ATOL[dtype],
                  msg="dropped probabilities")
@@ -541,7 +563,7 @@ def test_dropout_backward_refuses_another_forwards_state():
     q, k, v = qkv(1, 2, 2, 16, 16, 32, torch.float32)
     out, lse, state, offset = _dropout_forward(q, k, v, None, False, 0.2, 3)
     # nor can a state holding another shape's mask bits
-    assert state.shape == (2 + 1 * 2 * 16 * 4,)
+    assert state.shape == (2 + 1 * 2 * 8 * 4,)    # [seed, offset], 32 bytes per query pair of <= 128 keys
     for bad in (torch.zeros(1, dtype=torch.int64, device=DEVICE), torch.zeros((), dtype=torch.int64, device=DEVICE),
                 torch.zeros(state.shape[0] + 2, dtype=torch.int64, device=DEVICE)):
         with pytest.raises(gems.Unsupported, match="dropout state"):
