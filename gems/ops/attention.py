@@ -77,9 +77,9 @@ address) takes the Triton kernels.
 
 Opt-in: the overloads form the opt-in group "attention" (`gems.enable(opt_in=("attention",))` or
 GEMS_OPT_IN=attention): correct, and at or near cuDNN's time for Llama-2's prefill and training shapes
-(forward 0.79-0.99x, backward 1.02-1.09x on an H200), decode at 0.73-1.06x (session 24), but BERT's
-attention dropout at 512 tokens still takes 1.26x (the forward's Philox), so plain `enable()` leaves
-SDPA to ATen.
+(forward 0.79-0.99x, backward 1.02-1.09x on an H200), decode at 0.73-1.06x (session 24), BERT's attention
+dropout 0.90-0.95x forward+backward (session 25). Plain `enable()` still leaves SDPA to ATen: the models'
+parity has not run with session 25's dropout kernels, nor a clean whole GPU suite (docs/perf.md).
 
 Call plans: every overload gets plans. The cuDNN and flash forwards return SymInts (max_q, max_k):
 sizes, replayed as the recorded constants (before session 19 they kept the Python path, 70-140 us of
