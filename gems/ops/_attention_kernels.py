@@ -378,7 +378,7 @@ def attn_fwd(Q, K, V, KD, VD, Bias, O, LSE, ML,
             b_rows = Bias + b * stride_bb + hk * GROUP * stride_bh
         else:
             b_rows = Bias + b * stride_bb + h * stride_bh
-    qp, qpv = _query_pairs(pid_bh, start_m, Sq, BLOCK_M)     # dropout (never with PACK)
+    qp, qpv = _query_pairs(pid_bh.to(tl.int64), start_m, Sq, BLOCK_M)    # dropout (never with PACK)
     if DROPOUT:
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
             tl.store(SeedOut, seed)
