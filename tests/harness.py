@@ -195,17 +195,40 @@ def raises_like_aten(cases):
         settled(k, "Gems")
 
 
+class _Launches(list):
+    """Kernel names; a failed comparison also prints where each launch came from (the Gems op and
+    the test line), so an unexpected launch says who made it."""
+
+    def __init__(self):
+        super().__init__()
+        self.origins = []
+
+    def __repr__(self):
+        return f"{list.__repr__(self)} (launched by: {'; '.join(self.origins)})"
+
+
+def _launch_origin(name) -> str:
+    import traceback
+    frames = traceback.extract_stack(limit=40)[:-2]
+    op = next((f.name for f in reversed(frames) if f.filename.startswith("<gems") or "/gems/ops/" in f.filename),
+              "?")
+    test = next((f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames)
+                 if "/tests/" in f.filename and not f.filename.endswith("harness.py")), "?")
+    return f"{name} by {op} from {test}"
+
+
 def count_launches(monkeypatch) -> list:
     """The names of the Gems kernels launched from now on (through LaunchCache), in order."""
     from gems.runtime import plan
     from gems.runtime.launch import LaunchCache
-    launches, run = [], LaunchCache.run
+    launches, run = _Launches(), LaunchCache.run
 
     def counting(self, *a, **k):
         # while a call plan is recorded on the GPU, run() re-enters itself once for the real launch:
         # count that inner call only (the interpreter's recorded launch does not re-enter)
         if plan.active() is None or self.interpreted:
             launches.append(self.name)
+            launches.origins.append(_launch_origin(self.name))
         return run(self, *a, **k)
     monkeypatch.setattr(LaunchCache, "run", counting)
     return launches
