@@ -195,15 +195,14 @@ def _store_kept(Bits, qp, qpv, start_n, Sk, kept, BN: tl.constexpr):
     The tile is the forward's P V operand != 0 (kept and P > 0; where P = 0 the backward's dS and dV
     terms are 0 whatever the bit), so Triton derives every layout here from the MMA's registers: built
     from the keep tile itself, the store's own layout made it run Philox a second time."""
-    NW: tl.constexpr = BN // 64 if BN >= 64 else 1
-    JW: tl.constexpr = BN // 16 if BN < 64 else 4
-    BM: tl.constexpr = kept.shape[0]
-    b = tl.reshape(kept.to(tl.uint32), [BM // 16, 2, 8, NW, JW, 2, 4, 2])
     sh = _word_shifts(start_n, BN)                                               # [JW, 2]: jl, s
+    JW: tl.constexpr = sh.shape[0]
+    BM: tl.constexpr = kept.shape[0]
+    b = tl.reshape(kept.to(tl.uint32), [BM // 16, 2, 8, BN // (16 * JW), JW, 2, 4, 2])
     hk = (2 * tl.arange(0, 2)[:, None] + tl.arange(0, 2)[None, :]).to(tl.uint32)  # [2, 2]: h, k
     sh8 = sh[None, None, None, None, :, None, None, :] + hk[None, :, None, None, None, :, None, None]
     w = tl.sum(tl.sum(tl.sum(tl.sum(b << sh8, 7), 5), 4), 1)          # [BM/16, 8, NW, 4]: disjoint bits
-    w = tl.reshape(w, [BM // 2, NW, 4])
+    w = tl.reshape(w, [BM // 2, BN // (16 * JW), 4])
     ptrs = _mask_words(Bits, qp, start_n, Sk, BN, False)
     m = qpv[:, None, None]
     if BN >= 64:
