@@ -19,7 +19,7 @@ training default, attention dropout 0.1 (forward+backward only: Gems' and ATen's
 (forward 4*B*H*Sq*Sk*D, half of it under a square causal mask; backward 2.5x the forward), Gems/ATen
 ratio, Gems' max abs difference to ATen, and whether Gems served the call (gems.stats()). ATen runs
 with Gems unregistered (`gems.disable()`), i.e. exactly what users without Gems run; Gems runs with
-`gems.enable(opt_in=("attention",))` (attention is an opt-in group).
+`gems.enable()` (attention is in its default selection since session 26).
 """
 from __future__ import annotations
 
@@ -37,9 +37,6 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import gems  # noqa: E402
-# loads the op modules before enable(opt_in=("attention",)) validates the group name (registry.opt_in_groups
-# reads the table without loading it)
-gems.registry.all_impls()
 from gems.ops import attention_gluon as AG  # noqa: E402
 
 FUSED = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention",
@@ -152,7 +149,7 @@ def run_case(c, dtype, device):
         gems.disable()
         with ctx():
             t_aten = bench(make(), device)
-        gems.enable(opt_in=("attention",))
+        gems.enable()
         gems.reset_stats()
         try:
             with ctx():
@@ -222,7 +219,7 @@ def sweep(dtype, device, kinds=(), head_dim=128):
         else:
             print("gluon: the Gluon forward runs on Hopper GPUs only", file=sys.stderr)
     block_d = max(16, next_pow2(D))
-    gems.enable(opt_in=("attention",))
+    gems.enable()
     # the Triton kinds' configs: calls the Gluon forward would take (head dim 128, no mask) go to Triton
     gluon_was, AG.enabled = AG.enabled, False
     try:
@@ -278,7 +275,7 @@ def _sweep_gluon(dtype, device, shapes):
         q, k, v, _ = make_inputs(B, Hq, Hkv, Sq, Sk, D, False, dtype, device, False)
         fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
         t_aten = bench(fn, device)
-        gems.enable(opt_in=("attention",))
+        gems.enable()
         entered, launch = [], AG.launch
         AG.launch = lambda *a, **kw: entered.append(1) or launch(*a, **kw)
         results = []

@@ -567,10 +567,12 @@ def _config(include, exclude, opt_in=None) -> frozenset:
         _backends.check_environment()
         be = backend().name
         groups = (opt_in,) if isinstance(opt_in, str) else tuple(opt_in)
-        unknown = set(groups) - registry.opt_in_groups()
+        # a group that is on by default (attention since session 26) is accepted and adds nothing
+        unknown = set(groups) - registry.groups()
         if unknown:
             raise ValueError(f"unknown opt-in group(s) {sorted(unknown)}; Gems has: "
-                             f"{sorted(registry.opt_in_groups()) or 'none'}")
+                             f"{sorted(registry.opt_in_groups()) or 'none'} (opt-in), "
+                             f"{sorted(registry.groups() - registry.opt_in_groups()) or 'none'} (on by default)")
         if include is not None:
             ops = registry.resolve(include, be, "raise")
         else:
@@ -591,9 +593,11 @@ def enable(include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[s
            opt_in: Optional[Iterable[str]] = None):
     """Serve every registered ATen overload (or the `include`d ones, minus `exclude`) with Gems.
 
-    Opt-in groups (`opt_in=("attention",)`, default `$GEMS_OPT_IN`) add overloads that are left out
-    by default because they are not yet faster than ATen. Process-wide; a thread inside `use_gems()`
-    follows its scope instead.
+    Opt-in groups (`opt_in=("group",)`, default `$GEMS_OPT_IN`) add overloads that are left out by
+    default because they are not yet faster than ATen (none at present; "attention" was one until
+    session 26 and is still accepted). A group's name selects all its overloads in `include=` and
+    `exclude=`: `enable(exclude=("attention",))` leaves SDPA to ATen. Process-wide; a thread inside
+    `use_gems()` follows its scope instead.
     """
     global _global_cfg
     _backends.check_environment()

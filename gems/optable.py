@@ -21,13 +21,14 @@ def render() -> str:
              f"{len(impls)} ATen overloads, {len({i.base for i in impls})} ops. "
              "`dtypes`: what Gems serves for the first tensor argument; other inputs run ATen's kernel "
              "and are counted in `gems.stats()`. Overloads marked *opt-in* are correct but not yet faster than "
-             "ATen on the models: `gems.enable(opt_in=(\"attention\",))` or `GEMS_OPT_IN=attention` adds them.", "",
+             "ATen on the models: `gems.enable(opt_in=(\"group\",))` or `GEMS_OPT_IN=group` adds them (none at "
+             "present). A *group*'s name selects all its overloads: `gems.enable(exclude=(\"attention\",))`.", "",
              "| overload | category | dtypes | kind | backends | note |",
              "| --- | --- | --- | --- | --- | --- |"]
     for i in impls:
         dts = ", ".join(_SHORT.get(d, str(d).replace("torch.", "")) for d in i.dtypes)
         kind = "backward" if i.backward else "forward"
-        note = (f"opt-in `{i.opt_in}`: " if i.opt_in else "") + i.doc
+        note = (f"opt-in `{i.opt_in}`: " if i.opt_in else f"group `{i.group}`: " if i.group else "") + i.doc
         lines.append(f"| `{i.name}` | {i.category} | {dts} | {kind} | {', '.join(i.backends)} | {note} |")
     return "\n".join(lines) + "\n"
 

@@ -76,6 +76,8 @@ class OpImpl:
     # "" or an opt-in group ("attention"): served only when the group is asked for (enable(opt_in=...),
     # GEMS_OPT_IN, or naming the overload in include=), because it is not yet faster than ATen
     opt_in: str = ""
+    # "" or a group ("attention"): a name `include=`/`exclude=` (and `opt_in=`) accept for all its overloads
+    group: str = ""
     # Tensor arguments ATen takes on the host whatever the device (the packed scalars of
     # _foreach_addcmul.Tensor): a CPU tensor there does not send a GPU call to ATen
     host_args: frozenset = frozenset()
@@ -139,7 +141,7 @@ def canonical(name: str) -> str:
 def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bool = False,
              check: Optional[Callable] = None, backends: Iterable[str] = ("cuda", "interpreter"),
              plan: bool = True, dynamic: Iterable[str] = (), plan_key: Optional[Callable] = None,
-             opt_in: str = "", host_args: Iterable[str] = (), foreach: Optional[dict] = None):
+             opt_in: str = "", group: str = "", host_args: Iterable[str] = (), foreach: Optional[dict] = None):
     """Declare that the decorated function implements the ATen overloads `names`.
 
     Names are ATen overload names as `torch.ops.aten.<base>.<overload>` spells them; a name without
@@ -152,7 +154,9 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
     process state the implementation reads besides its arguments (it becomes part of the signature).
     `opt_in="group"` leaves the overloads out of the default selection of `enable()`/`use_gems()`
     (served only with `opt_in=("group",)`, `GEMS_OPT_IN=group` or an explicit `include=`): for
-    implementations that are correct but not yet faster than ATen on the models. `host_args` names
+    implementations that are correct but not yet faster than ATen on the models. `group="name"` makes
+    the overloads one name for `include=`/`exclude=` (`exclude=("attention",)`); an opt-in group is
+    also a group. `host_args` names
     Tensor arguments ATen itself reads on the CPU: a CPU tensor there is served, not sent to ATen.
     `foreach` (ops/foreach.py only) tells the C++ fast path how to serve a _foreach_* call whole.
     """
@@ -168,7 +172,8 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
                     raise ValueError(f"{name} is registered twice ({_IMPLS[name].fn.__module__} and {fn.__module__})")
                 _IMPLS[name] = OpImpl(name, fn, category, tuple(dtypes), backward, check, tuple(backends),
                                       (fn.__doc__ or "").strip().split("\n")[0], plan, frozenset(dynamic), plan_key,
-                                      opt_in=opt_in, host_args=frozenset(host_args), foreach=foreach)
+                                      opt_in=opt_in, group=group or opt_in, host_args=frozenset(host_args),
+                                      foreach=foreach)
         return fn
 
     return deco
@@ -232,11 +237,11 @@ def resolve(names: Optional[Iterable[str]], backend: Optional[str] = None, unkno
     if isinstance(names, str):
         names = [names]
     impls = all_impls(backend)
-    groups = opt_in_groups()
+    named = groups()
     out = set()
     for n in names:
-        if n in groups:   # an opt-in group ("attention") names its overloads
-            out.update(i.name for i in impls if i.opt_in == n)
+        if n in named:   # a group ("attention") names its overloads
+            out.update(i.name for i in impls if i.group == n)
             continue
         if "." in n:
             _aten_overload(n)
@@ -264,6 +269,12 @@ def opt_in_groups() -> set[str]:
     """Names of the opt-in groups (`register(..., opt_in=...)`)."""
     _load_ops()
     return {i.opt_in for i in _IMPLS.values() if i.opt_in}
+
+
+def groups() -> set[str]:
+    """Names of the groups (`register(..., group=...)`, opt-in or not)."""
+    _load_ops()
+    return {i.group for i in _IMPLS.values() if i.group}
 
 
 def _not_implemented(n: str, impls, backend) -> str:

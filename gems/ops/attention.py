@@ -75,11 +75,12 @@ and dQ passes take 7; 1.02-1.09x cuDNN's backward against the Triton kernels' 1.
 Everything else (masks, dropout, decode, other head dims, fp32, other GPUs, operands TMA cannot
 address) takes the Triton kernels.
 
-Opt-in: the overloads form the opt-in group "attention" (`gems.enable(opt_in=("attention",))` or
-GEMS_OPT_IN=attention): correct, and at or near cuDNN's time for Llama-2's prefill and training shapes
-(forward 0.79-0.99x, backward 1.02-1.09x on an H200), decode at 0.73-1.06x (session 24), BERT's attention
-dropout 0.90-0.95x forward+backward (session 25). Plain `enable()` still leaves SDPA to ATen: the models'
-parity has not run with session 25's dropout kernels, nor a clean whole GPU suite (docs/perf.md).
+Served by default (since session 26; opt-in before): `gems.enable()` serves these overloads; they form the
+group "attention", so `gems.enable(exclude=("attention",))` leaves SDPA to ATen (`opt_in=("attention",)`
+and GEMS_OPT_IN=attention are still accepted and add nothing). On an H200: forward 0.79-0.99x cuDNN's
+time at Llama-2's prefill shapes, backward 1.02-1.09x, decode 0.73-1.06x (geomean 0.975, session 24),
+BERT's attention dropout 0.90-0.95x forward+backward (session 25); the four models' `gems-coverage
+parity` passes with these kernels in the path (session 26, docs/perf.md).
 
 Call plans: every overload gets plans. The cuDNN and flash forwards return SymInts (max_q, max_k):
 sizes, replayed as the recorded constants (before session 19 they kept the Python path, 70-140 us of
@@ -130,7 +131,8 @@ def set_config(kind: str, block_d: int, ieee: bool, cfg):
 @functools.lru_cache(maxsize=256)
 def _config(kind: str, block_d: int, ieee: bool, interp: bool):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of a kernel kind: fwd (no mask, or one shared by the
-    queries: BIAS_ROW), fwd_bias (a mask read as tiles, not causal), fwd_dropout (not causal), fwd_causal,
+    queries: BIAS_ROW), fwd_short (fwd with up to SHORT_KEYS keys), fwd_bias (a mask read as tiles, not
+    causal), fwd_dropout (not causal), fwd_causal,
     decode, dkdv, dq. tests/core/test_gpu_compile.py compiles every GPU entry for
     sm_90 (with a bias: the most shared memory) and checks it fits."""
     o = _OVERRIDES.get((kind, block_d, ieee))
@@ -138,34 +140,42 @@ def _config(kind: str, block_d: int, ieee: bool, interp: bool):
         return o
     if interp:
         # the interpreter runs one program at a time: few, wide programs; several blocks per test shape
-        return {"fwd": (32, 16, 1, 1), "fwd_bias": (32, 16, 1, 1), "fwd_dropout": (32, 16, 1, 1),
+        return {"fwd": (32, 16, 1, 1), "fwd_short": (32, 16, 1, 1), "fwd_bias": (32, 16, 1, 1), "fwd_dropout": (32, 16, 1, 1),
                 "fwd_causal": (32, 16, 1, 1), "decode": (16, 16, 1, 1), "dkdv": (16, 32, 1, 1), "dq": (32, 16, 1, 1)}[kind]
     if ieee:   # fp32: register- and shared-memory-hungry full-precision dots
-        return {"fwd": (64, 32, 4, 2), "fwd_bias": (64, 32, 4, 2), "fwd_dropout": (64, 32, 4, 2),
+        return {"fwd": (64, 32, 4, 2), "fwd_short": (64, 32, 4, 2), "fwd_bias": (64, 32, 4, 2), "fwd_dropout": (64, 32, 4, 2),
                 "fwd_causal": (64, 32, 4, 2), "decode": (16, 32, 4, 2), "dkdv": (32, 32, 4, 2), "dq": (32, 32, 4, 2)}[kind]
     # sm90, fp16/bf16: the fastest of `python -m benchmarks.attention --sweep` on an H100 (session 19,
     # docs/perf.md) at Llama-2's [B, 32, S, 128] (causal and not) and BERT's [32, 12, 512, 64] with its
     # padding mask. A mask's tiles are pipelined through shared memory too: 128 x 128 x 3 stages with a
     # bias tile needs 256 KiB at head dim 128 (sm_90 has 227), hence fwd_bias.
     # fwd_dropout (not causal): Philox's registers on top of the scores': 128 x 64 x 4 warps spills, and
-    # 64 x 64 x 2 stages was the fastest of five at BERT's [32, 12, 512, 64] (session 25, docs/perf.md)
+    # 64 x 64 x 2 stages was the fastest of five at BERT's [32, 12, 512, 64] (session 25, docs/perf.md).
+    # fwd_short (fwd up to SHORT_KEYS keys): 64 x 64 x 4 x 2 took 11.4 us at BERT's [32, 12, 128, 64] with its
+    # padding mask where fwd's 128 x 64 x 4 x 4 took 14.4 and cuDNN 12.2, and 31.8 / 37.9 / 34.0 at 256 keys
+    # (session 26, H200): with few key blocks per program, smaller query blocks fill more of the SMs
     if block_d <= 64:
-        return {"fwd": (128, 64, 4, 4), "fwd_bias": (128, 64, 4, 4), "fwd_dropout": (64, 64, 4, 2),
+        return {"fwd": (128, 64, 4, 4), "fwd_short": (64, 64, 4, 2), "fwd_bias": (128, 64, 4, 4), "fwd_dropout": (64, 64, 4, 2),
                 "fwd_causal": (64, 64, 4, 3), "decode": (16, 64, 4, 3), "dkdv": (32, 64, 4, 3), "dq": (64, 32, 4, 3)}[kind]
     if block_d <= 128:
         # decode: K/V by TMA (DECODE_TMA), 128 keys x 2 stages, from a sweep of 15 decode shapes on an H200
         # (session 24: geomean 0.975 of cuDNN's device time; 64 x 3 stages: 1.008)
-        return {"fwd": (128, 128, 8, 3), "fwd_bias": (64, 64, 4, 3), "fwd_dropout": (64, 64, 4, 3),
+        return {"fwd": (128, 128, 8, 3), "fwd_short": (128, 128, 8, 3), "fwd_bias": (64, 64, 4, 3), "fwd_dropout": (64, 64, 4, 3),
                 "fwd_causal": (64, 64, 4, 3), "decode": (16, 128, 4, 2), "dkdv": (64, 64, 4, 2), "dq": (128, 64, 8, 3)}[kind]
-    return {"fwd": (64, 32, 8, 2), "fwd_bias": (64, 32, 8, 2), "fwd_dropout": (64, 32, 8, 2), "fwd_causal": (64, 32, 8, 2),
+    return {"fwd": (64, 32, 8, 2), "fwd_short": (64, 32, 8, 2), "fwd_bias": (64, 32, 8, 2), "fwd_dropout": (64, 32, 8, 2), "fwd_causal": (64, 32, 8, 2),
             "decode": (16, 32, 8, 2), "dkdv": (16, 32, 8, 2), "dq": (32, 16, 8, 2)}[kind]
 
 
-def _fwd_kind(decode: bool, causal: bool, bias_tile: bool, dropout: bool = False) -> str:
+# a forward of at most this many keys per query row takes kind fwd_short's config (not causal, no bias tile,
+# no dropout)
+SHORT_KEYS = 256
+
+
+def _fwd_kind(decode: bool, causal: bool, bias_tile: bool, dropout: bool = False, keys=None) -> str:
     """bias_tile: a bias read as [BLOCK_M, BLOCK_N] tiles (not BIAS_ROW), which needs smaller blocks; so
-    does dropout (Philox's registers)."""
+    does dropout (Philox's registers). keys: Sk (fwd_short up to SHORT_KEYS)."""
     return ("decode" if decode else "fwd_causal" if causal else "fwd_dropout" if dropout else
-            "fwd_bias" if bias_tile else "fwd")
+            "fwd_bias" if bias_tile else "fwd_short" if keys is not None and keys <= SHORT_KEYS else "fwd")
 
 
 @functools.lru_cache(maxsize=16)
@@ -411,7 +421,7 @@ def _forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None)
         # Hopper, head dim 128, no mask: the warp-specialized Gluon kernel (attention_gluon.py)
         attention_gluon.launch(q, k, v, o, lse, causal, qk_scale)
         return
-    BM, BN, W, ST = _config(_fwd_kind(decode, causal, has_bias and not bias_row, dropout_p > 0.0), BD, ieee, interp)
+    BM, BN, W, ST = _config(_fwd_kind(decode, causal, has_bias and not bias_row, dropout_p > 0.0, Sk), BD, ieee, interp)
     if pack:
         nm, nbh = _packed(B, Hq, Hkv, Sq, BM)
         sk_eff = min(Sk, Sq) if causal else Sk
@@ -530,7 +540,7 @@ def _grads_like(q, k, v, perm=None):
 
 @register("_scaled_dot_product_flash_attention_for_cpu", category="other", dtypes=FLOATS,
           backends=("interpreter",),
-          opt_in="attention")
+          group="attention")
 def sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     """Fused attention forward (SDPA on CPU): causal, masks, GQA, online softmax."""
     B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_mask, dropout_p)
@@ -544,7 +554,7 @@ def sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_ma
 
 @register("_scaled_dot_product_flash_attention_for_cpu_backward", category="other", dtypes=FLOATS, backward=True,
           backends=("interpreter",),
-          opt_in="attention")
+          group="attention")
 def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,
                             scale=None):
     """Fused attention backward (dQ, dK, dV; deterministic, no atomics)."""
@@ -579,7 +589,7 @@ def _seed_offset(device, dtype=torch.int64, seed_shape=()):
 
 
 @register("_scaled_dot_product_cudnn_attention", category="other", dtypes=FLOATS, backends=("cuda",),
-          opt_in="attention")
+          group="attention")
 def sdpa_cudnn(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
                return_debug_mask=False, *, scale=None):
     """Fused attention forward in place of cuDNN's (SDPA's choice on H100/H200 with torch 2.11); dropout too."""
@@ -595,7 +605,7 @@ def sdpa_cudnn(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, 
 
 @register("_scaled_dot_product_cudnn_attention_backward", category="other", dtypes=FLOATS, backward=True,
           backends=("cuda",),
-          opt_in="attention")
+          group="attention")
 def sdpa_cudnn_backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias,
                         cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *, scale=None):
     """Fused attention backward in place of cuDNN's."""
@@ -613,7 +623,7 @@ def sdpa_cudnn_backward(grad_out, query, key, value, out, logsumexp, philox_seed
 
 
 @register("_scaled_dot_product_flash_attention", category="other", dtypes=FLOATS, backends=("cuda",),
-          opt_in="attention")
+          group="attention")
 def sdpa_flash(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
     """Fused attention forward in place of FlashAttention's."""
     B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, None, dropout_p)
@@ -628,7 +638,7 @@ def sdpa_flash(query, key, value, dropout_p=0.0, is_causal=False, return_debug_m
 
 @register("_scaled_dot_product_flash_attention_backward", category="other", dtypes=FLOATS, backward=True,
           backends=("cuda",),
-          opt_in="attention")
+          group="attention")
 def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                         is_causal, philox_seed, philox_offset, *, scale=None):
     """Fused attention backward in place of FlashAttention's."""
@@ -643,7 +653,7 @@ def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, 
 
 
 @register("_scaled_dot_product_efficient_attention", category="other", dtypes=FLOATS, backends=("cuda",),
-          opt_in="attention")
+          group="attention")
 def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
     """Fused attention forward in place of the memory-efficient kernel's (masks, fp32); dropout too."""
     B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p, allow_dropout=True)
@@ -657,7 +667,7 @@ def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0
 
 @register("_scaled_dot_product_efficient_attention_backward", category="other", dtypes=FLOATS, backward=True,
           backends=("cuda",),
-          opt_in="attention")
+          group="attention")
 def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset,
                             dropout_p, grad_input_mask, is_causal=False, *, scale=None):
     """Fused attention backward in place of the memory-efficient kernel's."""

@@ -345,7 +345,10 @@ def _tma_ok(t) -> bool:
 # (BLOCK_N, STAGES, OVERLAP, PERSISTENT: one program per SM, else one per tile) by head dim, from a sweep
 # at Llama-2's shapes on an H200 (docs/perf.md, session 22); up to SHORT_KEYS keys a tile has at most 4
 # key blocks, most of them in the overlapped loop's prologue and epilogue: without the overlap B8 x 512
-# causal took 1.05x cuDNN's time, with it 1.18x (at 2048 keys: 0.87x and 0.79x). `set_config` overrides.
+# causal took 1.05x cuDNN's time, with it 1.18x (at 2048 keys: 0.87x and 0.79x). Except when every tile
+# has a program of its own (one round): B1 x 512 causal (128 tiles, 132 SMs) took 12.4 us with the overlap
+# and 13.1 without (cuDNN 11.8 with its memset), B2 x 512 (two rounds) 20.0 and 17.1 (session 26, H200).
+# `set_config` overrides.
 _CONFIGS = {128: (128, 2, True, True)}
 _SHORT = {128: (128, 2, False, True)}
 SHORT_KEYS = 512
@@ -360,12 +363,13 @@ def set_config(head_dim: int, cfg):
         _OVERRIDE[head_dim] = tuple(cfg)
 
 
-def config(head_dim: int, keys: int):
-    """The launch config for `keys` keys (per query row, before any causal mask)."""
+def config(head_dim: int, keys: int, one_round: bool = False):
+    """The launch config for `keys` keys (per query row, before any causal mask); one_round: there are
+    no more tiles than SMs."""
     o = _OVERRIDE.get(head_dim)
     if o is not None:
         return o
-    return (_SHORT if keys <= SHORT_KEYS else _CONFIGS)[head_dim]
+    return (_SHORT if keys <= SHORT_KEYS and not one_round else _CONFIGS)[head_dim]
 
 
 # False: every call takes attention.py's Triton kernels (benchmarks compare the two)
@@ -392,7 +396,9 @@ def launch(q, k, v, o, lse, causal: bool, qk_scale: float):
     said yes. qk_scale = scale * log2(e)."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
-    bn, stages, overlap, persistent = config(D, Sk)
+    n_tiles = cdiv(Sq, 2 * ROWS.value) * B * Hq
+    sms = sm_count(q.device)
+    bn, stages, overlap, persistent = config(D, Sk, n_tiles <= sms)
     qd = _desc(q, [1, 1, ROWS.value, D])
     od = _desc(o, [1, 1, ROWS.value, D])
     kd = _desc(k, [1, 1, bn, D])
@@ -400,7 +406,6 @@ def launch(q, k, v, o, lse, causal: bool, qk_scale: float):
     store = lse is not None
     lt = lse if store else o
     ls = lse.stride() if store else (0, 0, 0)
-    n_tiles = cdiv(Sq, 2 * ROWS.value) * B * Hq
-    progs = min(n_tiles, sm_count(q.device)) if persistent else n_tiles
+    progs = min(n_tiles, sms) if persistent else n_tiles
     attn_fwd_gluon[(progs,)](qd, kd, vd, od, lt, Hq, Hq // Hkv, Sq, Sk, float(qk_scale), ls[0], ls[1], ls[2], n_tiles,
                              bool(causal), store, overlap, stages, num_warps=4, num_stages=1)

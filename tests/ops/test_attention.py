@@ -19,8 +19,8 @@ from harness import DEVICE, DTYPES, ON_GPU, assert_close, dtype_params, make
 
 
 def gems_on():
-    """Gems with the opt-in attention group (plain use_gems() leaves SDPA to ATen)."""
-    return gems.use_gems(opt_in=("attention",))
+    """Gems with its default selection (the attention group is in it)."""
+    return gems.use_gems()
 
 FUSED = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
          "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
@@ -425,21 +425,27 @@ def test_each_cuda_backend(sdp, case):
     _run(case, 128, torch.bfloat16, grads=True, ctx=ctx)
 
 
-def test_attention_is_opt_in():
-    """Plain use_gems()/enable() leave SDPA to ATen (the 'attention' group is opt-in); with the group
-    the fused overload is served."""
+def test_attention_is_served_by_default_and_is_a_group():
+    """Plain use_gems()/enable() serve the fused overload SDPA picks; the group's name leaves all of it to
+    ATen through exclude= (bit-identical to Gems off) and is still accepted as opt_in= (it was opt-in
+    until session 26); an unknown group still raises."""
     q, k, v = qkv(1, 2, 2, 16, 16, HEAD_DIMS[0], DTYPES[-1] if ON_GPU else torch.float32)
     fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     name = aten_choice(fn)
     impl = gems.registry.get(name)
-    assert impl.opt_in == "attention"
+    assert impl.group == "attention" and not impl.opt_in
+    assert "attention" in gems.registry.groups() and "attention" not in gems.registry.opt_in_groups()
     before = impl.served
-    with gems.use_gems():
+    with gems.use_gems(exclude=("attention",)):
         out = fn()
     assert impl.served == before
     assert torch.equal(out, fn())
-    with served_attention(fn), gems_on():
+    with served_attention(fn), gems.use_gems():
         fn()
+    with served_attention(fn), gems.use_gems(opt_in=("attention",)):
+        fn()
+    with pytest.raises(ValueError, match="unknown opt-in group"):
+        gems.use_gems(opt_in=("no_such_group",))
 
 
 def test_bias_row_is_chosen_only_where_every_row_of_a_block_shares_the_bias():

@@ -67,7 +67,7 @@ def entered_bwd(monkeypatch):
 def grads(q, k, v, g, causal):
     """(Gems' grads, float64 grads on the CPU, ATen's grads at q's dtype) of SDPA's output against g."""
     kw = dict(is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
-    with gems.use_gems(opt_in=("attention",)):
+    with gems.use_gems():
         got = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, **kw), (q, k, v), g)
     r = [t.detach().cpu().double().requires_grad_(True) for t in (q, k, v)]
     rep = q.shape[1] // k.shape[1]
@@ -103,7 +103,7 @@ def test_forward_matches_float64(shape, layout, dtype, entered):
     B, Hq, Hk, Sq, Sk, causal = shape
     q, k, v = qkv(B, Hq, Hk, Sq, Sk, 128, dtype, layout)
     kw = dict(is_causal=causal, enable_gqa=Hq != Hk)
-    with gems.use_gems(opt_in=("attention",)):
+    with gems.use_gems():
         out = F.scaled_dot_product_attention(q, k, v, **kw)
     assert entered, "the Gluon kernel did not run"
     ref, _ = reference(q, k, v, causal, 1 / math.sqrt(128))
@@ -143,7 +143,7 @@ def test_training_gradients_use_its_logsumexp(entered):
     q, k, v = qkv(1, 8, 2, 300, 300, 128, torch.bfloat16, "bshd", requires_grad=True)
     g = make((1, 8, 300, 128), torch.bfloat16)
     kw = dict(is_causal=True, enable_gqa=True)
-    with gems.use_gems(opt_in=("attention",)):
+    with gems.use_gems():
         out = F.scaled_dot_product_attention(q, k, v, **kw)
         got = torch.autograd.grad(out, (q, k, v), g)
     assert entered
@@ -194,13 +194,13 @@ def test_backward_left_to_the_triton_kernels(entered_bwd, monkeypatch):
     calls = [((q, k, v), dict(attn_mask=mask)), ((q, k, v), dict(dropout_p=0.3, is_causal=True)),
              ((q64, k64, v64), dict(is_causal=True))]
     for i, (inputs, kw) in enumerate(calls):
-        with gems.use_gems(opt_in=("attention",)):
+        with gems.use_gems():
             out = F.scaled_dot_product_attention(*inputs, **kw)
             gs = torch.autograd.grad(out, inputs, torch.ones_like(out))
         assert all(torch.isfinite(t).all() for t in gs), f"call {i}"   # (values: tests/ops/test_attention.py)
     assert not entered_bwd
     monkeypatch.setattr(GB, "enabled", False)
-    with gems.use_gems(opt_in=("attention",)):
+    with gems.use_gems():
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     assert not entered_bwd
@@ -215,7 +215,7 @@ def test_repeat_calls_replay_a_plan_with_descriptors(entered):
     hits = impl.fast.hits if impl.fast is not None else 0
     for i in range(3):
         q, k, v = qkv(2, 4, 4, 384, 384, 128, torch.bfloat16, "bshd")
-        with gems.use_gems(opt_in=("attention",)):
+        with gems.use_gems():
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         ref, _ = reference(q, k, v, True, 1 / math.sqrt(128))
         assert_close(out, ref, torch.bfloat16, F.scaled_dot_product_attention(q, k, v, is_causal=True),
@@ -241,13 +241,13 @@ def test_left_to_the_triton_kernel(entered, monkeypatch):
                                             "_scaled_dot_product_efficient_attention")]
     for i, fn in enumerate(calls):
         served = sum(f.served for f in fused)
-        with gems.use_gems(opt_in=("attention",)):
+        with gems.use_gems():
             out = fn()
         assert sum(f.served for f in fused) > served, f"call {i} was not served by Gems"
         assert torch.isfinite(out).all()     # (its values: tests/ops/test_attention.py)
     assert not entered
     monkeypatch.setattr(G, "enabled", False)
-    with gems.use_gems(opt_in=("attention",)):
+    with gems.use_gems():
         F.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert not entered
 
