@@ -241,7 +241,7 @@ def resolve(names: Optional[Iterable[str]], backend: Optional[str] = None, unkno
     out = set()
     for n in names:
         if n in named:   # a group ("attention") names its overloads
-            out.update(i.name for i in impls if i.group == n)
+            out.update(i.name for i in impls if n in (i.group, i.opt_in))
             continue
         if "." in n:
             _aten_overload(n)
@@ -274,7 +274,7 @@ def opt_in_groups() -> set[str]:
 def groups() -> set[str]:
     """Names of the groups (`register(..., group=...)`, opt-in or not)."""
     _load_ops()
-    return {i.group for i in _IMPLS.values() if i.group}
+    return {g for i in _IMPLS.values() for g in (i.group, i.opt_in) if g}
 
 
 def _not_implemented(n: str, impls, backend) -> str:
