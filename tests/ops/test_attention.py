@@ -448,6 +448,22 @@ def test_attention_is_served_by_default_and_is_a_group():
         gems.use_gems(opt_in=("no_such_group",))
 
 
+def test_forward_kind_and_gluon_config_rules():
+    # fwd_short: a plain (or BIAS_ROW) non-causal forward of at most SHORT_KEYS keys; causal, a bias tile,
+    # dropout or decode keep their own kinds whatever the length; no length given: fwd
+    assert A._fwd_kind(False, False, False, False, A.SHORT_KEYS) == "fwd_short"
+    assert A._fwd_kind(False, False, False, False, A.SHORT_KEYS + 1) == "fwd"
+    assert A._fwd_kind(False, False, False) == "fwd"
+    assert [A._fwd_kind(False, True, False, False, 64), A._fwd_kind(False, False, True, False, 64),
+            A._fwd_kind(False, False, False, True, 64), A._fwd_kind(True, False, False, False, 64)] == \
+        ["fwd_causal", "fwd_bias", "fwd_dropout", "decode"]
+    # the Gluon forward: short keys take the loop without overlap unless every tile has its own program
+    from gems.ops import attention_gluon as AG
+    assert AG.config(128, AG.SHORT_KEYS) == AG._SHORT[128]
+    assert AG.config(128, AG.SHORT_KEYS, one_round=True) == AG._CONFIGS[128]
+    assert AG.config(128, AG.SHORT_KEYS + 1) == AG._CONFIGS[128]
+
+
 def test_bias_row_is_chosen_only_where_every_row_of_a_block_shares_the_bias():
     # BIAS_ROW reads one bias vector per key block instead of a [BLOCK_M, BLOCK_N] tile; both paths are
     # run by the cases above (bool_pad/add_pad: rows share; bool_full/add_head: they do not)
