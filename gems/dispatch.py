@@ -141,7 +141,7 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     cache = impl.plans if sig is not None else None
     plans = cache.plans if cache is not None else None
     extra_key = impl.plan_key
-    MISS, NO_PLAN, AtenPlan = _plan.MISS, _plan.NO_PLAN, _plan.AtenPlan
+    MISS, NO_PLAN, AtenPlan, LazyPlan = _plan.MISS, _plan.NO_PLAN, _plan.AtenPlan, _plan.LazyPlan
     fast_op = impl.fast if _fast is not None and sig is not None else None
     # under the interpreter a launch copies storages with ops Gems may serve: keep the re-entry
     # guard up while a plan runs there; on CUDA a plan calls nothing Gems serves
@@ -186,6 +186,8 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
                     fast_op.publish_aten(p.reason)
                 return fallback(p.reason, args, kwargs)
             if p is not None and p is not NO_PLAN:
+                if p.__class__ is LazyPlan:     # its first Python-side run: compile it, keep the function
+                    p = plans[key] = p.compiled()
                 if guard_plan:
                     tls.depth += 1
                     try:
@@ -285,7 +287,8 @@ def _record(impl, cache, key, schema, on_cuda, args, kwargs):
     # the plan's answer must draw the random numbers the recorded run drew (plan.philox): the CUDA
     # generators' offsets go back to where they were before the plan runs the call again
     gens = [(g, g.get_offset()) for g in torch.cuda.default_generators] if saved is not None and on_cuda else ()
-    out, p, rec = _plan.record(fn, schema, args, kwargs, on_cuda, values)
+    # lazy: the C++ fast path replays the recipe; the Python function is compiled if it ever runs
+    out, p, rec = _plan.record(fn, schema, args, kwargs, on_cuda, values, lazy=impl.fast is not None)
     if impl.fn is not fn:   # replaced meanwhile (a test double, a disabled overload): keep nothing
         return out
     if p is not None or not rec.transient:

@@ -141,6 +141,35 @@ def test_plan_source_is_readable_in_tracebacks():
     assert linecache.getline(code.co_filename, 1).startswith("def plan(")
 
 
+def test_a_plan_the_fast_path_replays_is_compiled_only_when_python_runs_it():
+    # with the C++ fast path, a new signature's plan is kept as source and recipe (LazyPlan): repeat
+    # calls replay the recipe in C++; the first call that reaches the Python plan compiles it and the
+    # compiled function replaces the LazyPlan in the cache
+    impl = registry.get("sigmoid.default")
+    x = make((7, 5))
+    with gems.use_gems():
+        torch.sigmoid(x)
+    key = next(k for k in reversed(impl.plans.plans) if impl.plans.plans[k] is not plan_mod.NO_PLAN)
+    p = impl.plans.plans[key]
+    if impl.fast is None:
+        assert callable(p) and not isinstance(p, plan_mod.LazyPlan)    # Python plans only: compiled at once
+        return
+    assert isinstance(p, plan_mod.LazyPlan) and p._fn is None
+    assert p.__gems_recipe__ is not None and p.__gems_source__.startswith("def plan(")
+    with gems.use_gems():
+        for _ in range(3):
+            assert_close(torch.sigmoid(x), torch.sigmoid(to_ref(x)), torch.float32)
+    assert impl.plans.plans[key] is p and p._fn is None, "the C++ replay compiled or replaced the plan"
+    # a call the C++ side misses (its plans dropped) reaches the Python plan: compiled once, swapped in
+    impl.fast.clear()
+    with gems.use_gems():
+        assert_close(torch.sigmoid(x), torch.sigmoid(to_ref(x)), torch.float32)
+    fn = impl.plans.plans[key]
+    assert fn is p._fn and not isinstance(fn, plan_mod.LazyPlan) and p.compiled() is fn
+    assert fn.__gems_recipe__ is p.__gems_recipe__ and fn.__gems_source__ == p.__gems_source__
+    assert fn.__code__.co_filename.startswith("<gems plan sigmoid.default")
+
+
 def test_signature_keys_negative_zero_and_nan_exactly():
     sig = plan_mod.make_signature(torch.ops.aten.native_layer_norm.default._schema)
     x, w = make((2, 4)), make((4,))
