@@ -120,9 +120,37 @@ CASES = [
     ("scatter(mask, 1, order, mask) [1,V]", lambda d, t, s: (_logits(d, s) > 0, _logits(d, s).argsort(-1)),
      lambda m, i: m.scatter(1, i, m)),
     ("multinomial(probs, 1) [1,V] fp32", lambda d, t, s: (_logits(d, s).softmax(-1),), lambda p: torch.multinomial(p, 1)),
+    # decode with transformers' DynamicCache: the KV cache grows a token per step, so every step is a new
+    # signature for the ops that see its length (cat, SDPA): each call here takes a length not seen for
+    # NEW_LENGTHS calls, past both plan caches' bounds (512 signatures), as decode meets them
+    ("cat KV cache, a new length every call", lambda d, t, s: _growing(d, t, s),
+     lambda kv, x, n: torch.cat([kv[:, :, :n()], x], 2)),
+    ("SDPA decode, a new length every call", lambda d, t, s: _growing(d, t, s),
+     lambda kv, q, n: F.scaled_dot_product_attention(q, kv[:, :, :n()], kv[:, :, :n.last])),
     ("native_dropout p=0.1 [32,128,768]", lambda d, t, s: (_r(*((2, 4, 16) if s else (32, 128, 768)), dev=d, dt=t),),
      lambda x: torch.ops.aten.native_dropout(x, 0.1, True)),
 ]
+
+
+NEW_LENGTHS = 2048
+
+
+class _Lengths:
+    """Calls return 1, 2, ..., NEW_LENGTHS, 1, ...; `last` is the latest."""
+
+    def __init__(self):
+        self.last = 0
+
+    def __call__(self):
+        self.last = self.last % NEW_LENGTHS + 1
+        return self.last
+
+
+def _growing(dev, dt, small):
+    """(a KV cache [1, heads, NEW_LENGTHS, head dim] read as its first n positions, one token's query /
+    key [1, heads, 1, head dim], the lengths)."""
+    h, d = (2, 16) if small else (32, 128)
+    return _r(1, h, NEW_LENGTHS, d, dev=dev, dt=dt), _r(1, h, 1, d, dev=dev, dt=dt), _Lengths()
 
 
 def _logits(dev, small):

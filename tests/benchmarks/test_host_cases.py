@@ -7,8 +7,9 @@ from benchmarks import host
 from harness import DEVICE, assert_close, to_ref
 
 # the slowest cases under the interpreter (big GEMMs, backward reductions) are exercised by the op tests
+# (the "new length" cases differ between calls by design: test_new_length_cases_take_new_signatures)
 _FAST = [c for c in host.CASES if not any(k in c[0] for k in ("linear", "bmm", "backward", "grads", "cat", "softmax",
-                                                                  "foreach"))]
+                                                                  "foreach", "new length"))]
 
 
 @pytest.mark.parametrize("name,setup,fn", _FAST, ids=[c[0] for c in _FAST])
@@ -48,3 +49,25 @@ def test_foreach_cases_are_served(capsys):
     assert host.main(["--device", DEVICE, "--calls", "1", "--rounds", "1", "--only", "foreach"]) == 0
     out = capsys.readouterr().out
     assert out.count("_foreach_") == 3 and "FELL BACK" not in out, out
+
+
+@pytest.mark.parametrize("name,setup,fn", [c for c in host.CASES if "new length" in c[0]],
+                         ids=[c[0] for c in host.CASES if "new length" in c[0]])
+def test_new_length_cases_take_new_signatures(name, setup, fn):
+    # each call reads a length the case has not used for NEW_LENGTHS calls: a new signature every call,
+    # answered correctly (checked against float64 ATen at the same length)
+    torch.manual_seed(0)
+    dt = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    kv, x, n = setup(DEVICE, dt, DEVICE == "cpu")
+    lengths = []
+    for _ in range(3):
+        with gems.use_gems():
+            got = fn(kv, x, n)
+        lengths.append(n.last)
+        same = host._Lengths()
+        same.last = n.last - 1       # its next length is the one just used
+        ref = fn(to_ref(kv), to_ref(x), same)
+        assert_close(got, ref, dt)
+    assert lengths == [1, 2, 3]
+    n.last = host.NEW_LENGTHS
+    assert n() == 1
