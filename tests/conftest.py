@@ -15,6 +15,9 @@ os.environ.setdefault("GEMS_POISON", "1")   # fresh outputs start as NaN: unwrit
 # the first calls of each overload's first 6 signatures answer from their new call plans (every
 # signature: "all", about 1.6x the suite's time under the interpreter)
 os.environ.setdefault("GEMS_PLAN_CHECK", "6")
+# ... which needs the first call to record (the default records at a signature's second call:
+# tests/core/test_plan.py tests that policy in subprocesses)
+os.environ.setdefault("GEMS_PLAN_AFTER", "1")
 os.environ.setdefault("GEMS_CACHE_DIR", tempfile.mkdtemp(prefix="gems-test-cache-"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

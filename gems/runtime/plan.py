@@ -6,7 +6,8 @@ on the signature (dtypes, shapes, strides, devices, 16-byte alignment, the value
 arguments) -- support checks, type promotion, broadcasting, output strides, layout planning, tiles,
 grids, the compiled binary -- need not be redone per call.
 
-How: the first call of a signature runs the implementation normally while a `Recording` watches it:
+How: the second call of a signature (the dispatcher's GEMS_PLAN_AFTER; the first runs unrecorded) runs
+the implementation normally while a `Recording` watches it:
 every output allocation (`runtime.alloc.empty` / `zeros`), every kernel launch (`LaunchCache.run`)
 and, through a TorchDispatchMode, every other ATen op the implementation calls. If it did nothing
 but allocate, launch and take views, the recording becomes a *plan*: a small generated Python
@@ -43,6 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 _T = torch.Tensor
 MISS = object()            # a plan's answer when it declines this call (the full path runs)
 NO_PLAN = object()         # cache value: this signature keeps the full path
+SEEN = object()            # cache value: called once, unrecorded (the dispatcher's GEMS_PLAN_AFTER=2)
 MAX_PLANS = 512            # per overload; an op seeing more signatures than this keeps the newest
 
 _counter = itertools.count()
@@ -926,8 +928,14 @@ class PlanCache:
         self.built = self.declined = 0
         self.reasons: dict = {}
 
-    def put(self, key, plan, why=None):
+    def put_seen(self, key):
+        """The signature ran once without a recording: its next call records."""
         if len(self.plans) >= MAX_PLANS:
+            self.plans.pop(next(iter(self.plans)))
+        self.plans[key] = SEEN
+
+    def put(self, key, plan, why=None):
+        if len(self.plans) >= MAX_PLANS and key not in self.plans:
             self.plans.pop(next(iter(self.plans)))
         if plan is None:
             self.plans[key] = NO_PLAN
@@ -940,6 +948,7 @@ class PlanCache:
 
     def info(self) -> dict:
         aten = sum(p.__class__ is AtenPlan for p in self.plans.values())
-        return {"plans": sum(p is not NO_PLAN for p in self.plans.values()) - aten, "aten": aten,
+        planned = sum(p is not NO_PLAN and p is not SEEN for p in self.plans.values())
+        return {"plans": planned - aten, "aten": aten,
                 "no_plan": self.declined,
                 "built": self.built, "reasons": dict(self.reasons)}

@@ -1,7 +1,11 @@
 """Call plans (gems/runtime/plan.py): repeat calls of a signature run a recorded plan, and the plan
 gives the same answers as the full path -- on new data, new scalar values, aliasing, overlap, and
 the layouts models use (size-1 dims, broadcasts, transposed views)."""
+import json
 import linecache
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -168,6 +172,61 @@ def test_a_plan_the_fast_path_replays_is_compiled_only_when_python_runs_it():
     assert fn is p._fn and not isinstance(fn, plan_mod.LazyPlan) and p.compiled() is fn
     assert fn.__gems_recipe__ is p.__gems_recipe__ and fn.__gems_source__ == p.__gems_source__
     assert fn.__code__.co_filename.startswith("<gems plan sigmoid.default")
+
+
+_RECORD_AT_SECOND_CALL = """
+import json, os, torch, gems
+from gems import registry
+from gems.runtime import plan
+dev = "cuda" if os.environ.get("GEMS_TEST_DEVICE") == "cuda" else "cpu"
+impl = registry.get("sigmoid.default")
+def state():
+    ps = impl.plans.plans.values() if impl.plans is not None else ()
+    return {"seen": sum(p is plan.SEEN for p in ps), "built": impl.plans.built if impl.plans else 0,
+            "served": impl.served}
+x = torch.randn(5, 7, device=dev)
+ref = torch.sigmoid(x.double()).float()
+out = []
+for _ in range(3):
+    with gems.use_gems():
+        y = torch.sigmoid(x)
+    assert torch.allclose(y, ref, atol=1e-6)
+    out.append(state())
+with gems.use_gems():
+    # decode's growing lengths: signatures called once each are never recorded
+    for n in range(3, 9):
+        torch.sigmoid(torch.randn(n, device=dev))
+out.append(state())
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("after", ["2", "1"])
+def test_a_signature_records_its_plan_at_its_second_call_by_default(after):
+    # GEMS_PLAN_AFTER (read at import: a fresh process): 2, the default, runs a signature's first call
+    # unrecorded and records at the second (a decode step's new lengths, used once, never record);
+    # 1 records at the first call (the test suite's setting)
+    env = {k: v for k, v in os.environ.items() if k not in ("GEMS_PLAN_AFTER", "GEMS_PLAN_CHECK")}
+    if after == "2":
+        env.pop("GEMS_PLAN_AFTER", None)   # the default
+    else:
+        env["GEMS_PLAN_AFTER"] = after
+    r = subprocess.run([sys.executable, "-c", _RECORD_AT_SECOND_CALL], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [c["served"] for c in s[:3]] == [1, 2, 3]
+    if after == "2":
+        assert [(c["seen"], c["built"]) for c in s] == [(1, 0), (0, 1), (0, 1), (6, 1)]
+    else:
+        assert [(c["seen"], c["built"]) for c in s] == [(0, 1), (0, 1), (0, 1), (0, 7)]
+
+
+def test_plan_after_rejects_other_values():
+    env = dict(os.environ, GEMS_PLAN_AFTER="3")
+    r = subprocess.run([sys.executable, "-c", "import gems.dispatch"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0 and "GEMS_PLAN_AFTER must be 1 or 2" in r.stderr
 
 
 def test_signature_keys_negative_zero_and_nan_exactly():
