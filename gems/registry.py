@@ -147,7 +147,7 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
     Names are ATen overload names as `torch.ops.aten.<base>.<overload>` spells them; a name without
     a dot means the `.default` overload. The function receives exactly ATen's arguments.
 
-    Repeat calls run a cached plan (runtime/plan.py) when the first call of a signature only
+    Repeat calls run a cached plan (runtime/plan.py) when the recorded call of a signature only
     allocated through `runtime.alloc`, launched `LaunchCache` kernels and took views; `plan=False`
     opts out (kernels seeded per call), `dynamic` names arguments whose Python numbers are passed to
     the kernel per call (the op reports where with `runtime.plan.dynamic`); `plan_key()` returns

@@ -426,7 +426,7 @@ def compile_source(src, filename, ns):
 # --------------------------------------------------------------------------------------------------
 
 def record(fn, schema, args, kwargs, direct: bool, values=None, lazy: bool = False):
-    """The first call of a signature: fn(*args, **kwargs) under a Recording, then its plan.
+    """The recording call of a signature: fn(*args, **kwargs) under a Recording, then its plan.
     Returns (result, plan or None, recording): `recording.tainted` says why there is no plan, and
     `recording.transient` whether the next call of the signature should record again. lazy: a plan
     with a C++ recipe is a `LazyPlan` (its Python function compiled on first use)."""
