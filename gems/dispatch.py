@@ -150,7 +150,7 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     cache = impl.plans if sig is not None else None
     plans = cache.plans if cache is not None else None
     extra_key = impl.plan_key
-    MISS, NO_PLAN, AtenPlan, LazyPlan, SEEN = _plan.MISS, _plan.NO_PLAN, _plan.AtenPlan, _plan.LazyPlan, _plan.SEEN
+    MISS, NO_PLAN, AtenPlan, SEEN = _plan.MISS, _plan.NO_PLAN, _plan.AtenPlan, _plan.SEEN
     record_later = _PLAN_AFTER > 1
     fast_op = impl.fast if _fast is not None and sig is not None else None
     # under the interpreter a launch copies storages with ops Gems may serve: keep the re-entry
@@ -196,13 +196,8 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
                 if fast_op is not None:
                     fast_op.publish_aten(p.reason)
                 return fallback(p.reason, args, kwargs)
-            if p is None:
-                unseen = record_later
-            elif p is SEEN:
-                pass    # its second call: record
-            elif p is not NO_PLAN:
-                if p.__class__ is LazyPlan:     # its first Python-side run: compile it, keep the function
-                    p = plans[key] = p.compiled()
+            if p is not None and p is not NO_PLAN and p is not SEEN:
+                # (a LazyPlan compiles on its first run here and puts the function in its place)
                 if guard_plan:
                     tls.depth += 1
                     try:
@@ -220,8 +215,11 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
                             fast_op.publish(recipe, False)
                     return out
                 key = None  # declined (overlapping out=/in-place): the full path, not recorded
+            elif p is None:
+                unseen = record_later
             elif p is NO_PLAN:
                 key = None
+            # (SEEN: the signature's second call records)
         # declared support: the first tensor's dtype; every tensor strided, real, on this device
         first = True
         for a in args:

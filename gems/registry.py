@@ -76,7 +76,8 @@ class OpImpl:
     # "" or an opt-in group ("attention"): served only when the group is asked for (enable(opt_in=...),
     # GEMS_OPT_IN, or naming the overload in include=), because it is not yet faster than ATen
     opt_in: str = ""
-    # "" or a group ("attention"): a name `include=`/`exclude=` (and `opt_in=`) accept for all its overloads
+    # "" or a group ("attention"): a name `include=`/`exclude=` (and `opt_in=`) accept for all its overloads;
+    # an opt-in overload is in its opt-in group too (`groups()`, `resolve()`)
     group: str = ""
     # Tensor arguments ATen takes on the host whatever the device (the packed scalars of
     # _foreach_addcmul.Tensor): a CPU tensor there does not send a GPU call to ATen
@@ -172,7 +173,7 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
                     raise ValueError(f"{name} is registered twice ({_IMPLS[name].fn.__module__} and {fn.__module__})")
                 _IMPLS[name] = OpImpl(name, fn, category, tuple(dtypes), backward, check, tuple(backends),
                                       (fn.__doc__ or "").strip().split("\n")[0], plan, frozenset(dynamic), plan_key,
-                                      opt_in=opt_in, group=group or opt_in, host_args=frozenset(host_args),
+                                      opt_in=opt_in, group=group, host_args=frozenset(host_args),
                                       foreach=foreach)
         return fn
 

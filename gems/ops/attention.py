@@ -131,7 +131,7 @@ def set_config(kind: str, block_d: int, ieee: bool, cfg):
 @functools.lru_cache(maxsize=256)
 def _config(kind: str, block_d: int, ieee: bool, interp: bool):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of a kernel kind: fwd (no mask, or one shared by the
-    queries: BIAS_ROW), fwd_short (fwd with up to SHORT_KEYS keys), fwd_bias (a mask read as tiles, not
+    queries: BIAS_ROW), fwd_short (fwd with up to FWD_SHORT_KEYS keys), fwd_bias (a mask read as tiles, not
     causal), fwd_dropout (not causal), fwd_causal, decode, dkdv, dq. tests/core/test_gpu_compile.py
     compiles every GPU entry for sm_90 (with a bias: the most shared memory) and checks it fits."""
     o = _OVERRIDES.get((kind, block_d, ieee))
@@ -152,7 +152,7 @@ def _config(kind: str, block_d: int, ieee: bool, interp: bool):
     # bias tile needs 256 KiB at head dim 128 (sm_90 has 227), hence fwd_bias.
     # fwd_dropout (not causal): Philox's registers on top of the scores': 128 x 64 x 4 warps spills, and
     # 64 x 64 x 2 stages was the fastest of five at BERT's [32, 12, 512, 64] (session 25, docs/perf.md).
-    # fwd_short (fwd up to SHORT_KEYS keys): 64 x 64 x 4 x 2 took 11.4 us at BERT's [32, 12, 128, 64] with
+    # fwd_short (fwd up to FWD_SHORT_KEYS keys): 64 x 64 x 4 x 2 took 11.4 us at BERT's [32, 12, 128, 64] with
     # its padding mask where fwd's 128 x 64 x 4 x 4 took 14.4 and cuDNN 12.2, and 31.8 / 37.9 / 34.0 at 256
     # keys (session 26, H200): with few key blocks per program, smaller query blocks fill more of the SMs
     if block_d <= 64:
@@ -172,14 +172,14 @@ def _config(kind: str, block_d: int, ieee: bool, interp: bool):
 
 # a forward of at most this many keys per query row takes kind fwd_short's config (not causal, no bias
 # tile, no dropout; measured at 128 and 256 keys, session 26)
-SHORT_KEYS = 256
+FWD_SHORT_KEYS = 256
 
 
 def _fwd_kind(decode: bool, causal: bool, bias_tile: bool, dropout: bool = False, keys=None) -> str:
     """bias_tile: a bias read as [BLOCK_M, BLOCK_N] tiles (not BIAS_ROW), which needs smaller blocks; so
-    does dropout (Philox's registers). keys: Sk (fwd_short up to SHORT_KEYS)."""
+    does dropout (Philox's registers). keys: Sk (fwd_short up to FWD_SHORT_KEYS)."""
     return ("decode" if decode else "fwd_causal" if causal else "fwd_dropout" if dropout else
-            "fwd_bias" if bias_tile else "fwd_short" if keys is not None and keys <= SHORT_KEYS else "fwd")
+            "fwd_bias" if bias_tile else "fwd_short" if keys is not None and keys <= FWD_SHORT_KEYS else "fwd")
 
 
 @functools.lru_cache(maxsize=16)

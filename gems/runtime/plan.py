@@ -674,19 +674,25 @@ class LazyPlan:
     """A plan whose Python function is compiled when it first runs. Why: where the C++ fast path
     replays a signature from its recipe, the Python function is rarely called, and compiling it was a
     third of a new signature's host cost (163 of 490 us for a `cat`, CPU, session 26). Decode meets a
-    new signature every token (the KV cache's length), for several ops. The dispatcher swaps the
-    compiled function into the plan cache on its first Python-side hit (`compiled`)."""
+    new signature every token (the KV cache's length), for several ops. The compiled function
+    replaces it in its plan cache (`PlanCache.put` tells it where) when it is first
+    compiled, so later Python-side hits call the function itself."""
 
-    __slots__ = ("__gems_source__", "__gems_recipe__", "_name", "_ns", "_fn")
+    __slots__ = ("__gems_source__", "__gems_recipe__", "_name", "_ns", "_fn", "slot")
 
     def __init__(self, src, name, ns, recipe):
         self.__gems_source__, self.__gems_recipe__ = src, recipe
         self._name, self._ns, self._fn = name, ns, None
+        self.slot = None     # (plans dict, key) of the cache holding it
 
     def compiled(self):
         fn = self._fn
         if fn is None:
             fn = self._fn = _compile_plan(self.__gems_source__, self._name, self._ns, self.__gems_recipe__)
+            if self.slot is not None:
+                plans, key = self.slot
+                if plans.get(key) is self:
+                    plans[key] = fn
         return fn
 
     def __call__(self, *args, **kwargs):
@@ -943,6 +949,8 @@ class PlanCache:
             if why:
                 self.reasons[why] = self.reasons.get(why, 0) + 1
         else:
+            if plan.__class__ is LazyPlan:
+                plan.slot = (self.plans, key)
             self.plans[key] = plan
             self.built += 1
 

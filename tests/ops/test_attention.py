@@ -449,10 +449,10 @@ def test_attention_is_served_by_default_and_is_a_group():
 
 
 def test_forward_kind_and_gluon_config_rules():
-    # fwd_short: a plain (or BIAS_ROW) non-causal forward of at most SHORT_KEYS keys; causal, a bias tile,
+    # fwd_short: a plain (or BIAS_ROW) non-causal forward of at most FWD_SHORT_KEYS keys; causal, a bias tile,
     # dropout or decode keep their own kinds whatever the length; no length given: fwd
-    assert A._fwd_kind(False, False, False, False, A.SHORT_KEYS) == "fwd_short"
-    assert A._fwd_kind(False, False, False, False, A.SHORT_KEYS + 1) == "fwd"
+    assert A._fwd_kind(False, False, False, False, A.FWD_SHORT_KEYS) == "fwd_short"
+    assert A._fwd_kind(False, False, False, False, A.FWD_SHORT_KEYS + 1) == "fwd"
     assert A._fwd_kind(False, False, False) == "fwd"
     assert [A._fwd_kind(False, True, False, False, 64), A._fwd_kind(False, False, True, False, 64),
             A._fwd_kind(False, False, False, True, 64), A._fwd_kind(True, False, False, False, 64)] == \
