@@ -15,9 +15,11 @@ half the batch), GQA 32/4 (sequence 2048, causal, enable_gqa), decode (one query
 32 x 128, batch 1; and GQA 32/4). Forward, and forward+backward and the backward alone where training uses
 it; BERT also with its
 training default, attention dropout 0.1 (forward+backward only: Gems' and ATen's masks differ by design). Per row: ATen's backend
-(the fused overload it dispatched to), median ms of each (`triton.testing.do_bench`), TFLOP/s
+(the fused overload it dispatched to), median ms of each (`triton.testing.do_bench`, L2 flushed; ATen
+and Gems alternate `--rounds` times and each takes the median of its rounds), TFLOP/s
 (forward 4*B*H*Sq*Sk*D, half of it under a square causal mask; backward 2.5x the forward), Gems/ATen
-ratio, Gems' max abs difference to ATen, and whether Gems served the call (gems.stats()). ATen runs
+ratio, the ratio of their kernel time alone ("dev ratio": profiler, no host time or launch gaps, L2
+warm; rows of a few microseconds are decided there), Gems' max abs difference to ATen, and whether Gems served the call (gems.stats()). ATen runs
 with Gems unregistered (`gems.disable()`), i.e. exactly what users without Gems run; Gems runs with
 `gems.enable()` (attention is in its default selection since session 26).
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -86,6 +89,21 @@ def aten_choice(fn):
     return next((n for n in seen if n in FUSED), "math")
 
 
+def device_ms(fn, device, n=10):
+    """Kernel time per call (ms): the CUDA kernels (and memsets/copies) the profiler saw over n calls,
+    summed, without host time or launch gaps (L2 warm, unlike `bench`). None on the CPU."""
+    if device != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.device_time for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA) / n / 1e3
+
+
 def bench(fn, device):
     if device == "cuda":
         from triton.testing import do_bench
@@ -117,7 +135,7 @@ def served(names):
     return {n: st.get(n + ".default", {}).get("served", 0) for n in names}
 
 
-def run_case(c, dtype, device):
+def run_case(c, dtype, device, rounds=1):
     name, B, Hq, Hkv, Sq, Sk, D, causal, mask, training = c[:10]
     dropout = c[10] if len(c) > 10 else 0.0
     q, k, v, m = make_inputs(B, Hq, Hkv, Sq, Sk, D, mask, dtype, device, training)
@@ -146,14 +164,26 @@ def run_case(c, dtype, device):
         passes.append(("fwd+bwd", lambda: fwd_bwd, 3.5 * f, torch.enable_grad))
         passes.append(("bwd", bwd, 2.5 * f, torch.enable_grad))
     for kind, make, fl, ctx in passes:
-        gems.disable()
-        with ctx():
-            t_aten = bench(make(), device)
-        gems.enable()
+        # ATen and Gems alternate `rounds` times (clocks and neighbours drift during a run); each side's
+        # time is the median of its rounds' medians
+        t_aten, t_gems = [], []
         gems.reset_stats()
+        for r in range(rounds):
+            gems.disable()
+            with ctx():
+                t_aten.append(bench(make(), device))
+                d_aten = device_ms(make(), device) if r == 0 else d_aten
+            gems.enable()
+            try:
+                with ctx():
+                    t_gems.append(bench(make(), device))
+                    d_gems = device_ms(make(), device) if r == 0 else d_gems
+            finally:
+                gems.disable()
+        t_aten, t_gems = statistics.median(t_aten), statistics.median(t_gems)
+        gems.enable()
         try:
             with ctx():
-                t_gems = bench(make(), device)
                 out = fwd() if kind == "fwd" else None
             names = [backend] + ([BACKWARD_OF.get(backend, "")] if kind != "fwd" else [])
             s = served([n for n in names if n])
@@ -163,7 +193,8 @@ def run_case(c, dtype, device):
         finally:
             gems.disable()
         rows.append(dict(case=name, pass_=kind, aten_backend=backend, aten_ms=t_aten, gems_ms=t_gems,
-                         ratio=t_gems / t_aten, aten_tflops=fl / t_aten / 1e9, gems_tflops=fl / t_gems / 1e9,
+                         ratio=t_gems / t_aten, aten_device_ms=d_aten, gems_device_ms=d_gems,
+                         device_ratio=d_gems / d_aten if d_aten else None, rounds=rounds, aten_tflops=fl / t_aten / 1e9, gems_tflops=fl / t_gems / 1e9,
                          max_abs_diff=err, served=ok, fallback_reasons=reasons))
     return rows
 
@@ -315,6 +346,8 @@ def main(argv=None):
                     help="try launch configs (GPU), print the best per kernel kind (fwd fwd_bias fwd_causal decode dkdv "
                          "dq: the Triton kernels; gluon: the Hopper forward at head dim 128; all if none)")
     ap.add_argument("--sweep-head-dim", type=int, default=128, help="128: Llama-2 shapes; 64: BERT's")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="alternating ATen / Gems timings per row (default 3 on cuda, 1 on cpu)")
     ap.add_argument("-o", "--json", default=None)
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -333,19 +366,22 @@ def main(argv=None):
         env["triton"] = triton.__version__
     except ImportError:
         pass
+    rounds = a.rounds or (3 if a.device == "cuda" else 1)
+    env["rounds"] = rounds
     print(" ".join(f"{k}={v}" for k, v in env.items()))
     hdr = f"{'case':30s} {'pass':8s} {'aten backend':44s} {'aten ms':>9s} {'gems ms':>9s} {'ratio':>6s} " \
-          f"{'aten TF/s':>9s} {'gems TF/s':>9s} {'maxdiff':>8s} served"
+          f"{'aten TF/s':>9s} {'gems TF/s':>9s} {'dev ratio':>9s} {'maxdiff':>8s} served"
     print(hdr)
     rows = []
     for c in cases(a.quick, a.device == "cpu"):
         if a.only and a.only not in c[0]:
             continue
-        for r in run_case(c, dtype, a.device):
+        for r in run_case(c, dtype, a.device, rounds):
             rows.append(r)
             d = "" if r["max_abs_diff"] is None else f"{r['max_abs_diff']:.1e}"
             print(f"{r['case']:30s} {r['pass_']:8s} {r['aten_backend']:44s} {r['aten_ms']:9.3f} {r['gems_ms']:9.3f} "
-                  f"{r['ratio']:6.2f} {r['aten_tflops']:9.1f} {r['gems_tflops']:9.1f} {d:>8s} "
+                  f"{r['ratio']:6.2f} {r['aten_tflops']:9.1f} {r['gems_tflops']:9.1f} "
+                  f"{'-' if r['device_ratio'] is None else format(r['device_ratio'], '.2f'):>9s} {d:>8s} "
                   f"{'yes' if r['served'] else 'NO ' + json.dumps(r['fallback_reasons'])}", flush=True)
     if a.json:
         with open(a.json, "w") as f:

@@ -131,19 +131,18 @@ def set_config(kind: str, block_d: int, ieee: bool, cfg):
 @functools.lru_cache(maxsize=256)
 def _config(kind: str, block_d: int, ieee: bool, interp: bool):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of a kernel kind: fwd (no mask, or one shared by the
-    queries: BIAS_ROW), fwd_short (fwd with up to FWD_SHORT_KEYS keys), fwd_bias (a mask read as tiles, not
-    causal), fwd_dropout (not causal), fwd_causal, decode, dkdv, dq. tests/core/test_gpu_compile.py
+    queries: BIAS_ROW), fwd_bias (a mask read as tiles, not causal), fwd_dropout (not causal), fwd_causal, decode, dkdv, dq. tests/core/test_gpu_compile.py
     compiles every GPU entry for sm_90 (with a bias: the most shared memory) and checks it fits."""
     o = _OVERRIDES.get((kind, block_d, ieee))
     if o is not None:
         return o
     if interp:
         # the interpreter runs one program at a time: few, wide programs; several blocks per test shape
-        return {"fwd": (32, 16, 1, 1), "fwd_short": (32, 16, 1, 1), "fwd_bias": (32, 16, 1, 1),
+        return {"fwd": (32, 16, 1, 1), "fwd_bias": (32, 16, 1, 1),
                 "fwd_dropout": (32, 16, 1, 1), "fwd_causal": (32, 16, 1, 1),
                 "decode": (16, 16, 1, 1), "dkdv": (16, 32, 1, 1), "dq": (32, 16, 1, 1)}[kind]
     if ieee:   # fp32: register- and shared-memory-hungry full-precision dots
-        return {"fwd": (64, 32, 4, 2), "fwd_short": (64, 32, 4, 2), "fwd_bias": (64, 32, 4, 2),
+        return {"fwd": (64, 32, 4, 2), "fwd_bias": (64, 32, 4, 2),
                 "fwd_dropout": (64, 32, 4, 2), "fwd_causal": (64, 32, 4, 2),
                 "decode": (16, 32, 4, 2), "dkdv": (32, 32, 4, 2), "dq": (32, 32, 4, 2)}[kind]
     # sm90, fp16/bf16: the fastest of `python -m benchmarks.attention --sweep` on an H100 (session 19,
@@ -152,34 +151,30 @@ def _config(kind: str, block_d: int, ieee: bool, interp: bool):
     # bias tile needs 256 KiB at head dim 128 (sm_90 has 227), hence fwd_bias.
     # fwd_dropout (not causal): Philox's registers on top of the scores': 128 x 64 x 4 warps spills, and
     # 64 x 64 x 2 stages was the fastest of five at BERT's [32, 12, 512, 64] (session 25, docs/perf.md).
-    # fwd_short (fwd up to FWD_SHORT_KEYS keys): 64 x 64 x 4 x 2 took 11.4 us at BERT's [32, 12, 128, 64] with
-    # its padding mask where fwd's 128 x 64 x 4 x 4 took 14.4 and cuDNN 12.2, and 31.8 / 37.9 / 34.0 at 256
-    # keys (session 26, H200): with few key blocks per program, smaller query blocks fill more of the SMs
+    # fwd at head dim <= 64: 64 x 64 x 4 x 2 on an H200 (H100, session 19: 128 x 64 x 4 x 4). At BERT's
+    # [32, 12, S, 64] with its padding mask it took 11.4 / 31.8 us at S128 / S256 against 14.4 / 37.9 for
+    # 128 x 64 x 4 x 4 and cuDNN's 12.2 / 34.0 (session 26); at S512 it was the best of the sweep's 36
+    # configs, 108 us against 123 (session 27)
     if block_d <= 64:
-        return {"fwd": (128, 64, 4, 4), "fwd_short": (64, 64, 4, 2), "fwd_bias": (128, 64, 4, 4),
+        return {"fwd": (64, 64, 4, 2), "fwd_bias": (128, 64, 4, 4),
                 "fwd_dropout": (64, 64, 4, 2), "fwd_causal": (64, 64, 4, 3),
                 "decode": (16, 64, 4, 3), "dkdv": (32, 64, 4, 3), "dq": (64, 32, 4, 3)}[kind]
     if block_d <= 128:
         # decode: K/V by TMA (DECODE_TMA), 128 keys x 2 stages, from a sweep of 15 decode shapes on an H200
         # (session 24: geomean 0.975 of cuDNN's device time; 64 x 3 stages: 1.008)
-        return {"fwd": (128, 128, 8, 3), "fwd_short": (128, 128, 8, 3), "fwd_bias": (64, 64, 4, 3),
+        return {"fwd": (128, 128, 8, 3), "fwd_bias": (64, 64, 4, 3),
                 "fwd_dropout": (64, 64, 4, 3), "fwd_causal": (64, 64, 4, 3),
                 "decode": (16, 128, 4, 2), "dkdv": (64, 64, 4, 2), "dq": (128, 64, 8, 3)}[kind]
-    return {"fwd": (64, 32, 8, 2), "fwd_short": (64, 32, 8, 2), "fwd_bias": (64, 32, 8, 2),
+    return {"fwd": (64, 32, 8, 2), "fwd_bias": (64, 32, 8, 2),
             "fwd_dropout": (64, 32, 8, 2), "fwd_causal": (64, 32, 8, 2),
             "decode": (16, 32, 8, 2), "dkdv": (16, 32, 8, 2), "dq": (32, 16, 8, 2)}[kind]
 
 
-# a forward of at most this many keys per query row takes kind fwd_short's config (not causal, no bias
-# tile, no dropout; measured at 128 and 256 keys, session 26)
-FWD_SHORT_KEYS = 256
-
-
-def _fwd_kind(decode: bool, causal: bool, bias_tile: bool, dropout: bool = False, keys=None) -> str:
+def _fwd_kind(decode: bool, causal: bool, bias_tile: bool, dropout: bool = False) -> str:
     """bias_tile: a bias read as [BLOCK_M, BLOCK_N] tiles (not BIAS_ROW), which needs smaller blocks; so
-    does dropout (Philox's registers). keys: Sk (fwd_short up to FWD_SHORT_KEYS)."""
+    does dropout (Philox's registers)."""
     return ("decode" if decode else "fwd_causal" if causal else "fwd_dropout" if dropout else
-            "fwd_bias" if bias_tile else "fwd_short" if keys is not None and keys <= FWD_SHORT_KEYS else "fwd")
+            "fwd_bias" if bias_tile else "fwd")
 
 
 @functools.lru_cache(maxsize=16)
@@ -425,7 +420,7 @@ def _forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None)
         # Hopper, head dim 128, no mask: the warp-specialized Gluon kernel (attention_gluon.py)
         attention_gluon.launch(q, k, v, o, lse, causal, qk_scale)
         return
-    kind = _fwd_kind(decode, causal, has_bias and not bias_row, dropout_p > 0.0, Sk)
+    kind = _fwd_kind(decode, causal, has_bias and not bias_row, dropout_p > 0.0)
     BM, BN, W, ST = _config(kind, BD, ieee, interp)
     if pack:
         nm, nbh = _packed(B, Hq, Hkv, Sq, BM)

@@ -84,11 +84,11 @@ def test_kernels_compile_for_sm90():
 def _attention_gpu_records():
     """Records of the attention kernels at every launch config of attention._config's GPU table, with the
     largest float bias the kind may read (its tiles are pipelined through shared memory too: the most a
-    config can need; kinds "fwd" and "fwd_short" read at most one bias row per key block) and 16-bit
+    config can need; kind "fwd" reads at most one bias row per key block) and 16-bit
     operands, from the recorded interpreter signatures; each distinct (kernel, config) once."""
     from gems.ops import attention as A
     base = {r["name"]: r for r in _records() if r["module"] == "gems.ops._attention_kernels"}
-    kernel_of = {"fwd": "attn_fwd", "fwd_short": "attn_fwd", "fwd_bias": "attn_fwd", "fwd_dropout": "attn_fwd",
+    kernel_of = {"fwd": "attn_fwd", "fwd_bias": "attn_fwd", "fwd_dropout": "attn_fwd",
                  "fwd_causal": "attn_fwd",
                  "decode": "attn_fwd", "dkdv": "attn_bwd_dkdv", "dq": "attn_bwd_dq"}
     out, seen = [], set()
@@ -96,7 +96,7 @@ def _attention_gpu_records():
         for ieee in (False,):    # (fp32's configs are small and run in the GPU suite's fp32 tests)
             for kind, name in kernel_of.items():
                 bm, bn, w, st = A._config(kind, block_d, ieee, False)
-                key = (name, block_d, ieee, bm, bn, w, st, kind in ("decode", "fwd", "fwd_short"))
+                key = (name, block_d, ieee, bm, bn, w, st, kind in ("decode", "fwd"))
                 if key in seen:
                     continue
                 seen.add(key)
@@ -109,7 +109,7 @@ def _attention_gpu_records():
                 # kind fwd: at most a bias shared by the queries (one vector per key block); the others
                 # may read [BLOCK_M, BLOCK_N] bias tiles
                 c.update(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, HAS_BIAS=True, BIAS_BOOL=False,
-                         BIAS_ROW=kind in ("fwd", "fwd_short"), IEEE=ieee,
+                         BIAS_ROW=kind == "fwd", IEEE=ieee,
                          CAUSAL=kind in ("fwd_causal", "dkdv", "dq"))
                 if name == "attn_fwd":
                     c.update(SPLIT=kind == "decode", REVERSE=kind == "fwd_causal", STORE_LSE=kind != "decode")
@@ -138,7 +138,7 @@ def _attention_gpu_records():
                 # forward with dropout takes kind fwd_dropout's, fwd_causal's or decode's tiles (attention._fwd_kind). Mode 2: the
                 # forward also stores the mask's bits (a superset of mode 1's code), the backward reads
                 # them instead of running Philox (mode 1): both backward modes are compiled
-                modes = () if block_d > 128 or kind in ("fwd", "fwd_short", "fwd_bias") else (2,) if name == "attn_fwd" else (1, 2)
+                modes = () if block_d > 128 or kind in ("fwd", "fwd_bias") else (2,) if name == "attn_fwd" else (1, 2)
                 for mode in modes:
                     d = json.loads(json.dumps(r))
                     d["constexprs"]["DROPOUT"] = mode

@@ -449,14 +449,12 @@ def test_attention_is_served_by_default_and_is_a_group():
 
 
 def test_forward_kind_and_gluon_config_rules():
-    # fwd_short: a plain (or BIAS_ROW) non-causal forward of at most FWD_SHORT_KEYS keys; causal, a bias tile,
-    # dropout or decode keep their own kinds whatever the length; no length given: fwd
-    assert A._fwd_kind(False, False, False, False, A.FWD_SHORT_KEYS) == "fwd_short"
-    assert A._fwd_kind(False, False, False, False, A.FWD_SHORT_KEYS + 1) == "fwd"
+    # decode first, then causal, dropout, a bias read as tiles; a plain (or BIAS_ROW) forward: fwd
     assert A._fwd_kind(False, False, False) == "fwd"
-    assert [A._fwd_kind(False, True, False, False, 64), A._fwd_kind(False, False, True, False, 64),
-            A._fwd_kind(False, False, False, True, 64), A._fwd_kind(True, False, False, False, 64)] == \
-        ["fwd_causal", "fwd_bias", "fwd_dropout", "decode"]
+    assert [A._fwd_kind(False, True, False, False), A._fwd_kind(False, False, True, False),
+            A._fwd_kind(False, False, False, True), A._fwd_kind(True, True, True, True),
+            A._fwd_kind(False, True, True, True), A._fwd_kind(False, False, True, True)] == \
+        ["fwd_causal", "fwd_bias", "fwd_dropout", "decode", "fwd_causal", "fwd_dropout"]
     # the Gluon forward: short keys take the loop without overlap unless every tile has its own program
     from gems.ops import attention_gluon as AG
     assert AG.config(128, AG.SHORT_KEYS) == AG._SHORT[128]
