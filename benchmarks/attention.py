@@ -9,7 +9,7 @@
                                                         # --sweep-head-dim 64: BERT's shapes)
     python -m benchmarks.attention --device cpu         # tiny shapes through the Triton interpreter (smoke run)
 
-Cases (issue 10): Llama-2-7B (32 heads x 128, causal; batch 1-4, sequence 512-4096), BERT (batch 32,
+Cases (issue 10): Llama-2-7B (32 heads x 128, causal; batch 1-8, sequence 512-4096), BERT (batch 32,
 12 x 64, sequence 128-512, boolean padding mask [B, 1, 1, S] with a quarter of the keys masked in
 half the batch), GQA 32/4 (sequence 2048, causal, enable_gqa), decode (one query, KV 128-8192,
 32 x 128, batch 1; and GQA 32/4). Forward, and forward+backward and the backward alone where training uses
@@ -56,7 +56,7 @@ def cases(quick: bool, cpu: bool):
                 ("gqa-tiny", 1, 4, 1, 64, 64, 32, True, False, True),
                 ("decode-tiny", 1, 2, 2, 1, 256, 32, False, False, False)]
     llama = [(1, 512), (1, 2048), (4, 2048), (1, 4096)] if quick else \
-        [(b, s) for b in (1, 2, 4) for s in (512, 1024, 2048, 4096)]
+        [(b, s) for b in (1, 2, 4, 8) for s in (512, 1024, 2048, 4096)]
     for b, s in llama:
         out.append((f"llama2-7b B{b} S{s}", b, 32, 32, s, s, 128, True, False, True))
     for s in ((128, 512) if quick else (128, 256, 384, 512)):

@@ -149,15 +149,17 @@ def _config(kind: str, block_d: int, ieee: bool, interp: bool):
     # docs/perf.md) at Llama-2's [B, 32, S, 128] (causal and not) and BERT's [32, 12, 512, 64] with its
     # padding mask. A mask's tiles are pipelined through shared memory too: 128 x 128 x 3 stages with a
     # bias tile needs 256 KiB at head dim 128 (sm_90 has 227), hence fwd_bias.
-    # fwd_dropout (not causal): Philox's registers on top of the scores': 128 x 64 x 4 warps spills, and
-    # 64 x 64 x 2 stages was the fastest of five at BERT's [32, 12, 512, 64] (session 25, docs/perf.md).
+    # fwd_dropout (not causal): Philox's registers on top of the scores': 128 x 64 x 4 warps spills. At head
+    # dim <= 64, 64 x 32 x 4 x 2 was the best of 36 over BERT's [32, 12, S, 64] with its padding mask, S = 128,
+    # 256, 512: 0.92 / 1.02 / 1.06 of cuDNN's forward where session 25's 64 x 64 x 4 x 2 took 1.05 / 1.24 /
+    # 1.20 (session 27, H200, kernel time; the backward is the larger part of the pair).
     # fwd at head dim <= 64: 64 x 64 x 4 x 2 on an H200 (H100, session 19: 128 x 64 x 4 x 4). At BERT's
     # [32, 12, S, 64] with its padding mask it took 11.4 / 31.8 us at S128 / S256 against 14.4 / 37.9 for
     # 128 x 64 x 4 x 4 and cuDNN's 12.2 / 34.0 (session 26); at S512 it was the best of the sweep's 36
     # configs, 108 us against 123 (session 27)
     if block_d <= 64:
         return {"fwd": (64, 64, 4, 2), "fwd_bias": (128, 64, 4, 4),
-                "fwd_dropout": (64, 64, 4, 2), "fwd_causal": (64, 64, 4, 3),
+                "fwd_dropout": (64, 32, 4, 2), "fwd_causal": (64, 64, 4, 3),
                 "decode": (16, 64, 4, 3), "dkdv": (32, 64, 4, 3), "dq": (64, 32, 4, 3)}[kind]
     if block_d <= 128:
         # decode: K/V by TMA (DECODE_TMA), 128 keys x 2 stages, from a sweep of 15 decode shapes on an H200
