@@ -18,10 +18,11 @@ training default, attention dropout 0.1 (forward+backward only: Gems' and ATen's
 (the fused overload it dispatched to), median ms of each (`triton.testing.do_bench`, L2 flushed; ATen
 and Gems alternate `--rounds` times and each takes the median of its rounds), TFLOP/s
 (forward 4*B*H*Sq*Sk*D, half of it under a square causal mask; backward 2.5x the forward), Gems/ATen
-ratio, the ratio of their kernel time alone ("dev ratio": profiler, no host time or launch gaps, L2
-warm; rows of a few microseconds are decided there), Gems' max abs difference to ATen, and whether Gems served the call (gems.stats()). ATen runs
+ratio, Gems' max abs difference to ATen, and whether Gems served the call (gems.stats()). ATen runs
 with Gems unregistered (`gems.disable()`), i.e. exactly what users without Gems run; Gems runs with
-`gems.enable()` (attention is in its default selection since session 26).
+`gems.enable()` (attention is in its default selection since session 26). On the GPU a second table
+follows, after every timing: each side's kernel time per call from the profiler (no host time or launch
+gaps, L2 warm), which decides the rows of a few microseconds.
 """
 from __future__ import annotations
 
@@ -135,7 +136,9 @@ def served(names):
     return {n: st.get(n + ".default", {}).get("served", 0) for n in names}
 
 
-def run_case(c, dtype, device, rounds=1):
+def run_case(c, dtype, device, rounds=1, kernel_time=False):
+    """The case's rows: do_bench times (ATen and Gems alternating `rounds` times), or with kernel_time
+    the profiler's kernel time per call of each side (device_ms) instead."""
     name, B, Hq, Hkv, Sq, Sk, D, causal, mask, training = c[:10]
     dropout = c[10] if len(c) > 10 else 0.0
     q, k, v, m = make_inputs(B, Hq, Hkv, Sq, Sk, D, mask, dtype, device, training)
@@ -164,20 +167,33 @@ def run_case(c, dtype, device, rounds=1):
         passes.append(("fwd+bwd", lambda: fwd_bwd, 3.5 * f, torch.enable_grad))
         passes.append(("bwd", bwd, 2.5 * f, torch.enable_grad))
     for kind, make, fl, ctx in passes:
+        if kernel_time:
+            # the profiler's pass, after every timing (a profiled run leaves later launches slower: the
+            # timed rows after one read 2-4x their times)
+            gems.disable()
+            with ctx():
+                d_aten = device_ms(make(), device)
+            gems.enable()
+            try:
+                with ctx():
+                    d_gems = device_ms(make(), device)
+            finally:
+                gems.disable()
+            rows.append(dict(case=name, pass_=kind, aten_device_ms=d_aten, gems_device_ms=d_gems,
+                             device_ratio=d_gems / d_aten if d_aten else None))
+            continue
         # ATen and Gems alternate `rounds` times (clocks and neighbours drift during a run); each side's
         # time is the median of its rounds' medians
         t_aten, t_gems = [], []
         gems.reset_stats()
-        for r in range(rounds):
+        for _ in range(rounds):
             gems.disable()
             with ctx():
                 t_aten.append(bench(make(), device))
-                d_aten = device_ms(make(), device) if r == 0 else d_aten
             gems.enable()
             try:
                 with ctx():
                     t_gems.append(bench(make(), device))
-                    d_gems = device_ms(make(), device) if r == 0 else d_gems
             finally:
                 gems.disable()
         t_aten, t_gems = statistics.median(t_aten), statistics.median(t_gems)
@@ -193,9 +209,8 @@ def run_case(c, dtype, device, rounds=1):
         finally:
             gems.disable()
         rows.append(dict(case=name, pass_=kind, aten_backend=backend, aten_ms=t_aten, gems_ms=t_gems,
-                         ratio=t_gems / t_aten, aten_device_ms=d_aten, gems_device_ms=d_gems,
-                         device_ratio=d_gems / d_aten if d_aten else None, rounds=rounds, aten_tflops=fl / t_aten / 1e9, gems_tflops=fl / t_gems / 1e9,
-                         max_abs_diff=err, served=ok, fallback_reasons=reasons))
+                         ratio=t_gems / t_aten, rounds=rounds, aten_tflops=fl / t_aten / 1e9,
+                         gems_tflops=fl / t_gems / 1e9, max_abs_diff=err, served=ok, fallback_reasons=reasons))
     return rows
 
 
@@ -348,6 +363,8 @@ def main(argv=None):
     ap.add_argument("--sweep-head-dim", type=int, default=128, help="128: Llama-2 shapes; 64: BERT's")
     ap.add_argument("--rounds", type=int, default=None,
                     help="alternating ATen / Gems timings per row (default 3 on cuda, 1 on cpu)")
+    ap.add_argument("--no-kernel-time", action="store_true",
+                    help="skip the profiler's kernel-time table (run after all timings)")
     ap.add_argument("-o", "--json", default=None)
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -370,7 +387,7 @@ def main(argv=None):
     env["rounds"] = rounds
     print(" ".join(f"{k}={v}" for k, v in env.items()))
     hdr = f"{'case':30s} {'pass':8s} {'aten backend':44s} {'aten ms':>9s} {'gems ms':>9s} {'ratio':>6s} " \
-          f"{'aten TF/s':>9s} {'gems TF/s':>9s} {'dev ratio':>9s} {'maxdiff':>8s} served"
+          f"{'aten TF/s':>9s} {'gems TF/s':>9s} {'maxdiff':>8s} served"
     print(hdr)
     rows = []
     for c in cases(a.quick, a.device == "cpu"):
@@ -380,9 +397,19 @@ def main(argv=None):
             rows.append(r)
             d = "" if r["max_abs_diff"] is None else f"{r['max_abs_diff']:.1e}"
             print(f"{r['case']:30s} {r['pass_']:8s} {r['aten_backend']:44s} {r['aten_ms']:9.3f} {r['gems_ms']:9.3f} "
-                  f"{r['ratio']:6.2f} {r['aten_tflops']:9.1f} {r['gems_tflops']:9.1f} "
-                  f"{'-' if r['device_ratio'] is None else format(r['device_ratio'], '.2f'):>9s} {d:>8s} "
+                  f"{r['ratio']:6.2f} {r['aten_tflops']:9.1f} {r['gems_tflops']:9.1f} {d:>8s} "
                   f"{'yes' if r['served'] else 'NO ' + json.dumps(r['fallback_reasons'])}", flush=True)
+    if a.device == "cuda" and not a.no_kernel_time:
+        print(f"\nkernel time per call (profiler: the call's kernels summed, no host time or launch gaps, L2 warm)\n"
+              f"{'case':30s} {'pass':8s} {'aten us':>9s} {'gems us':>9s} {'ratio':>6s}")
+        at = {(r["case"], r["pass_"]): r for r in rows}
+        for c in cases(a.quick, False):
+            if a.only and a.only not in c[0]:
+                continue
+            for k in run_case(c, dtype, a.device, kernel_time=True):
+                at[(k["case"], k["pass_"])].update(k)
+                print(f"{k['case']:30s} {k['pass_']:8s} {k['aten_device_ms'] * 1e3:9.1f} {k['gems_device_ms'] * 1e3:9.1f} "
+                      f"{k['device_ratio']:6.2f}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(env=env, rows=rows), f, indent=1)

@@ -24,7 +24,9 @@ def test_row_alternates_rounds_and_is_served(monkeypatch):
     assert row["pass_"] == "fwd" and row["rounds"] == 2 and row["served"], row
     assert row["ratio"] == pytest.approx(row["gems_ms"] / row["aten_ms"])
     assert row["max_abs_diff"] is not None and row["max_abs_diff"] < 2e-2
+    (k,) = bench_attention.run_case(case, dtype, DEVICE, kernel_time=True)
+    assert k["pass_"] == "fwd" and len(sides) == 4
     if DEVICE == "cpu":
-        assert row["device_ratio"] is None
+        assert k["device_ratio"] is None
     else:
-        assert row["device_ratio"] == pytest.approx(row["gems_device_ms"] / row["aten_device_ms"])
+        assert k["gems_device_ms"] > 0 and k["device_ratio"] == pytest.approx(k["gems_device_ms"] / k["aten_device_ms"])
