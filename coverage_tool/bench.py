@@ -87,6 +87,8 @@ class BenchResult:
     meaningful: bool = True
     notes: list = field(default_factory=list)
     versions: dict = field(default_factory=dict)
+    # decode --fresh-lengths: every warm-up and timed run decodes KV lengths no earlier run met
+    fresh_lengths: bool = False
     patched: bool = False                             # --patch: the Gems turns run gems.patch(model) too
     patch: Optional[dict] = None                      # gems.patch's report (what was replaced)
 
@@ -218,8 +220,9 @@ class _Workload:
             torch.cuda.empty_cache()    # the fp32 copy's memory goes back before anything is measured
         return out
 
-    def timed(self, on: bool):
-        """One timed run: (ms per unit, peak MiB or None)."""
+    def timed(self, on: bool, prompt_len=None):
+        """One timed run: (ms per unit, peak MiB or None); prompt_len: decode from the prompt's first
+        prompt_len positions (runner.run_generate)."""
         torch = self.torch
         from . import runner
         if self.on_cuda:
@@ -227,7 +230,7 @@ class _Workload:
         with self.mode(on):     # entering it (registering Gems, or not) is outside the timed region
             if self.kind == "decode":
                 times: list = []
-                runner.run_generate(self.b, self.new_tokens, times=times, sync=self.sync)
+                runner.run_generate(self.b, self.new_tokens, times=times, sync=self.sync, prompt_len=prompt_len)
                 ms = times[0]   # per decode step: the prompt's prefill is not timed
             else:
                 self.sync()
@@ -444,12 +447,17 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
           dtype: Optional[str] = None, batch: int = 1, seq_len: Optional[int] = None, new_tokens: int = 16,
           steps: Optional[int] = None, warmup: Optional[int] = None, optimizer: str = "adamw",
           include=None, exclude=None, attribution: bool = True, patch: bool = False,
-          progress: Callable[[str], None] = lambda s: None) -> BenchResult:
+          fresh_lengths: bool = False, progress: Callable[[str], None] = lambda s: None) -> BenchResult:
     """Run `workload` with ATen and with Gems on one model and compare (see the module docstring).
 
     patch: the Gems turns also run the model patched by `gems.patch` (fused ops); the ATen turns run it
     unpatched, Gems unregistered. True for gems.patch's defaults, or a dict of its options
-    ({"layer_norm": True}: the fused parts are measured one by one)."""
+    ({"layer_norm": True}: the fused parts are measured one by one).
+
+    fresh_lengths (decode): run k of the warm-up and timed runs (k = 1, 2, ...; both modes the same)
+    decodes from the prompt's first seq_len - k x new_tokens tokens, so no run meets a KV-cache length an
+    earlier one met: every token brings signatures Gems has not planned, as for a server whose prompts
+    vary in length. Without it every timed run repeats the warm-up's lengths (all planned)."""
     import torch
     import gems
     import models as M
@@ -460,6 +468,12 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
     steps = steps if steps is not None else (5 if on_cuda else 1)
     warmup = warmup if warmup is not None else (2 if on_cuda else 1)
     decode = workload == "decode"
+    if fresh_lengths:
+        if not decode:
+            raise M.ModelError("--fresh-lengths applies to --workload decode only")
+        if seq_len - (warmup + steps) * new_tokens < 1:
+            raise M.ModelError(f"--fresh-lengths: --seq-len must exceed (warm-up + timed runs) x --new-tokens = "
+                               f"{(warmup + steps) * new_tokens} (each run's prompt is --new-tokens shorter)")
     res = BenchResult(recipe.name, workload, device, torch.cuda.get_device_name(device) if on_cuda else "cpu",
                       size, dtype_name, batch, seq_len, new_tokens if decode else 0, steps, warmup,
                       optimizer if workload == "train" else None, unit="token" if decode else "step",
@@ -482,18 +496,26 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
         res.patch = _patch_report(bundle.model, popts)
         res.notes.append("Gems turns: gems.patch(model) + Gems' ATen ops; ATen turns: the unpatched model; "
                          "attribution rows fused::<Function> are gems.fused's kernels (forward and Backward)")
+    if fresh_lengths:
+        res.fresh_lengths = True
+        res.notes.append(f"fresh lengths: run k of the warm-up and timed runs decodes from the prompt's first "
+                         f"seq_len - k x {new_tokens} tokens (both modes alike), so every token's KV length is "
+                         f"new to Gems' plan caches; the agreement and profiled runs use the whole prompt")
+    full_len = bundle.inputs["input_ids"].shape[1] if decode else 0   # (Llava's image tokens included)
     wl = _Workload(bundle, workload, new_tokens, optimizer, include, exclude, patch, popts)
     try:
         res.agreement = _agreement(wl, dt, progress)
         wl.start = None   # the training start weights are not needed any more
-        for i in range(warmup):
-            progress(f"warm-up {i + 1}/{warmup}")
-            wl.timed(False)
-            wl.timed(True)
-        for i in range(steps):
-            progress(f"timed {i + 1}/{steps}")
+        for i in range(warmup + steps):
+            plen = full_len - (i + 1) * new_tokens if fresh_lengths else None
+            if i < warmup:
+                progress(f"warm-up {i + 1}/{warmup}")
+                wl.timed(False, plen)
+                wl.timed(True, plen)
+                continue
+            progress(f"timed {i + 1 - warmup}/{steps}")
             for on, times, key in ((False, res.aten_ms, "aten_peak_mib"), (True, res.gems_ms, "gems_peak_mib")):
-                ms, peak = wl.timed(on)
+                ms, peak = wl.timed(on, plen)
                 times.append(round(ms, 4))
                 if peak is not None:
                     setattr(res, key, round(max(getattr(res, key) or 0.0, peak), 1))
@@ -624,6 +646,7 @@ def format_result(res: BenchResult, fmt: str = "table", top: int = 25) -> str:
     u = res.unit
     what = (f"{res.model} ({res.size}, {res.dtype}) on {res.gpu}: {res.workload}, batch {res.batch}, "
             f"seq {res.seq_len}" + (f" + {res.new_tokens} new tokens" if res.workload == "decode" else "")
+            + (" (fresh lengths every run)" if res.fresh_lengths else "")
             + (f", {res.optimizer}" if res.optimizer else "")
             + f"; median of {res.steps} timed run(s) after {res.warmup} warm-up, ATen (Gems unregistered) "
               f"and Gems alternating")

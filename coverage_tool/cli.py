@@ -209,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(foreach=False), adamw-fused (fused=True), or sgd")
     b.add_argument("--include", default=None, help="comma-separated ATen names Gems serves (default all)")
     b.add_argument("--exclude", default=None, help="comma-separated ATen names left to ATen")
+    b.add_argument("--fresh-lengths", action="store_true",
+                   help="decode: each warm-up and timed run starts from a prompt --new-tokens shorter than "
+                        "the last, so every token meets KV-cache lengths Gems has not planned (a server's "
+                        "prompts of many lengths); without it the timed runs repeat the warm-up's lengths")
     b.add_argument("--no-attribution", action="store_true", help="skip the profiled per-op attribution")
     b.add_argument("--patch", action="store_true",
                    help="the Gems turns also run the model patched by gems.patch (fused ops); the ATen turns "
@@ -527,7 +531,7 @@ def cmd_bench(a, ctx):
     r = B.bench(a.model, workload=a.workload, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
                 seq_len=a.seq_len, new_tokens=new_tokens, steps=a.steps, warmup=a.warmup, optimizer=a.optimizer,
                 include=_split(a.include), exclude=_split(a.exclude), attribution=not a.no_attribution,
-                patch=_patch_arg(a), progress=ctx.say)
+                patch=_patch_arg(a), fresh_lengths=a.fresh_lengths, progress=ctx.say)
     _emit(B.format_result(r, a.format, a.top), a.output, ctx)
     if a.plot:
         _write_bench_plot(a.plot, r.to_dict(), a.top, ctx)

@@ -196,7 +196,7 @@ class Sampling:
 
 
 def run_generate(bundle, new_tokens: int = 4, times: Optional[list] = None, sync=None,
-                 sampling: Optional[Sampling] = None):
+                 sampling: Optional[Sampling] = None, prompt_len: Optional[int] = None):
     """Decoding: a prefill, then ``new_tokens - 1`` one-token steps with the KV cache.
 
     Greedy (argmax of the last logits) by default; with ``sampling`` each token is drawn as
@@ -206,13 +206,21 @@ def run_generate(bundle, new_tokens: int = 4, times: Optional[list] = None, sync
     Returns the generated token ids (batch, new_tokens). A hand-written loop (rather than
     ``generate()``) keeps it free of data-dependent stopping checks (no ``.item()``) so it also runs
     on the meta device. With ``times``, the decode steps (not the prefill) are timed, bracketed by
-    ``sync()``, and ms per step appended.
+    ``sync()``, and ms per step appended. ``prompt_len``: the prompt's first ``prompt_len`` positions
+    only (input ids and attention mask; a shorter prompt gives the run other KV-cache lengths).
     """
     import time
     import torch
     m = bundle.model
     m.eval()
     inputs = dict(bundle.inputs)
+    if prompt_len is not None:
+        full = inputs["input_ids"].shape[1]
+        if not 1 <= prompt_len <= full:
+            raise ValueError(f"prompt_len {prompt_len}: the prompt has {full} positions")
+        for k in ("input_ids", "attention_mask"):
+            if k in inputs:
+                inputs[k] = inputs[k][:, :prompt_len]
     mask = inputs.get("attention_mask")
     warpers = sampling.warpers() if sampling is not None else None
     prompt = inputs.get("input_ids")

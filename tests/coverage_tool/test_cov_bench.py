@@ -78,6 +78,41 @@ def test_decode_bf16_checks_against_fp32_and_attributes_decode_steps_only(tmp_pa
     assert calls == ops["silu"]["fallback"] * d["profiled_units"] > 0 and "bfloat16" in why, d["fallbacks"]
 
 
+def test_decode_fresh_lengths_gives_every_run_new_kv_lengths(tmp_path, monkeypatch):
+    from coverage_tool import runner
+    seen = []
+    real = runner.run_generate
+
+    def spy(bundle, new_tokens=4, times=None, sync=None, sampling=None, prompt_len=None):
+        seen.append((prompt_len, times is not None))
+        out = real(bundle, new_tokens, times=times, sync=sync, sampling=sampling, prompt_len=prompt_len)
+        if prompt_len is not None:
+            assert out.shape[1] == new_tokens
+        return out
+    monkeypatch.setattr(runner, "run_generate", spy)
+    rc, d = _bench(tmp_path, "--workload", "decode", "--new-tokens", "3", "--seq-len", "12", "--warmup", "1",
+                   "--steps", "2", "--no-attribution", "--fresh-lengths")
+    assert rc == 0 and d["agree"] and d["fresh_lengths"], d
+    assert any("fresh lengths" in n for n in d["notes"])
+    # run k (warm-up, then timed) decodes from 12 - 3k tokens in both modes: windows [9, 11], [6, 8], [3, 5]
+    timed = [p for p, t in seen if t]
+    assert timed == [9, 9, 6, 6, 3, 3], seen
+    assert len(d["aten_ms"]) == len(d["gems_ms"]) == 2
+
+
+def test_run_generate_prompt_len_trims_the_prompt():
+    from coverage_tool import runner
+    b = models.build(models.resolve("llama2"), size="tiny", device="cpu", dtype="float32", batch=2, seq_len=8,
+                     seed=0)
+    full = runner.run_generate(b, new_tokens=2)
+    short = runner.run_generate(b, new_tokens=2, prompt_len=5)
+    ids = b.inputs["input_ids"]
+    b.inputs = dict(b.inputs, input_ids=ids[:, :5], attention_mask=b.inputs["attention_mask"][:, :5])
+    assert torch.equal(short, runner.run_generate(b, new_tokens=2)) and full.shape == short.shape
+    with pytest.raises(ValueError, match="prompt_len 9"):
+        runner.run_generate(b, new_tokens=2, prompt_len=9)
+
+
 def test_prefill_table_says_ratio_na_and_meaningless(capsys):
     rc = cli.main(["-q", "bench", "bert", "--device", "cpu", "--steps", "1", "--warmup", "0", "--seq-len", "6",
                    "--include", "rsqrt", "--no-attribution"])
@@ -113,6 +148,9 @@ def test_error_while_running_exits_3(capsys):
     ["llama2", "--include", "no_such_aten_op"],
     ["llama2", "--warmup", "-1"],
     ["llama2", "--workload", "pretrain"],
+    ["llama2", "--fresh-lengths"],                                       # decode only
+    ["llama2", "--workload", "decode", "--fresh-lengths", "--seq-len", "6", "--new-tokens", "3",
+     "--warmup", "1", "--steps", "1"],                                   # 6 - 2 runs x 3 leaves no prompt
 ])
 def test_bad_input_exits_2_before_starting_anything(argv, capsys):
     device = [] if "--device" in argv else ["--device", "cpu"]
