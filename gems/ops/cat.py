@@ -313,7 +313,8 @@ def cat(tensors, dim=0, *, out=None):
         raise Unsupported("tensors on a non-current device")
     dtype = t0.dtype
     for t in tensors[1:]:
-        dtype = torch.promote_types(dtype, t.dtype)
+        if t.dtype is not dtype:    # (promote_types is an ATen op: a recording's watch sees each call)
+            dtype = torch.promote_types(dtype, t.dtype)
     kept = [t for t in tensors if not _skipped(t)]
     if not kept:
         shape, d = [0], 0

@@ -27,11 +27,15 @@ def poison(t):
 
 def empty(shape, dtype, device, like_strides=None):
     """torch.empty / empty_strided (poisoned under GEMS_POISON=1), noted by a recording plan."""
-    if like_strides is None:
+    rec = _plan.active()
+    if rec is not None:
+        with _plan.quiet():     # noted below: not an op for the recording's watch to judge
+            t = torch.empty(shape, dtype=dtype, device=device) if like_strides is None else \
+                torch.empty_strided(shape, like_strides, dtype=dtype, device=device)
+    elif like_strides is None:
         t = torch.empty(shape, dtype=dtype, device=device)
     else:
         t = torch.empty_strided(shape, like_strides, dtype=dtype, device=device)
-    rec = _plan.active()
     if POISON:
         with _plan.quiet():
             poison(t)

@@ -39,7 +39,7 @@ from typing import Optional
 
 import torch
 import triton
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode
 
 _T = torch.Tensor
 MISS = object()            # a plan's answer when it declines this call (the full path runs)
@@ -205,9 +205,12 @@ class Recording:
 
 
 def quiet():
-    """Context: ATen ops run here (the interpreter's storage copies, poison fills, a sanctioned
-    `.item()`) are not the implementation's and must not taint the recording."""
-    return _disable_current_modes() if _STATE.rec is not None else _NULL
+    """Context: ATen ops run here (allocations the recording notes itself, the interpreter's storage
+    copies, poison fills, a sanctioned `.item()`) are not the implementation's and must not taint the
+    recording. It turns Python dispatch off (the recording's mode is the only one on the stack inside
+    an implementation): an allocation under the mode cost 17 us, under this guard 3 (popping the
+    modes instead: 11; CPU, session 27)."""
+    return torch._C._DisableTorchDispatch() if _STATE.rec is not None else _NULL
 
 
 class suspended:
