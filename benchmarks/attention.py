@@ -90,19 +90,13 @@ def aten_choice(fn):
     return next((n for n in seen if n in FUSED), "math")
 
 
-def device_ms(fn, device, n=10):
-    """Kernel time per call (ms): the CUDA kernels (and memsets/copies) the profiler saw over n calls,
-    summed, without host time or launch gaps (L2 warm, unlike `bench`). None on the CPU."""
+def device_ms(fn, device):
+    """Kernel time per call (ms) from the profiler (benchmarks.run.device_ms: the call's kernels,
+    memsets and copies summed; no host time or launch gaps, L2 warm). None on the CPU."""
     if device != "cuda":
         return None
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    return sum(e.device_time for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA) / n / 1e3
+    from benchmarks.run import device_ms as profiled
+    return profiled(fn)
 
 
 def bench(fn, device):
