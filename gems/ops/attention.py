@@ -131,8 +131,9 @@ def set_config(kind: str, block_d: int, ieee: bool, cfg):
 @functools.lru_cache(maxsize=256)
 def _config(kind: str, block_d: int, ieee: bool, interp: bool):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of a kernel kind: fwd (no mask, or one shared by the
-    queries: BIAS_ROW), fwd_bias (a mask read as tiles, not causal), fwd_dropout (not causal), fwd_causal, decode, dkdv, dq. tests/core/test_gpu_compile.py
-    compiles every GPU entry for sm_90 (with a bias: the most shared memory) and checks it fits."""
+    queries: BIAS_ROW), fwd_bias (a mask read as tiles, not causal), fwd_dropout (not causal), fwd_causal,
+    decode, dkdv, dq. tests/core/test_gpu_compile.py compiles every GPU entry for sm_90 (with a bias: the
+    most shared memory) and checks it fits."""
     o = _OVERRIDES.get((kind, block_d, ieee))
     if o is not None:
         return o
