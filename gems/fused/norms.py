@@ -53,7 +53,7 @@ from ..ops import layer_norm as ln
 from ..ops.reduction import reduce_launch
 from ..runtime import backend, kernel
 from ..runtime.planned import planned
-from ..runtime.utils import as_rows, cdiv, empty, next_pow2, sm_count, zeros
+from ..runtime.utils import as_rows, cdiv, empty, next_pow2, promote_types, sm_count, zeros
 
 _SERVED = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -375,7 +375,7 @@ def _rms_forward(x, residual, weight, eps, offset, gemma, what):
     shape, N = x.shape, x.shape[-1]
     M = x.numel() // N
     dev = x.device
-    y_dtype = x.dtype if gemma else torch.promote_types(x.dtype, weight.dtype)
+    y_dtype = x.dtype if gemma else promote_types(x.dtype, weight.dtype)
     y = empty(shape, y_dtype, dev)
     s = empty(shape, x.dtype, dev) if residual is not None else None
     rstd = empty((M,), torch.float32, dev)

@@ -41,7 +41,7 @@ import triton.language as tl
 
 from ..registry import FLOATS, INTS, Unsupported, register
 from ..runtime import backend, kernel
-from ..runtime.utils import cdiv, empty, next_pow2, resize_like_aten, span, wrap_dim
+from ..runtime.utils import cdiv, empty, next_pow2, promote_types, resize_like_aten, span, wrap_dim
 
 ALL = FLOATS + INTS + (torch.bool, torch.float64)
 _SLOTS = 4
@@ -313,8 +313,7 @@ def cat(tensors, dim=0, *, out=None):
         raise Unsupported("tensors on a non-current device")
     dtype = t0.dtype
     for t in tensors[1:]:
-        if t.dtype is not dtype:    # (promote_types is an ATen op: a recording's watch sees each call)
-            dtype = torch.promote_types(dtype, t.dtype)
+        dtype = promote_types(dtype, t.dtype)
     kept = [t for t in tensors if not _skipped(t)]
     if not kept:
         shape, d = [0], 0

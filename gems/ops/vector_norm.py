@@ -17,7 +17,7 @@ import math
 import torch
 
 from ..registry import FLOATS, Unsupported, register
-from ..runtime.utils import wrap_dims
+from ..runtime.utils import promote_types, wrap_dims
 from . import reduction as R
 
 
@@ -50,7 +50,7 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
         raise Unsupported(f"input dtype {x.dtype}")   # ATen raises for integers, complex is not served
     out_dtype = x.dtype if dtype is None else dtype
     if out_dtype not in FLOATS + (torch.float64,) or not torch.can_cast(x.dtype, out_dtype) or \
-            torch.promote_types(x.dtype, out_dtype) != out_dtype:
+            promote_types(x.dtype, out_dtype) != out_dtype:
         raise Unsupported(f"dtype {dtype}")    # ATen raises on narrowing; complex is not served
     p = _order(ord)
     op, pp = norm_op(p)

@@ -25,17 +25,20 @@ def poison(t):
         t.fill_(float("nan") if t.is_floating_point() or t.is_complex() else (True if t.dtype == torch.bool else -1))
 
 
+def _new(shape, dtype, device, like_strides):
+    if like_strides is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.empty_strided(shape, like_strides, dtype=dtype, device=device)
+
+
 def empty(shape, dtype, device, like_strides=None):
     """torch.empty / empty_strided (poisoned under GEMS_POISON=1), noted by a recording plan."""
     rec = _plan.active()
-    if rec is not None:
-        with _plan.quiet():     # noted below: not an op for the recording's watch to judge
-            t = torch.empty(shape, dtype=dtype, device=device) if like_strides is None else \
-                torch.empty_strided(shape, like_strides, dtype=dtype, device=device)
-    elif like_strides is None:
-        t = torch.empty(shape, dtype=dtype, device=device)
+    if rec is None:
+        t = _new(shape, dtype, device, like_strides)
     else:
-        t = torch.empty_strided(shape, like_strides, dtype=dtype, device=device)
+        with _plan.quiet():     # noted below: not an op for the recording's watch to judge
+            t = _new(shape, dtype, device, like_strides)
     if POISON:
         with _plan.quiet():
             poison(t)

@@ -960,15 +960,18 @@ class PlanCache:
         self.built = self.declined = 0
         self.reasons: dict = {}
 
+    def _room(self, key):
+        """Evict the oldest signature when a new key would exceed MAX_PLANS (replacing one never does)."""
+        if len(self.plans) >= MAX_PLANS and key not in self.plans:
+            self.plans.pop(next(iter(self.plans)))
+
     def put_seen(self, key):
         """The signature ran once without a recording: its next call records."""
-        if len(self.plans) >= MAX_PLANS:
-            self.plans.pop(next(iter(self.plans)))
+        self._room(key)
         self.plans[key] = SEEN
 
     def put(self, key, plan, why=None):
-        if len(self.plans) >= MAX_PLANS and key not in self.plans:
-            self.plans.pop(next(iter(self.plans)))
+        self._room(key)
         if plan is None:
             self.plans[key] = NO_PLAN
             self.declined += 1
