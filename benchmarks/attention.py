@@ -164,32 +164,14 @@ def run_case(c, dtype, device, rounds=1, kernel_time=False):
         if kernel_time:
             # the profiler's pass, after every timing (a profiled run leaves later launches slower: the
             # timed rows after one read 2-4x their times)
-            gems.disable()
-            with ctx():
-                d_aten = device_ms(make(), device)
-            gems.enable()
-            try:
-                with ctx():
-                    d_gems = device_ms(make(), device)
-            finally:
-                gems.disable()
+            d_aten, d_gems = _sides(lambda f: device_ms(f, device), make, ctx)
             rows.append(dict(case=name, pass_=kind, aten_device_ms=d_aten, gems_device_ms=d_gems,
                              device_ratio=d_gems / d_aten if d_aten else None))
             continue
         # ATen and Gems alternate `rounds` times (clocks and neighbours drift during a run); each side's
         # time is the median of its rounds' medians
-        t_aten, t_gems = [], []
         gems.reset_stats()
-        for _ in range(rounds):
-            gems.disable()
-            with ctx():
-                t_aten.append(bench(make(), device))
-            gems.enable()
-            try:
-                with ctx():
-                    t_gems.append(bench(make(), device))
-            finally:
-                gems.disable()
+        t_aten, t_gems = zip(*[_sides(lambda f: bench(f, device), make, ctx) for _ in range(rounds)])
         t_aten, t_gems = statistics.median(t_aten), statistics.median(t_gems)
         gems.enable()
         try:
@@ -206,6 +188,20 @@ def run_case(c, dtype, device, rounds=1, kernel_time=False):
                          ratio=t_gems / t_aten, rounds=rounds, aten_tflops=fl / t_aten / 1e9,
                          gems_tflops=fl / t_gems / 1e9, max_abs_diff=err, served=ok, fallback_reasons=reasons))
     return rows
+
+
+def _sides(measure, make, ctx):
+    """(ATen's, Gems') measure(make()) under ctx: ATen with Gems unregistered, then Gems enabled."""
+    gems.disable()
+    with ctx():
+        a = measure(make())
+    gems.enable()
+    try:
+        with ctx():
+            g = measure(make())
+    finally:
+        gems.disable()
+    return a, g
 
 
 def _fresh_attention():
