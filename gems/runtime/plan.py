@@ -728,6 +728,12 @@ class LazyPlan:
     def __code__(self):
         return self.compiled().__code__
 
+    @property
+    def __globals__(self):
+        """The namespace the function is (or will be) compiled in, as a function's `__globals__`: what
+        the plan calls (a descriptor rebuild, say) can be inspected without compiling it."""
+        return self._ns
+
 
 def _symint_returns(schema):
     """Per return of the schema: whether it is declared SymInt (a size). Python's schema objects show

@@ -160,6 +160,8 @@ def test_a_plan_the_fast_path_replays_is_compiled_only_when_python_runs_it():
         return
     assert isinstance(p, plan_mod.LazyPlan) and p._fn is None
     assert p.__gems_recipe__ is not None and p.__gems_source__.startswith("def plan(")
+    # its namespace can be inspected like a function's (check_descriptor_plan does) without compiling it
+    assert isinstance(p.__globals__, dict) and p.__globals__ and p._fn is None
     with gems.use_gems():
         for _ in range(3):
             assert_close(torch.sigmoid(x), torch.sigmoid(to_ref(x)), torch.float32)
