@@ -266,8 +266,22 @@ def _consume_tile(q_smem, k_smem, v_smem, o_desc, q_ready, q_empty, k_ready, v_r
     q_slot = q_smem.index(2 * qb + HALF)
     q = q_slot.reshape([ROWS, HEAD_D])
     mbarrier.wait(q_ready.index(qb), (i // 2) & 1)
-    acc, m_i, l_i = _consumer_tile(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, c, n_blocks, full,
+    # causal with key blocks of 64: the tile's last block starts at key m0 + 64 when it has keys there,
+    # right of every FIRST row, so FIRST skips it (one of its 2k blocks in a tile of k blocks of 128)
+    n_run = n_blocks
+    if CAUSAL and HALF == FIRST and BLOCK_N == ROWS:
+        if Sk > m0 + ROWS:
+            n_run = n_blocks - 1
+    acc, m_i, l_i = _consumer_tile(q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, c, n_run, full,
                                    row0, Sk, qk_scale, CAUSAL, OVERLAP, STAGES, BLOCK_N, HEAD_D)
+    if n_run < n_blocks:
+        # release the skipped block's slot as a reader would, after its loads landed: the slot's previous
+        # use is then released by both consumers, so this arrival counts toward this use
+        last = c + n_run
+        mbarrier.wait(k_ready.index(last % STAGES), (last // STAGES) & 1)
+        mbarrier.arrive(k_empty.index(last % STAGES))
+        mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+        mbarrier.arrive(v_empty.index(last % STAGES))
     # every row sees key 0 (Sk >= 1; causal rows i >= 0), so l_i > 0
     out = acc / gl.convert_layout(l_i, o_rows)[:, None]
     if STORE_LSE:
@@ -348,9 +362,15 @@ def _tma_ok(t) -> bool:
 # causal took 1.05x cuDNN's time, with it 1.18x (at 2048 keys: 0.87x and 0.79x). Except when every tile
 # has a program of its own (one round): B1 x 512 causal (128 tiles, 132 SMs) took 12.4 us with the overlap
 # and 13.1 without (cuDNN 11.8 with its memset), B2 x 512 (two rounds) 20.0 and 17.1 (session 26, H200).
+# Session 28 (H200, kernel time, out/causal28.py): since the first warpgroup skips its masked last block of
+# 64 keys, key blocks of 64 without the overlap are the best of 12 configs at B1 x 512 (one round): 12.02 us
+# against cuDNN's 11.85, where 128 x 2 without the overlap took 12.25 and session 27's table config 12.5-12.6;
+# at B2/B4/B8 x 512 it took 0.80 / 0.94 / 1.04 of cuDNN's time against _SHORT's 0.82 / 0.94 / 1.00.
+# A third ring slot with one Q buffer (one round has one tile per program) was slower at every shape.
 # `set_config` overrides.
 _CONFIGS = {128: (128, 2, True, True)}
 _SHORT = {128: (128, 2, False, True)}
+_ONE_ROUND_SHORT = {128: (64, 2, False, True)}
 SHORT_KEYS = 512
 _OVERRIDE: dict = {}
 
@@ -369,7 +389,9 @@ def config(head_dim: int, keys: int, one_round: bool = False):
     o = _OVERRIDE.get(head_dim)
     if o is not None:
         return o
-    return (_SHORT if keys <= SHORT_KEYS and not one_round else _CONFIGS)[head_dim]
+    if keys > SHORT_KEYS:
+        return _CONFIGS[head_dim]
+    return (_ONE_ROUND_SHORT if one_round else _SHORT)[head_dim]
 
 
 # False: every call takes attention.py's Triton kernels (benchmarks compare the two)

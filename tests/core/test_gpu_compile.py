@@ -235,7 +235,7 @@ def test_gluon_attention_configs_fit_sm90(tmp_path):
     # Gluon has no interpreter: every head dim's configs (long and short keys) compile here for sm_90,
     # causal or not, in both 16-bit dtypes, and fit Q, the K/V ring and the barriers in shared memory
     from gems.ops import attention_gluon as G
-    cfgs = [(d, cfg) for table in (G._CONFIGS, G._SHORT) for d, cfg in table.items()]
+    cfgs = [(d, cfg) for table in (G._CONFIGS, G._SHORT, G._ONE_ROUND_SHORT) for d, cfg in table.items()]
     recs = [gluon_attention_record(d, cfg, causal, causal, dt) for d, cfg in cfgs
             for causal in (False, True) for dt in ("bf16", "fp16")]
     _compile_all(tmp_path / "gluon_attention.jsonl", recs, "Gluon attention configs that do not fit sm_90")

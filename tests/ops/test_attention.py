@@ -359,6 +359,21 @@ def test_cuda_overload_contracts(which, layout):
         assert gr.shape == t.shape and gr.dtype == t.dtype
 
 
+@pytest.mark.parametrize("which", ["cudnn", "efficient"])
+def test_inference_forward_leaves_the_logsumexp_out(monkeypatch, which):
+    """compute_log_sumexp=False (SDPA without grad): the output as with it, the lse tensor still ATen's shape,
+    and the kernel is asked for no lse (cuDNN computes none then; its store is a tile epilogue's work)."""
+    q, k, v = qkv(1, 2, 2, 19, 33, 32, torch.float32)
+    asked, forward = [], A._forward
+    monkeypatch.setattr(A, "_forward", lambda *a, **kw: asked.append(a[7]) or forward(*a, **kw))
+    fwd = A.sdpa_cudnn if which == "cudnn" else A.sdpa_efficient
+    op = getattr(torch.ops.aten, f"_scaled_dot_product_{which}_attention")
+    with_lse, without = fwd(q, k, v, None, True, 0.0, True), fwd(q, k, v, None, False, 0.0, True)
+    assert asked[0] is not None and asked[1] is None
+    assert torch.equal(with_lse[0], without[0])
+    assert without[1].shape == _meta(op, q, k, v, None, False, 0.0, True)[1].shape
+
+
 def test_unsupported_inputs_fall_back():
     """Head dim > 256 and a value head dim different from the query's go to ATen, counted."""
     name = "_scaled_dot_product_flash_attention_for_cpu" if not ON_GPU else None
@@ -455,11 +470,13 @@ def test_forward_kind_and_gluon_config_rules():
             A._fwd_kind(False, False, False, True), A._fwd_kind(True, True, True, True),
             A._fwd_kind(False, True, True, True), A._fwd_kind(False, False, True, True)] == \
         ["fwd_causal", "fwd_bias", "fwd_dropout", "decode", "fwd_causal", "fwd_dropout"]
-    # the Gluon forward: short keys take the loop without overlap unless every tile has its own program
+    # the Gluon forward: short keys take the loop without overlap, in key blocks of 64 when every tile has
+    # its own program; long keys the overlapped loop
     from gems.ops import attention_gluon as AG
     assert AG.config(128, AG.SHORT_KEYS) == AG._SHORT[128]
-    assert AG.config(128, AG.SHORT_KEYS, one_round=True) == AG._CONFIGS[128]
+    assert AG.config(128, AG.SHORT_KEYS, one_round=True) == AG._ONE_ROUND_SHORT[128]
     assert AG.config(128, AG.SHORT_KEYS + 1) == AG._CONFIGS[128]
+    assert AG.config(128, AG.SHORT_KEYS + 1, one_round=True) == AG._CONFIGS[128]
 
 
 def test_bias_row_is_chosen_only_where_every_row_of_a_block_shares_the_bias():
