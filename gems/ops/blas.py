@@ -230,13 +230,17 @@ def _skinny(N, K, itemsize, sms):
     and N = 32000: 0.98 / 0.98 / 0.98 (16x128x128, was 1.05 with 16x64x128). Where N gives at most a
     quarter as many tiles as SMs (GQA k/v projections, N <= 1024) K is split so that about one program
     runs per SM: M = 1, N x K = 512 x 4096 1.38 -> 1.02 (split 8), 256 x 5632 1.87 -> 1.13, 1024 x 4096
-    1.32 -> 1.09 (split 5); at N = 2048 (64 tiles) a split of 3 lost (1.03 -> 1.17)."""
+    1.32 -> 1.09 (split 5); at N = 2048 (64 tiles) a split of 3 lost (1.03 -> 1.17).
+    Narrow N takes 6 stages (H200, 2026-11-28, session 28: kernel time with a cold L2 over 162 configs,
+    out/skinny27.py): 1 x 4096 x 4096 14.8 -> 14.3 us, 1 x 4096 x 11008 32.8 -> 30.9, M = 4 15.2 -> 14.2,
+    M = 16 15.8 -> 14.4 (cuBLAS 15.3-33.2); wide N is already the best config seen (1 x 32000 x 4096 69.9,
+    cuBLAS 71.1). That is 57% of the 4.19 TB/s copy roof at 4096 x 4096 and 70-90% at the larger weights."""
     wide = N >= 8192
     bn = 128 if wide else 32
     bk = (128 if wide else 256) // (1 if itemsize <= 2 else 2)
     tiles = cdiv(N, bn)
     split = min(cdiv(sms, tiles), 8) if 4 * tiles <= sms else 1
-    return _cfg(16, bn, bk, 4, 4, split=split)
+    return _cfg(16, bn, bk, 4, 4 if wide else 6, split=split)
 
 
 _TUNE_MIN_MACS = 2**27

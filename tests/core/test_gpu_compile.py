@@ -210,6 +210,30 @@ def test_gluon_gemm_configs_fit_sm90(tmp_path):
     _compile_all(tmp_path / "gluon_gemm.jsonl", recs, "Gluon GEMM configs that do not fit sm_90")
 
 
+@pytest.mark.skipif(ON_GPU, reason="on the GPU test_blas launches these configs")
+def test_decode_gemm_configs_fit_sm90(tmp_path):
+    # the decode (M <= 16) tiles are chosen without tuning (blas._skinny) and the interpreter runs its own
+    # tile: each one the models' decode shapes pick (narrow, wide, K split) compiles for sm_90 and fits
+    # its stages in shared memory, in 16-bit and fp32 (K halves the stride-1 tile: twice the bytes)
+    from gems.ops import blas
+    base = next(json.loads(line) for line in RECORDS.read_text().splitlines() if '"matmul_kernel"' in line)
+    recs = []
+    for dtype, size in (("bf16", 2), ("fp32", 4)):
+        for N, K in ((4096, 4096), (4096, 11008), (32000, 4096), (512, 4096)):
+            cfg = blas._skinny(N, K, size, 132)
+            split, _ = blas.split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], N)
+            r = json.loads(json.dumps(base))
+            for p in ("A", "B", "Bias"):
+                r["signature"][p] = "*" + dtype
+            r["signature"]["C"] = "*fp32" if split > 1 or dtype == "fp32" else "*" + dtype
+            r["constexprs"].update(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+                                   GROUP_M=cfg["GROUP_M"], SPLIT_K=split, EVEN_K=True, HAS_BIAS=False)
+            r["divisible_16"] = [n for n, t in r["signature"].items() if t.startswith("*")] + ["K", "k_per"]
+            r["num_warps"], r["num_stages"] = cfg["num_warps"], cfg["num_stages"]
+            recs.append(r)
+    _compile_all(tmp_path / "decode_gemm.jsonl", recs, "decode GEMM configs that do not fit sm_90")
+
+
 def gluon_attention_record(head_dim, cfg, causal, store_lse, dtype="bf16"):
     """A compile record of attention_gluon.attn_fwd_gluon for (BLOCK_N, STAGES, OVERLAP, PERSISTENT) `cfg`
     (the last one only sizes the grid): 4-d host descriptors typed like gluon_gemm_record's."""
