@@ -190,9 +190,16 @@ class Recording:
         return self
 
     def __exit__(self, *exc):
-        if self._watch is not None:
-            self._watch.__exit__(*exc)
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.__exit__(*exc)
+            # the mode and the recording point at each other: left as a cycle, every recording (with the
+            # tensors it holds: the call's inputs, outputs and workspaces) waited for the garbage
+            # collector, whose collections were half of a recording's host time (CPU, session 28) and
+            # kept GPU memory of past calls (decode's KV caches) alive until then
+            watch.rec = None
         _STATE.rec = self._prev
+        self._prev = None
         return False
 
     # hooks ------------------------------------------------------------------------------------

@@ -224,6 +224,31 @@ def test_a_signature_records_its_plan_at_its_second_call_by_default(after):
         assert [(c["seen"], c["built"]) for c in s] == [(0, 1), (0, 1), (0, 1), (0, 7)]
 
 
+def test_a_recording_leaves_no_reference_cycle():
+    # the recording's dispatch mode and the recording pointed at each other: every recording, with the
+    # tensors it holds (the call's inputs, outputs, workspaces), waited for the garbage collector
+    import gc
+    with gems.use_gems():     # a first call's one-time lazy imports leave cycles of their own
+        for _ in range(2):
+            torch.cat([make((2, 2, 4)), make((2, 1, 4))], dim=1)
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        with gems.use_gems():
+            for n in range(3, 9):     # new signatures (a growing KV cache): recorded at their first or second call
+                for _ in range(2):
+                    torch.cat([make((2, n, 4)), make((2, 1, 4))], dim=1)
+        gc.collect()
+        kept = [type(o).__name__ for o in gc.garbage if isinstance(o, (plan_mod.Recording, torch.Tensor))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert _plans("cat.default").info()["plans"] >= 6
+    assert not kept, kept
+
+
 def test_plan_after_rejects_other_values():
     env = dict(os.environ, GEMS_PLAN_AFTER="3")
     r = subprocess.run([sys.executable, "-c", "import gems.dispatch"], env=env, capture_output=True, text=True,
