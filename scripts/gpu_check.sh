@@ -10,7 +10,8 @@
 # model GEMMs), host (per-call host cost), fused (gems.fused vs ATen and Liger, when those modules
 # exist), attention (benchmarks.attention, when it exists), parity (gems-coverage parity of the four
 # models with Gems' default selection, attention included, plus GEMS_CHECK_OPT_IN's opt-in groups), models (gems-coverage bench: Llama-2-7B
-# prefill and decode, TinyLlama-1.1B training, BERT training at the sizes of docs/perf.md), patched
+# prefill and decode (also with a new KV length every token: --fresh-lengths), TinyLlama-1.1B training,
+# BERT training at the sizes of docs/perf.md), patched
 # (the same workloads with gems.patch, when it exists, and 20 training steps' losses of the patched
 # 1.1B and BERT against unpatched ATen: gems-coverage distributed --nproc 1 --patch --fp32-reference).
 # Results go to $GEMS_CHECK_DIR (default gpu-check-<date>/): logs, JSON, summary.txt.
@@ -127,6 +128,9 @@ workloads() {  # suffix extra-args...
   local s=$1; shift
   bench "llama2_prefill$s" llama2 prefill --seq-len 2048 --steps 3 "$@"
   bench "llama2_decode$s" llama2 decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 "$@"
+  # a server's case: every token's KV length new to the plan caches (and to cuDNN's graph cache: ATen's
+  # decode ran 10x slower so on a 4-layer Llama-2-7B, session 28)
+  bench "llama2_decode_fresh$s" llama2 decode --seq-len 512 --new-tokens 64 --steps 2 --warmup 1 --fresh-lengths "$@"
   bench "llama1b_train$s" llama-1.1b train --batch 4 --seq-len 1024 --steps 5 "$@"
   # BERT's 20-40 ms steps are host-bound and vary by 30% on these hosts: many steps (cheap) for a stable median
   bench "bert_train$s" bert train --batch 32 --seq-len 128 --steps 20 "$@"
