@@ -85,11 +85,13 @@ def _round_tile(r, n_tiles):
 
 
 @gluon.jit
-def _key_blocks(m0, Sk, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """(key blocks the tile at row m0 reads, blocks before the first that needs a mask)."""
+def _key_blocks(m0, row0, Sk, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """(key blocks the tile at row m0 reads, blocks before the first that needs a mask for rows from
+    row0 on). Causal: a block is unmasked for those rows when its last key is left of row0, so the
+    second warpgroup of a tile with 64-key blocks masks one block (the diagonal), not two."""
     if CAUSAL:
         hi = gl.minimum(Sk, m0 + BLOCK_M)
-        full = gl.minimum(m0 // BLOCK_N, Sk // BLOCK_N)
+        full = gl.minimum(row0 // BLOCK_N, Sk // BLOCK_N)
     else:
         hi = Sk
         full = Sk // BLOCK_N
@@ -123,7 +125,7 @@ def _load_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty,
     """The loads of the program's i-th tile, t; its key blocks are the program's c, c + 1, ...; returns
     the counts after it."""
     b, h, hk, m0 = _tile_coords(t, n_m, Hq, GROUP, CAUSAL, 2 * ROWS)
-    n_blocks, _ = _key_blocks(m0, Sk, CAUSAL, 2 * ROWS, BLOCK_N)
+    n_blocks, _ = _key_blocks(m0, m0, Sk, CAUSAL, 2 * ROWS, BLOCK_N)
     qb = i % 2
     # a fresh barrier counts as released in phase 1: the first loads into each buffer do not wait
     mbarrier.wait(q_empty.index(qb), ((i // 2) & 1) ^ 1)
@@ -261,7 +263,7 @@ def _consume_tile(q_smem, k_smem, v_smem, o_desc, q_ready, q_empty, k_ready, v_r
     s_rows: gl.constexpr = gl.SliceLayout(1, _acc_layout(BLOCK_N))
     b, h, hk, m0 = _tile_coords(t, n_m, Hq, GROUP, CAUSAL, 2 * ROWS)
     row0 = m0 + HALF * ROWS
-    n_blocks, full = _key_blocks(m0, Sk, CAUSAL, 2 * ROWS, BLOCK_N)
+    n_blocks, full = _key_blocks(m0, row0, Sk, CAUSAL, 2 * ROWS, BLOCK_N)
     qb = i % 2
     q_slot = q_smem.index(2 * qb + HALF)
     q = q_slot.reshape([ROWS, HEAD_D])
