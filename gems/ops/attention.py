@@ -600,12 +600,13 @@ def sdpa_cudnn(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, 
     if return_debug_mask:
         raise Unsupported("debug mask")
     out = _alloc_like((B, Hq, Sq, D), query)
-    # ATen returns lse of this shape either way; cuDNN computes it only when asked (training: SDPA asks when
-    # an input requires grad), and so does Gems: inference skips the store in every tile's epilogue
-    lse = empty((B, Hq, Sq, 1), torch.float32, query.device)
+    # cuDNN computes the logsumexp only when asked (training: SDPA asks when an input requires grad) and
+    # otherwise returns none (an undefined tensor: None here; the meta kernel's [B, H, S, 1] is only a
+    # shape), and so does Gems: inference skips the store in every tile's epilogue
+    lse = empty((B, Hq, Sq, 1), torch.float32, query.device) if compute_log_sumexp else None
     seed, offset = _seed_offset_for(query, Sk, dropout_p)
     _forward(query, key, value, attn_bias, bool(is_causal), _scale(query, scale), out,
-             lse[..., 0] if compute_log_sumexp else None, dropout_p, seed)
+             None if lse is None else lse[..., 0], dropout_p, seed)
     return out, lse, None, None, Sq, Sk, seed, offset, None
 
 
