@@ -506,8 +506,11 @@ class _Ref:
 
 def _rebase(d):
     """A function of a tensor: descriptor `d` (Triton's or Gluon's host TMA descriptor) over that
-    tensor, every other field as recorded."""
+    tensor, every other field as recorded. The recorded base is left out: a plan lives in its cache
+    (up to MAX_PLANS signatures per overload) and would keep the recording call's tensor alive, e.g.
+    a prefill's activations and KV cache for every prompt length a server met."""
     cls, fields = d.__class__, dict(d.__dict__)
+    fields.pop("base", None)
     new = object.__new__
 
     def rebased(base):

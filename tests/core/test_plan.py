@@ -444,3 +444,28 @@ def test_tma_recipe_refuses_a_kernel_lowered_without_tma_metadata():
     d = TensorDescriptor(torch.empty(64, dtype=torch.float16), [8, 8], [8, 1], [8, 8])
     with pytest.raises(plan_mod._NoRecipe):
         plan_mod._tensor_map(d, None)
+
+
+@pytest.mark.parametrize("which", ["triton", "gluon"])
+def test_a_rebuilt_descriptor_does_not_keep_the_recorded_tensor(which):
+    # a plan rebuilds each TMA descriptor per call over the call's tensor (plan._rebase); holding the
+    # recording's descriptor would keep the recorded tensor alive as long as the plan is cached
+    import gc
+    import weakref
+    if which == "triton":
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        d = TensorDescriptor(torch.empty(64, dtype=torch.float16), [8, 8], [8, 1], [8, 8])
+    else:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+        layout = gl.NVMMASharedLayout.get_default_for([8, 8], gl.float16)
+        d = TensorDescriptor(torch.empty(64, dtype=torch.float16), [8, 8], [8, 1], [8, 8], layout)
+    recorded = weakref.ref(d.base)
+    rebuild = plan_mod._rebase(d)
+    fields = {k: v for k, v in d.__dict__.items() if k != "base"}
+    del d
+    gc.collect()
+    assert recorded() is None
+    t = torch.empty(64, dtype=torch.float16)
+    e = rebuild(t)
+    assert e.base is t and {k: v for k, v in e.__dict__.items() if k != "base"} == fields
