@@ -189,6 +189,14 @@ _CONFIGS_16 = [
     # with 8 warps, 128x64, 64x256 and 128x128x128 won none (H200, 2026-11-28)
     _gluon(64, 128, 64, 4, 6, maxnreg=224),
 ]
+# Gluon tiles 192 columns wide (gemm_gluon.matmul_gluon_wide_kernel: 128 + 64, two accumulators; 4 ring
+# slots of (128 + 192) x 64 x 2 bytes plus the 128 x 192 output tile: 208 KiB). For the 768-wide outputs
+# of BERT/CLIP (4096 x 768: 128 tiles, one round on 132 SMs, against 192 of 128 x 128) and 576-row shapes.
+# Offered to the tuner only with WIDE_TILES: the kernel has compiled for sm_90 but its tuned integration
+# (bias, alpha/beta, transposed A) has not run on a GPU yet (a prototype without those ran 4096 x 768 x 3072
+# at 1.05x cuBLAS against the tuned 1.29x, H200, session 28); the GPU tests launch it either way
+_GLUON_WIDE = [_gluon(128, 192, 64, 8, 4)]
+WIDE_TILES = False
 # fp32: twice the bytes per element, so BLOCK_K 32 keeps the same shared-memory footprint
 _CONFIGS_32 = [
     _cfg(128, 256, 32, 8, 3),
@@ -334,13 +342,16 @@ def _tuner(itemsize, triton_only=False):
     # ("v2": the search space of 2026-11-28, K splits included; older caches chose from the previous one)
     # ("v3": with the Gluon kernel's configs, 2026-11-28)
     # ("v4": TMA and Gluon calls planned, offered from 2**33 multiply-adds without a host handicap)
-    name = ("mm16v4" if itemsize <= 2 else "mm32v4") + ("" if triton_only else "-auto2")
+    # ("w": the Gluon wide tiles offered)
+    wide = WIDE_TILES and itemsize <= 2
+    name = ("mm16v4" if itemsize <= 2 else "mm32v4") + ("w" if wide else "") + ("" if triton_only else "-auto2")
     t = _TUNERS.get(name)
     if t is None:
         if backend().name == "interpreter":
             configs = [_INTERP_CONFIG]
         else:
-            configs = (_CONFIGS_16 if itemsize <= 2 else _CONFIGS_32) + ([] if triton_only else [_ATEN])
+            configs = ((_CONFIGS_16 + (_GLUON_WIDE if wide else []) if itemsize <= 2 else _CONFIGS_32)
+                       + ([] if triton_only else [_ATEN]))
         t = _TUNERS[name] = Autotuner(name, configs)
     return t
 

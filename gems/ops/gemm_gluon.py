@@ -53,20 +53,28 @@ def _mma_layout(BLOCK_M, BLOCK_N, num_warps):
 
 
 @gluon.jit
-def _issue_load(a_desc, b_desc, a_bufs, b_bufs, bars, count, off_m, off_n, off_k, pred,
-                A_T: gl.constexpr, B_T: gl.constexpr, NUM_BUF: gl.constexpr):
-    """TMA loads of one K step into ring slot count % NUM_BUF (its barrier counts the bytes)."""
+def _issue_load(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, bars, count, off_m, off_n, off_k, pred,
+                A_T: gl.constexpr, B_T: gl.constexpr, NUM_BUF: gl.constexpr, SPLIT: gl.constexpr):
+    """TMA loads of one K step into ring slot count % NUM_BUF (its barrier counts the bytes). SPLIT: the
+    tile's columns come in two parts, B's second part (b2_desc's block) from column off_n + BN1."""
     s = count % NUM_BUF
     bar = bars.index(s)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + (
+        b2_desc.block_type.nbytes if SPLIT else 0)
+    mbarrier.expect(bar, nbytes, pred=pred)
     if A_T:
         tma.async_copy_global_to_shared(a_desc, [off_k, off_m], bar, a_bufs.index(s), pred)
     else:
         tma.async_copy_global_to_shared(a_desc, [off_m, off_k], bar, a_bufs.index(s), pred)
+    BN1: gl.constexpr = b_desc.block_type.shape[0 if B_T else 1]
     if B_T:
         tma.async_copy_global_to_shared(b_desc, [off_n, off_k], bar, b_bufs.index(s), pred)
+        if SPLIT:
+            tma.async_copy_global_to_shared(b2_desc, [off_n + BN1, off_k], bar, b2_bufs.index(s), pred)
     else:
         tma.async_copy_global_to_shared(b_desc, [off_k, off_n], bar, b_bufs.index(s), pred)
+        if SPLIT:
+            tma.async_copy_global_to_shared(b2_desc, [off_k, off_n + BN1], bar, b2_bufs.index(s), pred)
 
 
 @gluon.jit
@@ -86,9 +94,9 @@ def _schedule(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl
 
 
 @gluon.jit
-def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
+def _load_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
                     A_T: gl.constexpr, B_T: gl.constexpr, GROUP_M: gl.constexpr, NUM_BUF: gl.constexpr,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, SPLIT: gl.constexpr):
     """One warp: walks the program's tiles and K steps, and for step `count` waits until the MMA
     partition has released ring slot count % NUM_BUF (`empty`), then issues its TMA loads (`ready`
     counts the bytes). It runs ahead into the next tile while the MMA warps finish this one."""
@@ -99,24 +107,49 @@ def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
         for ks in range(k_steps):
             # a fresh barrier counts as released in phase 1: the first NUM_BUF loads do not wait
             mbarrier.wait(empty.index(count % NUM_BUF), ((count // NUM_BUF) & 1) ^ 1)
-            _issue_load(a_desc, b_desc, a_bufs, b_bufs, ready, count, off_m, off_n, ks * BLOCK_K, True, A_T, B_T,
-                        NUM_BUF)
+            _issue_load(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, count, off_m, off_n, ks * BLOCK_K,
+                        True, A_T, B_T, NUM_BUF, SPLIT)
             count += 1
 
 
 @gluon.jit
-def _mma_partition(c_desc, a_bufs, b_bufs, c_smem, ready, empty, Bias, M, N, K, alpha, beta, s_xn,
-                   A_T: gl.constexpr, B_T: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
-                   NUM_BUF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+def _epilogue(acc, c_desc, c_smem, Bias, off_m, off_n, N, alpha, beta, s_xn, HAS_BIAS: gl.constexpr):
+    """alpha, the bias row and the cast of one accumulator, stored by TMA from `c_smem` (free: the
+    caller waited for the previous tile's stores)."""
+    layout: gl.constexpr = acc.type.layout
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    acc = acc * alpha
+    if HAS_BIAS:
+        # a bias row (linear's; stride 0 along M): one vector per tile, broadcast over the rows. A
+        # [BM, BN] tile of bias pointers would take 128 registers per thread and spill
+        rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+        x = gl.load(Bias + rn * s_xn, mask=rn < N, other=0.0)
+        acc = acc + beta * x.to(gl.float32)[None, :]
+    c_smem.store(acc.to(c_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+
+
+@gluon.jit
+def _mma_partition(c_desc, c2_desc, a_bufs, b_bufs, b2_bufs, c_smem, c2_smem, ready, empty, Bias, M, N, K, alpha,
+                   beta, s_xn, A_T: gl.constexpr, B_T: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
+                   NUM_BUF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                   SPLIT: gl.constexpr):
     """The kernel's warpgroups: per K step wait for the slot's bytes, issue the wgmma asynchronously,
     wait for the previous one (one in flight) and release its slot; per tile the epilogue (alpha, the
-    bias row, the cast) into shared memory and a TMA store that overlaps the next tile's MMAs."""
-    layout: gl.constexpr = _mma_layout(BLOCK_M, BLOCK_N, gl.num_warps())
+    bias row, the cast) into shared memory and a TMA store that overlaps the next tile's MMAs. SPLIT:
+    the tile's columns are two accumulators (c_desc's and c2_desc's widths), two wgmmas per K step."""
+    BN1: gl.constexpr = c_desc.block_type.shape[1]
+    BN2: gl.constexpr = c2_desc.block_type.shape[1]
+    layout: gl.constexpr = _mma_layout(BLOCK_M, BN1, gl.num_warps())
+    layout2: gl.constexpr = _mma_layout(BLOCK_M, BN2, gl.num_warps())
     pid, programs, grid_m, grid_n, k_steps = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
     count = 0
     for tile in range(pid, grid_m * grid_n, programs):
         off_m, off_n = _tile_offsets(tile, grid_m, grid_n, GROUP_M, BLOCK_M, BLOCK_N)
-        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
+        acc = gl.zeros((BLOCK_M, BN1), dtype=gl.float32, layout=layout)
+        if SPLIT:
+            acc2 = gl.zeros((BLOCK_M, BN2), dtype=gl.float32, layout=layout2)
         for ks in range(k_steps):
             s = count % NUM_BUF
             mbarrier.wait(ready.index(s), (count // NUM_BUF) & 1)
@@ -129,26 +162,60 @@ def _mma_partition(c_desc, a_bufs, b_bufs, c_smem, ready, empty, Bias, M, N, K, 
             else:
                 b = b_bufs.index(s)
             acc = warpgroup_mma(a, b, acc, is_async=True)
-            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
-            # the MMA of step count - 1 is complete: the loader may refill its slot
+            if SPLIT:
+                if B_T:
+                    b2 = b2_bufs.index(s).permute((1, 0))
+                else:
+                    b2 = b2_bufs.index(s)
+                acc2 = warpgroup_mma(a, b2, acc2, is_async=True)
+                # wgmma groups retire in order: with two outstanding, the previous step's two are done
+                acc, acc2, _, _, _ = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2, a, b, b2))
+            else:
+                acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
+            # the MMAs of step count - 1 are complete: the loader may refill their slot
             mbarrier.arrive(empty.index((count + NUM_BUF - 1) % NUM_BUF), pred=ks > 0)
             count += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if SPLIT:
+            acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index((count + NUM_BUF - 1) % NUM_BUF), pred=k_steps > 0)
-
-        acc = acc * alpha
-        if HAS_BIAS:
-            # a bias row (linear's; stride 0 along M): one vector per tile, broadcast over the rows. A
-            # [BM, BN] tile of bias pointers would take 128 registers per thread and spill
-            rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-            x = gl.load(Bias + rn * s_xn, mask=rn < N, other=0.0)
-            acc = acc + beta * x.to(gl.float32)[None, :]
-        # the previous tile's store must have read c_smem before it is overwritten
+        # the previous tile's stores must have read the output tiles before they are overwritten
         tma.store_wait(pendings=0)
-        c_smem.store(acc.to(c_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+        _epilogue(acc, c_desc, c_smem, Bias, off_m, off_n, N, alpha, beta, s_xn, HAS_BIAS)
+        if SPLIT:
+            _epilogue(acc2, c2_desc, c2_smem, Bias, off_m, off_n + BN1, N, alpha, beta, s_xn, HAS_BIAS)
     tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _matmul(a_desc, b_desc, b2_desc, c_desc, c2_desc, Bias, M, N, K, alpha, beta, s_xn, A_T: gl.constexpr,
+            B_T: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr, NUM_BUF: gl.constexpr,
+            SPLIT: gl.constexpr):
+    """The body of both kernels: shared memory, barriers and the two partitions."""
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1] + (c2_desc.block_type.shape[1] if SPLIT else 0)
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[0 if A_T else 1]
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_BUF] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_BUF] + b_desc.block_type.shape, b_desc.layout)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    if SPLIT:
+        b2_bufs = gl.allocate_shared_memory(b2_desc.dtype, [NUM_BUF] + b2_desc.block_type.shape, b2_desc.layout)
+        c2_smem = gl.allocate_shared_memory(c2_desc.dtype, c2_desc.block_type.shape, c2_desc.layout)
+    else:
+        b2_bufs = b_bufs
+        c2_smem = c_smem
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_BUF):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_mma_partition, (c_desc, c2_desc, a_bufs, b_bufs, b2_bufs, c_smem, c2_smem, ready, empty, Bias, M, N, K,
+                          alpha, beta, s_xn, A_T, B_T, HAS_BIAS, GROUP_M, NUM_BUF, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT)),
+        (_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, A_T, B_T, GROUP_M,
+                           NUM_BUF, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT)),
+    ], [1], [LOAD_REGS])
 
 
 @kernel
@@ -165,23 +232,24 @@ def matmul_gluon_kernel(a_desc, b_desc, c_desc, Bias, M, N, K, alpha, beta, s_xn
     count gives each the slot (count % NUM_BUF) and the barrier phase ((count // NUM_BUF) & 1).
     A_T / B_T: the operand is read through a descriptor of its transpose (its rows are the contiguous
     axis) and handed to wgmma as a permuted shared-memory view."""
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[0 if A_T else 1]
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_BUF] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_BUF] + b_desc.block_type.shape, b_desc.layout)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_BUF):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    gl.warp_specialize([
-        (_mma_partition, (c_desc, a_bufs, b_bufs, c_smem, ready, empty, Bias, M, N, K, alpha, beta, s_xn, A_T, B_T,
-                          HAS_BIAS, GROUP_M, NUM_BUF, BLOCK_M, BLOCK_N, BLOCK_K)),
-        (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, A_T, B_T, GROUP_M, NUM_BUF,
-                           BLOCK_M, BLOCK_N, BLOCK_K)),
-    ], [1], [LOAD_REGS])
+    _matmul(a_desc, b_desc, b_desc, c_desc, c_desc, Bias, M, N, K, alpha, beta, s_xn, A_T, B_T, HAS_BIAS, GROUP_M,
+            NUM_BUF, False)
+
+
+@kernel
+@gluon.jit
+def matmul_gluon_wide_kernel(a_desc, b_desc, b2_desc, c_desc, c2_desc, Bias, M, N, K, alpha, beta, s_xn,
+                             A_T: gl.constexpr, B_T: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
+                             NUM_BUF: gl.constexpr):
+    """matmul_gluon_kernel with tiles BN1 + BN2 columns wide (c_desc's and c2_desc's widths, 128 + 64: Gluon's
+    shapes are powers of two), two accumulators and two B parts per K step.
+
+    Why: wave quantization on 132 SMs. BERT's 4096 x 768 outputs (its layers and their gradients) make
+    192 tiles of 128 x 128, 1.45 rounds; 128 x 192 tiles make 128, one round, at (128 + 192) x 64 operand
+    bytes per 128 x 192 x 64 step. A prototype ran 4096 x 768 x 3072 at 1.05x cuBLAS's kernel time (the
+    tuned choice then: 1.29x) and 576 x 4096 x 4096 at 1.22x (1.54x) (H200, docs/perf.md, session 28)."""
+    _matmul(a_desc, b_desc, b2_desc, c_desc, c2_desc, Bias, M, N, K, alpha, beta, s_xn, A_T, B_T, HAS_BIAS, GROUP_M,
+            NUM_BUF, True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -210,15 +278,33 @@ def supports(bias, has_bias):
     return not has_bias or bias.stride(0) == 0 or bias.shape[0] == 1
 
 
+def split_n(bn: int):
+    """(BN1, BN2) of a tile `bn` columns wide: (bn, 0) for a power of two, else its highest power of two
+    and the rest, which must be one too (Gluon's block shapes): 192 -> (128, 64)."""
+    bn1 = 1 << (bn.bit_length() - 1)
+    bn2 = bn - bn1
+    if bn2 & (bn2 - 1):
+        raise ValueError(f"a Gluon GEMM tile of {bn} columns is not two powers of two")
+    return bn1, bn2
+
+
 def launch(a, b, c, bias, alpha, beta, has_bias, layouts, cfg):
     """c = alpha * a @ b (+ beta * bias row) with `cfg` (BLOCK_M/N/K, GROUP_M, NUM_BUF, warps, maxnreg); `layouts`
-    from gemm_tma.layout (the same operand conditions), the bias as `supports` says."""
+    from gemm_tma.layout (the same operand conditions), the bias as `supports` says. A BLOCK_N that is not
+    a power of two (192) takes the wide kernel."""
     (a_t, _), (b_t, _) = layouts
     M, K = a.shape
     N = b.shape[1]
-    ad, bd, cd = gemm_tma.descriptors(a, b, c, layouts, cfg, _desc)
+    bn1, bn2 = split_n(cfg["BLOCK_N"])
     progs = min(cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), sm_count(a.device))
     xn = bias.stride(1) if has_bias else 0
-    matmul_gluon_kernel[(progs,)](ad, bd, cd, bias, M, N, K, float(alpha), float(beta), xn,
-                                  a_t, b_t, has_bias, cfg["GROUP_M"], cfg["NUM_BUF"], num_warps=cfg["num_warps"],
-                                  num_stages=1, maxnreg=cfg["maxnreg"])
+    opts = dict(num_warps=cfg["num_warps"], num_stages=1, maxnreg=cfg["maxnreg"])
+    consts = (a_t, b_t, has_bias, cfg["GROUP_M"], cfg["NUM_BUF"])
+    if not bn2:
+        ad, bd, cd = gemm_tma.descriptors(a, b, c, layouts, cfg, _desc)
+        matmul_gluon_kernel[(progs,)](ad, bd, cd, bias, M, N, K, float(alpha), float(beta), xn, *consts, **opts)
+        return
+    ad, bd, cd = gemm_tma.descriptors(a, b, c, layouts, dict(cfg, BLOCK_N=bn1), _desc)
+    b2d, c2d = gemm_tma.bc_descriptors(b, c, layouts, M, cfg["BLOCK_M"], bn2, cfg["BLOCK_K"], _desc)
+    matmul_gluon_wide_kernel[(progs,)](ad, bd, b2d, cd, c2d, bias, M, N, K, float(alpha), float(beta), xn, *consts,
+                                       **opts)

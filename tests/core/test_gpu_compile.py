@@ -188,12 +188,19 @@ def gluon_gemm_record(cfg, a_t, b_t, has_bias, dtype="bf16"):
     def desc(block):
         return _gluon_desc_type(block, dtype)
 
-    sig = {"a_desc": desc([bk, bm] if a_t else [bm, bk]), "b_desc": desc([bn, bk] if b_t else [bk, bn]),
-           "c_desc": desc([bm, bn]), "Bias": "*" + dtype, "M": "i32", "N": "i32", "K": "i32", "alpha": "fp32",
-           "beta": "fp32", "s_xn": "i32"}
+    from gems.ops import gemm_gluon
+    bn1, bn2 = gemm_gluon.split_n(bn)
+    sig = {"a_desc": desc([bk, bm] if a_t else [bm, bk]), "b_desc": desc([bn1, bk] if b_t else [bk, bn1])}
+    if bn2:      # the wide kernel: B's second part and C's second tile
+        sig["b2_desc"] = desc([bn2, bk] if b_t else [bk, bn2])
+    sig["c_desc"] = desc([bm, bn1])
+    if bn2:
+        sig["c2_desc"] = desc([bm, bn2])
+    sig.update({"Bias": "*" + dtype, "M": "i32", "N": "i32", "K": "i32", "alpha": "fp32", "beta": "fp32", "s_xn": "i32"})
     consts = dict(A_T=a_t, B_T=b_t, HAS_BIAS=has_bias, GROUP_M=cfg["GROUP_M"], NUM_BUF=cfg["NUM_BUF"])
     sig.update({k: "constexpr" for k in consts})
-    return {"module": "gems.ops.gemm_gluon", "name": "matmul_gluon_kernel", "signature": sig, "constexprs": consts,
+    name = "matmul_gluon_wide_kernel" if bn2 else "matmul_gluon_kernel"
+    return {"module": "gems.ops.gemm_gluon", "name": name, "signature": sig, "constexprs": consts,
             "num_warps": cfg["num_warps"], "maxnreg": cfg["maxnreg"]}
 
 
@@ -203,7 +210,7 @@ def test_gluon_gemm_configs_fit_sm90(tmp_path):
     # compiles here for sm_90 in the layouts the models pass (a weight read transposed with a bias row, a
     # transposed activation, plain), and fits its ring and output tile in shared memory
     from gems.ops import blas
-    cfgs = [c for c in blas._CONFIGS_16 if c.get("GLUON")]
+    cfgs = [c for c in blas._CONFIGS_16 if c.get("GLUON")] + blas._GLUON_WIDE
     assert cfgs
     recs = [gluon_gemm_record(c, a_t, b_t, bias) for c in cfgs
             for a_t, b_t, bias in ((False, True, True), (True, False, False), (False, False, False))]
