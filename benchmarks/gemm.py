@@ -285,6 +285,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer timed runs (CUDA)")
     p.add_argument("--cap", type=int, default=None,
                    help="cap M, N, K at this (default: 64 on cpu, none on cuda)")
+    p.add_argument("--wide-tiles", action="store_true",
+                   help="offer the tuner the Gluon GEMM's 192-column tiles (blas.WIDE_TILES, off by default)")
     p.add_argument("-o", "--output", default=os.path.join(os.environ.get("OUT", "."), "gemm.json"))
     a = p.parse_args(argv)
     if a.device == "cpu":
@@ -293,6 +295,8 @@ def main(argv=None) -> int:
     import torch
     import triton
     import gems
+    from gems.ops import blas
+    blas.WIDE_TILES = blas.WIDE_TILES or a.wide_tiles
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device here (use --device cpu for the smoke run)")
     cap = a.cap if a.cap is not None else (64 if a.device == "cpu" else None)
@@ -305,7 +309,8 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter: times mean nothing)"
     env = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
            "gems": gems.__version__, "cases_from": doc.get("command"), "quick": a.quick, "cap": cap,
-           "filters": {"model": a.model, "workload": a.workload, "max_cases": a.max_cases}}
+           "filters": {"model": a.model, "workload": a.workload, "max_cases": a.max_cases},
+           "wide_tiles": blas.WIDE_TILES}
     roof = None
     if cuda:
         roof = env["copy_roof_GBps"] = copy_roof_gbps(timer)

@@ -178,3 +178,21 @@ def test_cpu_smoke_run_writes_json(tmp_path, capsys, filters):
         assert r["config"].startswith("ptr 32x32x32")    # the interpreter's one config, named
     assert d["summary"]["counted"] == 2 and d["summary"]["geomean_ratio"] > 0
     assert "geomean ratio" in capsys.readouterr().out
+
+
+def test_wide_tiles_flag_offers_them_to_the_tuner(tmp_path, monkeypatch):
+    # --wide-tiles turns blas.WIDE_TILES on for the run (the Gluon 192-column tiles join the 16-bit search
+    # space, under their own tuning cache), and the JSON says so
+    from gems.ops import blas
+    monkeypatch.setattr(blas, "WIDE_TILES", False)
+    monkeypatch.setattr(blas, "_TUNERS", {})
+    out = tmp_path / "gemm.json"
+    assert gemm.main(["--device", "cpu", "--quick", "--model", "bert", "--max-cases", "1", "--wide-tiles",
+                      "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["env"]["wide_tiles"] is True
+    assert blas.WIDE_TILES
+    monkeypatch.setattr(blas, "backend", lambda: type("B", (), {"name": "cuda"})())   # the GPU's search space
+    space = blas._tuner(2).configs
+    assert all(c in space for c in blas._GLUON_WIDE)
+    monkeypatch.setattr(blas, "WIDE_TILES", False)
+    assert not any(c in blas._tuner(2).configs for c in blas._GLUON_WIDE)
