@@ -222,6 +222,30 @@ def test_decode_split_kv(Sk, dtype):
     check(*qkv(1, 2, 2, 1, Sk, D2, dtype), f"decode head dim {D2}")
 
 
+def test_split_decode_replays_its_plan(monkeypatch):
+    """A split-KV decode's workspace (partial outputs, maxima and sums: views of one allocation) and its
+    Philox placeholders (two views of one) replay from the call plan: three calls of one signature with
+    fresh data, only the first through the Python path, each against float64."""
+    D, Sk = (128, 1021) if ON_GPU else (32, 163)     # a signature no other test plans
+    dtype = DTYPES[-1]
+    q, k, v = qkv(1, 2, 2, 1, Sk, D, dtype)
+    assert A.num_splits(1, 2, 1, Sk, D, dtype, False, torch.device(DEVICE)) > 1
+    name = aten_choice(lambda: F.scaled_dot_product_attention(q, k, v))
+    if name is None:
+        pytest.skip("ATen runs SDPA's math path for this input here")
+    entered, forward = [], A._forward
+    monkeypatch.setattr(A, "_forward", lambda *a, **kw: entered.append(1) or forward(*a, **kw))
+    impl = gems.registry.get(name)
+    for i in range(3):
+        q, k, v = qkv(1, 2, 2, 1, Sk, D, dtype)
+        with torch.no_grad(), gems_on():
+            out = F.scaled_dot_product_attention(q, k, v)
+        ref = ref_attention(*(t.cpu().double() for t in (q, k, v)))
+        aten = F.scaled_dot_product_attention(q, k, v) if dtype != torch.float32 else None
+        assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg=f"call {i}")
+    assert len(entered) == 1, f"the Python path ran {len(entered)} times: {impl.plans.reasons}"
+
+
 def test_fully_masked_rows_match_aten():
     """A row with no visible key: ATen's own answer for the overload it picks (0 on CPU, efficient,
     flash; cuDNN's bool conversion uses -65504, i.e. uniform attention) -- same values as ATen."""
