@@ -386,9 +386,8 @@ def test_cuda_overload_contracts(which, layout):
 @pytest.mark.parametrize("which", ["cudnn", "efficient"])
 def test_inference_forward_leaves_the_logsumexp_out(monkeypatch, which):
     """compute_log_sumexp=False (SDPA without grad): the same output, the kernel asked for no lse, and the
-    lse result as ATen's kernel gives it: none from cuDNN (an undefined tensor; its meta kernel's
-    [B, H, S, 1] is only a shape, which parity on an H200 caught: session 29), [B, H, 0] from the efficient
-    kernel. On a GPU ATen's own kernel is asked; on the CPU neither has a kernel to ask."""
+    lse result as ATen's kernel gives it (test_results_are_shaped_as_atens_kernel_returns_them checks that
+    on a GPU): none from cuDNN (an undefined tensor), [B, H, 0] from the efficient kernel."""
     q, k, v = qkv(1, 2, 2, 19, 33, 32, torch.float32)
     asked, forward = [], A._forward
     monkeypatch.setattr(A, "_forward", lambda *a, **kw: asked.append(a[7]) or forward(*a, **kw))
@@ -401,17 +400,35 @@ def test_inference_forward_leaves_the_logsumexp_out(monkeypatch, which):
         assert without[1] is None
     else:
         assert tuple(without[1].shape) == (1, 2, 0)
-    if ON_GPU:
-        op = getattr(torch.ops.aten, f"_scaled_dot_product_{which}_attention")
-        qa, ka, va = (t.to(torch.bfloat16) for t in (q, k, v)) if which == "cudnn" else (q, k, v)
-        with gems.use_gems(include=[]):
-            try:
-                ref = op(qa, ka, va, None, False, 0.0, True)[1]
-            except RuntimeError as e:    # cuDNN attention not available on this GPU / build
-                pytest.skip(f"ATen's {which} kernel: {e}")
-        assert (ref is None) == (without[1] is None)
-        if ref is not None:
-            assert ref.shape == without[1].shape and ref.dtype == without[1].dtype
+
+
+@pytest.mark.skipif(not ON_GPU, reason="ATen's fused CUDA kernels are the reference")
+@pytest.mark.parametrize("which,lse", [("cudnn", True), ("cudnn", False), ("efficient", True),
+                                      ("efficient", False), ("flash", True)])
+def test_results_are_shaped_as_atens_kernel_returns_them(which, lse):
+    """Every result of a fused forward overload as ATen's own CUDA kernel returns it: None where ATen's is
+    undefined, a tensor where ATen's is one, the output and logsumexp of the same shape and dtype (values:
+    the other tests). Not the meta kernels: cuDNN's gives the logsumexp a shape where its kernel returns
+    none, which gems-coverage parity caught on an H200 (session 29)."""
+    q, k, v = qkv(1, 2, 2, 40, 40, 64, torch.bfloat16)
+    op = getattr(torch.ops.aten, f"_scaled_dot_product_{which}_attention")
+    if which == "flash":
+        fwd, args = A.sdpa_flash, (q, k, v, 0.0, True, False)
+    else:
+        fwd = A.sdpa_cudnn if which == "cudnn" else A.sdpa_efficient
+        args = (q, k, v, None, lse, 0.0, True) + ((False,) if which == "cudnn" else ())
+    with gems.use_gems(include=[]):
+        try:
+            ref = op(*args)
+        except RuntimeError as e:    # not available on this GPU / build
+            pytest.skip(f"ATen's {which} kernel: {e}")
+    got = fwd(*args)
+    assert len(got) == len(ref)
+    for i, (g, r) in enumerate(zip(got, ref)):
+        if isinstance(g, torch.Tensor) or isinstance(r, torch.Tensor) or g is None or r is None:
+            assert (g is None) == (r is None), (which, lse, i, g, r)
+            if i < 2 and r is not None:
+                assert g.shape == r.shape and g.dtype == r.dtype, (which, lse, i, g.shape, r.shape)
 
 
 def test_unsupported_inputs_fall_back():
