@@ -220,9 +220,30 @@ class _Workload:
             torch.cuda.empty_cache()    # the fp32 copy's memory goes back before anything is measured
         return out
 
+    @contextlib.contextmanager
+    def truncated(self, length):
+        """Prefill / training inputs cut to their first `length` positions for the block (every [B, S]
+        tensor of the inputs: ids, masks, token types, labels; Llava's image tokens come first and stay);
+        None: as built."""
+        b = self.b
+        if length is None:
+            yield
+            return
+        full = b.inputs["input_ids"].shape[1]
+
+        def cut(d):
+            return {k: v[:, :length] if isinstance(v, self.torch.Tensor) and v.dim() == 2 and v.shape[1] == full
+                    else v for k, v in d.items()}
+        saved = b.inputs, b.train_inputs
+        b.inputs, b.train_inputs = cut(b.inputs), cut(b.train_inputs)
+        try:
+            yield
+        finally:
+            b.inputs, b.train_inputs = saved
+
     def timed(self, on: bool, prompt_len=None):
         """One timed run: (ms per unit, peak MiB or None); prompt_len: decode from the prompt's first
-        prompt_len positions (runner.run_generate)."""
+        prompt_len positions (runner.run_generate), prefill / train on the inputs' first prompt_len."""
         torch = self.torch
         from . import runner
         if self.on_cuda:
@@ -233,11 +254,12 @@ class _Workload:
                 runner.run_generate(self.b, self.new_tokens, times=times, sync=self.sync, prompt_len=prompt_len)
                 ms = times[0]   # per decode step: the prompt's prefill is not timed
             else:
-                self.sync()
-                t0 = time.perf_counter()
-                self._step()
-                self.sync()
-                ms = (time.perf_counter() - t0) * 1e3
+                with self.truncated(prompt_len):
+                    self.sync()
+                    t0 = time.perf_counter()
+                    self._step()
+                    self.sync()
+                    ms = (time.perf_counter() - t0) * 1e3
         peak = torch.cuda.max_memory_allocated() / 2**20 if self.on_cuda else None
         return ms, peak
 
@@ -454,10 +476,12 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
     unpatched, Gems unregistered. True for gems.patch's defaults, or a dict of its options
     ({"layer_norm": True}: the fused parts are measured one by one).
 
-    fresh_lengths (decode): run k of the warm-up and timed runs (k = 1, 2, ...; both modes the same)
-    decodes from the prompt's first seq_len - k x new_tokens tokens, so no run meets a KV-cache length an
-    earlier one met: every token brings signatures Gems has not planned, as for a server whose prompts
-    vary in length. Without it every timed run repeats the warm-up's lengths (all planned)."""
+    fresh_lengths: run k of the warm-up and timed runs (k = 1, 2, ...; both modes the same) meets
+    sequence lengths no earlier run met, so every run brings signatures Gems has not planned (and shapes
+    cuDNN's attention has no graph for). Decode starts from the prompt's first seq_len - k x new_tokens
+    tokens: a server whose prompts vary in length. Prefill and training take the inputs' first
+    seq_len - k positions: batches padded to their longest sequence (dynamic padding). Without it every
+    timed run repeats the warm-up's lengths (all planned)."""
     import torch
     import gems
     import models as M
@@ -468,12 +492,11 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
     steps = steps if steps is not None else (5 if on_cuda else 1)
     warmup = warmup if warmup is not None else (2 if on_cuda else 1)
     decode = workload == "decode"
-    if fresh_lengths:
-        if not decode:
-            raise M.ModelError("--fresh-lengths applies to --workload decode only")
-        if seq_len - (warmup + steps) * new_tokens < 1:
-            raise M.ModelError(f"--fresh-lengths: --seq-len must exceed (warm-up + timed runs) x --new-tokens = "
-                               f"{(warmup + steps) * new_tokens} (each run's prompt is --new-tokens shorter)")
+    shorter = new_tokens if decode else 1     # --fresh-lengths: each run's sequence this much shorter
+    if fresh_lengths and seq_len - (warmup + steps) * shorter < (1 if decode else 2):
+        raise M.ModelError(f"--fresh-lengths: --seq-len must exceed (warm-up + timed runs) x "
+                           f"{'--new-tokens' if decode else '1'} = {(warmup + steps) * shorter} "
+                           f"(each run's sequence is {'--new-tokens' if decode else 'one token'} shorter)")
     res = BenchResult(recipe.name, workload, device, torch.cuda.get_device_name(device) if on_cuda else "cpu",
                       size, dtype_name, batch, seq_len, new_tokens if decode else 0, steps, warmup,
                       optimizer if workload == "train" else None, unit="token" if decode else "step",
@@ -500,14 +523,23 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
         res.fresh_lengths = True
         res.notes.append(f"fresh lengths: run k of the warm-up and timed runs decodes from the prompt's first "
                          f"seq_len - k x {new_tokens} tokens (both modes alike), so every token's KV length is "
-                         f"new to Gems' plan caches; the agreement and profiled runs use the whole prompt")
-    full_len = bundle.inputs["input_ids"].shape[1] if decode else 0   # (Llava's image tokens included)
+                         f"new to Gems' plan caches; the agreement and profiled runs use the whole prompt"
+                         if decode else
+                         "fresh lengths: run k of the warm-up and timed runs takes the inputs' first seq_len - k "
+                         "positions (both modes alike; dynamic padding), so every run's shapes are new to Gems' "
+                         "plan caches; tokens per step counts the whole seq_len; the agreement and profiled runs "
+                         "use the whole inputs")
+    if fresh_lengths and bundle.custom_args:
+        raise M.ModelError(f"--fresh-lengths: {recipe.name} takes positional inputs, which have no sequence "
+                           f"length to vary")
+    # (Llava's image tokens included)
+    full_len = bundle.inputs["input_ids"].shape[1] if decode or fresh_lengths else 0
     wl = _Workload(bundle, workload, new_tokens, optimizer, include, exclude, patch, popts)
     try:
         res.agreement = _agreement(wl, dt, progress)
         wl.start = None   # the training start weights are not needed any more
         for i in range(warmup + steps):
-            plen = full_len - (i + 1) * new_tokens if fresh_lengths else None
+            plen = full_len - (i + 1) * shorter if fresh_lengths else None
             if i < warmup:
                 progress(f"warm-up {i + 1}/{warmup}")
                 wl.timed(False, plen)

@@ -210,9 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--include", default=None, help="comma-separated ATen names Gems serves (default all)")
     b.add_argument("--exclude", default=None, help="comma-separated ATen names left to ATen")
     b.add_argument("--fresh-lengths", action="store_true",
-                   help="decode: each warm-up and timed run starts from a prompt --new-tokens shorter than "
-                        "the last, so every token meets KV-cache lengths Gems has not planned (a server's "
-                        "prompts of many lengths); without it the timed runs repeat the warm-up's lengths")
+                   help="each warm-up and timed run meets sequence lengths no earlier run met. decode: a "
+                        "prompt --new-tokens shorter than the last, so every token meets KV-cache lengths Gems "
+                        "has not planned (a server's prompts of many lengths); prefill/train: the inputs one "
+                        "position shorter than the last (dynamic padding). Without it the timed runs repeat "
+                        "the warm-up's lengths")
     b.add_argument("--no-attribution", action="store_true", help="skip the profiled per-op attribution")
     b.add_argument("--patch", action="store_true",
                    help="the Gems turns also run the model patched by gems.patch (fused ops); the ATen turns "

@@ -100,6 +100,29 @@ def test_decode_fresh_lengths_gives_every_run_new_kv_lengths(tmp_path, monkeypat
     assert len(d["aten_ms"]) == len(d["gems_ms"]) == 2
 
 
+@pytest.mark.parametrize("workload", ["train", "prefill"])
+def test_fresh_lengths_cut_prefill_and_training_inputs_shorter_every_run(tmp_path, monkeypatch, workload):
+    # dynamic padding: run k (warm-up, then timed; both modes) takes the inputs' first seq_len - k
+    # positions, labels and mask included; the agreement runs keep the whole inputs
+    from coverage_tool import runner
+    seen = []
+    real = runner.forward
+
+    def spy(bundle, train=False):
+        d = bundle.train_inputs if train else bundle.inputs
+        lens = {v.shape[1] for v in d.values() if isinstance(v, torch.Tensor) and v.dim() == 2}
+        assert len(lens) == 1, {k: tuple(v.shape) for k, v in d.items()}
+        seen.append(lens.pop())
+        return real(bundle, train)
+    monkeypatch.setattr(runner, "forward", spy)
+    rc, d = _bench(tmp_path, "--workload", workload, "--seq-len", "12", "--warmup", "1", "--steps", "2",
+                   "--no-attribution", "--fresh-lengths")
+    assert rc == 0 and d["agree"] and d["fresh_lengths"], d
+    assert any("dynamic padding" in n for n in d["notes"])
+    assert seen[-6:] == [11, 11, 10, 10, 9, 9] and set(seen[:-6]) == {12}, seen
+    assert len(d["aten_ms"]) == len(d["gems_ms"]) == 2
+
+
 def test_run_generate_prompt_len_trims_the_prompt():
     from coverage_tool import runner
     b = models.build(models.resolve("llama2"), size="tiny", device="cpu", dtype="float32", batch=2, seq_len=8,
@@ -148,7 +171,7 @@ def test_error_while_running_exits_3(capsys):
     ["llama2", "--include", "no_such_aten_op"],
     ["llama2", "--warmup", "-1"],
     ["llama2", "--workload", "pretrain"],
-    ["llama2", "--fresh-lengths"],                                       # decode only
+    ["llama2", "--fresh-lengths", "--seq-len", "3", "--warmup", "1", "--steps", "1"],   # 3 - 2 runs: 1 token
     ["llama2", "--workload", "decode", "--fresh-lengths", "--seq-len", "6", "--new-tokens", "3",
      "--warmup", "1", "--steps", "1"],                                   # 6 - 2 runs x 3 leaves no prompt
 ])
