@@ -11,7 +11,7 @@
 # exist), attention (benchmarks.attention, when it exists), parity (gems-coverage parity of the four
 # models with Gems' default selection, attention included, plus GEMS_CHECK_OPT_IN's opt-in groups), models (gems-coverage bench: Llama-2-7B
 # prefill and decode (also with a new KV length every token: --fresh-lengths), TinyLlama-1.1B training,
-# BERT training at the sizes of docs/perf.md), patched
+# BERT training at the sizes of docs/perf.md, also with a new length every step: --fresh-lengths), patched
 # (the same workloads with gems.patch, when it exists, and 20 training steps' losses of the patched
 # 1.1B and BERT against unpatched ATen: gems-coverage distributed --nproc 1 --patch --fp32-reference).
 # Results go to $GEMS_CHECK_DIR (default gpu-check-<date>/): logs, JSON, summary.txt.
@@ -134,6 +134,8 @@ workloads() {  # suffix extra-args...
   bench "llama1b_train$s" llama-1.1b train --batch 4 --seq-len 1024 --steps 5 "$@"
   # BERT's 20-40 ms steps are host-bound and vary by 30% on these hosts: many steps (cheap) for a stable median
   bench "bert_train$s" bert train --batch 32 --seq-len 128 --steps 20 "$@"
+  # dynamic padding: every step's batch a new length (each run one token shorter), new to the plan caches
+  bench "bert_train_fresh$s" bert train --batch 32 --seq-len 128 --steps 10 --fresh-lengths "$@"
 }
 want models && workloads ""
 if want patched && $PY -c "import gems; gems.patch" 2>/dev/null; then
