@@ -19,8 +19,9 @@ Each overload keeps ATen's output contract, so a forward from one side and a bac
 other (a backward outside a `use_gems` scope) agree: the output in the layout ATen allocates (cuDNN:
 query's dim order; flash: like query; efficient: [B, S, H, D] transposed; CPU: like query),
 logsumexp in fp32 and natural log (flash [B, H, Sq]; cuDNN [B, H, Sq, 1] or none (None) when not
-requested; efficient [B, H, ceil(Sq/32)*32] or [B, H, 0] when not requested; CPU [B, Sq, H] transposed), philox seed/offset as
-empty-state tensors without dropout, undefined tensors where ATen returns them.
+requested; efficient [B, H, ceil(Sq/32)*32] or [B, H, 0] when not requested; CPU [B, Sq, H]
+transposed), philox seed/offset as empty-state tensors without dropout, undefined tensors where ATen
+returns them.
 
 Dropout (cuDNN's and the efficient kernel's overloads, whose Philox state travels from the forward to
 the backward): P's entries are kept with probability 1 - p by a Philox mask that is a function of

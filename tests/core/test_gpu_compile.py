@@ -196,7 +196,8 @@ def gluon_gemm_record(cfg, a_t, b_t, has_bias, dtype="bf16"):
     sig["c_desc"] = desc([bm, bn1])
     if bn2:
         sig["c2_desc"] = desc([bm, bn2])
-    sig.update({"Bias": "*" + dtype, "M": "i32", "N": "i32", "K": "i32", "alpha": "fp32", "beta": "fp32", "s_xn": "i32"})
+    sig.update({"Bias": "*" + dtype, "M": "i32", "N": "i32", "K": "i32", "alpha": "fp32", "beta": "fp32",
+                "s_xn": "i32"})
     consts = dict(A_T=a_t, B_T=b_t, HAS_BIAS=has_bias, GROUP_M=cfg["GROUP_M"], NUM_BUF=cfg["NUM_BUF"])
     sig.update({k: "constexpr" for k in consts})
     name = "matmul_gluon_wide_kernel" if bn2 else "matmul_gluon_kernel"

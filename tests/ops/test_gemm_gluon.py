@@ -95,7 +95,7 @@ def test_descriptors_match_the_validated_ones():
 @hopper
 @pytest.mark.parametrize("cfg", CONFIGS, ids=blas.describe_config)
 def test_repeat_calls_replay_a_plan(monkeypatch, cfg):
-    # a launch with a register cap and three descriptors (five: the wide tiles), replayed by the C++ fast path; the shape is
-    # one no other test plans, per config (the forced config must not serve other calls)
+    # a launch with a register cap and three descriptors (five: the wide tiles), replayed by the C++ fast
+    # path; the shape is one no other test plans, per config (the forced config must not serve other calls)
     shape = (264 + 8 * CONFIGS.index(cfg), 392, 136)
     check_planned_gemm(monkeypatch, cfg, gemm_gluon, shape, torch.bfloat16, atol=2e-2)
