@@ -447,14 +447,9 @@ def _forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None)
         return (seed, offset, *_keep_args(dropout_p), seed_out)
 
     if ns > 1:
-        # the splits' partial outputs, row maxima and sums: one allocation (host time per replayed call),
-        # each part starting 16-byte aligned
-        n = ns * B * Hq * Sq
-        n4 = cdiv(n, 4) * 4
-        ws = empty((n * D + 2 * n4,), torch.float32, q.device)
-        op = ws[:n * D].view(ns, B, Hq, Sq, D)
-        mp = ws[n * D:n * D + n].view(ns, B, Hq, Sq)
-        lp = ws[n * D + n4:n * D + n4 + n].view(ns, B, Hq, Sq)
+        op = empty((ns, B, Hq, Sq, D), torch.float32, q.device)
+        mp = empty((ns, B, Hq, Sq), torch.float32, q.device)
+        lp = empty((ns, B, Hq, Sq), torch.float32, q.device)
         ost = (op.stride(1), op.stride(2), op.stride(3), op.stride(4), op.stride(0))
         lst = (mp.stride(1), mp.stride(2), mp.stride(3), mp.stride(0))
         prefix = (q, k, v, kd, vd, bt, op, mp, lp, *common, *ost, *lst, Hq, group, Sq, Sk, D, qk_scale, split_len)
@@ -593,11 +588,8 @@ def _seed_offset_for(q, Sk, dropout_p):
 
 def _seed_offset(device, dtype=torch.int64, seed_shape=()):
     # philox state: never read (dropout is not served, and with dropout_p = 0 no backward reads it);
-    # empty rather than zeros: no fill kernels per call; one allocation for both (each costs host time
-    # on every replayed call, and short decode calls are host-bound)
-    n = math.prod(seed_shape)
-    state = empty((n + 1,), dtype, device)
-    return state[:n].view(seed_shape), state[n]
+    # empty rather than zeros: no fill kernels per call
+    return empty(seed_shape, dtype, device), empty((), dtype, device)
 
 
 @register("_scaled_dot_product_cudnn_attention", category="other", dtypes=FLOATS, backends=("cuda",),

@@ -223,9 +223,9 @@ def test_decode_split_kv(Sk, dtype):
 
 
 def test_split_decode_replays_its_plan(monkeypatch):
-    """A split-KV decode's workspace (partial outputs, maxima and sums: views of one allocation) and its
-    Philox placeholders (two views of one) replay from the call plan: three calls of one signature with
-    fresh data, only the first through the Python path, each against float64."""
+    """A split-KV decode (its workspaces of partial outputs, maxima and sums, and the combine launch)
+    replays from the call plan: three calls of one signature with fresh data, only the first through the
+    Python path, each against float64."""
     D, Sk = (128, 1021) if ON_GPU else (32, 163)     # a signature no other test plans
     dtype = DTYPES[-1]
     q, k, v = qkv(1, 2, 2, 1, Sk, D, dtype)
