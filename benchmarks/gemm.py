@@ -285,8 +285,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer timed runs (CUDA)")
     p.add_argument("--cap", type=int, default=None,
                    help="cap M, N, K at this (default: 64 on cpu, none on cuda)")
-    p.add_argument("--wide-tiles", action="store_true",
-                   help="offer the tuner the Gluon GEMM's 192-column tiles (blas.WIDE_TILES, off by default)")
+    p.add_argument("--no-wide-tiles", action="store_true",
+                   help="leave the Gluon GEMM's 192-column tiles out of the tuner's search space (blas.WIDE_TILES "
+                        "off: an A/B of them)")
     p.add_argument("-o", "--output", default=os.path.join(os.environ.get("OUT", "."), "gemm.json"))
     a = p.parse_args(argv)
     if a.device == "cpu":
@@ -296,7 +297,7 @@ def main(argv=None) -> int:
     import triton
     import gems
     from gems.ops import blas
-    blas.WIDE_TILES = blas.WIDE_TILES or a.wide_tiles
+    blas.WIDE_TILES = blas.WIDE_TILES and not a.no_wide_tiles
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device here (use --device cpu for the smoke run)")
     cap = a.cap if a.cap is not None else (64 if a.device == "cpu" else None)

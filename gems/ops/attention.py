@@ -310,6 +310,11 @@ def _strides4(t):
 # prologue more often
 SPLIT_PROGRAMS_PER_SM = 2
 SPLIT_MIN_KEYS = 128
+# and no split below this many keys (GPU): a split call is two dependent launches, and at 256 keys the
+# second one's start costs more than the idle SMs (H200, session 30, B1 x 32 heads and GQA 32/4, 32/8:
+# 2 splits 1.04-1.08x cuDNN's time per call, one program per head 0.95-0.99x; kernel time 0.81-0.90x
+# either way); from 384 keys the split wins (3 splits: kernel 0.80-0.88x, one program 0.97-1.07x)
+SPLIT_FROM_KEYS = 384
 # the combine merges every split of a row in one [splits, head dim] tile
 MAX_SPLITS = 64
 
@@ -320,7 +325,7 @@ def _splits(progs, Sk, sk_eff, BN, interp, device, decode):
     keys on the GPU. (Prefill never splits: its fp32 partials would cost more than the idle SMs.)"""
     sms = _sm_count(device.type, device.index)
     min_chunk = 2 * BN if interp else SPLIT_MIN_KEYS
-    if not decode or progs >= sms or sk_eff < 2 * min_chunk:
+    if not decode or progs >= sms or sk_eff < max(2 * min_chunk, 0 if interp else SPLIT_FROM_KEYS):
         return 1, Sk
     ns = min(cdiv(SPLIT_PROGRAMS_PER_SM * sms, progs), sk_eff // min_chunk, MAX_SPLITS)
     split_len = cdiv(cdiv(sk_eff, ns), BN) * BN

@@ -192,11 +192,12 @@ _CONFIGS_16 = [
 # Gluon tiles 192 columns wide (gemm_gluon.matmul_gluon_wide_kernel: 128 + 64, two accumulators; 4 ring
 # slots of (128 + 192) x 64 x 2 bytes plus the 128 x 192 output tile: 208 KiB). For the 768-wide outputs
 # of BERT/CLIP (4096 x 768: 128 tiles, one round on 132 SMs, against 192 of 128 x 128) and 576-row shapes.
-# Offered to the tuner only with WIDE_TILES: the kernel has compiled for sm_90 but its tuned integration
-# (bias, alpha/beta, transposed A) has not run on a GPU yet (a prototype without those ran 4096 x 768 x 3072
-# at 1.05x cuBLAS against the tuned 1.29x, H200, session 28); the GPU tests launch it either way
+# In the tuned benchmark's 64 shapes of >= 2^30 multiply-adds (H200, session 30) the tuner chose them for 4,
+# 3 of them 9-11% faster (576 x 4096 x 4096 1.36 -> 1.20x cuBLAS, 4096 x 768 x 768 1.19 -> 1.07, 4096 x
+# 768 x 3072 1.20 -> 1.10), and every model's GEMM time per step went down 0.5-3% (geomean 1.092 -> 1.079).
+# WIDE_TILES = False takes them out of the search space (benchmarks.gemm --no-wide-tiles: an A/B)
 _GLUON_WIDE = [_gluon(128, 192, 64, 8, 4)]
-WIDE_TILES = False
+WIDE_TILES = True
 # fp32: twice the bytes per element, so BLOCK_K 32 keeps the same shared-memory footprint
 _CONFIGS_32 = [
     _cfg(128, 256, 32, 8, 3),

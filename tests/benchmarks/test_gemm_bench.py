@@ -180,19 +180,22 @@ def test_cpu_smoke_run_writes_json(tmp_path, capsys, filters):
     assert "geomean ratio" in capsys.readouterr().out
 
 
-def test_wide_tiles_flag_offers_them_to_the_tuner(tmp_path, monkeypatch):
-    # --wide-tiles turns blas.WIDE_TILES on for the run (the Gluon 192-column tiles join the 16-bit search
-    # space, under their own tuning cache), and the JSON says so
+def test_no_wide_tiles_flag_takes_them_out_of_the_search_space(tmp_path, monkeypatch):
+    # the Gluon 192-column tiles are in the 16-bit search space by default (under their own tuning cache);
+    # --no-wide-tiles turns blas.WIDE_TILES off for an A/B run, and the JSON says which space ran
     from gems.ops import blas
-    monkeypatch.setattr(blas, "WIDE_TILES", False)
+    monkeypatch.setattr(blas, "WIDE_TILES", True)
+    monkeypatch.setattr(blas, "_TUNERS", {})
+    monkeypatch.setattr(blas, "backend", lambda: type("B", (), {"name": "cuda"})())   # the GPU's search space
+    assert all(c in blas._tuner(2).configs for c in blas._GLUON_WIDE)
+    assert not any(c in blas._tuner(4).configs for c in blas._GLUON_WIDE)      # 16-bit inputs only
+    monkeypatch.undo()
+    monkeypatch.setattr(blas, "WIDE_TILES", True)
     monkeypatch.setattr(blas, "_TUNERS", {})
     out = tmp_path / "gemm.json"
-    assert gemm.main(["--device", "cpu", "--quick", "--model", "bert", "--max-cases", "1", "--wide-tiles",
+    assert gemm.main(["--device", "cpu", "--quick", "--model", "bert", "--max-cases", "1", "--no-wide-tiles",
                       "-o", str(out)]) == 0
-    assert json.loads(out.read_text())["env"]["wide_tiles"] is True
-    assert blas.WIDE_TILES
-    monkeypatch.setattr(blas, "backend", lambda: type("B", (), {"name": "cuda"})())   # the GPU's search space
-    space = blas._tuner(2).configs
-    assert all(c in space for c in blas._GLUON_WIDE)
-    monkeypatch.setattr(blas, "WIDE_TILES", False)
+    assert json.loads(out.read_text())["env"]["wide_tiles"] is False
+    assert not blas.WIDE_TILES
+    monkeypatch.setattr(blas, "backend", lambda: type("B", (), {"name": "cuda"})())
     assert not any(c in blas._tuner(2).configs for c in blas._GLUON_WIDE)

@@ -192,7 +192,8 @@ def test_sdpa_backward_head_dims(D):
 def test_decode_split_kv(Sk, dtype):
     """One query against a long KV cache: split-KV (several programs per head) and the combine kernel."""
     B, H, D = 1, 2, HEAD_DIMS[-1] if ON_GPU else 32
-    long_kv = Sk >= (512 if ON_GPU else 64)     # a split needs >= 2 x SPLIT_MIN_KEYS keys on the GPU (2 blocks on CPU)
+    # a split needs >= 2 x SPLIT_MIN_KEYS and SPLIT_FROM_KEYS keys on the GPU (2 blocks on CPU)
+    long_kv = Sk >= (max(2 * A.SPLIT_MIN_KEYS, A.SPLIT_FROM_KEYS) if ON_GPU else 64)
     assert (A.num_splits(B, H, 1, Sk, D, dtype, False, torch.device(DEVICE)) > 1) == long_kv
 
     def check(q, k, v, msg, mask=None, **kw):
