@@ -285,9 +285,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer timed runs (CUDA)")
     p.add_argument("--cap", type=int, default=None,
                    help="cap M, N, K at this (default: 64 on cpu, none on cuda)")
-    p.add_argument("--no-wide-tiles", action="store_true",
-                   help="leave the Gluon GEMM's 192-column tiles out of the tuner's search space (blas.WIDE_TILES "
-                        "off: an A/B of them)")
+    p.add_argument("--candidates", default=None,
+                   help="the tuner's extra candidate groups for 16-bit inputs, comma-separated ('' for none; "
+                        "blas.CANDIDATE_GROUPS: wide, wave); default blas.CANDIDATES")
     p.add_argument("-o", "--output", default=os.path.join(os.environ.get("OUT", "."), "gemm.json"))
     a = p.parse_args(argv)
     if a.device == "cpu":
@@ -297,7 +297,12 @@ def main(argv=None) -> int:
     import triton
     import gems
     from gems.ops import blas
-    blas.WIDE_TILES = blas.WIDE_TILES and not a.no_wide_tiles
+    if a.candidates is not None:
+        groups = tuple(g for g in a.candidates.split(",") if g)
+        unknown = [g for g in groups if g not in blas.CANDIDATE_GROUPS]
+        if unknown:
+            p.error(f"--candidates: unknown group(s) {unknown}; known: {', '.join(blas.CANDIDATE_GROUPS)}")
+        blas.CANDIDATES = groups
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device here (use --device cpu for the smoke run)")
     cap = a.cap if a.cap is not None else (64 if a.device == "cpu" else None)
@@ -311,7 +316,7 @@ def main(argv=None) -> int:
     env = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
            "gems": gems.__version__, "cases_from": doc.get("command"), "quick": a.quick, "cap": cap,
            "filters": {"model": a.model, "workload": a.workload, "max_cases": a.max_cases},
-           "wide_tiles": blas.WIDE_TILES}
+           "candidates": list(blas.CANDIDATES)}
     roof = None
     if cuda:
         roof = env["copy_roof_GBps"] = copy_roof_gbps(timer)

@@ -195,9 +195,20 @@ _CONFIGS_16 = [
 # In the tuned benchmark's 64 shapes of >= 2^30 multiply-adds (H200, session 30) the tuner chose them for 4,
 # 3 of them 9-11% faster (576 x 4096 x 4096 1.36 -> 1.20x cuBLAS, 4096 x 768 x 768 1.19 -> 1.07, 4096 x
 # 768 x 3072 1.20 -> 1.10), and every model's GEMM time per step went down 0.5-3% (geomean 1.092 -> 1.079).
-# WIDE_TILES = False takes them out of the search space (benchmarks.gemm --no-wide-tiles: an A/B)
 _GLUON_WIDE = [_gluon(128, 192, 64, 8, 4)]
-WIDE_TILES = True
+# Tiles sized so that the mid-size shapes make about one round of programs on 132 SMs, as cuBLAS's kernels
+# there do (H200, session 30, profiler names: 192x96 tiles for 576 x 4096 x 4096 (129 tiles, Gems 1.42x
+# with 128x256's 80), 128x160 for 768 x 3072 x 4096 (120; Gems 1.18x), 128x152 for 577 x 4096 x 1024,
+# 64x64 for 256 x 2048 x 4096 (128; Gems 1.70x), 96x128 for 512 x 3072 x 768): 128 x 160 (128 + 32) makes
+# 130 tiles of 576 x 4096 and 120 of 768 x 3072; 128 x 96 (64 + 32) 128 of 512 x 3072; 64 x 64 with a
+# deep ring 128 of 256 x 2048. They compile for sm_90 (tests/core/test_gpu_compile.py); not yet run or
+# timed on a GPU, so not offered by default
+_GLUON_WAVE = [_gluon(128, 160, 64, 8, 4), _gluon(128, 96, 64, 8, 6), _gluon(64, 64, 64, 4, 8, maxnreg=224)]
+# the candidate groups beyond _CONFIGS_16 (16-bit inputs), each under its own tuning cache name, and the
+# ones the tuner offers (benchmarks.gemm --candidates: an A/B of them)
+CANDIDATE_GROUPS = {"wide": _GLUON_WIDE, "wave": _GLUON_WAVE}
+_GROUP_SUFFIX = {"wide": "w", "wave": "q"}
+CANDIDATES = ("wide",)
 # fp32: twice the bytes per element, so BLOCK_K 32 keeps the same shared-memory footprint
 _CONFIGS_32 = [
     _cfg(128, 256, 32, 8, 3),
@@ -343,15 +354,20 @@ def _tuner(itemsize, triton_only=False):
     # ("v2": the search space of 2026-11-28, K splits included; older caches chose from the previous one)
     # ("v3": with the Gluon kernel's configs, 2026-11-28)
     # ("v4": TMA and Gluon calls planned, offered from 2**33 multiply-adds without a host handicap)
-    # ("w": the Gluon wide tiles offered)
-    wide = WIDE_TILES and itemsize <= 2
-    name = ("mm16v4" if itemsize <= 2 else "mm32v4") + ("w" if wide else "") + ("" if triton_only else "-auto2")
+    # (a letter per candidate group offered: "w" the Gluon wide tiles, "q" the one-round tiles)
+    groups = sorted(CANDIDATES) if itemsize <= 2 else []
+    unknown = [g for g in groups if g not in CANDIDATE_GROUPS]
+    if unknown:
+        raise ValueError(f"blas.CANDIDATES: unknown group(s) {unknown}; known: {sorted(CANDIDATE_GROUPS)}")
+    name = (("mm16v4" if itemsize <= 2 else "mm32v4") + "".join(_GROUP_SUFFIX[g] for g in groups)
+            + ("" if triton_only else "-auto2"))
     t = _TUNERS.get(name)
     if t is None:
         if backend().name == "interpreter":
             configs = [_INTERP_CONFIG]
         else:
-            configs = ((_CONFIGS_16 + (_GLUON_WIDE if wide else []) if itemsize <= 2 else _CONFIGS_32)
+            extra = [c for g in groups for c in CANDIDATE_GROUPS[g]]
+            configs = ((_CONFIGS_16 + extra if itemsize <= 2 else _CONFIGS_32)
                        + ([] if triton_only else [_ATEN]))
         t = _TUNERS[name] = Autotuner(name, configs)
     return t

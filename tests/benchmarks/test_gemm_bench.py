@@ -180,22 +180,32 @@ def test_cpu_smoke_run_writes_json(tmp_path, capsys, filters):
     assert "geomean ratio" in capsys.readouterr().out
 
 
-def test_no_wide_tiles_flag_takes_them_out_of_the_search_space(tmp_path, monkeypatch):
-    # the Gluon 192-column tiles are in the 16-bit search space by default (under their own tuning cache);
-    # --no-wide-tiles turns blas.WIDE_TILES off for an A/B run, and the JSON says which space ran
+def test_candidates_flag_picks_the_extra_search_space(tmp_path, monkeypatch):
+    # candidate groups beyond the base 16-bit search space (the Gluon wide tiles are offered by default),
+    # each set under its own tuning cache; --candidates picks them for an A/B run ('' none), the JSON says
+    # which ran, and a group the library does not know is an error, not a silently smaller space
     from gems.ops import blas
-    monkeypatch.setattr(blas, "WIDE_TILES", True)
     monkeypatch.setattr(blas, "_TUNERS", {})
     monkeypatch.setattr(blas, "backend", lambda: type("B", (), {"name": "cuda"})())   # the GPU's search space
-    assert all(c in blas._tuner(2).configs for c in blas._GLUON_WIDE)
+    assert blas.CANDIDATES == ("wide",)
+    space = blas._tuner(2, triton_only=True)
+    assert all(c in space.configs for c in blas._GLUON_WIDE) and space.name == "mm16v4w"
+    assert not any(c in space.configs for c in blas._GLUON_WAVE)
     assert not any(c in blas._tuner(4).configs for c in blas._GLUON_WIDE)      # 16-bit inputs only
+    monkeypatch.setattr(blas, "CANDIDATES", ("wave", "wide"))
+    both = blas._tuner(2, triton_only=True)
+    assert both.name == "mm16v4qw" and all(c in both.configs for c in blas._GLUON_WAVE + blas._GLUON_WIDE)
+    monkeypatch.setattr(blas, "CANDIDATES", ("tall",))
+    with pytest.raises(ValueError, match="unknown group"):
+        blas._tuner(2)
     monkeypatch.undo()
-    monkeypatch.setattr(blas, "WIDE_TILES", True)
+    monkeypatch.setattr(blas, "CANDIDATES", ("wide",))
     monkeypatch.setattr(blas, "_TUNERS", {})
-    out = tmp_path / "gemm.json"
-    assert gemm.main(["--device", "cpu", "--quick", "--model", "bert", "--max-cases", "1", "--no-wide-tiles",
-                      "-o", str(out)]) == 0
-    assert json.loads(out.read_text())["env"]["wide_tiles"] is False
-    assert not blas.WIDE_TILES
-    monkeypatch.setattr(blas, "backend", lambda: type("B", (), {"name": "cuda"})())
-    assert not any(c in blas._tuner(2).configs for c in blas._GLUON_WIDE)
+    for arg, want in (("", []), ("wide,wave", ["wide", "wave"])):
+        out = tmp_path / f"gemm{len(want)}.json"
+        assert gemm.main(["--device", "cpu", "--quick", "--model", "bert", "--max-cases", "1", "--candidates", arg,
+                          "-o", str(out)]) == 0
+        assert json.loads(out.read_text())["env"]["candidates"] == want
+        assert list(blas.CANDIDATES) == want
+    with pytest.raises(SystemExit):
+        gemm.main(["--device", "cpu", "--quick", "--candidates", "wide,tall", "-o", str(tmp_path / "x.json")])

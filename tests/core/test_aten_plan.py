@@ -103,7 +103,7 @@ def test_triton_policy_has_no_aten_candidate(monkeypatch):
     try:
         blas.set_gemm_policy("triton")
         t = blas._tuner(2)
-        # "w": the Gluon wide tiles in the search space (blas.WIDE_TILES, on by default)
+        # "w": the Gluon wide tiles in the search space (blas.CANDIDATES, on by default)
         assert t.name == "mm16v4w" and not any(c.get("aten") for c in t.configs)
         blas.set_gemm_policy("auto")
         t = blas._tuner(2)

@@ -211,7 +211,7 @@ def test_gluon_gemm_configs_fit_sm90(tmp_path):
     # compiles here for sm_90 in the layouts the models pass (a weight read transposed with a bias row, a
     # transposed activation, plain), and fits its ring and output tile in shared memory
     from gems.ops import blas
-    cfgs = [c for c in blas._CONFIGS_16 if c.get("GLUON")] + blas._GLUON_WIDE
+    cfgs = [c for c in blas._CONFIGS_16 if c.get("GLUON")] + [c for g in blas.CANDIDATE_GROUPS.values() for c in g]
     assert cfgs
     recs = [gluon_gemm_record(c, a_t, b_t, bias) for c in cfgs
             for a_t, b_t, bias in ((False, True, True), (True, False, False), (False, False, False))]

@@ -8,7 +8,7 @@ import torch
 from gems.ops import blas, gemm_gluon, gemm_tma
 from harness import DEVICE, ON_GPU, assert_close, check_planned_gemm, make
 
-CONFIGS = [c for c in blas._CONFIGS_16 if c.get("GLUON")] + blas._GLUON_WIDE
+CONFIGS = [c for c in blas._CONFIGS_16 if c.get("GLUON")] + [c for g in blas.CANDIDATE_GROUPS.values() for c in g]
 hopper = pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] != 9,
                             reason="Gluon kernels run on a Hopper GPU only (no interpreter)")
 
