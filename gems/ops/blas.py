@@ -194,7 +194,8 @@ _CONFIGS_16 = [
 # of BERT/CLIP (4096 x 768: 128 tiles, one round on 132 SMs, against 192 of 128 x 128) and 576-row shapes.
 # In the tuned benchmark's 64 shapes of >= 2^30 multiply-adds (H200, session 30) the tuner chose them for 4,
 # 3 of them 9-11% faster (576 x 4096 x 4096 1.36 -> 1.20x cuBLAS, 4096 x 768 x 768 1.19 -> 1.07, 4096 x
-# 768 x 3072 1.20 -> 1.10), and every model's GEMM time per step went down 0.5-3% (geomean 1.092 -> 1.079).
+# 768 x 3072 1.20 -> 1.10); GEMM time per step fell 0-3% for every training and prefill source, decode moved
+# within 1% (geomean 1.092 -> 1.079).
 _GLUON_WIDE = [_gluon(128, 192, 64, 8, 4)]
 # Tiles sized so that the mid-size shapes make about one round of programs on 132 SMs, as cuBLAS's kernels
 # there do (H200, session 30, profiler names: 192x96 tiles for 576 x 4096 x 4096 (129 tiles, Gems 1.42x
