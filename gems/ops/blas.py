@@ -356,21 +356,22 @@ def _tuner(itemsize, triton_only=False):
     # ("v3": with the Gluon kernel's configs, 2026-11-28)
     # ("v4": TMA and Gluon calls planned, offered from 2**33 multiply-adds without a host handicap)
     # (a letter per candidate group offered: "w" the Gluon wide tiles, "q" the one-round tiles)
-    groups = sorted(CANDIDATES) if itemsize <= 2 else []
-    unknown = [g for g in groups if g not in CANDIDATE_GROUPS]
-    if unknown:
-        raise ValueError(f"blas.CANDIDATES: unknown group(s) {unknown}; known: {sorted(CANDIDATE_GROUPS)}")
-    name = (("mm16v4" if itemsize <= 2 else "mm32v4") + "".join(_GROUP_SUFFIX[g] for g in groups)
-            + ("" if triton_only else "-auto2"))
-    t = _TUNERS.get(name)
+    key = (itemsize <= 2, triton_only, tuple(CANDIDATES))     # a call's full path: one lookup
+    t = _TUNERS.get(key)
     if t is None:
+        groups = sorted(CANDIDATES) if itemsize <= 2 else []
+        unknown = [g for g in groups if g not in CANDIDATE_GROUPS]
+        if unknown:
+            raise ValueError(f"blas.CANDIDATES: unknown group(s) {unknown}; known: {sorted(CANDIDATE_GROUPS)}")
+        name = (("mm16v4" if itemsize <= 2 else "mm32v4") + "".join(_GROUP_SUFFIX[g] for g in groups)
+                + ("" if triton_only else "-auto2"))
         if backend().name == "interpreter":
             configs = [_INTERP_CONFIG]
         else:
             extra = [c for g in groups for c in CANDIDATE_GROUPS[g]]
             configs = ((_CONFIGS_16 + extra if itemsize <= 2 else _CONFIGS_32)
                        + ([] if triton_only else [_ATEN]))
-        t = _TUNERS[name] = Autotuner(name, configs)
+        t = _TUNERS[key] = Autotuner(name, configs)
     return t
 
 
