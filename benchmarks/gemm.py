@@ -288,6 +288,9 @@ def main(argv=None) -> int:
     p.add_argument("--candidates", default=None,
                    help="the tuner's extra candidate groups for 16-bit inputs, comma-separated ('' for none; "
                         "blas.CANDIDATE_GROUPS: wide, wave); default blas.CANDIDATES")
+    p.add_argument("--confirm-rounds", type=int, default=None,
+                   help="the tuner re-times its fastest configs this many more times before choosing "
+                        "(runtime.autotune.CONFIRM_ROUNDS; for an A/B give each side its own GEMS_CACHE_DIR)")
     p.add_argument("-o", "--output", default=os.path.join(os.environ.get("OUT", "."), "gemm.json"))
     a = p.parse_args(argv)
     if a.device == "cpu":
@@ -303,6 +306,11 @@ def main(argv=None) -> int:
         if unknown:
             p.error(f"--candidates: unknown group(s) {unknown}; known: {', '.join(blas.CANDIDATE_GROUPS)}")
         blas.CANDIDATES = groups
+    from gems.runtime import autotune
+    if a.confirm_rounds is not None:
+        if a.confirm_rounds < 0:
+            p.error("--confirm-rounds: 0 or more")
+        autotune.CONFIRM_ROUNDS = a.confirm_rounds
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device here (use --device cpu for the smoke run)")
     cap = a.cap if a.cap is not None else (64 if a.device == "cpu" else None)
@@ -316,7 +324,7 @@ def main(argv=None) -> int:
     env = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
            "gems": gems.__version__, "cases_from": doc.get("command"), "quick": a.quick, "cap": cap,
            "filters": {"model": a.model, "workload": a.workload, "max_cases": a.max_cases},
-           "candidates": list(blas.CANDIDATES)}
+           "candidates": list(blas.CANDIDATES), "confirm_rounds": autotune.CONFIRM_ROUNDS}
     roof = None
     if cuda:
         roof = env["copy_roof_GBps"] = copy_roof_gbps(timer)

@@ -209,3 +209,13 @@ def test_candidates_flag_picks_the_extra_search_space(tmp_path, monkeypatch):
         assert list(blas.CANDIDATES) == want
     with pytest.raises(SystemExit):
         gemm.main(["--device", "cpu", "--quick", "--candidates", "wide,tall", "-o", str(tmp_path / "x.json")])
+
+def test_confirm_rounds_flag_sets_the_tuners_rounds(tmp_path, monkeypatch):
+    from gems.runtime import autotune
+    monkeypatch.setattr(autotune, "CONFIRM_ROUNDS", 0)
+    out = tmp_path / "gemm.json"
+    assert gemm.main(["--device", "cpu", "--quick", "--model", "bert", "--max-cases", "1", "--confirm-rounds", "2",
+                      "-o", str(out)]) == 0
+    assert autotune.CONFIRM_ROUNDS == 2 and json.loads(out.read_text())["env"]["confirm_rounds"] == 2
+    with pytest.raises(SystemExit):
+        gemm.main(["--device", "cpu", "--quick", "--confirm-rounds", "-1", "-o", str(tmp_path / "x.json")])
