@@ -14,8 +14,10 @@ flagged, never counted; so is a call Gems did not serve (`gems.stats()`). Gems a
 bucket on its first call: that call runs before the timed region and its time (compile + tuning)
 is reported per case and in total. Per source (model/workload), the cases' time x calls per step
 gives the step's GEMM time with each library. Each row names the kernel Gems' tuner chose (pointer
-or TMA kernel, tile, warps, stages, K split: `blas.describe_config`). `GEMS_GEMM=triton` is set (design decision 12) so
-that Gems' own kernel is measured even where its tuning cache would pick ATen.
+or TMA kernel, tile, warps, stages, K split: `blas.describe_config`) and, on the GPU, the kernel cuBLAS
+ran (`aten_kernel`, from one profiled call after every timing; the table shows its tile: cuBLAS sizes
+mid-size tiles so that about one round of programs fills the SMs). `GEMS_GEMM=triton` is set (design
+decision 12) so that Gems' own kernel is measured even where its tuning cache would pick ATen.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -247,6 +250,42 @@ def _why_not(r) -> str:
     return f"WRONG: rel err {r['gems_err']:.2e} vs ATen {r['aten_err']:.2e}"
 
 
+def main_kernel(call):
+    """The name of the kernel that takes most of one call's device time (the profiler's; CUDA only)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        call()
+        torch.cuda.synchronize()
+    ev = [(e.device_time, e.name) for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return max(ev)[1] if ev else None
+
+
+def tile_of(name):
+    """The tile a GEMM kernel's name states ('nvjet_sm90_tst_192x96_64x5_...' -> '192x96'), or ''."""
+    m = re.search(r"(\d+)x(\d+)", name or "")
+    return f"{m.group(1)}x{m.group(2)}" if m else ""
+
+
+def add_aten_kernels(rows, cases, dt_of):
+    """Each timed row's `aten_kernel`: what cuBLAS ran for it (its tile tells how it fills the SMs). A
+    pass after every timing: a profiled run leaves later launches slower for a while."""
+    import torch
+    import gems
+    gems.disable()
+    with torch.no_grad():
+        for r, c in zip(rows, cases):
+            if "aten_ms" not in r:
+                continue
+            try:
+                fn, args, kw = make_call(c, "cuda", dt_of(c))
+                r["aten_kernel"] = main_kernel(lambda: fn(*args, **kw))
+            except Exception as e:  # noqa: BLE001 - a name is a note, not a result
+                r["aten_kernel"] = f"? {type(e).__name__}"
+
+
 def print_table(env, rows, summ):
     from tabulate import tabulate
     table = []
@@ -260,10 +299,10 @@ def print_table(env, rows, summ):
             bw += f" ({r['aten_roof']:.0%}/{r['gems_roof']:.0%})"
         note = "" if ok(r) else _why_not(r)[:40]
         table.append([r["id"], f"{r['aten_ms']:.4f}", f"{r['gems_ms']:.4f}", f"{r['ratio']:.2f}", rate, bw,
-                      r.get("config", ""), note])
+                      tile_of(r.get("aten_kernel")), r.get("config", ""), note])
     print(f"\n{env}")
     print(tabulate(table, headers=["case", "ATen ms", "Gems ms", "ratio", "TFLOP/s A/G", "GB/s A/G (roof)",
-                                   "Gems kernel", ""]))
+                                   "cuBLAS tile", "Gems kernel", ""]))
     print("\nGEMM time per step, cases above x calls (ATen -> Gems ms):")
     for k, d in summ["per_source_step_gemm_ms"].items():
         print(f"  {k:22s} {d['aten_ms']:9.3f} -> {d['gems_ms']:9.3f}  ({d['ratio']:.2f}x, {d['cases']} cases)")
@@ -343,6 +382,8 @@ def main(argv=None) -> int:
         print(json.dumps(r), flush=True)
         if cuda:
             torch.cuda.empty_cache()
+    if cuda:
+        add_aten_kernels(rows, cases, lambda c: getattr(torch, _DT[c["dtype"]]))
     summ = summarize(rows, cases)
     Path(a.output).parent.mkdir(parents=True, exist_ok=True)
     with open(a.output, "w") as f:

@@ -219,3 +219,11 @@ def test_confirm_rounds_flag_sets_the_tuners_rounds(tmp_path, monkeypatch):
     assert autotune.CONFIRM_ROUNDS == 2 and json.loads(out.read_text())["env"]["confirm_rounds"] == 2
     with pytest.raises(SystemExit):
         gemm.main(["--device", "cpu", "--quick", "--confirm-rounds", "-1", "-o", str(tmp_path / "x.json")])
+
+
+def test_tile_of_reads_the_tile_a_kernel_name_states():
+    # what the GPU table shows of `aten_kernel` (cuBLAS's kernel, profiled once per case on the GPU)
+    assert gemm.tile_of("nvjet_sm90_tst_192x96_64x5_1x2_h_bz_coopB_bias_TNT") == "192x96"
+    assert gemm.tile_of("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1") == "128x256"
+    assert gemm.tile_of("ampere_sgemm_128x64_nn") == "128x64"
+    assert gemm.tile_of("gemv2T_kernel") == "" and gemm.tile_of(None) == ""
