@@ -252,15 +252,9 @@ def _why_not(r) -> str:
 
 def main_kernel(call):
     """The name of the kernel that takes most of one call's device time (the profiler's; CUDA only)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        call()
-        torch.cuda.synchronize()
-    ev = [(e.device_time, e.name) for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return max(ev)[1] if ev else None
+    from benchmarks.run import device_kernels
+    times = device_kernels(call, n=1)
+    return max(times, key=times.get) if times else None
 
 
 def tile_of(name):
@@ -340,11 +334,10 @@ def main(argv=None) -> int:
     import gems
     from gems.ops import blas
     if a.candidates is not None:
-        groups = tuple(g for g in a.candidates.split(",") if g)
-        unknown = [g for g in groups if g not in blas.CANDIDATE_GROUPS]
-        if unknown:
-            p.error(f"--candidates: unknown group(s) {unknown}; known: {', '.join(blas.CANDIDATE_GROUPS)}")
-        blas.CANDIDATES = groups
+        try:
+            blas.CANDIDATES = blas.check_candidates(g for g in a.candidates.split(",") if g)
+        except ValueError as e:
+            p.error(f"--candidates: {e}")
     from gems.runtime import autotune
     if a.confirm_rounds is not None:
         if a.confirm_rounds < 0:

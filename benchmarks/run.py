@@ -241,10 +241,8 @@ def loop_ms(fn, median_ms):
     return host_us(fn, max(10, min(300, int(20.0 / max(median_ms, 1e-3)))), warmup=0) / 1e3
 
 
-def device_ms(fn, n=20):
-    """Device time per call (ms): the sum of the kernels (and memsets/copies) the profiler records
-    over n calls, divided by n. The host's pace does not enter it, so for a launch-bound call it is
-    the column that compares the kernels; with the loop column it splits a ratio into device and host."""
+def device_kernels(fn, n=20):
+    """{kernel (or memset/copy) name: device ms per call} from the profiler over n calls of fn."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -252,7 +250,14 @@ def device_ms(fn, n=20):
         for _ in range(n):
             fn()
         torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages()) / n / 1e3
+    return {e.key: e.self_device_time_total / n / 1e3 for e in prof.key_averages() if e.self_device_time_total}
+
+
+def device_ms(fn, n=20):
+    """Device time per call (ms): the sum of the kernels (and memsets/copies) the profiler records
+    over n calls, divided by n. The host's pace does not enter it, so for a launch-bound call it is
+    the column that compares the kernels; with the loop column it splits a ratio into device and host."""
+    return sum(device_kernels(fn, n).values())
 
 
 def _first(x):

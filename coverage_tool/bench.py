@@ -233,8 +233,9 @@ class _Workload:
 
         # contiguous, as a collator's padded batch is (BERT's loss views its labels; a slice would not view)
         def cut(d):
-            return {k: v[:, :length].contiguous() if isinstance(v, self.torch.Tensor) and v.dim() == 2 and v.shape[1] == full
-                    else v for k, v in d.items()}
+            return {k: v[:, :length].contiguous()
+                    if isinstance(v, self.torch.Tensor) and v.dim() == 2 and v.shape[1] == full else v
+                    for k, v in d.items()}
         saved = b.inputs, b.train_inputs
         b.inputs, b.train_inputs = cut(b.inputs), cut(b.train_inputs)
         try:

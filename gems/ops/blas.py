@@ -210,6 +210,15 @@ _GLUON_WAVE = [_gluon(128, 160, 64, 8, 4), _gluon(128, 96, 64, 8, 6), _gluon(64,
 CANDIDATE_GROUPS = {"wide": _GLUON_WIDE, "wave": _GLUON_WAVE}
 _GROUP_SUFFIX = {"wide": "w", "wave": "q"}
 CANDIDATES = ("wide",)
+
+
+def check_candidates(groups) -> tuple:
+    """`groups` as CANDIDATES takes them (a tuple), or ValueError naming the unknown ones."""
+    groups = tuple(groups)
+    unknown = [g for g in groups if g not in CANDIDATE_GROUPS]
+    if unknown:
+        raise ValueError(f"unknown group(s) {unknown} of GEMM candidates; known: {', '.join(CANDIDATE_GROUPS)}")
+    return groups
 # fp32: twice the bytes per element, so BLOCK_K 32 keeps the same shared-memory footprint
 _CONFIGS_32 = [
     _cfg(128, 256, 32, 8, 3),
@@ -359,10 +368,7 @@ def _tuner(itemsize, triton_only=False):
     key = (itemsize <= 2, triton_only, tuple(CANDIDATES))     # a call's full path: one lookup
     t = _TUNERS.get(key)
     if t is None:
-        groups = sorted(CANDIDATES) if itemsize <= 2 else []
-        unknown = [g for g in groups if g not in CANDIDATE_GROUPS]
-        if unknown:
-            raise ValueError(f"blas.CANDIDATES: unknown group(s) {unknown}; known: {sorted(CANDIDATE_GROUPS)}")
+        groups = sorted(check_candidates(CANDIDATES)) if itemsize <= 2 else []
         name = (("mm16v4" if itemsize <= 2 else "mm32v4") + "".join(_GROUP_SUFFIX[g] for g in groups)
                 + ("" if triton_only else "-auto2"))
         if backend().name == "interpreter":
