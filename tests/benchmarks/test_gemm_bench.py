@@ -181,16 +181,19 @@ def test_cpu_smoke_run_writes_json(tmp_path, capsys, filters):
 
 
 def test_candidates_flag_picks_the_extra_search_space(tmp_path, monkeypatch):
-    # candidate groups beyond the base 16-bit search space (the Gluon wide tiles are offered by default),
+    # candidate groups beyond the base 16-bit search space (the Gluon wide and wave tiles are offered by
+    # default),
     # each set under its own tuning cache; --candidates picks them for an A/B run ('' none), the JSON says
     # which ran, and a group the library does not know is an error, not a silently smaller space
     from gems.ops import blas
     monkeypatch.setattr(blas, "_TUNERS", {})
     monkeypatch.setattr(blas, "backend", lambda: type("B", (), {"name": "cuda"})())   # the GPU's search space
-    assert blas.CANDIDATES == ("wide",)
+    assert blas.CANDIDATES == ("wide", "wave")
     space = blas._tuner(2, triton_only=True)
-    assert all(c in space.configs for c in blas._GLUON_WIDE) and space.name == "mm16v4w"
-    assert not any(c in space.configs for c in blas._GLUON_WAVE)
+    assert all(c in space.configs for c in blas._GLUON_WIDE + blas._GLUON_WAVE) and space.name == "mm16v4qw"
+    monkeypatch.setattr(blas, "CANDIDATES", ("wide",))
+    wide = blas._tuner(2, triton_only=True)
+    assert wide.name == "mm16v4w" and not any(c in wide.configs for c in blas._GLUON_WAVE)
     assert not any(c in blas._tuner(4).configs for c in blas._GLUON_WIDE)      # 16-bit inputs only
     monkeypatch.setattr(blas, "CANDIDATES", ("wave", "wide"))
     both = blas._tuner(2, triton_only=True)
