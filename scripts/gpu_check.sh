@@ -56,7 +56,7 @@ suite() {  # tag files...
 }
 # the suite's files; suite1 / suite2 take every other one (each about half the suite: on an H100 the
 # whole suite takes about 8 minutes with 16 workers, more than one 10-minute call leaves beside set-up)
-FILES=(tests/core/test_*.py tests/ops/test_*.py tests/codegen/test_*.py)
+FILES=(tests/core/test_*.py tests/ops/test_*.py tests/codegen/test_*.py tests/benchmarks/test_*.py)
 [ -d tests/fused ] && FILES+=(tests/fused/test_*.py)
 HALF1=(); HALF2=(); THIRD1=(); THIRD2=(); THIRD3=()
 for i in "${!FILES[@]}"; do
