@@ -26,12 +26,13 @@ import argparse
 import contextlib
 import datetime
 import json
-import os
 import statistics
 import sys
 import time
 
 import torch   # triton is imported later, after --device cpu has set TRITON_INTERPRET
+
+from benchmarks.interpreter import use_interpreter_for
 
 
 def _parse(argv=None):
@@ -208,8 +209,7 @@ def _err(a, b):
 def main(argv=None):
     args = _parse(argv)
     smoke = args.smoke or args.device == "cpu"
-    if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"       # before triton is imported (gems imports it)
+    use_interpreter_for(args.device)   # before triton is imported (gems imports it)
     import triton
 
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
+
+from benchmarks.interpreter import use_interpreter_for
 
 
 def _liger():
@@ -55,8 +56,7 @@ def main(argv=None):
     ap.add_argument("--only", default="", help="cases whose name contains this")
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"
-    if cpu:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    use_interpreter_for(args.device)   # before triton is imported (gems imports it)
     import torch
     import torch.nn.functional as F
 

@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.interpreter import use_interpreter_for
+
 CASES_FILE = Path(__file__).resolve().parent / "gemm_cases.json"
 SKINNY_M = 16
 _DT = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64"}
@@ -326,8 +328,7 @@ def main(argv=None) -> int:
                         "(runtime.autotune.CONFIRM_ROUNDS; for an A/B give each side its own GEMS_CACHE_DIR)")
     p.add_argument("-o", "--output", default=os.path.join(os.environ.get("OUT", "."), "gemm.json"))
     a = p.parse_args(argv)
-    if a.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported
+    use_interpreter_for(a.device)   # before triton is imported (gems imports it)
     os.environ.setdefault("GEMS_GEMM", "triton")
     import torch
     import triton

@@ -4,6 +4,7 @@ Expectations come from the models' structure (a Linear's weight shape, how many 
 autograd formulas of mm), never from recorded output; the committed gemm_cases.json is checked for
 consistency and, for one cheap source, against a fresh trace."""
 import json
+import os
 from collections import Counter
 
 import pytest
@@ -164,6 +165,12 @@ def test_benchmark_inputs_have_the_recorded_layouts(table):
 
 
 # ------------------------------------------------------------------------------ the benchmark's smoke run
+@pytest.fixture(autouse=True)
+def _gemm_policy_env(monkeypatch):
+    # gemm.main sets GEMS_GEMM=triton for its own process (design decision 12): undone after each test
+    monkeypatch.setenv("GEMS_GEMM", os.environ.get("GEMS_GEMM", "triton"))
+
+
 @pytest.mark.parametrize("filters", [["--model", "bert", "--max-cases", "2"],
                                      ["--model", "llama-1.1b", "--max-cases", "2"]], ids=["addmm", "bmm+mm"])
 def test_smoke_run_writes_json(tmp_path, capsys, filters):
@@ -212,22 +219,37 @@ def test_candidates_flag_picks_the_extra_search_space(tmp_path, monkeypatch):
     monkeypatch.setattr(blas, "_TUNERS", {})
     for arg, want in (("", []), ("wide,wave", ["wide", "wave"])):
         out = tmp_path / f"gemm{len(want)}.json"
-        assert gemm.main(["--device", "cpu", "--quick", "--model", "bert", "--max-cases", "1", "--candidates", arg,
+        assert gemm.main(["--device", DEVICE, "--quick", "--model", "bert", "--max-cases", "1", "--candidates", arg,
                           "-o", str(out)]) == 0
         assert json.loads(out.read_text())["env"]["candidates"] == want
         assert list(blas.CANDIDATES) == want
     with pytest.raises(SystemExit):
-        gemm.main(["--device", "cpu", "--quick", "--candidates", "wide,tall", "-o", str(tmp_path / "x.json")])
+        gemm.main(["--device", DEVICE, "--quick", "--candidates", "wide,tall", "-o", str(tmp_path / "x.json")])
+
 
 def test_confirm_rounds_flag_sets_the_tuners_rounds(tmp_path, monkeypatch):
     from gems.runtime import autotune
     monkeypatch.setattr(autotune, "CONFIRM_ROUNDS", 0)
     out = tmp_path / "gemm.json"
-    assert gemm.main(["--device", "cpu", "--quick", "--model", "bert", "--max-cases", "1", "--confirm-rounds", "2",
+    assert gemm.main(["--device", DEVICE, "--quick", "--model", "bert", "--max-cases", "1", "--confirm-rounds", "2",
                       "-o", str(out)]) == 0
     assert autotune.CONFIRM_ROUNDS == 2 and json.loads(out.read_text())["env"]["confirm_rounds"] == 2
     with pytest.raises(SystemExit):
-        gemm.main(["--device", "cpu", "--quick", "--confirm-rounds", "-1", "-o", str(tmp_path / "x.json")])
+        gemm.main(["--device", DEVICE, "--quick", "--confirm-rounds", "-1", "-o", str(tmp_path / "x.json")])
+
+
+def test_cpu_run_in_a_gpu_process_is_refused_not_half_switched(monkeypatch):
+    # triton fixes the interpreter at import: in a process that imported it for the GPU, --device cpu must
+    # stop with why, not set TRITON_INTERPRET under the process's later Gems calls (they would all raise)
+    import triton.language.standard as std
+    from benchmarks.interpreter import use_interpreter_for
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    use_interpreter_for("cuda")
+    assert "TRITON_INTERPRET" not in os.environ
+    monkeypatch.setattr(std, "sigmoid", lambda x: x)          # what a GPU process's triton defines
+    with pytest.raises(SystemExit, match="before triton is imported"):
+        use_interpreter_for("cpu")
+    assert "TRITON_INTERPRET" not in os.environ
 
 
 def test_tile_of_reads_the_tile_a_kernel_name_states():
