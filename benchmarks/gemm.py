@@ -1,6 +1,7 @@
 """The GEMMs the models call (benchmarks/gemm_cases.json): ATen (cuBLAS) vs Gems' Triton GEMM.
 
     python -m benchmarks.gemm --device cuda [-o FILE] [--model llama2] [--workload decode] [--max-cases N] [--quick]
+                              [--rounds N]      # ATen and Gems timed in turns N times (medians): for A/Bs
     python -m benchmarks.gemm --device cpu --quick     # smoke run: Triton interpreter, dims capped at 64
 
 Per case, in one process on the same random inputs (operand layouts as the models pass them): the
@@ -26,6 +27,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -165,8 +167,10 @@ def copy_roof_gbps(timer):
     return 2 * x.numel() / ms / 1e6
 
 
-def run_case(case, dev, dt, timer, roof):
-    """One row: times, rates, errors, whether Gems served it."""
+def run_case(case, dev, dt, timer, roof, rounds=1):
+    """One row: times, rates, errors, whether Gems served it. After the untimed first Gems call, ATen and
+    Gems are timed in turns `rounds` times; each side's time is its median over the rounds, so a drift of
+    the GPU's clocks during the case lands on both sides instead of on whichever ran later."""
     import torch
     import gems
     from gems.ops import blas
@@ -181,15 +185,23 @@ def run_case(case, dev, dt, timer, roof):
         gems.disable()
         ref = fn(*[x.to(ref_dt) for x in args], **kw)
         aten_out = call()
-        r["aten_ms"] = timer(call)
         gems.reset_stats()
         with gems.use_gems():
             first, r["first_call_ms"] = timer.first_call_ms(call)   # compile + autotune: untimed
             r["config"] = blas.describe_config(blas.last_config())   # what the tuner chose for it
             again = call()
             st = gems.stats()
-            r["gems_ms"] = timer(call)
+        aten_t, gems_t = [], []
+        for _ in range(rounds):
+            gems.disable()
+            aten_t.append(timer(call))
+            with gems.use_gems():
+                gems_t.append(timer(call))
         gems.disable()
+        r["aten_ms"], r["gems_ms"] = statistics.median(aten_t), statistics.median(gems_t)
+        if rounds > 1:   # the per-round ratios' range: how much this row moves from round to round
+            ratios = [g / a for g, a in zip(gems_t, aten_t)]
+            r["round_ratios"] = [min(ratios), max(ratios)]
     r["served"] = sum(v["served"] for v in st.values())
     r["fallback"] = {k: v["reasons"] for k, v in st.items() if v["fallback"]}
     r["aten_err"] = relerr(aten_out, ref)
@@ -318,6 +330,8 @@ def main(argv=None) -> int:
     p.add_argument("--workload", default=None, choices=("prefill", "decode", "train"))
     p.add_argument("--max-cases", type=int, default=None)
     p.add_argument("--quick", action="store_true", help="fewer timed runs (CUDA)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time ATen and Gems in turns this many times per case (medians; default 1)")
     p.add_argument("--cap", type=int, default=None,
                    help="cap M, N, K at this (default: 64 on cpu, none on cuda)")
     p.add_argument("--candidates", default=None,
@@ -344,6 +358,8 @@ def main(argv=None) -> int:
         if a.confirm_rounds < 0:
             p.error("--confirm-rounds: 0 or more")
         autotune.CONFIRM_ROUNDS = a.confirm_rounds
+    if a.rounds < 1:
+        p.error("--rounds: 1 or more")
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device here (use --device cpu for the smoke run)")
     cap = a.cap if a.cap is not None else (64 if a.device == "cpu" else None)
@@ -357,7 +373,7 @@ def main(argv=None) -> int:
     env = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
            "gems": gems.__version__, "cases_from": doc.get("command"), "quick": a.quick, "cap": cap,
            "filters": {"model": a.model, "workload": a.workload, "max_cases": a.max_cases},
-           "candidates": list(blas.CANDIDATES), "confirm_rounds": autotune.CONFIRM_ROUNDS}
+           "candidates": list(blas.CANDIDATES), "confirm_rounds": autotune.CONFIRM_ROUNDS, "rounds": a.rounds}
     roof = None
     if cuda:
         roof = env["copy_roof_GBps"] = copy_roof_gbps(timer)
@@ -368,7 +384,7 @@ def main(argv=None) -> int:
         # the interpreter's bf16 is broken (docs: facts): the smoke run computes in fp32
         dt = getattr(torch, _DT[c["dtype"]]) if cuda else torch.float32
         try:
-            r = run_case(c, a.device, dt, timer, roof)
+            r = run_case(c, a.device, dt, timer, roof, a.rounds)
         except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
             gems.disable()
             r = {"id": c["id"], "M": c["M"], "error": f"{type(e).__name__}: {str(e)[:300]}"}

@@ -252,6 +252,27 @@ def test_cpu_run_in_a_gpu_process_is_refused_not_half_switched(monkeypatch):
     assert "TRITON_INTERPRET" not in os.environ
 
 
+def test_rounds_time_both_sides_in_turns(tmp_path, monkeypatch):
+    # --rounds N: ATen and Gems timed alternately N times after the untimed first call; each side's time
+    # is its median and the row keeps the per-round ratios' range (fake times: 1, 2, 3, ... per timing)
+    import gems
+    seen = []
+    monkeypatch.setattr(gemm.Timer, "__call__", lambda self, fn: seen.append(gems.is_enabled()) or float(len(seen)))
+    out = tmp_path / "gemm.json"
+    assert gemm.main(["--device", DEVICE, "--quick", "--model", "bert", "--max-cases", "1", "--rounds", "3",
+                      "-o", str(out)]) == 0
+    d = json.loads(out.read_text())
+    first = len(seen) - 5                    # the case's timings are the last six (the GPU times a copy first)
+    assert seen[-6:] == [False, True] * 3
+    r = d["rows"][0]
+    assert d["env"]["rounds"] == 3 and r["served"] > 0
+    assert (r["aten_ms"], r["gems_ms"]) == (first + 2, first + 3)
+    ratios = [(first + k + 1) / (first + k) for k in (0, 2, 4)]
+    assert r["round_ratios"] == pytest.approx([min(ratios), max(ratios)])
+    with pytest.raises(SystemExit):
+        gemm.main(["--device", DEVICE, "--quick", "--rounds", "0", "-o", str(tmp_path / "x.json")])
+
+
 def test_tile_of_reads_the_tile_a_kernel_name_states():
     # what the GPU table shows of `aten_kernel` (cuBLAS's kernel, profiled once per case on the GPU)
     assert gemm.tile_of("nvjet_sm90_tst_192x96_64x5_1x2_h_bz_coopB_bias_TNT") == "192x96"
