@@ -340,6 +340,9 @@ def main(argv=None) -> int:
     p.add_argument("--confirm-rounds", type=int, default=None,
                    help="the tuner re-times its fastest configs this many more times before choosing "
                         "(runtime.autotune.CONFIRM_ROUNDS; for an A/B give each side its own GEMS_CACHE_DIR)")
+    p.add_argument("--tuner-timing", default=None, choices=("do_bench", "hold"),
+                   help="how the tuner times configs (runtime.autotune.TIMING; 'hold': behind a sleep kernel, "
+                        "so the host's launch cost stays out; for an A/B give each side its own GEMS_CACHE_DIR)")
     p.add_argument("-o", "--output", default=os.path.join(os.environ.get("OUT", "."), "gemm.json"))
     a = p.parse_args(argv)
     use_interpreter_for(a.device)   # before triton is imported (gems imports it)
@@ -358,6 +361,8 @@ def main(argv=None) -> int:
         if a.confirm_rounds < 0:
             p.error("--confirm-rounds: 0 or more")
         autotune.CONFIRM_ROUNDS = a.confirm_rounds
+    if a.tuner_timing is not None:
+        autotune.TIMING = a.tuner_timing
     if a.rounds < 1:
         p.error("--rounds: 1 or more")
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -373,7 +378,8 @@ def main(argv=None) -> int:
     env = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
            "gems": gems.__version__, "cases_from": doc.get("command"), "quick": a.quick, "cap": cap,
            "filters": {"model": a.model, "workload": a.workload, "max_cases": a.max_cases},
-           "candidates": list(blas.CANDIDATES), "confirm_rounds": autotune.CONFIRM_ROUNDS, "rounds": a.rounds}
+           "candidates": list(blas.CANDIDATES), "confirm_rounds": autotune.CONFIRM_ROUNDS, "rounds": a.rounds,
+           "tuner_timing": autotune.TIMING}
     roof = None
     if cuda:
         roof = env["copy_roof_GBps"] = copy_roof_gbps(timer)

@@ -227,13 +227,17 @@ def test_candidates_flag_picks_the_extra_search_space(tmp_path, monkeypatch):
         gemm.main(["--device", DEVICE, "--quick", "--candidates", "wide,tall", "-o", str(tmp_path / "x.json")])
 
 
-def test_confirm_rounds_flag_sets_the_tuners_rounds(tmp_path, monkeypatch):
+def test_tuner_flags_set_its_confirm_rounds_and_timing(tmp_path, monkeypatch):
     from gems.runtime import autotune
     monkeypatch.setattr(autotune, "CONFIRM_ROUNDS", 0)
     out = tmp_path / "gemm.json"
     assert gemm.main(["--device", DEVICE, "--quick", "--model", "bert", "--max-cases", "1", "--confirm-rounds", "2",
                       "-o", str(out)]) == 0
     assert autotune.CONFIRM_ROUNDS == 2 and json.loads(out.read_text())["env"]["confirm_rounds"] == 2
+    monkeypatch.setattr(autotune, "TIMING", "do_bench")
+    assert gemm.main(["--device", DEVICE, "--quick", "--model", "bert", "--max-cases", "1", "--tuner-timing", "hold",
+                      "-o", str(out)]) == 0
+    assert autotune.TIMING == "hold" and json.loads(out.read_text())["env"]["tuner_timing"] == "hold"
     with pytest.raises(SystemExit):
         gemm.main(["--device", DEVICE, "--quick", "--confirm-rounds", "-1", "-o", str(tmp_path / "x.json")])
 

@@ -3,6 +3,7 @@ fastest few (runtime/autotune.py)."""
 import pytest
 
 from gems.runtime import autotune, backends
+from harness import DEVICE
 
 
 @pytest.fixture
@@ -54,3 +55,90 @@ def test_a_config_failing_in_a_confirmation_round_loses(timing_backend, monkeypa
     bench = _bench({"a": [1.0, None, None], "b": [1.5, 1.5, 1.5], "c": [None], "d": [5.0, 5.0, 5.0]}, calls)
     # 'c' fails its first run (skipped, as ever); 'a' fails both confirmation runs: its median is infinite
     assert autotune.Autotuner("t2", CONFIGS).pick("bucket", bench)["name"] == "b"
+
+
+# ------------------------------------------------------------------ timing behind a sleep kernel ("hold")
+class _FakeCuda:
+    """A device with a clock: the sleep kernel advances it by cycles / CPM ms, a run of fn by RUN ms, the L2
+    clear by 0.05 ms; events read the clock. The log records the order of the calls."""
+    CPM, RUN = 2e6, 0.1
+
+    def __init__(self):
+        self.t, self.log = 0.0, []
+        fake = self
+
+        class Event:
+            def record(self):
+                self.at = fake.t
+                fake.log.append("rec")
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+        self.Event = Event
+
+    def event(self):
+        return self.Event()
+
+    def sleep(self, cycles):
+        self.t += cycles / self.CPM
+        self.log.append(("sleep", cycles))
+
+    def sync(self):
+        pass
+
+    def l2_buffer(self):
+        return object()
+
+    def clear(self, buf):
+        self.t += 0.05
+        self.log.append("clear")
+
+    def device(self):
+        return "fake"
+
+
+def test_held_timing_sleeps_past_the_hosts_launch_then_times_the_run_alone(monkeypatch):
+    import time
+    dev = _FakeCuda()
+    monkeypatch.setattr(autotune, "_CYCLES_PER_MS", {})
+
+    def fn():                      # a launch whose host side takes >= 1 ms (a slow Python path)
+        time.sleep(0.001)
+        dev.t += dev.RUN
+        dev.log.append("fn")
+    ms = autotune.held_ms(fn, dev=dev)
+    assert autotune._CYCLES_PER_MS["fake"] == pytest.approx(dev.CPM)          # calibrated on the sleep kernel
+    assert ms == pytest.approx(dev.RUN)                                       # the run's time alone
+    last = max(i for i, x in enumerate(dev.log) if x == "clear")
+    first = min(i for i, x in enumerate(dev.log) if x == "clear")
+    reps = dev.log[first:last + 5]
+    assert len(reps) % 5 == 0 and len(reps) >= 25
+    for i in range(0, len(reps), 5):
+        clear, (sleep, cycles), rec0, run, rec1 = reps[i:i + 5]
+        assert (clear, sleep, rec0, run, rec1) == ("clear", "sleep", "rec", "fn", "rec")
+        assert cycles >= (2 * 1.0 + 0.02) * dev.CPM                          # twice the host's >= 1 ms
+
+
+def test_unknown_timing_is_an_error(monkeypatch):
+    monkeypatch.setattr(autotune, "TIMING", "fastest")
+    with pytest.raises(ValueError, match="do_bench, hold"):
+        autotune.bench_ms(lambda: None)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="times a real kernel: GPU only (GEMS_TEST_DEVICE=cuda)")
+def test_held_timing_leaves_a_slow_hosts_launch_out_on_the_gpu():
+    # a ~10 us kernel behind 400 us of host work per call: do_bench's L2 clear (~75 us of GPU work) cannot
+    # cover the host, so its events bracket most of the 400 us; the held timing measures the kernel
+    import time
+    import torch
+    x = torch.randn(2**22, device="cuda")
+    plain = autotune.held_ms(lambda: x.mul_(1.0001))
+
+    def slow():
+        time.sleep(0.0004)
+        x.mul_(1.0001)
+    held = autotune.held_ms(slow)
+    from triton.testing import do_bench
+    bench = do_bench(slow, warmup=5, rep=20, return_mode="median")
+    assert held < 1.5 * plain + 0.005, (held, plain)
+    assert bench > held + 0.1, (bench, held)          # what the tuner's do_bench timing would have counted
