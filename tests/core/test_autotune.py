@@ -140,5 +140,6 @@ def test_held_timing_leaves_a_slow_hosts_launch_out_on_the_gpu():
     held = autotune.held_ms(slow)
     from triton.testing import do_bench
     bench = do_bench(slow, warmup=5, rep=20, return_mode="median")
-    assert held < 1.5 * plain + 0.005, (held, plain)
-    assert bench > held + 0.1, (bench, held)          # what the tuner's do_bench timing would have counted
+    # (bounds far from the 0.4 ms of host: other test processes may share the GPU)
+    assert held < plain + 0.1, (held, plain)
+    assert bench > held + 0.15, (bench, held)         # what the tuner's do_bench timing would have counted
