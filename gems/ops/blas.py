@@ -208,10 +208,19 @@ _GLUON_WIDE = [_gluon(128, 192, 64, 8, 4)]
 # the tuner chose a wave tile for 576 x 4096 x 4096 (1.44 -> 1.24), 577 x 1024 x 4096 (1.52 -> 1.19) and
 # 768 x 3072 x 4096 (1.41 -> 1.18) among others (docs/perf.md, session 31)
 _GLUON_WAVE = [_gluon(128, 160, 64, 8, 4), _gluon(128, 96, 64, 8, 6), _gluon(64, 64, 64, 4, 8, maxnreg=224)]
+# Small tiles with deep rings for the mid-size GEMMs whose K is 4-16x their M or N (8-40 us; 1.2-1.6x cuBLAS
+# in session 31, the worst rows of the model table). cuBLAS runs them with 64x64 / 64x80 / 96x64 tiles and
+# 8-13 stages in about one round of programs: 64 x 64 with 12 ring slots (192 KiB), 64 x 80 (64 + 16) with
+# 10 (180 KiB), and 64 x 128 with two consumer warpgroups (8 warps, each a 64 x 64 half, as cuBLAS's
+# cooperative kernels split a tile).
+# They compile for sm_90 (tests/core/test_gpu_compile.py); not yet run or timed on a GPU, so not offered
+# by default (benchmarks.gemm --candidates wide,wave,deep is the A/B)
+_GLUON_DEEP = [_gluon(64, 64, 64, 4, 12, maxnreg=224), _gluon(64, 80, 64, 4, 10, maxnreg=224),
+               _gluon(64, 128, 64, 8, 6)]
 # the candidate groups beyond _CONFIGS_16 (16-bit inputs), each under its own tuning cache name, and the
 # ones the tuner offers (benchmarks.gemm --candidates: an A/B of them)
-CANDIDATE_GROUPS = {"wide": _GLUON_WIDE, "wave": _GLUON_WAVE}
-_GROUP_SUFFIX = {"wide": "w", "wave": "q"}
+CANDIDATE_GROUPS = {"wide": _GLUON_WIDE, "wave": _GLUON_WAVE, "deep": _GLUON_DEEP}
+_GROUP_SUFFIX = {"wide": "w", "wave": "q", "deep": "d"}
 CANDIDATES = ("wide", "wave")
 
 
@@ -367,7 +376,7 @@ def _tuner(itemsize, triton_only=False):
     # ("v2": the search space of 2026-11-28, K splits included; older caches chose from the previous one)
     # ("v3": with the Gluon kernel's configs, 2026-11-28)
     # ("v4": TMA and Gluon calls planned, offered from 2**33 multiply-adds without a host handicap)
-    # (a letter per candidate group offered: "w" the Gluon wide tiles, "q" the one-round tiles)
+    # (a letter per candidate group offered: "w" the Gluon wide tiles, "q" the one-round tiles, "d" the deep rings)
     key = (itemsize <= 2, triton_only, tuple(CANDIDATES))     # a call's full path: one lookup
     t = _TUNERS.get(key)
     if t is None:
