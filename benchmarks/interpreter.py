@@ -11,12 +11,11 @@ def use_interpreter_for(device: str) -> None:
     triton is already imported without it; a no-op for other devices."""
     if device != "cpu":
         return
-    std = sys.modules.get("triton.language.standard")
-    if std is None:
+    if "triton.language.standard" not in sys.modules:   # what _triton_interprets reads: nothing chosen yet
         os.environ.setdefault("TRITON_INTERPRET", "1")
         return
-    from triton.runtime.interpreter import InterpretedFunction
-    if not isinstance(getattr(std, "sigmoid", None), InterpretedFunction):
+    from gems.runtime.backends import _triton_interprets   # triton is in already: importing gems chooses nothing
+    if not _triton_interprets():
         raise SystemExit("--device cpu runs Gems under the Triton interpreter, which must be chosen before triton "
                          "is imported; this process imported triton for the GPU: run the CPU benchmark in its own "
                          "process (or with TRITON_INTERPRET=1 set from the start)")
