@@ -194,16 +194,17 @@ def test_smoke_run_writes_json(tmp_path, capsys, filters):
 
 
 def test_candidates_flag_picks_the_extra_search_space(tmp_path, monkeypatch):
-    # candidate groups beyond the base 16-bit search space (the Gluon wide and wave tiles are offered by
-    # default),
+    # candidate groups beyond the base 16-bit search space (the Gluon wide, wave and deep tiles are offered
+    # by default),
     # each set under its own tuning cache; --candidates picks them for an A/B run ('' none), the JSON says
     # which ran, and a group the library does not know is an error, not a silently smaller space
     from gems.ops import blas
     monkeypatch.setattr(blas, "_TUNERS", {})
     monkeypatch.setattr(blas, "backend", lambda: type("B", (), {"name": "cuda"})())   # the GPU's search space
-    assert blas.CANDIDATES == ("wide", "wave")
+    assert blas.CANDIDATES == ("wide", "wave", "deep")
     space = blas._tuner(2, triton_only=True)
-    assert all(c in space.configs for c in blas._GLUON_WIDE + blas._GLUON_WAVE) and space.name == "mm16v4qw"
+    every = blas._GLUON_WIDE + blas._GLUON_WAVE + blas._GLUON_DEEP
+    assert all(c in space.configs for c in every) and space.name == "mm16v4dqw"
     monkeypatch.setattr(blas, "CANDIDATES", ("wide",))
     wide = blas._tuner(2, triton_only=True)
     assert wide.name == "mm16v4w" and not any(c in wide.configs for c in blas._GLUON_WAVE)

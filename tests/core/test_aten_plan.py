@@ -103,11 +103,11 @@ def test_triton_policy_has_no_aten_candidate(monkeypatch):
     try:
         blas.set_gemm_policy("triton")
         t = blas._tuner(2)
-        # "qw": the Gluon wave and wide tiles in the search space (blas.CANDIDATES, on by default)
-        assert t.name == "mm16v4qw" and not any(c.get("aten") for c in t.configs)
+        # "dqw": the Gluon deep, wave and wide tiles in the search space (blas.CANDIDATES, on by default)
+        assert t.name == "mm16v4dqw" and not any(c.get("aten") for c in t.configs)
         blas.set_gemm_policy("auto")
         t = blas._tuner(2)
-        assert t.name == "mm16v4qw-auto2" and t.configs[-1] == {"aten": True}
+        assert t.name == "mm16v4dqw-auto2" and t.configs[-1] == {"aten": True}
         # the interpreter cannot time kernels: it takes the first config, never ATen
         assert not t.configs[0].get("aten")
     finally:
