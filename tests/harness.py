@@ -262,12 +262,13 @@ def optimizer_steps(make_opt, dtype, steps, on, shapes, seed):
     return [p.detach() for p in params] + state
 
 
-def check_planned_gemm(monkeypatch, cfg, launcher, shape, dtype, atol):
+def check_planned_gemm(monkeypatch, cfg, launcher, shape, dtype, atol, entry="launch", descriptors=None):
     """Three mm calls of one signature with fresh data and GEMM config `cfg` forced (the tuner and
     the fixed small tiles bypassed): each agrees with float64 ATen, only the first runs Gems' Python
-    path (`launcher`, the module whose `launch` it calls, is entered once: the others replay the call
-    plan), and the plan rebuilds the descriptors per call. On the GPU the C++ fast path replays it:
-    its recipe encodes each descriptor once and puts in each call's address. Returns the plan."""
+    path (`launcher`, the module whose function `entry` it calls, is entered once: the others replay
+    the call plan), and the plan rebuilds the descriptors per call. On the GPU the C++ fast path
+    replays it: its recipe encodes each descriptor once and puts in each call's address (`descriptors`
+    of them, when given). Returns the plan."""
     from gems import registry
     from gems.ops import blas
 
@@ -276,8 +277,8 @@ def check_planned_gemm(monkeypatch, cfg, launcher, shape, dtype, atol):
             return cfg
     monkeypatch.setattr(blas, "_tuner", lambda *a, **k: Fixed())
     monkeypatch.setattr(blas, "small_config", lambda *a, **k: None)
-    entered, launch = [], launcher.launch
-    monkeypatch.setattr(launcher, "launch", lambda *a, **k: entered.append(1) or launch(*a, **k))
+    entered, launch = [], getattr(launcher, entry)
+    monkeypatch.setattr(launcher, entry, lambda *a, **k: entered.append(1) or launch(*a, **k))
     impl = registry.get("mm.default")
     hits = impl.fast.hits if impl.fast is not None else 0
     M, N, K = shape
@@ -287,7 +288,7 @@ def check_planned_gemm(monkeypatch, cfg, launcher, shape, dtype, atol):
             out = torch.mm(a, b)
         assert_close(out, (a.double() @ b.double()).cpu(), dtype, atol=atol, msg=f"call {i}")
     assert len(entered) == 1, f"the Python path ran {len(entered)} times: {impl.plans.reasons}"
-    return check_descriptor_plan(impl, hits)
+    return check_descriptor_plan(impl, hits, descriptors)
 
 
 def check_descriptor_plan(impl, hits_before, descriptors=None):

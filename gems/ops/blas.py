@@ -112,13 +112,15 @@ def matmul_kernel(A, B, C, Bias, M, N, K, k_per, alpha, beta,
 
 @kernel
 @triton.jit
-def splitk_reduce_kernel(W, C, Bias, M, N, alpha, beta, s_ws, s_cb, s_cm, s_cn, s_xb, s_xm, s_xn,
+def splitk_reduce_kernel(W, C, Bias, M, N, alpha, beta, s_ws, s_wm, s_cb, s_cm, s_cn, s_xb, s_xm, s_xn,
                          HAS_BIAS: tl.constexpr, I64: tl.constexpr, SPLIT_K: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """C[b, m, n] = alpha * sum_s W[s, b, m, n] + beta * Bias[b, m, n]: the split-K epilogue.
 
-    W is the contiguous fp32 workspace [SPLIT_K, batch, M, N] (split stride s_ws). Bytes: 4 * SPLIT_K
-    read + one result written per element, against the GEMM's K / SPLIT_K operand reads per element.
+    W is the fp32 workspace [SPLIT_K, batch, M, N] with split stride s_ws and row stride s_wm (N for
+    matmul_kernel's; the Gluon kernel's rows are padded to 16 bytes and its splits to whole tiles).
+    Bytes: 4 * SPLIT_K read + one result written per element, against the GEMM's K / SPLIT_K operand
+    reads per element.
     """
     pid = tl.program_id(0)
     batch = tl.program_id(1)
@@ -130,7 +132,7 @@ def splitk_reduce_kernel(W, C, Bias, M, N, alpha, beta, s_ws, s_cb, s_cm, s_cn, 
         rn = rn.to(tl.int64)
     b64 = batch.to(tl.int64)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
-    w_ptrs = W + b64 * M * N + (rm[:, None] * N + rn[None, :])
+    w_ptrs = W + b64 * M * s_wm + (rm[:, None] * s_wm + rn[None, :])
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):   # fixed order: the sum is deterministic
         acc += tl.load(w_ptrs + s * s_ws, mask=mask, other=0.0)
@@ -146,10 +148,12 @@ def _cfg(bm, bn, bk, warps, stages, group=8, split=1):
     return c
 
 
-def _gluon(bm, bn, bk, warps, buffers, group=8, maxnreg=160):
+def _gluon(bm, bn, bk, warps, buffers, group=8, maxnreg=160, fill_k=False):
     """A config of the Gluon kernel: its pipeline depth is NUM_BUF ring slots (num_stages unused), and
-    `maxnreg` caps registers per thread so that its warps plus the load warpgroup fit 64K registers."""
-    return dict(_cfg(bm, bn, bk, warps, 1, group), NUM_BUF=buffers, maxnreg=maxnreg, GLUON=True)
+    `maxnreg` caps registers per thread so that its warps plus the load warpgroup fit 64K registers.
+    fill_k: split K into as many ranges as fill the SMs in one round (gemm_gluon.k_splits)."""
+    return dict(_cfg(bm, bn, bk, warps, 1, group), NUM_BUF=buffers, maxnreg=maxnreg, GLUON=True,
+                **({"FILL_K": True} if fill_k else {}))
 
 
 # Search spaces per backend (kept here rather than in backends.py: the autotuner owns them).
@@ -220,10 +224,17 @@ _GLUON_WAVE = [_gluon(128, 160, 64, 8, 4), _gluon(128, 96, 64, 8, 6), _gluon(64,
 # per step fell 1.15 -> 0.99x (docs/perf.md, session 32)
 _GLUON_DEEP = [_gluon(64, 64, 64, 4, 12, maxnreg=224), _gluon(64, 80, 64, 4, 10, maxnreg=224),
                _gluon(64, 128, 64, 8, 6)]
+# Large tiles split over K for the same shapes (gemm_gluon.matmul_gluon_splitk_kernel; 128 x 128 makes 40
+# tiles of 577 x 1024, split 3 ways: 120 programs): each operand is read from L2 as often as by an
+# unsplit 128 x 128 tile, half as often as by 64 x 64 tiles. They only take calls that split
+# (the tuner skips them elsewhere); the fp32 output tile takes the shared memory of one or two ring
+# slots (128 x 128: 4 slots of 32 KiB and 64 KiB of output). Compiles for sm_90; not yet run on a GPU,
+# so not offered by default (benchmarks.gemm --candidates wide,wave,deep,ksplit is the A/B)
+_GLUON_KSPLIT = [_gluon(128, 128, 64, 8, 4, fill_k=True), _gluon(64, 128, 64, 4, 6, maxnreg=224, fill_k=True)]
 # the candidate groups beyond _CONFIGS_16 (16-bit inputs), each under its own tuning cache name, and the
 # ones the tuner offers (benchmarks.gemm --candidates: an A/B of them)
-CANDIDATE_GROUPS = {"wide": _GLUON_WIDE, "wave": _GLUON_WAVE, "deep": _GLUON_DEEP}
-_GROUP_SUFFIX = {"wide": "w", "wave": "q", "deep": "d"}
+CANDIDATE_GROUPS = {"wide": _GLUON_WIDE, "wave": _GLUON_WAVE, "deep": _GLUON_DEEP, "ksplit": _GLUON_KSPLIT}
+_GROUP_SUFFIX = {"wide": "w", "wave": "q", "deep": "d", "ksplit": "k"}
 CANDIDATES = ("wide", "wave", "deep")
 
 
@@ -339,6 +350,16 @@ def _aten_time(device_ms):
     return device_ms + (_ATEN_HOST_MS if device_ms < _HOST_BOUND_MS else 0.0)
 
 
+# The Gluon K split's handicap in the tuner: one more launch and a workspace, both replayed from C++ by the
+# call's plan. An estimate (half of cuBLAS's measured excess), not yet measured on its own; the pointer
+# kernel's splits keep _ATEN_HOST_MS, under which the default search space was measured
+_SPLIT_HOST_MS = 0.005
+
+
+def _split_time(device_ms):
+    return device_ms + (_SPLIT_HOST_MS if device_ms < _HOST_BOUND_MS else 0.0)
+
+
 _POLICY = None
 
 
@@ -449,7 +470,8 @@ def describe_config(cfg) -> str:
         return "cuBLAS"
     if cfg.get("GLUON"):
         return (f"gluon {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg['num_warps']} b{cfg['NUM_BUF']}"
-                f" r{cfg['maxnreg']}" + (f" g{cfg['GROUP_M']}" if cfg["GROUP_M"] != 8 else ""))
+                f" r{cfg['maxnreg']}" + (f" g{cfg['GROUP_M']}" if cfg["GROUP_M"] != 8 else "")
+                + (" ksplit" if cfg.get("FILL_K") else ""))
     kind = "tma" if cfg.get("TMA") else "ptr"
     split = f" split{cfg['SPLIT_K']}" if cfg.get("SPLIT_K", 1) > 1 else ""
     return (f"{kind} {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
@@ -488,10 +510,22 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
                                  "unit-stride operands and a row-major result")
             if cfg.get("TMA"):
                 gemm_tma.launch(a, b, out, bias, alpha, beta, has_bias, lay, cfg)
-            elif gemm_gluon.supports(bias, has_bias):
-                gemm_gluon.launch(a, b, out, bias, alpha, beta, has_bias, lay, cfg)
-            else:
+                return
+            if not gemm_gluon.supports(bias, has_bias):
                 raise ValueError("the Gluon GEMM adds at most a bias row (stride 0 along M)")
+            split, k_per, rows = (gemm_gluon.k_splits(M, N, K, cfg, sm_count(a.device)) if cfg.get("FILL_K")
+                                  else (1, 0, M))
+            if split == 1:
+                gemm_gluon.launch(a, b, out, bias, alpha, beta, has_bias, lay, cfg)
+                return
+            # fp32 partials of `split` K ranges into a workspace whose rows are padded to 16 bytes (TMA)
+            # and whose ranges to whole tiles, then the same reduce as the pointer kernel's splits
+            cols = gemm_gluon.ws_cols(N)
+            ws = empty((split, rows, cols), torch.float32, out.device)
+            gemm_gluon.launch_splitk(a, b, ws, rows, lay, cfg, split, k_per)
+            splitk_reduce_kernel[(cdiv(M, _RED_M) * cdiv(N, _RED_N), 1)](
+                ws, out, bias, M, N, *ab, rows * cols, cols, *_s3(out), *sx, has_bias, i64, split, _RED_M, _RED_N,
+                num_warps=4)
             return
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         tiles = nb * cdiv(M, bm) * cdiv(N, bn)
@@ -508,7 +542,7 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
                                       K % bk == 0, i64, split, bm, bn, bk, cfg["GROUP_M"],
                                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
         splitk_reduce_kernel[(cdiv(M, _RED_M) * cdiv(N, _RED_N), nb)](
-            ws, out, bias, M, N, *ab, nb * M * N, *_s3(out), *sx, has_bias, i64, split, _RED_M, _RED_N,
+            ws, out, bias, M, N, *ab, nb * M * N, N, *_s3(out), *sx, has_bias, i64, split, _RED_M, _RED_N,
             num_warps=4)
 
     if config is not None:
@@ -541,6 +575,11 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
             return _aten_time(bench_ms(lambda: _aten_gemm(a, b, bias if has_bias else None, alpha, beta, scratch)))
         if (cfg.get("TMA") or cfg.get("GLUON")) and not tma:
             raise RuntimeError("not a TMA call")
+        if cfg.get("FILL_K"):
+            # unsplit, it is another config's tile: not timed twice
+            if gemm_gluon.k_splits(M, N, K, cfg, sm_count(a.device))[0] == 1:
+                raise RuntimeError("no K split for this call")
+            return _split_time(bench_ms(lambda: run(cfg, scratch)))
         ms = bench_ms(lambda: run(cfg, scratch))
         # a K split adds a launch (and a workspace): like ATen's candidate it must win by that host
         # cost where the GEMM is short enough for host time to matter

@@ -94,17 +94,40 @@ def _schedule(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl
 
 
 @gluon.jit
-def _load_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
+def _items(grid_m, grid_n, splits, K_SPLIT: gl.constexpr):
+    """Work items: the output tiles, times `splits` K ranges each with K_SPLIT."""
+    if K_SPLIT:
+        return grid_m * grid_n * splits
+    else:
+        return grid_m * grid_n
+
+
+@gluon.jit
+def _item(item, grid_m, grid_n, k_steps, k_per, K_SPLIT: gl.constexpr):
+    """(tile, K range index, first K step, end K step) of a work item: K range r of every tile comes
+    before range r + 1's (the programs running together share operand rows and columns, as unsplit)."""
+    if K_SPLIT:
+        r = item // (grid_m * grid_n)
+        return item % (grid_m * grid_n), r, r * k_per, gl.minimum(k_steps, (r + 1) * k_per)
+    else:
+        return item, 0, 0, k_steps
+
+
+@gluon.jit
+def _load_partition(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, splits, k_per,
                     A_T: gl.constexpr, B_T: gl.constexpr, GROUP_M: gl.constexpr, NUM_BUF: gl.constexpr,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, SPLIT: gl.constexpr):
-    """One warp: walks the program's tiles and K steps, and for step `count` waits until the MMA
-    partition has released ring slot count % NUM_BUF (`empty`), then issues its TMA loads (`ready`
-    counts the bytes). It runs ahead into the next tile while the MMA warps finish this one."""
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, SPLIT: gl.constexpr,
+                    K_SPLIT: gl.constexpr):
+    """One warp: walks the program's work items (tiles, or with K_SPLIT tiles x K ranges) and their K
+    steps, and for step `count` waits until the MMA partition has released ring slot count % NUM_BUF
+    (`empty`), then issues its TMA loads (`ready` counts the bytes). It runs ahead into the next item
+    while the MMA warps finish this one."""
     pid, programs, grid_m, grid_n, k_steps = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
     count = 0
-    for tile in range(pid, grid_m * grid_n, programs):
+    for item in range(pid, _items(grid_m, grid_n, splits, K_SPLIT), programs):
+        tile, r, k_lo, k_hi = _item(item, grid_m, grid_n, k_steps, k_per, K_SPLIT)
         off_m, off_n = _tile_offsets(tile, grid_m, grid_n, GROUP_M, BLOCK_M, BLOCK_N)
-        for ks in range(k_steps):
+        for ks in range(k_lo, k_hi):
             # a fresh barrier counts as released in phase 1: the first NUM_BUF loads do not wait
             mbarrier.wait(empty.index(count % NUM_BUF), ((count // NUM_BUF) & 1) ^ 1)
             _issue_load(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, count, off_m, off_n, ks * BLOCK_K,
@@ -132,25 +155,28 @@ def _epilogue(acc, c_desc, c_smem, Bias, off_m, off_n, N, alpha, beta, s_xn, HAS
 
 @gluon.jit
 def _mma_partition(c_desc, c2_desc, a_bufs, b_bufs, b2_bufs, c_smem, c2_smem, ready, empty, Bias, M, N, K, alpha,
-                   beta, s_xn, A_T: gl.constexpr, B_T: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
-                   NUM_BUF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                   SPLIT: gl.constexpr):
+                   beta, s_xn, splits, k_per, ws_rows, A_T: gl.constexpr, B_T: gl.constexpr, HAS_BIAS: gl.constexpr,
+                   GROUP_M: gl.constexpr, NUM_BUF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   BLOCK_K: gl.constexpr, SPLIT: gl.constexpr, K_SPLIT: gl.constexpr):
     """The kernel's warpgroups: per K step wait for the slot's bytes, issue the wgmma asynchronously,
     wait for the previous one (one in flight) and release its slot; per tile the epilogue (alpha, the
     bias row, the cast) into shared memory and a TMA store that overlaps the next tile's MMAs. SPLIT:
-    the tile's columns are two accumulators (c_desc's and c2_desc's widths), two wgmmas per K step."""
+    the tile's columns are two accumulators (c_desc's and c2_desc's widths), two wgmmas per K step.
+    K_SPLIT: per work item one K range of a tile, its fp32 partial stored to rows r * ws_rows + off_m
+    of the workspace that c_desc describes (blas adds the ranges, alpha and the bias afterwards)."""
     BN1: gl.constexpr = c_desc.block_type.shape[1]
     BN2: gl.constexpr = c2_desc.block_type.shape[1]
     layout: gl.constexpr = _mma_layout(BLOCK_M, BN1, gl.num_warps())
     layout2: gl.constexpr = _mma_layout(BLOCK_M, BN2, gl.num_warps())
     pid, programs, grid_m, grid_n, k_steps = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
     count = 0
-    for tile in range(pid, grid_m * grid_n, programs):
+    for item in range(pid, _items(grid_m, grid_n, splits, K_SPLIT), programs):
+        tile, r, k_lo, k_hi = _item(item, grid_m, grid_n, k_steps, k_per, K_SPLIT)
         off_m, off_n = _tile_offsets(tile, grid_m, grid_n, GROUP_M, BLOCK_M, BLOCK_N)
         acc = gl.zeros((BLOCK_M, BN1), dtype=gl.float32, layout=layout)
         if SPLIT:
             acc2 = gl.zeros((BLOCK_M, BN2), dtype=gl.float32, layout=layout2)
-        for ks in range(k_steps):
+        for ks in range(k_lo, k_hi):
             s = count % NUM_BUF
             mbarrier.wait(ready.index(s), (count // NUM_BUF) & 1)
             if A_T:
@@ -173,26 +199,27 @@ def _mma_partition(c_desc, c2_desc, a_bufs, b_bufs, b2_bufs, c_smem, c2_smem, re
             else:
                 acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a, b))
             # the MMAs of step count - 1 are complete: the loader may refill their slot
-            mbarrier.arrive(empty.index((count + NUM_BUF - 1) % NUM_BUF), pred=ks > 0)
+            mbarrier.arrive(empty.index((count + NUM_BUF - 1) % NUM_BUF), pred=ks > k_lo)
             count += 1
         if SPLIT:
             acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
         else:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index((count + NUM_BUF - 1) % NUM_BUF), pred=k_steps > 0)
+        mbarrier.arrive(empty.index((count + NUM_BUF - 1) % NUM_BUF), pred=k_hi > k_lo)
         # the previous tile's stores must have read the output tiles before they are overwritten
         tma.store_wait(pendings=0)
-        _epilogue(acc, c_desc, c_smem, Bias, off_m, off_n, N, alpha, beta, s_xn, HAS_BIAS)
+        row = r * ws_rows + off_m      # off_m unless K_SPLIT (r is 0)
+        _epilogue(acc, c_desc, c_smem, Bias, row, off_n, N, alpha, beta, s_xn, HAS_BIAS)
         if SPLIT:
-            _epilogue(acc2, c2_desc, c2_smem, Bias, off_m, off_n + BN1, N, alpha, beta, s_xn, HAS_BIAS)
+            _epilogue(acc2, c2_desc, c2_smem, Bias, row, off_n + BN1, N, alpha, beta, s_xn, HAS_BIAS)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def _matmul(a_desc, b_desc, b2_desc, c_desc, c2_desc, Bias, M, N, K, alpha, beta, s_xn, A_T: gl.constexpr,
-            B_T: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr, NUM_BUF: gl.constexpr,
-            SPLIT: gl.constexpr):
-    """The body of both kernels: shared memory, barriers and the two partitions."""
+def _matmul(a_desc, b_desc, b2_desc, c_desc, c2_desc, Bias, M, N, K, alpha, beta, s_xn, splits, k_per, ws_rows,
+            A_T: gl.constexpr, B_T: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
+            NUM_BUF: gl.constexpr, SPLIT: gl.constexpr, K_SPLIT: gl.constexpr):
+    """The body of the kernels: shared memory, barriers and the two partitions."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1] + (c2_desc.block_type.shape[1] if SPLIT else 0)
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[0 if A_T else 1]
@@ -212,9 +239,10 @@ def _matmul(a_desc, b_desc, b2_desc, c_desc, c2_desc, Bias, M, N, K, alpha, beta
         mbarrier.init(empty.index(i), count=1)
     gl.warp_specialize([
         (_mma_partition, (c_desc, c2_desc, a_bufs, b_bufs, b2_bufs, c_smem, c2_smem, ready, empty, Bias, M, N, K,
-                          alpha, beta, s_xn, A_T, B_T, HAS_BIAS, GROUP_M, NUM_BUF, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT)),
-        (_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, A_T, B_T, GROUP_M,
-                           NUM_BUF, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT)),
+                          alpha, beta, s_xn, splits, k_per, ws_rows, A_T, B_T, HAS_BIAS, GROUP_M, NUM_BUF, BLOCK_M,
+                          BLOCK_N, BLOCK_K, SPLIT, K_SPLIT)),
+        (_load_partition, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, splits, k_per, A_T,
+                           B_T, GROUP_M, NUM_BUF, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, K_SPLIT)),
     ], [1], [LOAD_REGS])
 
 
@@ -232,8 +260,8 @@ def matmul_gluon_kernel(a_desc, b_desc, c_desc, Bias, M, N, K, alpha, beta, s_xn
     count gives each the slot (count % NUM_BUF) and the barrier phase ((count // NUM_BUF) & 1).
     A_T / B_T: the operand is read through a descriptor of its transpose (its rows are the contiguous
     axis) and handed to wgmma as a permuted shared-memory view."""
-    _matmul(a_desc, b_desc, b_desc, c_desc, c_desc, Bias, M, N, K, alpha, beta, s_xn, A_T, B_T, HAS_BIAS, GROUP_M,
-            NUM_BUF, False)
+    _matmul(a_desc, b_desc, b_desc, c_desc, c_desc, Bias, M, N, K, alpha, beta, s_xn, 1, 0, 0, A_T, B_T, HAS_BIAS,
+            GROUP_M, NUM_BUF, False, False)
 
 
 @kernel
@@ -248,8 +276,26 @@ def matmul_gluon_wide_kernel(a_desc, b_desc, b2_desc, c_desc, c2_desc, Bias, M, 
     192 tiles of 128 x 128, 1.45 rounds; 128 x 192 tiles make 128, one round, at (128 + 192) x 64 operand
     bytes per 128 x 192 x 64 step. A prototype ran 4096 x 768 x 3072 at 1.05x cuBLAS's kernel time (the
     tuned choice then: 1.29x) and 576 x 4096 x 4096 at 1.22x (1.54x) (H200, docs/perf.md, session 28)."""
-    _matmul(a_desc, b_desc, b2_desc, c_desc, c2_desc, Bias, M, N, K, alpha, beta, s_xn, A_T, B_T, HAS_BIAS, GROUP_M,
-            NUM_BUF, True)
+    _matmul(a_desc, b_desc, b2_desc, c_desc, c2_desc, Bias, M, N, K, alpha, beta, s_xn, 1, 0, 0, A_T, B_T, HAS_BIAS,
+            GROUP_M, NUM_BUF, True, False)
+
+
+@kernel
+@gluon.jit
+def matmul_gluon_splitk_kernel(a_desc, b_desc, w_desc, M, N, K, splits, k_per, ws_rows, A_T: gl.constexpr,
+                               B_T: gl.constexpr, GROUP_M: gl.constexpr, NUM_BUF: gl.constexpr):
+    """matmul_gluon_kernel over tiles x `splits` K ranges of k_per steps: item (tile, r) stores
+    W[r * ws_rows + m, n] = sum over its K range of A[m, k] B[k, n] in fp32 (w_desc: the workspace
+    [splits * ws_rows, N], ws_rows = M rounded up to BLOCK_M so a tile's rows never reach the next
+    range's); blas.splitk_reduce_kernel adds the ranges in fixed order with alpha, the bias and the cast.
+
+    Why: the mid-size GEMMs whose K is 4-16x M or N (577 x 1024 x 4096: 40 tiles of 128 x 128 for 132
+    SMs) either leave SMs idle with large tiles or, with small ones, read each operand from L2 more
+    often than cuBLAS, whose clusters share those loads by TMA multicast (Triton 3.6 has none: "NYI:
+    Support multicast"). Large tiles split over K fill the SMs at large tiles' L2 traffic, for an fp32
+    write and read of splits x M x N more."""
+    _matmul(a_desc, b_desc, b_desc, w_desc, w_desc, M, M, N, K, 1.0, 0.0, 0, splits, k_per, ws_rows, A_T, B_T, False,
+            GROUP_M, NUM_BUF, False, True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -308,3 +354,40 @@ def launch(a, b, c, bias, alpha, beta, has_bias, layouts, cfg):
     b2d, c2d = gemm_tma.bc_descriptors(b, c, layouts, M, cfg["BLOCK_M"], bn2, cfg["BLOCK_K"], _desc)
     matmul_gluon_wide_kernel[(progs,)](ad, bd, b2d, cd, c2d, bias, M, N, K, float(alpha), float(beta), xn, *consts,
                                        **opts)
+
+
+def launch_splitk(a, b, ws, ws_rows, layouts, cfg, splits, k_per):
+    """The fp32 partials of a K-split launch (`k_splits`' splits and K steps per split) into `ws`, a
+    [splits, ws_rows, >= N] fp32 workspace with 16-byte aligned rows; power-of-two tiles only."""
+    (a_t, _), (b_t, _) = layouts
+    M, K = a.shape
+    N = b.shape[1]
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    ad, bd = gemm_tma.a_descriptor(a, layouts, bm, bk, _desc), gemm_tma.b_descriptor(b, layouts, bn, bk, _desc)
+    wd = descriptor(ws, [splits * ws_rows, N], [ws.stride(1), 1], [bm, bn])
+    progs = min(cdiv(M, bm) * cdiv(N, bn) * splits, sm_count(a.device))
+    matmul_gluon_splitk_kernel[(progs,)](ad, bd, wd, M, N, K, splits, k_per, ws_rows, a_t, b_t, cfg["GROUP_M"],
+                                         cfg["NUM_BUF"], num_warps=cfg["num_warps"], num_stages=1,
+                                         maxnreg=cfg["maxnreg"])
+
+
+def k_splits(M, N, K, cfg, sms):
+    """(splits, K steps per split, workspace rows) of a FILL_K config: as many K ranges as keep every
+    tile's ranges within one round of programs on `sms` SMs (at most MAX_SPLITS, each of at least two
+    BLOCK_K steps, none empty); (1, all steps, M) where the tiles alone fill half the SMs. The fp32
+    workspace (splits x rows x ws_cols(N)) is then at most `sms` tiles: 32-bit offsets."""
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    tiles, steps = cdiv(M, bm) * cdiv(N, bn), cdiv(K, bk)
+    want = min(MAX_SPLITS, sms // tiles, steps // 2)
+    if want < 2:
+        return 1, steps, M
+    per = cdiv(steps, want)
+    return cdiv(steps, per), per, cdiv(M, bm) * bm
+
+
+def ws_cols(N):
+    """Columns of a K-split workspace row: N rounded up to 4 fp32 (TMA's 16-byte aligned rows)."""
+    return cdiv(N, 4) * 4
+
+
+MAX_SPLITS = 8

@@ -139,19 +139,29 @@ def descriptors(a, b, c, layouts, cfg, desc):
     """Descriptors of A, B and C (`desc(tensor, shape, leading stride, block)` builds one) over the
     stored row-major matrices: a transposed operand is described as its transpose, whose rows are
     contiguous, with the block's dims swapped (shared by this kernel and gemm_gluon's)."""
+    M = a.shape[0]
+    bm, bk = cfg["BLOCK_M"], cfg["BLOCK_K"]
+    return (a_descriptor(a, layouts, bm, bk, desc), *bc_descriptors(b, c, layouts, M, bm, cfg["BLOCK_N"], bk, desc))
+
+
+def a_descriptor(a, layouts, bm, bk, desc):
+    """`descriptors`' A (gemm_gluon's K-split launch takes A and B alone)."""
     (a_t, s_a), _ = layouts
     M, K = a.shape
-    bm, bk = cfg["BLOCK_M"], cfg["BLOCK_K"]
-    ad = desc(a, [K, M], s_a, [bk, bm]) if a_t else desc(a, [M, K], s_a, [bm, bk])
-    return (ad, *bc_descriptors(b, c, layouts, M, bm, cfg["BLOCK_N"], bk, desc))
+    return desc(a, [K, M], s_a, [bk, bm]) if a_t else desc(a, [M, K], s_a, [bm, bk])
+
+
+def b_descriptor(b, layouts, bn, bk, desc):
+    """`descriptors`' B with blocks bn columns wide."""
+    _, (b_t, s_b) = layouts
+    K, N = b.shape
+    return desc(b, [N, K], s_b, [bn, bk]) if b_t else desc(b, [K, N], s_b, [bk, bn])
 
 
 def bc_descriptors(b, c, layouts, M, bm, bn, bk, desc):
     """`descriptors`' B and C with blocks bn columns wide (gemm_gluon's wide tiles take two widths)."""
-    _, (b_t, s_b) = layouts
-    K, N = b.shape
-    bd = desc(b, [N, K], s_b, [bn, bk]) if b_t else desc(b, [K, N], s_b, [bk, bn])
-    return bd, desc(c, [M, N], max(c.stride(0), N), [bm, bn])
+    N = b.shape[1]
+    return b_descriptor(b, layouts, bn, bk, desc), desc(c, [M, N], max(c.stride(0), N), [bm, bn])
 
 
 def launch(a, b, c, bias, alpha, beta, has_bias, layouts, cfg):

@@ -189,6 +189,14 @@ def gluon_gemm_record(cfg, a_t, b_t, has_bias, dtype="bf16"):
         return _gluon_desc_type(block, dtype)
 
     from gems.ops import gemm_gluon
+    if cfg.get("FILL_K"):     # the K-split kernel: fp32 partials into a workspace, no bias or alpha
+        sig = {"a_desc": desc([bk, bm] if a_t else [bm, bk]), "b_desc": desc([bn, bk] if b_t else [bk, bn]),
+               "w_desc": _gluon_desc_type([bm, bn], "fp32"), "M": "i32", "N": "i32", "K": "i32", "splits": "i32",
+               "k_per": "i32", "ws_rows": "i32"}
+        consts = dict(A_T=a_t, B_T=b_t, GROUP_M=cfg["GROUP_M"], NUM_BUF=cfg["NUM_BUF"])
+        sig.update({k: "constexpr" for k in consts})
+        return {"module": "gems.ops.gemm_gluon", "name": "matmul_gluon_splitk_kernel", "signature": sig,
+                "constexprs": consts, "num_warps": cfg["num_warps"], "maxnreg": cfg["maxnreg"]}
     bn1, bn2 = gemm_gluon.split_n(bn)
     sig = {"a_desc": desc([bk, bm] if a_t else [bm, bk]), "b_desc": desc([bn1, bk] if b_t else [bk, bn1])}
     if bn2:      # the wide kernel: B's second part and C's second tile

@@ -71,6 +71,60 @@ def test_what_it_refuses():
     assert blas.describe_config(blas._gluon(128, 256, 64, 8, 3, group=16)) == "gluon 128x256x64 w8 b3 r160 g16"
 
 
+@hopper
+@pytest.mark.parametrize("lay", ["NT", "TN"])
+def test_k_split_partials_and_reduce(lay):
+    # the K-split configs (fp32 partials of K ranges into a padded workspace, then blas's reduce with alpha
+    # and the bias row): K with a tail, tails in M, and an output that is a column slice of odd width, so
+    # the workspace's rows are padded past N (16-byte TMA rows)
+    M, N, K = 300, 998, 1000
+    a, b = _operand(M, K, lay[0] == "T", torch.bfloat16), _operand(K, N, lay[1] == "T", torch.bfloat16)
+    bias = make((N,), torch.bfloat16).expand(M, N)
+    ref = (0.5 * (a.double() @ b.double()) + 2.0 * bias.double()).cpu()
+    for cfg in blas._GLUON_KSPLIT:
+        splits, per, rows = gemm_gluon.k_splits(M, N, K, cfg, torch.cuda.get_device_properties(0).multi_processor_count)
+        assert splits > 1 and rows % cfg["BLOCK_M"] == 0 and gemm_gluon.ws_cols(N) == 1000
+        out = torch.full((M, 1008), float("nan"), dtype=torch.bfloat16, device=DEVICE)[:, :N]
+        blas._launch(a, b, out, bias, 0.5, 2.0, config=cfg)
+        assert_close(out, ref, torch.bfloat16, atol=2e-2, msg=f"{lay} {blas.describe_config(cfg)} split {splits}")
+
+
+@hopper
+@pytest.mark.parametrize("cfg", blas._GLUON_KSPLIT, ids=blas.describe_config)
+def test_k_split_calls_replay_a_plan(monkeypatch, cfg):
+    # the split's plan: a workspace allocated per call, the partials' launch with three descriptors (A, B
+    # and the workspace's, rebuilt over each call's workspace) and the reduce, replayed by the C++ fast path
+    shape = (300 + 8 * blas._GLUON_KSPLIT.index(cfg), 1024, 1000)
+    assert gemm_gluon.k_splits(*shape, cfg, torch.cuda.get_device_properties(0).multi_processor_count)[0] > 1
+    check_planned_gemm(monkeypatch, cfg, gemm_gluon, shape, torch.bfloat16, atol=2e-2, entry="launch_splitk",
+                       descriptors=3)
+
+
+def test_k_splits_fill_one_round_without_empty_ranges():
+    # pure arithmetic (runs on CPU too): the split count fills the SMs in one round, every range has at
+    # least two K steps and none is empty, and calls whose tiles fill half the SMs do not split
+    big = blas._GLUON_KSPLIT[0]                                  # 128 x 128 x 64
+    assert gemm_gluon.k_splits(577, 1024, 4096, big, 132) == (3, 22, 640)      # 40 tiles: 120 programs
+    assert gemm_gluon.k_splits(256, 2048, 4096, big, 132) == (4, 16, 256)      # 32 tiles: 128
+    assert gemm_gluon.k_splits(4096, 4096, 4096, big, 132) == (1, 64, 4096)    # 1024 tiles: no split
+    assert gemm_gluon.k_splits(577, 1024, 100, big, 132) == (1, 2, 577)        # two K steps: no split
+    assert gemm_gluon.ws_cols(998) == 1000 and gemm_gluon.ws_cols(1024) == 1024
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(500):
+        M, N, K = (int(x) for x in torch.randint(1, 3000, (3,), generator=gen))
+        for cfg in blas._GLUON_KSPLIT:
+            splits, per, rows = gemm_gluon.k_splits(M, N, K, cfg, 132)
+            steps = -(-K // cfg["BLOCK_K"])
+            tiles = -(-M // cfg["BLOCK_M"]) * -(-N // cfg["BLOCK_N"])
+            if splits == 1:
+                assert per == steps and rows == M
+                continue
+            assert 2 <= splits <= gemm_gluon.MAX_SPLITS and tiles * splits <= 132 and per >= 2
+            assert (splits - 1) * per < steps <= splits * per, (M, N, K)         # the last range is not empty
+            assert rows >= M and rows % cfg["BLOCK_M"] == 0
+    assert blas.describe_config(big) == "gluon 128x128x64 w8 b4 r160 ksplit"
+
+
 def test_configs_fit_the_register_file():
     # the load warp is scheduled as a warpgroup: (num_warps + 4) x 32 threads at `maxnreg` registers each
     # must fit the SM's 64K, or the launch fails (out of resources: threads) on the GPU only
