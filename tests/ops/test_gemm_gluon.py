@@ -72,17 +72,21 @@ def test_what_it_refuses():
 
 
 @hopper
+@pytest.mark.parametrize("programs", [None, 4], ids=["one round", "4 programs"])
 @pytest.mark.parametrize("lay", ["NT", "TN"])
-def test_k_split_partials_and_reduce(lay):
+def test_k_split_partials_and_reduce(monkeypatch, lay, programs):
     # the K-split configs (fp32 partials of K ranges into a padded workspace, then blas's reduce with alpha
     # and the bias row): K with a tail, tails in M, and an output that is a column slice of odd width, so
-    # the workspace's rows are padded past N (16-byte TMA rows)
+    # the workspace's rows are padded past N (16-byte TMA rows); with 4 programs each one walks several
+    # (tile, K range) items, the ring's counters and phases carrying across them
+    if programs:
+        monkeypatch.setattr(gemm_gluon, "sm_count", lambda device: programs)
     M, N, K = 300, 998, 1000
     a, b = _operand(M, K, lay[0] == "T", torch.bfloat16), _operand(K, N, lay[1] == "T", torch.bfloat16)
     bias = make((N,), torch.bfloat16).expand(M, N)
     ref = (0.5 * (a.double() @ b.double()) + 2.0 * bias.double()).cpu()
     for cfg in blas._GLUON_KSPLIT:
-        splits, per, rows = gemm_gluon.k_splits(M, N, K, cfg, torch.cuda.get_device_properties(0).multi_processor_count)
+        splits, per, rows = gemm_gluon.k_splits(M, N, K, cfg, blas.sm_count(a.device))
         assert splits > 1 and rows % cfg["BLOCK_M"] == 0 and gemm_gluon.ws_cols(N) == 1000
         out = torch.full((M, 1008), float("nan"), dtype=torch.bfloat16, device=DEVICE)[:, :N]
         blas._launch(a, b, out, bias, 0.5, 2.0, config=cfg)
@@ -95,7 +99,7 @@ def test_k_split_calls_replay_a_plan(monkeypatch, cfg):
     # the split's plan: a workspace allocated per call, the partials' launch with three descriptors (A, B
     # and the workspace's, rebuilt over each call's workspace) and the reduce, replayed by the C++ fast path
     shape = (300 + 8 * blas._GLUON_KSPLIT.index(cfg), 1024, 1000)
-    assert gemm_gluon.k_splits(*shape, cfg, torch.cuda.get_device_properties(0).multi_processor_count)[0] > 1
+    assert gemm_gluon.k_splits(*shape, cfg, blas.sm_count(torch.device(DEVICE)))[0] > 1
     check_planned_gemm(monkeypatch, cfg, gemm_gluon, shape, torch.bfloat16, atol=2e-2, entry="launch_splitk",
                        descriptors=3)
 
