@@ -345,19 +345,16 @@ _ATEN_HOST_MS = 0.010
 _HOST_BOUND_MS = 0.050
 
 
-def _aten_time(device_ms):
-    """ATen's candidate time in the tuner: device time, plus the host handicap for small GEMMs."""
-    return device_ms + (_ATEN_HOST_MS if device_ms < _HOST_BOUND_MS else 0.0)
+def _aten_time(device_ms, host_ms=_ATEN_HOST_MS):
+    """ATen's candidate time in the tuner (or a K split's, with its `host_ms`): device time, plus the
+    host handicap for small GEMMs."""
+    return device_ms + (host_ms if device_ms < _HOST_BOUND_MS else 0.0)
 
 
 # The Gluon K split's handicap in the tuner: one more launch and a workspace, both replayed from C++ by the
 # call's plan. An estimate (half of cuBLAS's measured excess), not yet measured on its own; the pointer
 # kernel's splits keep _ATEN_HOST_MS, under which the default search space was measured
 _SPLIT_HOST_MS = 0.005
-
-
-def _split_time(device_ms):
-    return device_ms + (_SPLIT_HOST_MS if device_ms < _HOST_BOUND_MS else 0.0)
 
 
 _POLICY = None
@@ -502,6 +499,12 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
     s_ab = (*sa, *sb)
     s_x = (*sx, has_bias, prec)
 
+    def reduce_splits(ws, out, split, s_ws, s_wm):
+        # the K splits' fp32 partials added in fixed order (deterministic) with alpha, the bias and the cast
+        splitk_reduce_kernel[(cdiv(M, _RED_M) * cdiv(N, _RED_N), nb)](
+            ws, out, bias, M, N, *ab, s_ws, s_wm, *_s3(out), *sx, has_bias, i64, split, _RED_M, _RED_N,
+            num_warps=4)
+
     def run(cfg, out):
         if cfg.get("TMA") or cfg.get("GLUON"):
             lay = gemm_tma.layout(a, b, out, K, i64)
@@ -523,9 +526,7 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
             cols = gemm_gluon.ws_cols(N)
             ws = empty((split, rows, cols), torch.float32, out.device)
             gemm_gluon.launch_splitk(a, b, ws, rows, lay, cfg, split, k_per)
-            splitk_reduce_kernel[(cdiv(M, _RED_M) * cdiv(N, _RED_N), 1)](
-                ws, out, bias, M, N, *ab, rows * cols, cols, *_s3(out), *sx, has_bias, i64, split, _RED_M, _RED_N,
-                num_warps=4)
+            reduce_splits(ws, out, split, rows * cols, cols)
             return
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         tiles = nb * cdiv(M, bm) * cdiv(N, bn)
@@ -536,14 +537,12 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
                                       num_stages=cfg["num_stages"])
             return
         # K split over `split` programs per tile: raw fp32 partials into a workspace [split, nb, M, N],
-        # then one small launch adds them (fixed order: deterministic) with alpha, the bias and the cast
+        # then one small launch adds them
         ws = empty((split, nb, M, N), torch.float32, out.device)
         matmul_kernel[(tiles, split)](a, b, ws, bias, M, N, K, k_per, *ab, *s_ab, nb * M * N, M * N, N, 1, *s_x,
                                       K % bk == 0, i64, split, bm, bn, bk, cfg["GROUP_M"],
                                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-        splitk_reduce_kernel[(cdiv(M, _RED_M) * cdiv(N, _RED_N), nb)](
-            ws, out, bias, M, N, *ab, nb * M * N, N, *_s3(out), *sx, has_bias, i64, split, _RED_M, _RED_N,
-            num_warps=4)
+        reduce_splits(ws, out, split, nb * M * N, N)
 
     if config is not None:
         run(config, c)
@@ -579,7 +578,7 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
             # unsplit, it is another config's tile: not timed twice
             if gemm_gluon.k_splits(M, N, K, cfg, sm_count(a.device))[0] == 1:
                 raise RuntimeError("no K split for this call")
-            return _split_time(bench_ms(lambda: run(cfg, scratch)))
+            return _aten_time(bench_ms(lambda: run(cfg, scratch)), _SPLIT_HOST_MS)
         ms = bench_ms(lambda: run(cfg, scratch))
         # a K split adds a launch (and a workspace): like ATen's candidate it must win by that host
         # cost where the GEMM is short enough for host time to matter
