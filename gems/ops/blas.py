@@ -228,8 +228,12 @@ _GLUON_DEEP = [_gluon(64, 64, 64, 4, 12, maxnreg=224), _gluon(64, 80, 64, 4, 10,
 # tiles of 577 x 1024, split 3 ways: 120 programs): each operand is read from L2 as often as by an
 # unsplit 128 x 128 tile, half as often as by 64 x 64 tiles. They only take calls that split
 # (the tuner skips them elsewhere); the fp32 output tile takes the shared memory of one or two ring
-# slots (128 x 128: 4 slots of 32 KiB and 64 KiB of output). Compiles for sm_90; not yet run on a GPU,
-# so not offered by default (benchmarks.gemm --candidates wide,wave,deep,ksplit is the A/B)
+# slots (128 x 128: 4 slots of 32 KiB and 64 KiB of output). Not offered: correct on the GPU
+# (tests/ops/test_gemm_gluon.py), but slower on the device where it splits (H200, session 33, device time
+# alone: 577 x 1024 x 4096 split 3 ways 1.42x cuBLAS against 1.28x unsplit; 512 x 768 x 3072 1.37-1.43x
+# against 1.15x), and never chosen in an A/B on the 64 large model shapes. The fp32 partials' round trip
+# costs more than the L2 reads it saves. Kept as a candidate group (benchmarks.gemm --candidates ...,ksplit)
+# for GPUs and shapes where that balance differs
 _GLUON_KSPLIT = [_gluon(128, 128, 64, 8, 4, fill_k=True), _gluon(64, 128, 64, 4, 6, maxnreg=224, fill_k=True)]
 # the candidate groups beyond _CONFIGS_16 (16-bit inputs), each under its own tuning cache name, and the
 # ones the tuner offers (benchmarks.gemm --candidates: an A/B of them)
@@ -352,7 +356,7 @@ def _aten_time(device_ms, host_ms=_ATEN_HOST_MS):
 
 
 # The Gluon K split's handicap in the tuner: one more launch and a workspace, both replayed from C++ by the
-# call's plan. An estimate (half of cuBLAS's measured excess), not yet measured on its own; the pointer
+# call's plan. An estimate (half of cuBLAS's measured excess), not measured on its own; the pointer
 # kernel's splits keep _ATEN_HOST_MS, under which the default search space was measured
 _SPLIT_HOST_MS = 0.005
 

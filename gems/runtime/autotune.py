@@ -2,9 +2,9 @@
 
 Unlike `triton.autotune`, nothing here runs on the hot path after the first call for a bucket: the
 wrapper computes a small bucket key (e.g. the next power of two of the row length), and `pick`
-returns the stored config from a dict. A miss benchmarks every config once (`bench_ms`:
-`triton.testing.do_bench`, or with TIMING "hold" the same behind a sleep kernel) and stores the winner
-in `<cache dir>/autotune/<arch>/<name>.json`.
+returns the stored config from a dict. A miss benchmarks every config once (`bench_ms`: L2 cleared,
+then one run between two events, behind a sleep kernel that covers the host's launch; TIMING "do_bench":
+`triton.testing.do_bench`) and stores the winner in `<cache dir>/autotune/<arch>/<name>-hold.json`.
 
 The cache dir is `$GEMS_CACHE_DIR`, else `$XDG_CACHE_HOME/gems`, else `~/.cache/gems`. Writes take an
 advisory file lock, merge with what other processes wrote meanwhile, and replace the file atomically,
@@ -51,7 +51,9 @@ class Autotuner:
 
     def _path(self) -> Path:
         from .backends import backend
-        return cache_dir() / "autotune" / backend().arch / f"{self.name}.json"
+        # (picks made under another TIMING are another file: "do_bench" keeps the name it always had)
+        suffix = "" if TIMING == "do_bench" else f"-{TIMING}"
+        return cache_dir() / "autotune" / backend().arch / f"{self.name}{suffix}.json"
 
     def _load(self) -> dict:
         try:
@@ -127,17 +129,22 @@ def _confirm(top, bench: Callable[[dict], float]) -> dict:
     return top[best][1]
 
 
-# How the tuner times a config: "do_bench" (triton.testing.do_bench: L2 cleared, then the run between two
-# events) or "hold" (the same, but a sleep kernel holds the GPU while the host enqueues the run). Why
-# "hold": the tuner launches configs from Python (20-150 us of host per launch, a Gluon GEMM's
-# descriptors included) and do_bench's L2 clear keeps the GPU busy for only ~75 us, so for a kernel of
-# a few tens of microseconds the event pair can bracket the host's excess too, and by an amount that
-# varies from run to run. Suspected from tuned picks that an H200 sweep contradicts (768 x 768 x 4096:
-# the tuner chose a pointer config timed at 23.2 us over a Gluon one at 19.3 us, session 31). Measured
-# neutral, so "do_bench" stays the default: in an H200 A/B (benchmarks.gemm --tuner-timing, each side
-# tuned from its own empty GEMS_CACHE_DIR, session 32) the 63 large model shapes came to 1.018 vs 1.017x
-# cuBLAS and every source's GEMM time per step to within 1%. $GEMS_TUNE_TIMING sets it.
-TIMING = os.environ.get("GEMS_TUNE_TIMING", "do_bench")
+# How the tuner times a config: "hold" (the default) or "do_bench". Both clear L2 and bracket one run of the
+# config between two events; "hold" first enqueues a sleep kernel sized at twice the host's time for one
+# launch, so the GPU waits while the host enqueues the run and the events see the run's kernels alone.
+# "do_bench" (triton.testing.do_bench) has only its L2 clear (~75 us of GPU work) in front of the run: a
+# config whose Python launch takes longer (a Gluon GEMM builds its TMA descriptors per launch: 40-130 us)
+# is charged part of its host time, by an amount that varies from run to run. Measured on an H200 (session
+# 33, out/tune33.py): on the 20 model GEMMs above 1.10x cuBLAS, do_bench timed some Gluon configs at up to
+# 2.9x what the held timing measured, and its picks differed on 8 of the 20 (geomean device time of the
+# picks 1.177 vs 1.146x cuBLAS; worst addmm 512 x 768 x 3072: 1.60 vs 1.15x); tuning all 85 model GEMMs
+# with "hold" cut Gems' GEMM time by 1.3% (geomean; two calls of one session, whose run-to-run spread is
+# about as large) against a do_bench tuning, mm 768 x 3072 x 4096 by 17%. Session 32's
+# A/B on 63 shapes had found no difference in the geomean (1.018 vs 1.017). In a model the planned C++ path
+# launches these configs, so the tuner's Python launch cost is not what the call pays. $GEMS_TUNE_TIMING
+# sets it; each timing keeps its own cache file (`Autotuner._path`), so picks made one way are not served
+# for the other.
+TIMING = os.environ.get("GEMS_TUNE_TIMING", "hold")
 TIMINGS = ("do_bench", "hold")
 
 

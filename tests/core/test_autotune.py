@@ -57,6 +57,24 @@ def test_a_config_failing_in_a_confirmation_round_loses(timing_backend, monkeypa
     assert autotune.Autotuner("t2", CONFIGS).pick("bucket", bench)["name"] == "b"
 
 
+
+def test_picks_are_kept_per_timing(timing_backend, monkeypatch, tmp_path):
+    # a bucket tuned under one timing is not answered for the other: do_bench charged some configs their
+    # Python launch (session 33), so its stored picks must not stand for held timings, nor the reverse
+    monkeypatch.setattr(autotune, "CONFIRM_ROUNDS", 0)
+    monkeypatch.setattr(autotune, "TIMING", "hold")           # the default
+    calls = []
+    assert autotune.Autotuner("t3", CONFIGS).pick("k", _bench({"a": [2.0], "b": [1.0], "c": [3.0], "d": [4.0]},
+                                                                calls))["name"] == "b"
+    monkeypatch.setattr(autotune, "TIMING", "do_bench")
+    assert autotune.Autotuner("t3", CONFIGS).pick("k", _bench({"a": [1.0], "b": [2.0], "c": [3.0], "d": [4.0]},
+                                                                calls))["name"] == "a"
+    assert len(calls) == 8                                    # both timed: neither answered from the other's file
+    files = sorted(p.name for p in (tmp_path / "autotune" / "test").glob("*.json"))
+    assert files == ["t3-hold.json", "t3.json"]
+    monkeypatch.setattr(autotune, "TIMING", "hold")
+    assert autotune.Autotuner("t3", CONFIGS).pick("k", _bench({}, calls))["name"] == "b"   # from its own file
+
 # ------------------------------------------------------------------ timing behind a sleep kernel ("hold")
 class _FakeCuda:
     """A device with a clock: the sleep kernel advances it by cycles / CPM ms, a run of fn by RUN ms, the L2
