@@ -341,8 +341,9 @@ def main(argv=None) -> int:
                    help="the tuner re-times its fastest configs this many more times before choosing "
                         "(runtime.autotune.CONFIRM_ROUNDS; for an A/B give each side its own GEMS_CACHE_DIR)")
     p.add_argument("--tuner-timing", default=None, choices=("do_bench", "hold"),
-                   help="how the tuner times configs (runtime.autotune.TIMING; 'hold': behind a sleep kernel, "
-                        "so the host's launch cost stays out; for an A/B give each side its own GEMS_CACHE_DIR)")
+                   help="how the tuner times configs (runtime.autotune.TIMING, default 'hold': behind a sleep "
+                        "kernel, so the host's launch cost stays out; 'do_bench': triton.testing.do_bench; each "
+                        "timing has its own cache file)")
     p.add_argument("-o", "--output", default=os.path.join(os.environ.get("OUT", "."), "gemm.json"))
     a = p.parse_args(argv)
     use_interpreter_for(a.device)   # before triton is imported (gems imports it)
