@@ -57,7 +57,6 @@ def test_a_config_failing_in_a_confirmation_round_loses(timing_backend, monkeypa
     assert autotune.Autotuner("t2", CONFIGS).pick("bucket", bench)["name"] == "b"
 
 
-
 def test_picks_are_kept_per_timing(timing_backend, monkeypatch, tmp_path):
     # a bucket tuned under one timing is not answered for the other: do_bench charged some configs their
     # Python launch (session 33), so its stored picks must not stand for held timings, nor the reverse
@@ -74,6 +73,7 @@ def test_picks_are_kept_per_timing(timing_backend, monkeypatch, tmp_path):
     assert files == ["t3-hold.json", "t3.json"]
     monkeypatch.setattr(autotune, "TIMING", "hold")
     assert autotune.Autotuner("t3", CONFIGS).pick("k", _bench({}, calls))["name"] == "b"   # from its own file
+
 
 # ------------------------------------------------------------------ timing behind a sleep kernel ("hold")
 class _FakeCuda:
