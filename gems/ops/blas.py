@@ -579,15 +579,15 @@ def _launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precisio
         if (cfg.get("TMA") or cfg.get("GLUON")) and not tma:
             raise RuntimeError("not a TMA call")
         if cfg.get("FILL_K"):
-            # unsplit, it is another config's tile: not timed twice
-            if gemm_gluon.k_splits(M, N, K, cfg, sm_count(a.device))[0] == 1:
+            split, host = gemm_gluon.k_splits(M, N, K, cfg, sm_count(a.device))[0], _SPLIT_HOST_MS
+            if split == 1:      # unsplit, it is another config's tile: not timed twice
                 raise RuntimeError("no K split for this call")
-            return _aten_time(bench_ms(lambda: run(cfg, scratch)), _SPLIT_HOST_MS)
+        else:
+            split, host = split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], nb * M * N)[0], _ATEN_HOST_MS
         ms = bench_ms(lambda: run(cfg, scratch))
         # a K split adds a launch (and a workspace): like ATen's candidate it must win by that host
         # cost where the GEMM is short enough for host time to matter
-        extra = split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], nb * M * N)[0] > 1
-        return _aten_time(ms) if extra else ms
+        return _aten_time(ms, host) if split > 1 else ms
 
     cfg = _picked(tuner.pick(bucket, bench))
     if cfg.get("aten"):
