@@ -4,8 +4,8 @@
     python -m benchmarks.gemm_shapes --models bert -o x.json
     python -m benchmarks.gemm_shapes --compare cuda      # tiny models: meta's GEMMs vs a real device's
 
-Each model is built by `models.build` on the meta device (full size, bf16, no weights) and run by
-coverage_tool's workload runners under coverage_tool's OpRecorder (a TorchDispatchMode), whose hook
+Each model is built by `gems_models.build` on the meta device (full size, bf16, no weights) and run by
+gems_coverage's workload runners under gems_coverage's OpRecorder (a TorchDispatchMode), whose hook
 keeps every ATen GEMM call (mm, addmm, bmm, baddbmm, ...) with its M, N, K, batch, dtype, operand
 layouts, bias and alpha/beta. Workloads (see PLAN): prefill (one forward), decode (one one-token step
 with the KV cache after a prompt; M = batch) and train (forward + backward; the optimizer step calls
@@ -239,12 +239,12 @@ def role_name(qualified: str) -> str:
 def collect(model: str, workload: str, batch: int, tokens: int, *, size: str = "full", device: str = "meta",
             dtype: str = "bfloat16", bundle=None) -> tuple[list, dict]:
     """`trace_gemms` of a model (built here, or `bundle` with new inputs) at batch x tokens positions."""
-    import models
+    import gems_models
     if bundle is None:
-        bundle = models.build(model, size=size, device=device, dtype=dtype, batch=batch,
-                              seq_len=text_tokens(models.resolve(model), size, tokens))
+        bundle = gems_models.build(model, size=size, device=device, dtype=dtype, batch=batch,
+                              seq_len=text_tokens(gems_models.resolve(model), size, tokens))
     else:
-        bundle.inputs, bundle.train_inputs = models.make_inputs(
+        bundle.inputs, bundle.train_inputs = gems_models.make_inputs(
             bundle.kind, bundle.config, batch=batch, seq_len=text_tokens(bundle.recipe, bundle.size, tokens),
             device=torch.device(bundle.device), dtype=bundle.dtype)
     return trace_gemms(bundle, workload)
@@ -252,10 +252,10 @@ def collect(model: str, workload: str, batch: int, tokens: int, *, size: str = "
 
 def trace_gemms(bundle, workload: str) -> tuple[list, dict]:
     """([GEMM record + role + count per step], {other product op: calls}) of one workload on a built
-    models.ModelBundle; on the meta device attention runs through the fused-kernel stand-in."""
-    from coverage_tool import runner
-    from coverage_tool.bench import _mark_prompt
-    from coverage_tool.tracer import OpRecorder
+    gems_models.ModelBundle; on the meta device attention runs through the fused-kernel stand-in."""
+    from gems_coverage import runner
+    from gems_coverage.bench import _mark_prompt
+    from gems_coverage.tracer import OpRecorder
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r} ({', '.join(WORKLOADS)})")
     counts: dict = defaultdict(int)
@@ -290,11 +290,11 @@ def trace_gemms(bundle, workload: str) -> tuple[list, dict]:
 
 def text_tokens(recipe, size: str, tokens: int) -> int:
     """The text length that makes a model process `tokens` positions: llava's prompt also holds BOS and
-    the image's tokens (models.make_inputs puts them first)."""
+    the image's tokens (gems_models.make_inputs puts them first)."""
     if recipe.kind != "llava":
         return tokens
-    import models
-    cfg = models.load_config(recipe, size)
+    import gems_models
+    cfg = gems_models.load_config(recipe, size)
     prefix = int(getattr(cfg, "image_seq_length", 0) or 0) + 1
     if tokens <= prefix:
         raise ValueError(f"llava: {tokens} positions do not leave room for text after BOS + image ({prefix})")
@@ -352,13 +352,13 @@ def _version(name):
 
 def build_table(plan=PLAN, progress=print) -> dict:
     """The whole document written to gemm_cases.json."""
-    import models
+    import gems_models
     per_source, other, bundles = [], defaultdict(int), {}
     for model, workload, batch, tokens in plan:
         if model not in bundles:
             bundles.clear()     # one full-size model alive at a time
             progress(f"building {model} (full, meta, bf16)")
-            bundles[model] = models.build(model, size="full", device="meta", dtype="bfloat16")
+            bundles[model] = gems_models.build(model, size="full", device="meta", dtype="bfloat16")
         progress(f"  {workload} batch {batch} x {tokens} tokens")
         recs, oth = collect(model, workload, batch, tokens, bundle=bundles[model])
         per_source.append(({"model": model, "workload": workload, "batch": batch, "tokens": tokens}, recs))

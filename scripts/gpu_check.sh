@@ -9,7 +9,7 @@
 # third, for runs under a time limit: on an H100 with 16 workers a half took over 330 s on 2026-11-27), kernels (benchmarks.run and benchmarks.model_ops), gemm (benchmarks.gemm on the
 # model GEMMs), host (per-call host cost), fused (gems.fused vs ATen and Liger, when those modules
 # exist), attention (benchmarks.attention, when it exists), parity (gems-coverage parity of the four
-# models with Gems' default selection, attention included, plus GEMS_CHECK_OPT_IN's opt-in groups), models (gems-coverage bench: Llama-2-7B
+# models with Gems' default selection, attention included), models (gems-coverage bench: Llama-2-7B
 # prefill and decode (also with a new KV length every token: --fresh-lengths), TinyLlama-1.1B training,
 # BERT training at the sizes of docs/perf.md, also with a new length every step: --fresh-lengths), patched
 # (the same workloads with gems.patch, when it exists, and 20 training steps' losses of the patched
@@ -106,13 +106,12 @@ if want attention && [ -f benchmarks/attention.py ]; then
 fi
 if want parity; then
   # end-to-end parity of the four models with Gems' default selection (attention is in it: issue 10 asks
-  # for parity with the attention kernels in the path) plus the opt-in groups of GEMS_CHECK_OPT_IN
-  OPT=${GEMS_CHECK_OPT_IN:-}
+  # for parity with the attention kernels in the path)
   for m in bert llama2 llava aquila; do
-    step "parity $m (opt-in: ${OPT:-none})"
-    GEMS_OPT_IN=$OPT $PY -m coverage_tool.cli parity "$m" --device cuda --size tiny --mode all --format json \
+    step "parity $m"
+    $PY -m gems_coverage.cli parity "$m" --device cuda --size tiny --mode all --format json \
       --output "$OUTDIR/parity_$m.json" > "$OUTDIR/parity_$m.log" 2>&1
-    note "parity $m, opt-in ${OPT:-none} (rc $?): $($PY -c "import json, sys; d = json.load(open(sys.argv[1])); \
+    note "parity $m (rc $?): $($PY -c "import json, sys; d = json.load(open(sys.argv[1])); \
 print(d['verdict'], [s for s in d['served'] if 'dot_product' in s])" "$OUTDIR/parity_$m.json" 2>&1 | tail -1)"
   done
 fi
@@ -121,7 +120,7 @@ fi
 bench() {  # tag model workload args...
   local tag=$1 m=$2 w=$3; shift 3
   step "bench $tag"
-  $PY -m coverage_tool.cli bench "$m" --device cuda --workload "$w" --top 20 "$@" --format json \
+  $PY -m gems_coverage.cli bench "$m" --device cuda --workload "$w" --top 20 "$@" --format json \
     -o "$OUTDIR/bench_$tag.json" > "$OUTDIR/bench_$tag.log" 2>&1 || note "bench $tag failed: $(tail -3 "$OUTDIR/bench_$tag.log")"
 }
 workloads() {  # suffix extra-args...
@@ -148,7 +147,7 @@ if want patched && $PY -c "import gems; gems.patch" 2>/dev/null; then
     set -- $spec
     tag=$1; shift
     step "losses over 20 steps, patched: $tag"
-    $PY -m coverage_tool.cli distributed --nproc 1 "$@" --strategy ddp --steps 20 --patch --fp32-reference \
+    $PY -m gems_coverage.cli distributed --nproc 1 "$@" --strategy ddp --steps 20 --patch --fp32-reference \
       --no-trace -q --format json -o "$OUTDIR/losses_$tag.json" > "$OUTDIR/losses_$tag.log" 2>&1
     note "losses over 20 steps, $tag patched vs ATen (rc $?): $($PY -c "import json, sys; d = json.load(open(sys.argv[1])); \
 print(d['verdict'], 'max rel err', round(d['agreement']['max_rel_err'], 5), 'tokens/s ratio', d['throughput_ratio'])" \

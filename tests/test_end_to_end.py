@@ -39,7 +39,7 @@ def test_complex_add_falls_back_and_is_right():
 
 @pytest.mark.parametrize("train", [False, True], ids=["forward", "forward+backward"])
 def test_tiny_llama_agrees_with_aten(train):
-    from models import build, training_loss
+    from gems_models import build, training_loss
     bundle = build("llama2", size="tiny", device=DEVICE, dtype="float32", seq_len=8, dropout=0.0)
     model_ref, model_gems = bundle.model, copy.deepcopy(bundle.model)
     inputs = bundle.train_inputs if train else bundle.inputs

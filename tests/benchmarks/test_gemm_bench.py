@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-import models
+import gems_models
 from benchmarks import gemm, gemm_shapes as gs
 from harness import DEVICE
 
@@ -31,8 +31,8 @@ def _mlp_bundle(x_needs_grad):
     with torch.device("meta"):
         m = _MLP().to(BF)
     x = torch.randn(2, 5, 8, device="meta", dtype=BF, requires_grad=x_needs_grad)
-    recipe = models.Recipe(name="mlp", kind="custom")
-    return models.ModelBundle(recipe=recipe, model=m, config=None, size="tiny", device="meta", dtype=BF,
+    recipe = gems_models.Recipe(name="mlp", kind="custom")
+    return gems_models.ModelBundle(recipe=recipe, model=m, config=None, size="tiny", device="meta", dtype=BF,
                               custom_args=(x,))
 
 
@@ -70,7 +70,7 @@ def _linears(model):
 
 def test_tiny_llama_train_has_every_linear_and_both_gradients():
     batch, seq = 2, 6
-    b = models.build("llama2", size="tiny", device="meta", dtype="bfloat16", batch=batch, seq_len=seq)
+    b = gems_models.build("llama2", size="tiny", device="meta", dtype="bfloat16", batch=batch, seq_len=seq)
     lin = _linears(b.model)
     recs, _ = gs.trace_gemms(b, "train")
     got = Counter()
@@ -92,7 +92,7 @@ def test_tiny_llama_train_has_every_linear_and_both_gradients():
 
 
 def test_tiny_decode_step_has_m_equal_batch():
-    b = models.build("llama2", size="tiny", device="meta", dtype="bfloat16", batch=3, seq_len=5)
+    b = gems_models.build("llama2", size="tiny", device="meta", dtype="bfloat16", batch=3, seq_len=5)
     recs, _ = gs.trace_gemms(b, "decode")
     mms = [r for r in recs if r["op"] == "mm"]
     assert {r["M"] for r in mms} == {3}

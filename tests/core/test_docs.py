@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from gems import optable
+from gems_coverage import optable
 
 ROOT = Path(__file__).resolve().parents[2]
 

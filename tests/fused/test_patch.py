@@ -18,7 +18,7 @@ import torch.nn.functional as TF
 
 import gems
 import gems.fused
-import models
+import gems_models
 from harness import DEVICE, ON_GPU
 
 P = sys.modules["gems.patch"]   # the module (gems.patch is the function)
@@ -125,10 +125,10 @@ def _build(name, dropout=0.0, batch=2, seq_len=8):
         cfg = cfg_cls(**_TINY, attention_dropout=dropout)
         torch.manual_seed(0)
         m = mdl_cls(cfg).to(DEVICE).eval()
-        inf, tr = models.make_inputs("causal_lm", cfg, batch=batch, seq_len=seq_len, device=DEVICE,
+        inf, tr = gems_models.make_inputs("causal_lm", cfg, batch=batch, seq_len=seq_len, device=DEVICE,
                                      dtype=torch.float32)
         return m, inf, tr
-    b = models.build(name, size="tiny", device=DEVICE, dtype="float32", batch=batch, seq_len=seq_len, dropout=dropout)
+    b = gems_models.build(name, size="tiny", device=DEVICE, dtype="float32", batch=batch, seq_len=seq_len, dropout=dropout)
     return b.model, b.inputs, b.train_inputs
 
 

@@ -263,7 +263,7 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
     """patch: the Gems run's model copy is also patched by `gems.patch` (fused ops); the ATen run's is not.
     True for gems.patch's defaults, or a dict of its options."""
     import gems
-    import models
+    import gems_models
     from . import runner
 
     popts, patch = runner.patch_options(patch), runner.patched(patch)
@@ -273,41 +273,41 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
     info = gemsinfo.load()
     dev_type = torch.device(device).type
     if dev_type == "meta":
-        raise models.ModelError("parity needs data: use --device cpu (tiny, Triton interpreter) or cuda")
+        raise gems_models.ModelError("parity needs data: use --device cpu (tiny, Triton interpreter) or cuda")
     if dev_type == "cuda" and not torch.cuda.is_available():
-        raise models.ModelError("--device cuda: no CUDA device on this machine")
+        raise gems_models.ModelError("--device cuda: no CUDA device on this machine")
     if not info.available:
-        raise models.ModelError(f"parity needs Gems: {info.error}")
+        raise gems_models.ModelError(f"parity needs Gems: {info.error}")
     if info.backend is None or info.backend_device != dev_type:
         why = info.error or f"the active Gems backend '{info.backend}' serves {info.backend_device} tensors"
-        raise models.ModelError(f"Gems cannot run on device {device}: {why}")
+        raise gems_models.ModelError(f"Gems cannot run on device {device}: {why}")
     for m in modes:
         if m not in ("inference", "training"):
-            raise models.ModelError(f"unknown parity mode '{m}' (inference, training)")
-    size, dtype, dt, seq_len = models.run_defaults(dev_type, size, dtype, seq_len)
+            raise gems_models.ModelError(f"unknown parity mode '{m}' (inference, training)")
+    size, dtype, dt, seq_len = gems_models.run_defaults(dev_type, size, dtype, seq_len)
     # ops that only move data (copies, gathers, scatters) are exact in any dtype: they cannot make a run
     # compare Gems' arithmetic with ATen's, so a dtype counts as served only through an op that computes
     served_dtypes = {d for im in info.impls.values() if im.category not in ("copy", "index") for d in im.dtypes}
     if dt not in served_dtypes:
         what = "; use --device cuda" if dt == torch.bfloat16 and info.backend == "interpreter" else ""
-        raise models.ModelError(f"Gems serves no {short_dtype(dt)} op on the '{info.backend}' backend, so parity "
+        raise gems_models.ModelError(f"Gems serves no {short_dtype(dt)} op on the '{info.backend}' backend, so parity "
                                 f"would compare ATen with itself{what} (served: "
                                 f"{', '.join(sorted(short_dtype(d) for d in served_dtypes if d.is_floating_point))})")
     if optimizer not in ("sgd", "adamw"):
-        raise models.ModelError(f"unknown optimizer '{optimizer}' (sgd, adamw)")
+        raise gems_models.ModelError(f"unknown optimizer '{optimizer}' (sgd, adamw)")
     lr = 1e-2 if optimizer == "sgd" else 1e-3
     try:
         scope = gems.use_gems(include=include, exclude=exclude)
     except ValueError as e:
-        raise models.ModelError(str(e)) from None
-    recipe = models.resolve(model)
+        raise gems_models.ModelError(str(e)) from None
+    recipe = gems_models.resolve(model)
     generates = "inference" in modes and recipe.kind in ("causal_lm", "llava")
     runner.check_model(recipe, size, mode="generate" if generates else "inference", seq_len=seq_len, batch=batch,
                        new_tokens=new_tokens)
     runner.check_memory(recipe, size, device, dt, _copies(modes, optimizer, dt), "parity")
 
     say(f"building {model} ({size}, {device}, {short_dtype(dt)}, dropout 0) ...")
-    base = models.build(recipe, size=size, device=device, dtype=dt, batch=batch, seq_len=seq_len,
+    base = gems_models.build(recipe, size=size, device=device, dtype=dt, batch=batch, seq_len=seq_len,
                         seed=seed, dropout=0.0)
     no_dropout(base.model)
     res = ParityResult(model=base.recipe.name, size=size, device=device, dtype=str(dt).replace("torch.", ""),
@@ -322,7 +322,7 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
             try:
                 res.patch = gems.patch(b.model, **popts).to_dict()
             except (ValueError, TypeError, RuntimeError) as e:
-                raise models.ModelError(f"--patch: {e}") from None
+                raise gems_models.ModelError(f"--patch: {e}") from None
             res.patched = True
         return b
 

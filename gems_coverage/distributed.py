@@ -1,6 +1,6 @@
 """Distributed training with Gems on: DDP or FSDP2 through torch.distributed, launched by torchrun.
 
-    torchrun --standalone --nproc-per-node 2 -m coverage_tool.distributed aquila --strategy fsdp2 \\
+    torchrun --standalone --nproc-per-node 2 -m gems_coverage.distributed aquila --strategy fsdp2 \\
         --steps 50 --batch 8 --seq-len 2048 --dtype bf16 --gems both -o result.json
 
 Scale-out is PyTorch's (docs: design decision 11): this is a plain training script of the kind users run
@@ -9,7 +9,7 @@ defaults, gradient clipping), with Gems switched on by `gems.enable()` around th
 
 What it does, per rank:
 
-* **Model**: a built-in model (models/, random weights, dropout 0) built with the same seed on every
+* **Model**: a built-in model (gems_models, random weights, dropout 0) built with the same seed on every
   rank; FSDP2 also broadcasts rank 0's weights before sharding (DDP does that itself). Parameters in
   `--dtype`; with `--mixed-precision` they stay fp32 and compute runs in `--dtype` (FSDP2:
   `MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32)`; DDP: `torch.autocast`).
@@ -25,7 +25,7 @@ What it does, per rank:
 * **`--gems both`**: the same seed and data twice in the same processes, ATen first (Gems never
   registered), then with `gems.enable()`; model and optimizer rebuilt in between. Per step: loss (mean
   over ranks), gradient norm; tokens/s after `--warmup` steps; peak memory per rank.
-* **Verdict**: each step's loss by the end-to-end rule of `coverage_tool.parity` (relative error within
+* **Verdict**: each step's loss by the end-to-end rule of `gems_coverage.parity` (relative error within
   `E2E_TOL` of the compute dtype; for bf16/fp16 with `--fp32-reference`, also passing when Gems' error
   against an fp32 ATen run is at most 2x ATen's own, `parity._lowp_rule`).
 * **Ops around the collectives**: step 0 of the Gems run is traced on every rank (the tracer's
@@ -64,14 +64,14 @@ from typing import Optional
 # bad input or launch: one line, exit code 2 (the CLI's own error type, parser and number checks)
 from .cli import UsageError, _nonneg_int, _Parser, _positive_int as _pos_int
 
-PROG = "coverage_tool.distributed"
+PROG = "gems_coverage.distributed"
 STRATEGIES = ("ddp", "fsdp2")
 GEMS_MODES = ("on", "off", "both")
 # the files a call passes through on its way to an op without being where the op comes from
 _PLUMBING = ("/torch/_ops.py", "/torch/utils/_python_dispatch.py", "/torch/overrides.py", "/torch/_tensor.py",
              "/torch/nn/functional.py", "/torch/nn/modules/", "/torch/functional.py", "/torch/utils/checkpoint.py",
              "/torch/utils/_contextlib.py", "/torch/_library/", "/torch/_higher_order_ops/", "/torch/_jit_internal.py",
-             "/torch/amp/", "/torch/_compile.py", "/torch/_dynamo/", "/torch/utils/_device.py", "/coverage_tool/",
+             "/torch/amp/", "/torch/_compile.py", "/torch/_dynamo/", "/torch/utils/_device.py", "/gems_coverage/",
              "/torch/_prims_common/", "/torch/_decomp/", "/torch/_refs/", "/torch/nn/parameter.py")
 
 
@@ -209,7 +209,7 @@ TRAINABLE = ("causal_lm", "masked_lm")
 
 def plan(a, env: Env) -> Plan:
     import torch
-    import models as M
+    import gems_models as M
     from . import runner
     dev_type = "cuda" if env.device.startswith("cuda") else "cpu"
     try:
@@ -375,7 +375,7 @@ def build_model(a, p: Plan, env: Env, param_dtype=None, mixed: Optional[bool] = 
     compared with the unpatched ATen run's, as the fused ops' end-to-end check asks)."""
     import torch
     import torch.distributed as dist
-    import models as M
+    import gems_models as M
     from .parity import no_dropout
     param_dtype = param_dtype or p.param_dtype
     mixed = a.mixed_precision if mixed is None else mixed
@@ -422,7 +422,7 @@ def _origin(strategy: str) -> str:
         return "backward"
     while f is not None:
         fn = f.f_code.co_filename.replace("\\", "/")
-        if fn.endswith("/coverage_tool/distributed.py") and f.f_code.co_name != "__torch_dispatch__":
+        if fn.endswith("/gems_coverage/distributed.py") and f.f_code.co_name != "__torch_dispatch__":
             return "step"
         if not any(s in fn for s in _PLUMBING) and f.f_code.co_name != "__torch_dispatch__":
             if "/torch/distributed/" in fn or "/torch/nn/parallel/" in fn:
@@ -665,7 +665,7 @@ def agreement(aten: RunResult, mine: RunResult, compute_dtype, ref: Optional[Run
                      if math.isfinite(ga) and math.isfinite(gg) else float("inf")})
     bad = [r["step"] for r in rows if not r["ok"]]
     return {
-        "rule": "coverage_tool.parity end-to-end rule per step: |gems - aten| / |aten| <= E2E_TOL of the compute "
+        "rule": "gems_coverage.parity end-to-end rule per step: |gems - aten| / |aten| <= E2E_TOL of the compute "
                 "dtype" + ("; or Gems' error vs an fp32 ATen run <= 2x ATen's own + 1e-4" if ref else ""),
         "ok": not bad, "first_failing_step": bad[0] if bad else None, "failing_steps": len(bad),
         "max_rel_err": max((r["rel_err"] for r in rows), default=0.0),

@@ -1,4 +1,4 @@
-"""coverage_tool.distributed: the torchrun training recipe, 2 processes on gloo, tiny Aquila, Gems through the
+"""gems_coverage.distributed: the torchrun training recipe, 2 processes on gloo, tiny Aquila, Gems through the
 Triton interpreter.
 
 Each run trains DDP or FSDP2 twice in the same processes (ATen, then gems.enable()) and compares the per-step
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from coverage_tool import distributed as D
+from gems_coverage import distributed as D
 
 ROOT = Path(__file__).resolve().parents[2]
 INCLUDE = ("rsqrt.default,silu.default,silu_backward.default,_log_softmax.default,"
@@ -40,7 +40,7 @@ def _env(strict: bool):
 def _torchrun(tmp_path, *args, strict=True, timeout=240, model="aquila"):
     out = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "coverage_tool.distributed", model, "--device", "cpu", "--steps", "2", "--seq-len", "8",
+           "-m", "gems_coverage.distributed", model, "--device", "cpu", "--steps", "2", "--seq-len", "8",
            "--include", INCLUDE, "-q", "-o", str(out), *args]
     p = subprocess.run(cmd, cwd=ROOT, env=_env(strict), capture_output=True, text=True, timeout=timeout)
     assert out.exists(), f"no result (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
@@ -130,10 +130,10 @@ def test_a_masked_lm_trains_too(tmp_path):
 
 
 def test_not_launched_by_torchrun_says_how():
-    p = subprocess.run([sys.executable, "-m", "coverage_tool.distributed", "aquila", "--device", "cpu"], cwd=ROOT,
+    p = subprocess.run([sys.executable, "-m", "gems_coverage.distributed", "aquila", "--device", "cpu"], cwd=ROOT,
                        env=_env(True), capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
-    assert "torchrun --standalone --nproc-per-node N -m coverage_tool.distributed" in p.stderr
+    assert "torchrun --standalone --nproc-per-node N -m gems_coverage.distributed" in p.stderr
     assert "Traceback" not in p.stderr
 
 
@@ -177,7 +177,7 @@ def test_synthetic_data_is_the_same_global_batch_on_every_rank():
 
 def test_loss_agreement_is_parity_rule_per_step():
     import torch
-    from coverage_tool import parity as P
+    from gems_coverage import parity as P
 
     def run(losses):
         return D.RunResult("x", losses=list(losses), grad_norms=[1.0] * len(losses))

@@ -1,4 +1,4 @@
-"""Recipes: the built-in models (configs shipped in models/configs/), their aliases, and how a name,
+"""Recipes: the built-in models (configs shipped in gems_models/configs/), their aliases, and how a name,
 a local config.json, a local model folder or module:function resolves to a recipe."""
 from __future__ import annotations
 

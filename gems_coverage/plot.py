@@ -1,7 +1,7 @@
 """Pictures: the roadmap's coverage over time and the bench's per-op attribution, drawn with matplotlib.
 
 matplotlib is optional (`pip install 'gems[plot]'`; scripts/setup.sh installs it): it is imported on first
-use, never when coverage_tool is imported, and where it is missing the drawing functions raise
+use, never when gems_coverage is imported, and where it is missing the drawing functions raise
 PlotUnavailable, whose message says how to get it. Figures are built with matplotlib's object API on the
 Agg canvas, not through pyplot: no GUI backend is ever chosen and a caller's own pyplot state is left
 alone. The functions return the Figure, so tests read back what was drawn (lines, labels, bar widths)
@@ -105,7 +105,7 @@ def _thinned(n: int, most: int = 10) -> list:
 def _label_latest(ax, drawn: list, key: str, models: list):
     """Each series' latest value, written beside the panel's right edge: series of one mode with the same
     value share a label ("81.0%  llama2, aquila inf"), and labels are pushed apart so none overlaps."""
-    import models as M
+    import gems_models as M
     from matplotlib.transforms import blended_transform_factory
     groups: dict = {}
     for s in drawn:

@@ -1,4 +1,4 @@
-"""Render the op table (docs/ops.md) from the registry: `python -m gems.optable > docs/ops.md`.
+"""Render the op table (docs/ops.md) from the registry: `python -m gems_coverage.optable > docs/ops.md`.
 
 The table is generated, never edited by hand, so it cannot drift from what Gems registers; a test
 checks the committed file is current.
@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from . import registry
+from gems import registry
 
 _SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
           torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
@@ -17,7 +17,7 @@ _SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", to
 def render() -> str:
     impls = registry.all_impls()
     lines = ["# Op table", "",
-             "Generated from the registry by `python -m gems.optable > docs/ops.md`; do not edit by hand.", "",
+             "Generated from the registry by `python -m gems_coverage.optable > docs/ops.md`; do not edit by hand.", "",
              f"{len(impls)} ATen overloads, {len({i.base for i in impls})} ops. "
              "`dtypes`: what Gems serves for the first tensor argument; other inputs run ATen's kernel "
              "and are counted in `gems.stats()`. Overloads marked *opt-in* are correct but not yet faster than "
@@ -28,7 +28,7 @@ def render() -> str:
     for i in impls:
         dts = ", ".join(_SHORT.get(d, str(d).replace("torch.", "")) for d in i.dtypes)
         kind = "backward" if i.backward else "forward"
-        note = (f"opt-in `{i.opt_in}`: " if i.opt_in else f"group `{i.group}`: " if i.group else "") + i.doc
+        note = (f"group `{i.group}`: " if i.group else "") + i.doc
         lines.append(f"| `{i.name}` | {i.category} | {dts} | {kind} | {', '.join(i.backends)} | {note} |")
     return "\n".join(lines) + "\n"
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as TF
 
 import gems.fused
-from coverage_tool import cli
+from gems_coverage import cli
 
 
 def _rot(x):
@@ -117,7 +117,7 @@ def test_attribution_counts_fused_functions_as_ops():
     any ATen op), and the ATen calls inside them are not outermost ops."""
     import importlib
     from torch.profiler import ProfilerActivity, profile
-    from coverage_tool.bench import fused_event_names, outermost_ops
+    from gems_coverage.bench import fused_event_names, outermost_ops
     norms, gated = importlib.import_module("gems.fused.norms"), importlib.import_module("gems.fused.gated")
     x = torch.randn(4, 64, requires_grad=True)
     w = torch.ones(64, requires_grad=True)

@@ -178,7 +178,7 @@ class _Workload:
         if self.kind == "prefill":
             with self.torch.no_grad():
                 return runner.forward(self.b)
-        from models import training_loss
+        from gems_models import training_loss
         self.opt.zero_grad(set_to_none=True)
         loss = training_loss(runner.forward(self.b, train=True))
         loss.backward()
@@ -209,7 +209,7 @@ class _Workload:
         self.restore()
         with self.mode(False), _as_fp32(self.b), torch.no_grad():
             if self.kind == "train":
-                from models import training_loss
+                from gems_models import training_loss
                 out = training_loss(runner.forward(self.b, train=True))
             else:
                 out = _main_output(self.b.model(**self.b.inputs))
@@ -429,7 +429,7 @@ def _validate(model, workload, device, optimizer, new_tokens, include, exclude, 
     """Everything that is bad input, checked before anything is built (-> exit 2); `command` names the
     caller in the messages (bench, tune)."""
     import torch
-    import models as M
+    import gems_models as M
     from . import gemsinfo
     if workload not in WORKLOADS:
         raise M.ModelError(f"unknown workload '{workload}' ({', '.join(WORKLOADS)})")
@@ -486,7 +486,7 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
     timed run repeats the warm-up's lengths (all planned)."""
     import torch
     import gems
-    import models as M
+    import gems_models as M
     recipe, on_cuda = _validate(model, workload, device, optimizer, new_tokens, include, exclude)
     from .runner import patch_options, patched
     popts, patch = patch_options(patch), patched(patch)
@@ -579,7 +579,7 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
 def _patch_report(model, options) -> dict:
     """What gems.patch replaces in this model (patched and unpatched at once; bad input -> ModelError)."""
     import gems
-    import models as M
+    import gems_models as M
     try:
         report = gems.patch(model, **options)
     except (ValueError, TypeError, RuntimeError) as e:
@@ -589,7 +589,7 @@ def _patch_report(model, options) -> dict:
 
 
 def _agreement(wl: _Workload, dtype, progress) -> list:
-    """The checks of parity's end-to-end rule on this workload's outputs (see coverage_tool.parity)."""
+    """The checks of parity's end-to-end rule on this workload's outputs (see gems_coverage.parity)."""
     import torch
     from .parity import _check, _token_check
     hi = None

@@ -1,4 +1,4 @@
-"""gems-coverage's pictures (coverage_tool.plot): the files are written, and what each figure draws (lines,
+"""gems-coverage's pictures (gems_coverage.plot): the files are written, and what each figure draws (lines,
 legend, ticks, right-edge labels, bar lengths, titles) is what the history or the bench JSON says. No
 pixels are compared. matplotlib is the optional `plot` extra; without it the tool still writes its text."""
 import importlib.util
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from coverage_tool import cli, plot
+from gems_coverage import cli, plot
 
 needs_mpl = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
                                reason="matplotlib (the 'plot' extra) is not installed: pip install 'gems[plot]' "

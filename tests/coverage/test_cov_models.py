@@ -1,11 +1,11 @@
-"""models/: built-in recipes, aliases, full-size shapes on meta, tiny variants, local configs, bad input."""
+"""gems_models: built-in recipes, aliases, full-size shapes on meta, tiny variants, local configs, bad input."""
 import json
 
 import pytest
 import torch
 
-import models
-from models import ModelError
+import gems_models
+from gems_models import ModelError
 
 
 @pytest.mark.parametrize("alias,name", [("llama2", "meta-llama/Llama-2-7b"),
@@ -13,21 +13,21 @@ from models import ModelError
                                         ("BERT", "bert-base-uncased"), ("llava", "llava-hf/llava-1.5-7b-hf"),
                                         ("aquila", "BAAI/Aquila-7B")])
 def test_aliases(alias, name):
-    assert models.resolve(alias).name == name
+    assert gems_models.resolve(alias).name == name
 
 
 def test_shipped_config_values():
-    llama = models.load_config(models.resolve("llama2"))
+    llama = gems_models.load_config(gems_models.resolve("llama2"))
     assert (llama.vocab_size, llama.hidden_size, llama.intermediate_size, llama.num_hidden_layers,
             llama.num_attention_heads, llama.rms_norm_eps, llama.max_position_embeddings) == \
         (32000, 4096, 11008, 32, 32, 1e-5, 4096)
-    aq = models.load_config(models.resolve("aquila"))
+    aq = gems_models.load_config(gems_models.resolve("aquila"))
     assert (aq.vocab_size, aq.rms_norm_eps, aq.max_position_embeddings, aq.tie_word_embeddings) == \
         (100008, 1e-6, 2048, False)
-    bert = models.load_config(models.resolve("bert"))
+    bert = gems_models.load_config(gems_models.resolve("bert"))
     assert (bert.vocab_size, bert.hidden_size, bert.num_hidden_layers, bert.intermediate_size) == \
         (30522, 768, 12, 3072)
-    lv = models.load_config(models.resolve("llava"))
+    lv = gems_models.load_config(gems_models.resolve("llava"))
     assert lv.image_token_index == 32000 and lv.text_config.vocab_size == 32064
     assert (lv.vision_config.image_size, lv.vision_config.patch_size, lv.vision_config.num_hidden_layers) == \
         (336, 14, 24)
@@ -37,7 +37,7 @@ def test_shipped_config_values():
 @pytest.mark.parametrize("name,billions", [("llama2", 6.74), ("aquila", 7.30), ("llava", 7.06),
                                            ("bert", 0.11)])
 def test_full_size_on_meta(name, billions):
-    b = models.build(name, size="full", device="meta", dtype="bfloat16", batch=2, seq_len=16)
+    b = gems_models.build(name, size="full", device="meta", dtype="bfloat16", batch=2, seq_len=16)
     n = sum(p.numel() for p in b.model.parameters())
     assert abs(n / 1e9 - billions) < 0.01
     p = next(b.model.parameters())
@@ -46,13 +46,13 @@ def test_full_size_on_meta(name, billions):
 
 
 def test_tiny_inputs_are_realistic():
-    b = models.build("llava", size="tiny", device="cpu", dtype="float32", batch=2, seq_len=8)
+    b = gems_models.build("llava", size="tiny", device="cpu", dtype="float32", batch=2, seq_len=8)
     ids = b.inputs["input_ids"]
     n_img = int((ids == b.config.image_token_index).sum(dim=1)[0])
     assert n_img == b.config.image_seq_length == 4
     assert ids.shape == (2, 1 + 4 + 8) and b.inputs["pixel_values"].shape == (2, 3, 28, 28)
     assert (b.train_inputs["labels"][:, :5] == -100).all()
-    bert = models.build("bert", size="tiny", device="cpu")
+    bert = gems_models.build("bert", size="tiny", device="cpu")
     labels = bert.train_inputs["labels"]
     assert (labels != -100).any() and (labels == -100).any()
     assert bert.inputs["attention_mask"].dtype == torch.long
@@ -66,11 +66,11 @@ def test_local_config_and_folder(tmp_path):
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "config.json").write_text(json.dumps(cfg))
     for name in (str(f), str(tmp_path / "folder")):
-        r = models.resolve(name)
+        r = gems_models.resolve(name)
         assert r.kind == "causal_lm" and r.source == "config"
-        b = models.build(r, size="full", device="meta")
+        b = gems_models.build(r, size="full", device="meta")
         assert b.model.config.hidden_size == 128
-        t = models.build(r, size="tiny", device="cpu")
+        t = gems_models.build(r, size="tiny", device="cpu")
         assert t.model.config.hidden_size == 64
 
 
@@ -80,7 +80,7 @@ def test_remote_code_aquila_config_builds_as_llama(tmp_path):
                              "auto_map": {"AutoModelForCausalLM": "modeling_aquila.AquilaForCausalLM"},
                              "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
                              "num_attention_heads": 4, "vocab_size": 300}))
-    b = models.build(str(tmp_path), device="meta")
+    b = gems_models.build(str(tmp_path), device="meta")
     assert type(b.model).__name__ == "LlamaForCausalLM"
 
 
@@ -92,7 +92,7 @@ def test_module_function(tmp_path, monkeypatch):
         "    m = m.to(device=device, dtype=dtype)\n"
         "    return m, (torch.randn(2, 8, device=device, dtype=dtype),)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    b = models.build("mymodels:tiny_mlp", device="meta")
+    b = gems_models.build("mymodels:tiny_mlp", device="meta")
     assert b.custom_args[0].shape == (2, 8) and b.kind == "custom"
 
 
@@ -100,25 +100,25 @@ def test_module_function(tmp_path, monkeypatch):
                                       ("nosuchmodule_xyz:f", "cannot import")])
 def test_bad_names(name, msg):
     with pytest.raises(ModelError, match=msg):
-        models.resolve(name)
+        gems_models.resolve(name)
 
 
 def test_malformed_configs(tmp_path):
     bad_json = tmp_path / "bad.json"
     bad_json.write_text("{ not json")
     with pytest.raises(ModelError, match="malformed config JSON"):
-        models.resolve(str(bad_json))
+        gems_models.resolve(str(bad_json))
     no_type = tmp_path / "notype.json"
     no_type.write_text(json.dumps({"hidden_size": 4}))
     with pytest.raises(ModelError, match="model_type"):
-        models.resolve(str(no_type))
+        gems_models.resolve(str(no_type))
     heads = tmp_path / "heads.json"
     heads.write_text(json.dumps({"model_type": "bert", "hidden_size": 100, "num_attention_heads": 12}))
     with pytest.raises(ModelError, match="not a multiple of the number of attention heads"):
-        models.build(str(heads), device="meta")
+        gems_models.build(str(heads), device="meta")
     unknown = tmp_path / "unknown.json"
     unknown.write_text(json.dumps({"model_type": "not-a-real-arch"}))
     with pytest.raises(ModelError, match="unsupported model_type"):
-        models.build(str(unknown), device="meta")
+        gems_models.build(str(unknown), device="meta")
     with pytest.raises(ModelError, match="unknown dtype"):
-        models.parse_dtype("float13")
+        gems_models.parse_dtype("float13")

@@ -14,7 +14,7 @@ MODES = ("inference", "generate", "training")
 
 
 def check_mode(bundle, mode: str) -> None:
-    from models import ModelError
+    from gems_models import ModelError
     if mode not in MODES:
         raise ModelError(f"unknown mode '{mode}' ({', '.join(MODES)})")
     if mode == "generate" and bundle.kind not in ("causal_lm", "llava"):
@@ -28,11 +28,11 @@ def patched(patch) -> bool:
 
 def patch_options(patch) -> dict:
     """gems.patch's keyword options of a `patch=` argument: {} for True/False, the dict itself else (its
-    names checked against gems.patch.OPTIONS; an unknown one is bad input: models.ModelError)."""
+    names checked against gems.patch.OPTIONS; an unknown one is bad input: gems_models.ModelError)."""
     if isinstance(patch, bool) or patch is None:
         return {}
     from gems.patch import OPTIONS
-    from models import ModelError
+    from gems_models import ModelError
     bad = sorted(set(patch) - set(OPTIONS))
     if bad:
         raise ModelError(f"--patch-options: unknown gems.patch option(s) {', '.join(bad)}; the options are "
@@ -43,8 +43,8 @@ def patch_options(patch) -> dict:
 # ------------------------------------------------------------------------------------ input checks
 def check_model(recipe, size: str, *, mode: str, seq_len: int, batch: int = 1, new_tokens: int = 0):
     """Bad input found before anything is built: an architecture the runner has no inputs for, or a
-    sequence longer than the model's maximum. Raises models.ModelError (exit 2, one line)."""
-    from models import ModelError, load_config
+    sequence longer than the model's maximum. Raises gems_models.ModelError (exit 2, one line)."""
+    from gems_models import ModelError, load_config
     if recipe.factory is not None:
         return None   # module:function models bring their own inputs
     config = load_config(recipe, size)
@@ -84,8 +84,8 @@ def max_positions(config):
 
 def param_count(recipe, size: str) -> int:
     """Parameters of a recipe, from a build on the meta device (no memory, well under a second)."""
-    import models
-    b = models.build(recipe, size=size, device="meta", dtype="float32", batch=1, seq_len=1)
+    import gems_models
+    b = gems_models.build(recipe, size=size, device="meta", dtype="float32", batch=1, seq_len=1)
     return sum(p.numel() for p in b.model.parameters())
 
 
@@ -125,10 +125,10 @@ def available_memory(device: str) -> "tuple[float, str] | None":
 
 
 def check_memory(recipe, size: str, device: str, dtype, copies: float, what: str):
-    """Refuse (models.ModelError) a run that needs about `copies` times the weights' bytes when the
+    """Refuse (gems_models.ModelError) a run that needs about `copies` times the weights' bytes when the
     device has less memory available; on CPU the OOM killer would end it without a word."""
     import torch
-    from models import ModelError
+    from gems_models import ModelError
     if recipe.factory is not None or torch.device(device).type == "meta":
         return
     got = available_memory(device)
@@ -271,7 +271,7 @@ def make_optimizer(params, name: str = "adamw", lr: float = 1e-3):
     import torch
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.0, foreach=False)
-    from models import ModelError
+    from gems_models import ModelError
     if name not in OPTIMIZERS:
         raise ModelError(f"unknown optimizer '{name}' ({', '.join(OPTIMIZERS)})")
     if name == "adamw-fused" and any(p.device.type == "meta" for p in params):
@@ -282,7 +282,7 @@ def make_optimizer(params, name: str = "adamw", lr: float = 1e-3):
 
 def run_training(bundle, optimizer: str = "adamw", lr: float = 1e-3, after_backward=None):
     """One training step; returns the loss tensor (detached). ``after_backward(model)`` sees the grads."""
-    from models import training_loss
+    from gems_models import training_loss
     m = bundle.model
     m.train()
     params = [p for p in m.parameters() if p.requires_grad]

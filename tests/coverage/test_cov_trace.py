@@ -5,8 +5,8 @@ import json
 import pytest
 
 import gems
-from coverage_tool import classify as C
-from coverage_tool import report, runner, tracer
+from gems_coverage import classify as C
+from gems_coverage import report, runner, tracer
 
 BUILTINS = ["llama2", "bert", "llava", "aquila"]
 
@@ -73,8 +73,8 @@ def test_generate_sampling_tiny_cpu_with_gems():
 
 def test_run_generate_sampling():
     import torch
-    import models
-    b = models.build(models.resolve("llama2"), size="tiny", device="cpu", dtype=torch.float32, batch=2, seq_len=6,
+    import gems_models
+    b = gems_models.build(gems_models.resolve("llama2"), size="tiny", device="cpu", dtype=torch.float32, batch=2, seq_len=6,
                      seed=0)
     greedy = runner.run_generate(b, 4)
     vocab = b.model.config.vocab_size
@@ -168,7 +168,7 @@ def test_training_optimizer_choices(capsys):
     names = _names(tracer.trace("llama2", mode="training", device="meta", seq_len=16, optimizer="adamw-loop"))
     assert "addcdiv_.default" in names and "lerp_.Scalar" in names
     assert not any(n.startswith("_foreach_") for n in names)
-    from coverage_tool.cli import main
+    from gems_coverage.cli import main
     # bad input, one line, exit 2: --optimizer without training; fused AdamW on meta (no kernel there)
     assert main(["-q", "trace", "llama2", "--optimizer", "sgd"]) == 2
     assert "--optimizer applies with --mode training only" in capsys.readouterr().err

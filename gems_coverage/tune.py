@@ -53,7 +53,7 @@ def tune(model: str, *, workloads=("prefill", "train"), device: str = "cuda", si
     import torch
 
     import gems
-    import models as M
+    import gems_models as M
     from gems.runtime.autotune import cache_dir
     from gems.runtime.backends import backend
 

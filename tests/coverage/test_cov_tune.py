@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from coverage_tool import cli
-from coverage_tool import tune as T
+from gems_coverage import cli
+from gems_coverage import tune as T
 
 
 def test_added_counts_new_buckets_and_cublas_choices(tmp_path):

@@ -153,19 +153,19 @@ def trace(model: str, *, mode: str = "inference", device: str = "meta", dtype=No
     """Build ``model`` on ``device`` and record every ATen overload it calls in ``mode``
     (``sampling``: a ``runner.Sampling`` makes generate draw tokens instead of taking the argmax)."""
     import torch
-    import models
+    import gems_models
     from . import runner
 
     say = progress or (lambda s: None)
     t0 = time.perf_counter()
     if device not in ("meta", "cpu", "cuda") and not device.startswith("cuda:"):
-        raise models.ModelError(f"unknown device '{device}' (meta, cpu, cuda)")
+        raise gems_models.ModelError(f"unknown device '{device}' (meta, cpu, cuda)")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise models.ModelError("--device cuda: no CUDA device on this machine (use meta or cpu)")
-    recipe = models.resolve(model)
+        raise gems_models.ModelError("--device cuda: no CUDA device on this machine (use meta or cpu)")
+    recipe = gems_models.resolve(model)
     if mode not in runner.MODES:
-        raise models.ModelError(f"unknown mode '{mode}' ({', '.join(runner.MODES)})")
-    size, dtype, dt, seq_len = models.run_defaults(device, size, dtype, seq_len)
+        raise gems_models.ModelError(f"unknown mode '{mode}' ({', '.join(runner.MODES)})")
+    size, dtype, dt, seq_len = gems_models.run_defaults(device, size, dtype, seq_len)
     info = gems_info or gemsinfo.load()
     dev_type = torch.device(device).type
     can_serve = info.available and info.backend is not None and info.backend_device == dev_type
@@ -173,7 +173,7 @@ def trace(model: str, *, mode: str = "inference", device: str = "meta", dtype=No
         use_gems = can_serve and dev_type != "meta"
     elif use_gems and not can_serve:
         why = info.error or f"the Gems backend runs on {info.backend_device}, not {dev_type}"
-        raise models.ModelError(f"--gems: cannot enable Gems for device {device}: {why}")
+        raise gems_models.ModelError(f"--gems: cannot enable Gems for device {device}: {why}")
     if profile is None:
         profile = dev_type != "meta"
     if dev_type == "meta":
@@ -183,7 +183,7 @@ def trace(model: str, *, mode: str = "inference", device: str = "meta", dtype=No
     # one model; training adds gradients and AdamW's two states
     runner.check_memory(recipe, size, device, dt, 4 if mode == "training" else 1.2, f"a {mode} trace")
     say(f"building {recipe.name} ({size}, {device}, {short_dtype(dt)}) ...")
-    bundle = models.build(recipe, size=size, device=device, dtype=dt, batch=batch, seq_len=seq_len,
+    bundle = gems_models.build(recipe, size=size, device=device, dtype=dt, batch=batch, seq_len=seq_len,
                           seed=seed)
     runner.check_mode(bundle, mode)
     nparams = sum(p.numel() for p in bundle.model.parameters())
@@ -214,7 +214,7 @@ def trace(model: str, *, mode: str = "inference", device: str = "meta", dtype=No
                 runner.run(bundle, mode, new_tokens=new_tokens, optimizer=optimizer, sampling=sampling)
         if dev_type == "cuda":
             torch.cuda.synchronize()
-    except models.ModelError:
+    except gems_models.ModelError:
         raise
     res.ops = rec.ops
     res.total_calls = rec.n_calls

@@ -1,7 +1,7 @@
 """Op classification: compute vs view/metadata vs creation/random vs other."""
 import pytest
 
-from coverage_tool.classify import COMPUTE, CREATION, OTHER, VIEW, classify, packet_of
+from gems_coverage.classify import COMPUTE, CREATION, OTHER, VIEW, classify, packet_of
 
 
 @pytest.mark.parametrize("name,cat", [
@@ -28,7 +28,7 @@ def test_packet():
 
 def test_dtype_supported_checks_the_first_tensor_like_the_dispatcher():
     import torch
-    from coverage_tool.gemsinfo import ImplInfo, dtype_supported
+    from gems_coverage.gemsinfo import ImplInfo, dtype_supported
     impl = ImplInfo("where.self", "pointwise", (torch.bool,))
     assert dtype_supported(impl, {"bool"}) is True
     assert dtype_supported(ImplInfo("silu.default", "pointwise", (torch.float32,)), {"bf16"}) is False

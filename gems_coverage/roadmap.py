@@ -1,5 +1,5 @@
 """Coverage over time: snapshots in docs/roadmap/history.jsonl, rendered to docs/roadmap.md; the plot's
-data comes from here and is drawn by coverage_tool.plot (matplotlib, optional)."""
+data comes from here and is drawn by gems_coverage.plot (matplotlib, optional)."""
 from __future__ import annotations
 
 import datetime
@@ -12,7 +12,7 @@ MODES = ("inference", "training")
 
 
 def repo_root() -> Path:
-    """The checkout this tool lives in (the parent of the coverage_tool package)."""
+    """The checkout this tool lives in (the parent of the gems_coverage package)."""
     return Path(__file__).resolve().parent.parent
 
 
@@ -62,7 +62,7 @@ def gpu_time_coverage(names: list, info, progress: Callable[[str], None] = lambd
     serve; time says how much of the GPU's work that is (a model's few GEMMs outweigh its many
     pointwise ops). Returns {"gpu": name, "pct": {(model, mode): pct}}."""
     import torch
-    import models as M
+    import gems_models as M
     from . import report as R
     from . import tracer
     if not torch.cuda.is_available():
@@ -112,7 +112,7 @@ def _series_keys(history: list) -> list:
             for mode in modes:
                 if (model, mode) not in keys:
                     keys.append((model, mode))
-    import models as M
+    import gems_models as M
     builtin = M.builtin_names()
     order = [m for m in builtin if any(k[0] == m for k in keys)]
     for m, _ in keys:
@@ -148,7 +148,7 @@ def plot_xlabels(history: list) -> list:
 
 
 def render_markdown(history: list, png_rel: str) -> str:
-    import models as M
+    import gems_models as M
     last = history[-1]
     keys = _series_keys(history)
     timed = any(c.get("time_coverage_pct") is not None for m in last.get("coverage", {}).values()

@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-import models
-from coverage_tool import cli
+import gems_models
+from gems_coverage import cli
 
 SCHEMA_KEYS = {"model", "workload", "device", "gpu", "size", "dtype", "batch", "seq_len", "new_tokens", "steps",
                "warmup", "optimizer", "unit", "tokens_per_unit", "aten_ms", "gems_ms", "aten_ms_median",
@@ -79,7 +79,7 @@ def test_decode_bf16_checks_against_fp32_and_attributes_decode_steps_only(tmp_pa
 
 
 def test_decode_fresh_lengths_gives_every_run_new_kv_lengths(tmp_path, monkeypatch):
-    from coverage_tool import runner
+    from gems_coverage import runner
     seen = []
     real = runner.run_generate
 
@@ -104,7 +104,7 @@ def test_decode_fresh_lengths_gives_every_run_new_kv_lengths(tmp_path, monkeypat
 def test_fresh_lengths_cut_prefill_and_training_inputs_shorter_every_run(tmp_path, monkeypatch, workload):
     # dynamic padding: run k (warm-up, then timed; both modes) takes the inputs' first seq_len - k
     # positions, labels and mask included; the agreement runs keep the whole inputs
-    from coverage_tool import runner
+    from gems_coverage import runner
     seen = []
     real = runner.forward
 
@@ -126,8 +126,8 @@ def test_fresh_lengths_cut_prefill_and_training_inputs_shorter_every_run(tmp_pat
 
 
 def test_run_generate_prompt_len_trims_the_prompt():
-    from coverage_tool import runner
-    b = models.build(models.resolve("llama2"), size="tiny", device="cpu", dtype="float32", batch=2, seq_len=8,
+    from gems_coverage import runner
+    b = gems_models.build(gems_models.resolve("llama2"), size="tiny", device="cpu", dtype="float32", batch=2, seq_len=8,
                      seed=0)
     full = runner.run_generate(b, new_tokens=2)
     short = runner.run_generate(b, new_tokens=2, prompt_len=5)
@@ -184,14 +184,14 @@ def test_bad_input_exits_2_before_starting_anything(argv, capsys):
 
 
 def test_llama_1_1b_recipe_is_tinyllama_and_not_a_default_builtin():
-    r = models.resolve("llama-1.1b")
-    assert models.resolve("tinyllama") is r and r.name not in models.builtin_names()
-    c = models.load_config(r, "full")
+    r = gems_models.resolve("llama-1.1b")
+    assert gems_models.resolve("tinyllama") is r and r.name not in gems_models.builtin_names()
+    c = gems_models.load_config(r, "full")
     assert (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
             c.num_key_value_heads, c.vocab_size, c.rms_norm_eps, c.max_position_embeddings,
             c.tie_word_embeddings) == (2048, 5632, 22, 32, 4, 32000, 1e-5, 2048, False)
-    b = models.build(r, size="full", device="meta", dtype="bfloat16", seq_len=16)
+    b = gems_models.build(r, size="full", device="meta", dtype="bfloat16", seq_len=16)
     n = sum(p.numel() for p in b.model.parameters())
     assert 1.0e9 < n < 1.2e9
-    t = models.load_config(r, "tiny")
+    t = gems_models.load_config(r, "tiny")
     assert t.num_key_value_heads < t.num_attention_heads   # the tiny variant keeps grouped-query attention

@@ -2,8 +2,8 @@
 import json
 from types import SimpleNamespace
 
-from coverage_tool import roadmap
-from coverage_tool.cli import main
+from gems_coverage import roadmap
+from gems_coverage.cli import main
 
 
 def test_record_and_render(tmp_path, capsys):

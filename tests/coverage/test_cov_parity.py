@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import gems
-from coverage_tool import classify as C
-from coverage_tool import parity as P
-from coverage_tool.cli import main
+from gems_coverage import classify as C
+from gems_coverage import parity as P
+from gems_coverage.cli import main
 
 BUILTINS = ["llama2", "bert", "llava", "aquila"]
 
@@ -124,10 +124,10 @@ def test_no_dropout_holds_for_any_architecture(tmp_path):
     """GPT-2 names its dropouts resid_pdrop / embd_pdrop / attn_pdrop: config keys named "dropout" miss
     them; no_dropout() zeroes every dropout module and every *drop* probability."""
     import json
-    import models
+    import gems_models
     f = tmp_path / "gpt2.json"
     f.write_text(json.dumps(GPT2_TINY))
-    b = models.build(str(f), size="tiny", device="cpu", dtype="float32", seq_len=8)
+    b = gems_models.build(str(f), size="tiny", device="cpu", dtype="float32", seq_len=8)
     drops = [m for m in b.model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
     assert drops and all(m.p > 0 for m in drops)
     P.no_dropout(b.model)
@@ -164,7 +164,7 @@ def test_shadow_ignores_generator_state_results():
     # SDPA's fused overloads return their Philox seed/offset (placeholders without dropout): generator state,
     # not a computed value, so the op-by-op comparison leaves them out and compares the rest
     import torch
-    from coverage_tool.parity import _drop_rng_state
+    from gems_coverage.parity import _drop_rng_state
     op = torch.ops.aten._scaled_dot_product_cudnn_attention.default
     out = tuple(torch.full((), float(i)) for i in range(9))
     kept = _drop_rng_state(op, out)

@@ -264,12 +264,12 @@ def matrix(docs: list[dict], info: gemsinfo.GemsInfo, all_ops: bool = False) -> 
 def format_matrix(m: dict, fmt: str, header: Optional[list] = None) -> str:
     if fmt == "json":
         return json.dumps(m, indent=2) + "\n"
-    import models
+    import gems_models
     cols = m["columns"]
     short = []
     for c in cols:
         model, mode = c.split("|")
-        short.append(f"{models.short_name(model)} {'train' if mode == 'training' else mode[:3] if mode == 'generate' else 'inf'}")
+        short.append(f"{gems_models.short_name(model)} {'train' if mode == 'training' else mode[:3] if mode == 'generate' else 'inf'}")
     head = ["op", "gems"] + short
     rows = [[e["name"], "yes" if e["covered"] else "no"] + [e["calls"].get(c, "") for c in cols]
             for e in m["ops"]]

@@ -372,7 +372,7 @@ def collect(models_, modes, a, ctx, info=None):
     for m in models_:
         for mode in modes:
             if mode == "generate":
-                import models as M
+                import gems_models as M
                 if M.resolve(m).kind not in ("causal_lm", "llava"):
                     continue
             ctx.say(f"{m}: {mode}")
@@ -394,7 +394,7 @@ def _modes(s):
 
 
 def cmd_report(a, ctx):
-    import models as M
+    import gems_models as M
     from . import report as R
     names = a.models or M.builtin_names()
     recipes = [M.resolve(n) for n in names]   # fail fast on a bad name, before tracing anything
@@ -452,7 +452,7 @@ def _report_header(a, mtx):
 
 
 def cmd_roadmap(a, ctx):
-    import models as M
+    import gems_models as M
     from . import report as R
     from . import roadmap
     root = Path(a.root) if a.root else roadmap.repo_root()
@@ -661,7 +661,7 @@ def main(argv: Optional[list] = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["distributed"]:   # torchrun launcher; its options go to coverage_tool.distributed
+    if argv[:1] == ["distributed"]:   # torchrun launcher; its options go to gems_coverage.distributed
         from .distributed import launch_main
         return launch_main(argv[1:])
     debug = os.environ.get("GEMS_COVERAGE_DEBUG", "") not in ("", "0")
@@ -683,11 +683,11 @@ def main(argv: Optional[list] = None) -> int:
                 _check_parent(Path(getattr(args, opt)))
         from . import gemsinfo
         gemsinfo.prepare_interpreter_env()
-        import models
+        import gems_models
         try:
             with _quiet_stderr(args.quiet):
                 COMMANDS[args.command](args, ctx)
-        except models.ModelError as e:
+        except gems_models.ModelError as e:
             raise UsageError(str(e)) from None
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

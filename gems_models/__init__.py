@@ -1,6 +1,6 @@
 """Model recipes for gems-coverage: offline configs + builders, no weights, no network.
 
-Four built-in models ship their public ``config.json`` values in ``models/configs/`` (plus ``llama-1.1b``,
+Four built-in models ship their public ``config.json`` values in ``gems_models/configs/`` (plus ``llama-1.1b``,
 TinyLlama-1.1B's config, which resolves by name for ``gems-coverage bench`` but is not among the models
 ``report`` and ``roadmap`` cover by default):
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from coverage_tool.cli import main
+from gems_coverage.cli import main
 
 
 def run(capsys, *argv):
@@ -143,7 +143,7 @@ def test_encoder_decoder_config_is_bad_input(capsys, tmp_path):
 
 def test_too_large_for_memory_is_refused_before_building(capsys, monkeypatch):
     """--size full on CPU: the OOM killer would end the run after minutes without a word."""
-    from coverage_tool import runner
+    from gems_coverage import runner
     monkeypatch.setattr(runner, "available_memory", lambda device: (8 * 1024 ** 3, "MemAvailable"))
     from harness import DEVICE
     for argv in (["parity", "llama2", "--size", "full", "--device", DEVICE],
@@ -168,13 +168,13 @@ def test_quiet_after_the_subcommand_silences_stderr():
     """-q before or after the subcommand: no progress, no warnings, no profiler lines (fd 2 included)."""
     model = "bert"
     for argv in (["-q", "trace", model], ["trace", model, "-q"]):
-        p = subprocess.run([sys.executable, "-m", "coverage_tool.cli", *argv, "--device", "cpu", "--seq-len", "8"],
+        p = subprocess.run([sys.executable, "-m", "gems_coverage.cli", *argv, "--device", "cpu", "--seq-len", "8"],
                            capture_output=True, text=True, env=dict(os.environ), timeout=600)
         assert p.returncode == 0, p.stderr[-2000:]
         assert p.stderr == "", p.stderr[-2000:]
         assert "coverage " in p.stdout
     # without -q the profiler run is visible: the test above is not vacuous
-    p = subprocess.run([sys.executable, "-m", "coverage_tool.cli", "trace", model, "--device", "cpu", "--seq-len", "8"],
+    p = subprocess.run([sys.executable, "-m", "gems_coverage.cli", "trace", model, "--device", "cpu", "--seq-len", "8"],
                        capture_output=True, text=True, env=dict(os.environ), timeout=600)
     assert p.returncode == 0 and "[gems-coverage]" in p.stderr
 
@@ -191,7 +191,7 @@ def test_ops_command(capsys):
 
 def test_subprocess_unknown_model_no_traceback():
     env = dict(os.environ)
-    p = subprocess.run([sys.executable, "-m", "coverage_tool.cli", "trace", "llama3-405b"], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "gems_coverage.cli", "trace", "llama3-405b"], capture_output=True,
                        text=True, env=env, timeout=120)
     assert p.returncode == 2
     assert p.stderr.strip().startswith("gems-coverage: error: unknown model 'llama3-405b'")
