@@ -41,11 +41,13 @@ import torch
 import triton
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .abi import (CONVERSIONS, INF_RANGE, LIST_REF, MAX_PARAMS, MAX_PLANS, NUMBER_RANGES, PHILOX_OFFSET_BASE,
+                  PHILOX_SEED_BIT, PTR_TYPE, PTYPES)
+
 _T = torch.Tensor
 MISS = object()            # a plan's answer when it declines this call (the full path runs)
 NO_PLAN = object()         # cache value: this signature keeps the full path
 SEEN = object()            # cache value: called once, unrecorded (the dispatcher's GEMS_PLAN_AFTER=2)
-MAX_PLANS = 512            # per overload; an op seeing more signatures than this keeps the newest
 
 _counter = itertools.count()
 
@@ -74,10 +76,6 @@ def taint(why: str, transient: bool = False):
         rec.transient = transient
 
 
-# how a per-call number reaches a kernel argument: as given, float(), int(), or .item() of a CPU 0-dim
-# tensor (the codes are the C++ fast path's)
-CONVERSIONS = {"": 0, "float": 1, "int": 2, ".item()": 3}
-
 
 def dynamic(slots: dict):
     """The next launch takes these kernel arguments from the call: {arg position: (schema argument
@@ -89,12 +87,6 @@ def dynamic(slots: dict):
 
 # per-call generator state (plan.philox): the two kernel arguments, in order
 PHILOX = ("philox_seed", "philox_offset")
-# a Philox seed and offset reach kernels at or above these, so Triton types both int64 whatever the
-# generator holds (a plan keeps the binary of its recorded call: an i32 slot would truncate an offset
-# grown past 2^31 and repeat earlier random streams). Any seed is a seed; a constant added to every
-# counter keeps the counters of distinct calls and elements distinct.
-PHILOX_SEED_BIT = 1 << 62
-PHILOX_OFFSET_BASE = 1 << 32
 
 
 def philox_state(device_index: int, increment: int):
@@ -322,14 +314,6 @@ def _dyn_sig(v):
     return _float_sig(float(v)) if isinstance(v, float) else c   # float subclasses (numpy), complex
 
 
-# A number's range class: the index of the narrowest of these nested ranges holding it (c10's overflow
-# rule compares a number with the target dtype's lowest/max; an unsigned target also takes negative
-# ints down to -max, wrapping, hence [-255, 255]): int8, uint8, int16, float16, int32, int64 (for a
-# float: v < 2**63), bfloat16, float32; then 8: beyond, 9: +-inf.
-NUMBER_RANGES = ((-128, 127), (-255, 255), (-32768, 32767), (-65504, 65504), (-0x80000000, 0x7FFFFFFF),
-                 (-0x8000000000000000, 0x7FFFFFFFFFFFFFFF), (-3.3895313892515355e38, 3.3895313892515355e38),
-                 (-3.4028234663852886e38, 3.4028234663852886e38))
-INF_RANGE = len(NUMBER_RANGES) + 1
 _SMALL_INT = (int, False, False, 0, 1)      # 2 <= v <= 127, v % 16 != 0
 _SMALL_INT16 = (int, False, True, 0, 1)     # 16, 32, ..., 112
 
@@ -758,17 +742,12 @@ class _NoRecipe(Exception):
     """The plan uses something the C++ fast path does not replay (it keeps the Python plan)."""
 
 
-# Triton signature types -> the C++ fast path's parameter types (fastpath.cpp, PType)
-_PTYPES = {"i1": 0, "i8": 0, "u1": 0, "u8": 0, "i16": 1, "u16": 1, "i32": 2, "u32": 2, "i64": 3, "u64": 3,
-           "fp32": 4, "f32": 4, "fp64": 5, "fp16": 6, "bf16": 7}
-
-
 def param_type(ty) -> Optional[int]:
-    """The fast path's code (fastpath.cpp PType) of a Triton signature type: 8 (T_PTR) for a pointer,
-    _PTYPES' code for a number, None for what it cannot pass (a constexpr, a tuple, ...)."""
+    """The fast path's code (abi.PTYPES) of a Triton signature type: PTR_TYPE for a pointer, PTYPES'
+    code for a number, None for what it cannot pass (a constexpr, a tuple, ...)."""
     if not isinstance(ty, str):
         return None
-    return 8 if ty.startswith("*") else _PTYPES.get(ty)
+    return PTR_TYPE if ty.startswith("*") else PTYPES.get(ty)
 
 
 def _pack(value, ty: str) -> int:
@@ -784,17 +763,11 @@ def _pack(value, ty: str) -> int:
     return int(value) & 0xFFFFFFFFFFFFFFFF
 
 
-_LIST_REF = 1 << 30   # fastpath.cpp's kListRef
-
-
-_CPP_MAX_PARAMS = 128   # fastpath.cpp's kMaxParams
-
-
 def _recipe(schema, rec, guards, launches, refs, direct):
     """The plan as data for the C++ fast path (the layout fastpath.cpp's parse_recipe reads):
     (guards, allocations, launches, results), every tensor named by (0, schema argument index) or
     (1, allocation index), or (3, argument index << 20 | element index) for a tensor-list element
-    (`tensors[2]`); a guard's other tensor is an argument index, or _LIST_REF + that code. A result
+    (`tensors[2]`); a guard's other tensor is an argument index, or LIST_REF + that code. A result
     may also be (2, 0, None): undefined, or (4, value, None): a constant int."""
     index = {a.name: i for i, a in enumerate(schema.arguments)}
 
@@ -810,7 +783,7 @@ def _recipe(schema, rec, guards, launches, refs, direct):
 
     def other(name):
         kind, i = src(name)
-        return i if kind == 0 else _LIST_REF + i
+        return i if kind == 0 else LIST_REF + i
 
     g = tuple((index[m], other(n), em, ev) for m, n, em, ev in guards)
     allocs = []
@@ -840,17 +813,17 @@ def _recipe(schema, rec, guards, launches, refs, direct):
                     r, d = v
                     tmap, shape, strides = _tensor_map(d, next(metas, None))
                     params.append((4, *src(r.name), r.off, tmap))
-                    params += [(1, _PTYPES["i32"], _pack(x, "i32")) for x in shape]
-                    params += [(1, _PTYPES["i64"], _pack(x, "i64")) for x in strides]
+                    params += [(1, PTYPES["i32"], _pack(x, "i32")) for x in shape]
+                    params += [(1, PTYPES["i64"], _pack(x, "i64")) for x in strides]
                 elif kind == "tensor":
                     if not ty.startswith("*"):
                         raise _NoRecipe
                     params.append((0, *src(v.name), v.off, None))
-                elif ty not in _PTYPES:
+                elif ty not in PTYPES:
                     raise _NoRecipe
                 elif kind == "dyn":
                     name, conv = v
-                    params.append((2, index[name], CONVERSIONS[conv], _PTYPES[ty]))
+                    params.append((2, index[name], CONVERSIONS[conv], PTYPES[ty]))
                 elif kind == "philox":
                     if ty != "i64":
                         raise _NoRecipe
@@ -859,8 +832,8 @@ def _recipe(schema, rec, guards, launches, refs, direct):
                 else:
                     if v is None:
                         raise _NoRecipe
-                    params.append((1, _PTYPES[ty], _pack(v, ty)))
-            if len(params) > _CPP_MAX_PARAMS:
+                    params.append((1, PTYPES[ty], _pack(v, ty)))
+            if len(params) > MAX_PARAMS:
                 raise _NoRecipe     # the C++ replay's parameter array; the Python plan still serves
             ls.append((0, int(function), grid, 32 * md.num_warps, int(md.shared), dev_index, tuple(params)))
         else:
