@@ -149,8 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--fail-under", type=_pct, default=None, metavar="PCT")
     out_opts(r)
 
-    m = sub.add_parser("roadmap", help="record a coverage snapshot and render docs/roadmap.md + PNG")
-    m.add_argument("--root", default=None, help="repository root (default: the checkout this tool lives in)")
+    m = sub.add_parser("roadmap", help="record a coverage snapshot and render docs/roadmap.md + PNG under the "
+                                       "current folder (or --root)")
+    m.add_argument("--root", default=None, help="folder the docs/roadmap* files are read from and written under "
+                                                "(default: the current folder)")
     m.add_argument("--history", default=None, help="history file (default docs/roadmap/history.jsonl)")
     m.add_argument("--markdown", default=None, help="page to render (default docs/roadmap.md)")
     m.add_argument("--png", default=None, help="plot to render (default docs/roadmap/coverage.png)")
@@ -455,7 +457,7 @@ def cmd_roadmap(a, ctx):
     import gems_models as M
     from . import report as R
     from . import roadmap
-    root = Path(a.root) if a.root else roadmap.repo_root()
+    root = Path(a.root) if a.root else Path.cwd()
     hist = Path(a.history) if a.history else root / "docs" / "roadmap" / "history.jsonl"
     md = Path(a.markdown) if a.markdown else root / "docs" / "roadmap.md"
     png = Path(a.png) if a.png else root / "docs" / "roadmap" / "coverage.png"
@@ -477,7 +479,7 @@ def cmd_roadmap(a, ctx):
         a.device, a.dtype, a.batch, a.seq_len, a.size, a.new_tokens = "meta", None, 1, None, None, 4
         docs, info = collect(names, ["inference", "training"], a, ctx, info)
         mtx = R.matrix(docs, info)
-        snap = roadmap.snapshot(docs, mtx, info, date=a.date, commit=a.commit or roadmap.git_commit(root),
+        snap = roadmap.snapshot(docs, mtx, info, date=a.date, commit=a.commit or roadmap.git_commit(roadmap.repo_root()),
                                 gpu_time=gpu_time)
         roadmap.record(hist, snap)
         ctx.say(f"recorded snapshot {snap['date']} {snap['commit']} in {hist}")
@@ -674,10 +676,6 @@ def main(argv: Optional[list] = None) -> int:
         return int(e.code or 0)
     ctx = _Ctx(args.quiet)
     try:
-        if os.getcwd() not in sys.path:
-            # module:function models: a module in the current folder imports as with `python -m`
-            # (appended, so it never shadows an installed package of the same name)
-            sys.path.append(os.getcwd())
         for opt in ("output", "plot"):   # before a long run, not after it
             if getattr(args, opt, None):
                 _check_parent(Path(getattr(args, opt)))

@@ -12,7 +12,8 @@ MODES = ("inference", "training")
 
 
 def repo_root() -> Path:
-    """The checkout this tool lives in (the parent of the gems_coverage package)."""
+    """The checkout this tool lives in (the parent of the gems_coverage package): its commit is the code a
+    snapshot measured. Snapshots are written under the folder the user names, never here."""
     return Path(__file__).resolve().parent.parent
 
 

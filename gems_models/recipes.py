@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -151,9 +153,29 @@ def _recipe_from_config(key: str, path: Path) -> Recipe:
                   note=f"local config {path}")
 
 
+def _import_user_module(mod: str):
+    """Import a module:function model's module: installed or on PYTHONPATH first, else from the current
+    folder (the console script, unlike `python -m`, has no current folder on sys.path).
+
+    The current folder joins sys.path only for that one import and only when the module is not found
+    elsewhere: kept there, a folder in it that shares a package's name (a clone named `gems` beside the
+    user's files) would load as a namespace package in place of the editable install."""
+    cwd = os.getcwd()
+    try:
+        return importlib.import_module(mod)
+    except ModuleNotFoundError as e:
+        if e.name != mod.partition(".")[0] or cwd in sys.path or "" in sys.path:
+            raise
+    sys.path.append(cwd)
+    try:
+        return importlib.import_module(mod)
+    finally:
+        sys.path.remove(cwd)
+
+
 def _recipe_from_function(key: str, mod: str, fn: str) -> Recipe:
     try:
-        module = importlib.import_module(mod)
+        module = _import_user_module(mod)
     except ImportError as e:
         raise ModelError(f"{key}: cannot import module '{mod}': {e}") from None
     f = getattr(module, fn, None)

@@ -199,8 +199,9 @@ def test_subprocess_unknown_model_no_traceback():
 
 
 def test_module_function_from_the_current_folder(tmp_path):
-    """The console script (unlike `python -m`) has no current folder on sys.path: the CLI adds it, so
-    `gems-coverage trace mymodels:build` works from the folder that holds mymodels.py."""
+    """The console script (unlike `python -m`) has no current folder on sys.path: a module:function model's
+    module that is found nowhere else is imported from the current folder, so `gems-coverage trace
+    mymodels:build` works from the folder that holds mymodels.py."""
     import shutil
     exe = shutil.which("gems-coverage") or str(__import__("pathlib").Path(sys.executable).with_name("gems-coverage"))
     if not os.path.exists(exe):
@@ -214,6 +215,22 @@ def test_module_function_from_the_current_folder(tmp_path):
                        capture_output=True, text=True, env=dict(os.environ), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout)["model"] == "cov_cli_models:mlp"
+
+
+def test_a_folder_named_gems_in_the_current_folder_does_not_shadow_gems(tmp_path):
+    """Run from the folder that holds a clone named `gems` (what `git clone` makes), the CLI must still load
+    the installed Gems: nothing puts the current folder on sys.path, where `./gems/` would import as an
+    empty namespace package. Run as the console script runs it: the script's folder, not the current
+    folder, is sys.path[0]."""
+    import gems
+    (tmp_path / "gems").mkdir()
+    script = "import sys; sys.path.pop(0); from gems_coverage.cli import main; sys.exit(main())"
+    for argv in (["--help"], ["ops", "--format", "json"]):
+        p = subprocess.run([sys.executable, "-c", script, *argv], cwd=tmp_path, capture_output=True, text=True,
+                           env=dict(os.environ), timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+    d = json.loads(p.stdout)
+    assert d["backend"] == gems.backend().name and d["registered_ops"] == len(gems.registered_ops())
 
 
 def test_trace_generate_sampling_options(capsys):

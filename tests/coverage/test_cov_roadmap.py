@@ -95,3 +95,20 @@ def test_gpu_time_needs_cuda_and_a_recorded_snapshot(tmp_path, capsys, monkeypat
     assert main(["-q", "roadmap", "--root", str(tmp_path), "--gpu-time", "--models", "bert"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
     assert not (tmp_path / "docs").exists()           # nothing traced or written before the check
+
+
+def test_writes_under_the_current_folder_not_the_checkout(tmp_path, capsys, monkeypatch):
+    """Without --root the page and its history are the current folder's: running the tool from anywhere
+    never rewrites the tracked docs/roadmap* files of the checkout the tool lives in."""
+    checkout_page = roadmap.repo_root() / "docs" / "roadmap.md"
+    before = checkout_page.read_bytes() if checkout_page.exists() else None
+    hist = tmp_path / "docs" / "roadmap" / "history.jsonl"
+    hist.parent.mkdir(parents=True)
+    hist.write_text(json.dumps({"date": "2026-01-01", "commit": "c1", "registered_ops": 3, "overall_pct": 50.0,
+                                "overall_covered": 1, "overall_compute_ops": 2, "gaps": [],
+                                "coverage": {"m": {"inference": {"coverage_pct": 50.0, "covered": 1,
+                                                                 "compute_ops": 2}}}}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["-q", "roadmap", "--no-record"]) == 0
+    assert "| m | inference | 1/2 | 50.0% |" in (tmp_path / "docs" / "roadmap.md").read_text()
+    assert (checkout_page.read_bytes() if checkout_page.exists() else None) == before
