@@ -1,7 +1,12 @@
-"""Fused LLM ops that are not single ATen ops, reached through their own API (design decision 10).
+"""Fused LLM ops that are not single ATen ops, reached through their own API (docs/design.md,
+decision 10).
 
-Each is a `torch.autograd.Function` over Triton kernels with a plain PyTorch reference beside it
-(`<module>.reference_<name>`), so tests compare the two and users can read what it computes.
+One file per op family (norms, gated, rotary, cross_entropy_loss, linear_cross_entropy), each in the
+same order: the Triton kernels, the launch helpers (`_*_forward` / `_*_backward`), the
+`torch.autograd.Function`, the public function, and last the plain PyTorch reference
+(`<module>.reference_<name>`), so tests compare the two and users can read what it computes. No file
+is named like an op: importing `gems.fused.<file>` sets that attribute of the package, which would
+shadow the function.
 
     import gems.fused as F
     y = F.rms_norm(x, weight, eps)                    # Llama casting rule; offset=1.0 for Gemma
@@ -21,7 +26,7 @@ _WHERE = {
     "rms_norm": "norms", "add_rms_norm": "norms", "layer_norm": "norms", "add_layer_norm": "norms",
     "silu_and_mul": "gated", "swiglu": "gated", "gelu_and_mul": "gated",
     "rope": "rotary",
-    "cross_entropy": "loss", "fused_linear_cross_entropy": "loss",
+    "cross_entropy": "cross_entropy_loss", "fused_linear_cross_entropy": "linear_cross_entropy",
 }
 
 __all__ = sorted(_WHERE)

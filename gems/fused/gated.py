@@ -53,20 +53,6 @@ _CONFIGS = {
 }
 
 
-# -------------------------------------------------------------------------------------------- references
-def reference_silu_and_mul(gate, up):
-    """silu(gate) * up, the Llama MLP's `act_fn(gate_proj(x)) * up_proj(x)`."""
-    return F.silu(gate) * up
-
-
-reference_swiglu = reference_silu_and_mul
-
-
-def reference_gelu_and_mul(gate, up, approximate="none"):
-    """gelu(gate, approximate) * up."""
-    return F.gelu(gate, approximate=approximate) * up
-
-
 # ---------------------------------------------------------------------------------------------- kernels
 @triton.jit
 def _act(g, ACT: tl.constexpr):
@@ -137,7 +123,7 @@ def _gated_bwd(DY, G, U, DG, DU, N, sDY, sG, sU, ncb, ACT: tl.constexpr, DO_DG: 
         tl.store(DU + r * N + cols, (dy * a).to(DU.dtype.element_ty), mask=mask)
 
 
-# ---------------------------------------------------------------------------------------------- wrapper
+# ------------------------------------------------------------------------------------ launch and autograd
 @functools.lru_cache(maxsize=1024)
 def _geometry(rows, n, name, dev):
     """(grid, column blocks per row, BLOCK, num_warps) for `rows` rows of `n` elements; cached by shape."""
@@ -270,3 +256,17 @@ def gelu_and_mul(gate, up, approximate="none"):
     if _no_graph(gate, up):
         return _gated_forward(gate, up, act, "gelu_and_mul")
     return _GatedFn.apply(gate, up, act, "gelu_and_mul")
+
+
+# -------------------------------------------------------------------------------------------- references
+def reference_silu_and_mul(gate, up):
+    """silu(gate) * up, the Llama MLP's `act_fn(gate_proj(x)) * up_proj(x)`."""
+    return F.silu(gate) * up
+
+
+reference_swiglu = reference_silu_and_mul
+
+
+def reference_gelu_and_mul(gate, up, approximate="none"):
+    """gelu(gate, approximate) * up."""
+    return F.gelu(gate, approximate=approximate) * up

@@ -18,7 +18,7 @@ and keeps its dweight (dbias) partial sums in fp32 registers; they are written o
 [programs, N] and a column-sum kernel adds them up in a fixed order. No atomics: results are
 deterministic run to run.
 
-LayerNorm and add_layer_norm run native_layer_norm's kernels (gems/ops/layer_norm.py: one kernel pair
+LayerNorm and add_layer_norm run native_layer_norm's kernels (gems/ops/norm/layer_norm.py: one kernel pair
 serves both, with a residual-add flag), so their geometry and accuracy (IEEE division for the mean and
 variance) are the ATen op's; only RMSNorm's kernels live here.
 
@@ -49,8 +49,8 @@ import triton
 import triton.language as tl
 
 from .. import dispatch
-from ..ops import layer_norm as ln
-from ..ops.reduction import reduce_launch
+from ..ops.norm import layer_norm as ln
+from ..ops.reduce.reduction import reduce_launch
 from ..runtime import backend, kernel
 from ..runtime.planned import planned
 from ..runtime.utils import as_rows, cdiv, empty, next_pow2, promote_types, sm_count, zeros
@@ -67,153 +67,6 @@ _CONFIGS = {
     "interpreter": dict(max_n=128, tile=1024, elems_per_warp=512, bwd_elems_per_warp=512, max_warps=1,
                         programs=3),
 }
-
-
-# --------------------------------------------------------------------------------------------- helpers
-def _cfg():
-    return _CONFIGS[backend().name]
-
-
-def _warps(elems, key, cfg):
-    return max(1, min(cfg["max_warps"], next_pow2(max(elems // cfg[key], 1))))
-
-
-@functools.lru_cache(maxsize=1024)
-def _fwd_config(M, N, name):
-    """(grid, SINGLE, BLOCK_M, BLOCK_N, num_warps) of a forward launch; cached by shape."""
-    cfg = _CONFIGS[name]
-    block_n = next_pow2(N)
-    if block_n <= cfg["max_n"]:
-        block_m = min(next_pow2(M), max(1, cfg["tile"] // block_n))
-        return (cdiv(M, block_m),), 1, block_m, block_n, _warps(block_m * block_n, "elems_per_warp", cfg)
-    block_n = cfg["max_n"]
-    return (M,), 0, 1, block_n, _warps(block_n, "elems_per_warp", cfg)
-
-
-@functools.lru_cache(maxsize=1024)
-def _bwd_config(M, N, name, dev, need_w):
-    """(programs, rows per program, SINGLE, BLOCK_N, num_warps) of a backward launch: a few programs
-    per SM each looping over a range of rows when weight gradients are accumulated, one row per
-    program when only dx is needed (frozen weights)."""
-    cfg = _CONFIGS[name]
-    block_n = next_pow2(N)
-    single = int(block_n <= cfg["max_n"])
-    if not single:
-        block_n = cfg["max_n"]
-    if "programs" in cfg:
-        target = cfg["programs"]
-    elif not need_w:
-        target = M
-    else:
-        target = sm_count(dev) * (cfg["bwd_per_sm"] if block_n <= 8192 else 1)
-    rows = cdiv(M, max(1, min(target, M)))
-    return cdiv(M, rows), rows, single, block_n, _warps(block_n, "bwd_elems_per_warp", cfg)
-
-
-def _use_kernels(what, x, residual, weight, bias=None):
-    """Whether the Triton kernels serve this call (else the PyTorch reference runs). The common case
-    is decided from dtypes and the device alone; shapes and devices are checked by the planned
-    forward (once per signature), and here for every call that does not take the kernels."""
-    try:
-        dev_type = backend().device_type
-    except RuntimeError:
-        dev_type = None
-    T = torch.Tensor
-    if (isinstance(x, T) and x.dtype in _SERVED and x.device.type == dev_type and isinstance(weight, (T, type(None)))
-            and (weight is None or weight.dtype in _SERVED) and (bias is None or bias.dtype in _SERVED)):
-        return True
-    _check(x, residual, weight, bias, what)
-    if x.dtype not in _SERVED:
-        if x.dtype == torch.float64:
-            return False
-        raise ValueError(f"gems.fused norms: input dtype {x.dtype} is not supported (float32, float16, bfloat16; "
-                         f"float64 runs the PyTorch reference)")
-    for t in (weight, bias):
-        if t is not None and t.dtype not in _SERVED:
-            if t.dtype == torch.float64:
-                return False
-            raise ValueError(f"gems.fused norms: parameter dtype {t.dtype} is not supported")
-    return dev_type is not None and x.device.type == dev_type
-
-
-def _check(x, residual, weight, bias, what):
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise ValueError(f"{what}: x must be a floating-point tensor, got "
-                         f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
-    if x.dim() == 0:
-        raise ValueError(f"{what}: x must have at least one dimension (the normalized one)")
-    N = x.shape[-1]
-    if N == 0:
-        raise ValueError(f"{what}: the normalized (last) dimension is empty")
-    for name, p in (("weight", weight), ("bias", bias)):
-        if p is None:
-            continue
-        if not p.is_floating_point():
-            raise ValueError(f"{what}: {name} must be floating point, got {p.dtype}")
-        if tuple(p.shape) != (N,):
-            raise ValueError(f"{what}: {name} shape {tuple(p.shape)} must be ({N},), the last dim of x "
-                             f"{tuple(x.shape)}")
-        if p.device != x.device:
-            raise ValueError(f"{what}: {name} is on {p.device}, x on {x.device}")
-    if residual is not None:
-        if tuple(residual.shape) != tuple(x.shape):
-            raise ValueError(f"{what}: residual shape {tuple(residual.shape)} differs from x {tuple(x.shape)}")
-        if residual.dtype != x.dtype:
-            raise ValueError(f"{what}: residual dtype {residual.dtype} differs from x {x.dtype}")
-        if residual.device != x.device:
-            raise ValueError(f"{what}: residual is on {residual.device}, x on {x.device}")
-
-
-def _no_graph(*ts):
-    """No autograd graph will be recorded (inference, decode): launch without the autograd.Function
-    (its apply costs more host time than the rest of the call)."""
-    if not torch.is_grad_enabled():
-        return True
-    return not any(t is not None and t.requires_grad for t in ts)
-
-
-def _acc(t):
-    """The reference's compute dtype: fp32, or fp64 for fp64 tensors (tests run it in fp64)."""
-    return t if t.dtype == torch.float64 else t.float()
-
-
-# ------------------------------------------------------------------------------------------ references
-def reference_rms_norm(x, weight, eps=1e-6, *, offset=0.0, casting="llama"):
-    """RMSNorm in plain PyTorch, Hugging Face's code (LlamaRMSNorm / GemmaRMSNorm)."""
-    h = _acc(x)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    if casting == "gemma":
-        return (h * (offset + _acc(weight))).to(x.dtype)
-    if not offset:
-        return weight * h.to(x.dtype)                  # HF's LlamaRMSNorm
-    # with an offset: (weight + offset) in fp32 (no rounding of the shifted weight), one rounding
-    out = (_acc(weight) + offset) * _acc(h.to(x.dtype))
-    return out.to(torch.promote_types(x.dtype, weight.dtype))
-
-
-def reference_add_rms_norm(x, residual, weight, eps=1e-6, *, offset=0.0, casting="llama"):
-    """new_residual = residual + x (input dtype); (rms_norm(new_residual), new_residual)."""
-    s = residual + x
-    return reference_rms_norm(s, weight, eps, offset=offset, casting=casting), s
-
-
-def reference_layer_norm(x, weight, bias, eps=1e-5):
-    """LayerNorm over the last dim with fp32 statistics, result in x's dtype."""
-    h = _acc(x)
-    mean = h.mean(-1, keepdim=True)
-    var = (h - mean).pow(2).mean(-1, keepdim=True)
-    y = (h - mean) * torch.rsqrt(var + eps)
-    if weight is not None:
-        y = y * _acc(weight)
-    if bias is not None:
-        y = y + _acc(bias)
-    return y.to(x.dtype)
-
-
-def reference_add_layer_norm(x, residual, weight, bias, eps=1e-5):
-    """BERT's `LayerNorm(hidden_states + input_tensor)`: (layer_norm(x + residual), x + residual)."""
-    s = x + residual
-    return reference_layer_norm(s, weight, bias, eps), s
 
 
 # ------------------------------------------------------------------------------------------- kernels
@@ -361,6 +214,105 @@ def _pair(ctx, dx):
     tensor for both operands; autograd copies before accumulating into a shared one)."""
     ni = ctx.needs_input_grad
     return (dx if ni[0] else None, dx if ctx.has_res and ni[1] else None)
+
+
+# --------------------------------------------------------------------------------------------- helpers
+def _warps(elems, key, cfg):
+    return max(1, min(cfg["max_warps"], next_pow2(max(elems // cfg[key], 1))))
+
+
+@functools.lru_cache(maxsize=1024)
+def _fwd_config(M, N, name):
+    """(grid, SINGLE, BLOCK_M, BLOCK_N, num_warps) of a forward launch; cached by shape."""
+    cfg = _CONFIGS[name]
+    block_n = next_pow2(N)
+    if block_n <= cfg["max_n"]:
+        block_m = min(next_pow2(M), max(1, cfg["tile"] // block_n))
+        return (cdiv(M, block_m),), 1, block_m, block_n, _warps(block_m * block_n, "elems_per_warp", cfg)
+    block_n = cfg["max_n"]
+    return (M,), 0, 1, block_n, _warps(block_n, "elems_per_warp", cfg)
+
+
+@functools.lru_cache(maxsize=1024)
+def _bwd_config(M, N, name, dev, need_w):
+    """(programs, rows per program, SINGLE, BLOCK_N, num_warps) of a backward launch: a few programs
+    per SM each looping over a range of rows when weight gradients are accumulated, one row per
+    program when only dx is needed (frozen weights)."""
+    cfg = _CONFIGS[name]
+    block_n = next_pow2(N)
+    single = int(block_n <= cfg["max_n"])
+    if not single:
+        block_n = cfg["max_n"]
+    if "programs" in cfg:
+        target = cfg["programs"]
+    elif not need_w:
+        target = M
+    else:
+        target = sm_count(dev) * (cfg["bwd_per_sm"] if block_n <= 8192 else 1)
+    rows = cdiv(M, max(1, min(target, M)))
+    return cdiv(M, rows), rows, single, block_n, _warps(block_n, "bwd_elems_per_warp", cfg)
+
+
+def _use_kernels(what, x, residual, weight, bias=None):
+    """Whether the Triton kernels serve this call (else the PyTorch reference runs). The common case
+    is decided from dtypes and the device alone; shapes and devices are checked by the planned
+    forward (once per signature), and here for every call that does not take the kernels."""
+    try:
+        dev_type = backend().device_type
+    except RuntimeError:
+        dev_type = None
+    T = torch.Tensor
+    if (isinstance(x, T) and x.dtype in _SERVED and x.device.type == dev_type and isinstance(weight, (T, type(None)))
+            and (weight is None or weight.dtype in _SERVED) and (bias is None or bias.dtype in _SERVED)):
+        return True
+    _check(x, residual, weight, bias, what)
+    if x.dtype not in _SERVED:
+        if x.dtype == torch.float64:
+            return False
+        raise ValueError(f"gems.fused norms: input dtype {x.dtype} is not supported (float32, float16, bfloat16; "
+                         f"float64 runs the PyTorch reference)")
+    for t in (weight, bias):
+        if t is not None and t.dtype not in _SERVED:
+            if t.dtype == torch.float64:
+                return False
+            raise ValueError(f"gems.fused norms: parameter dtype {t.dtype} is not supported")
+    return dev_type is not None and x.device.type == dev_type
+
+
+def _check(x, residual, weight, bias, what):
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise ValueError(f"{what}: x must be a floating-point tensor, got "
+                         f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if x.dim() == 0:
+        raise ValueError(f"{what}: x must have at least one dimension (the normalized one)")
+    N = x.shape[-1]
+    if N == 0:
+        raise ValueError(f"{what}: the normalized (last) dimension is empty")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None:
+            continue
+        if not p.is_floating_point():
+            raise ValueError(f"{what}: {name} must be floating point, got {p.dtype}")
+        if tuple(p.shape) != (N,):
+            raise ValueError(f"{what}: {name} shape {tuple(p.shape)} must be ({N},), the last dim of x "
+                             f"{tuple(x.shape)}")
+        if p.device != x.device:
+            raise ValueError(f"{what}: {name} is on {p.device}, x on {x.device}")
+    if residual is not None:
+        if tuple(residual.shape) != tuple(x.shape):
+            raise ValueError(f"{what}: residual shape {tuple(residual.shape)} differs from x {tuple(x.shape)}")
+        if residual.dtype != x.dtype:
+            raise ValueError(f"{what}: residual dtype {residual.dtype} differs from x {x.dtype}")
+        if residual.device != x.device:
+            raise ValueError(f"{what}: residual is on {residual.device}, x on {x.device}")
+
+
+def _no_graph(*ts):
+    """No autograd graph will be recorded (inference, decode): launch without the autograd.Function
+    (its apply costs more host time than the rest of the call)."""
+    if not torch.is_grad_enabled():
+        return True
+    return not any(t is not None and t.requires_grad for t in ts)
 
 
 # ------------------------------------------------------------------------------------------- RMSNorm
@@ -547,8 +499,8 @@ def _native_ln_served():
     """Whether Gems serves native_layer_norm and its backward on this thread now (gems.enable()).
     Then a plain layer_norm goes through F.layer_norm: the same Triton kernels, replayed from the C++
     fast path's plans under ATen's C++ autograd node. _LayerNormFn's Python autograd costs about twice
-    ATen's whole layer_norm forward + backward at BERT's 4096 x 768 (0.120 vs 0.063 ms, H200,
-    2026-11-27): nothing is fused away to pay for it."""
+    ATen's whole layer_norm forward + backward at BERT's 4096 x 768 (0.120 vs 0.063 ms on an H200):
+    nothing is fused away to pay for it."""
     cfg = dispatch.active_config()
     return cfg is not None and _NATIVE_LN[0] in cfg and _NATIVE_LN[1] in cfg
 
@@ -572,3 +524,47 @@ def add_layer_norm(x, residual, weight, bias, eps=1e-5):
     if _no_graph(x, residual, weight, bias):
         return _ln_forward(x, residual, weight, bias, eps, "add_layer_norm")[:2]
     return _LayerNormFn.apply(x, residual, weight, bias, eps, "add_layer_norm")
+
+
+# ------------------------------------------------------------------------------------------ references
+def _acc(t):
+    """The reference's compute dtype: fp32, or fp64 for fp64 tensors (tests run it in fp64)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
+def reference_rms_norm(x, weight, eps=1e-6, *, offset=0.0, casting="llama"):
+    """RMSNorm in plain PyTorch, Hugging Face's code (LlamaRMSNorm / GemmaRMSNorm)."""
+    h = _acc(x)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if casting == "gemma":
+        return (h * (offset + _acc(weight))).to(x.dtype)
+    if not offset:
+        return weight * h.to(x.dtype)                  # HF's LlamaRMSNorm
+    # with an offset: (weight + offset) in fp32 (no rounding of the shifted weight), one rounding
+    out = (_acc(weight) + offset) * _acc(h.to(x.dtype))
+    return out.to(torch.promote_types(x.dtype, weight.dtype))
+
+
+def reference_add_rms_norm(x, residual, weight, eps=1e-6, *, offset=0.0, casting="llama"):
+    """new_residual = residual + x (input dtype); (rms_norm(new_residual), new_residual)."""
+    s = residual + x
+    return reference_rms_norm(s, weight, eps, offset=offset, casting=casting), s
+
+
+def reference_layer_norm(x, weight, bias, eps=1e-5):
+    """LayerNorm over the last dim with fp32 statistics, result in x's dtype."""
+    h = _acc(x)
+    mean = h.mean(-1, keepdim=True)
+    var = (h - mean).pow(2).mean(-1, keepdim=True)
+    y = (h - mean) * torch.rsqrt(var + eps)
+    if weight is not None:
+        y = y * _acc(weight)
+    if bias is not None:
+        y = y + _acc(bias)
+    return y.to(x.dtype)
+
+
+def reference_add_layer_norm(x, residual, weight, bias, eps=1e-5):
+    """BERT's `LayerNorm(hidden_states + input_tensor)`: (layer_norm(x + residual), x + residual)."""
+    s = x + residual
+    return reference_layer_norm(s, weight, bias, eps), s

@@ -27,9 +27,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..codegen.layout import contiguous_strides
 from ..runtime import kernel
 from ..runtime.alloc import empty
 from ..runtime.planned import planned
+from ..runtime.utils import next_pow2
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -90,10 +92,6 @@ def rope_kernel(Q, K, QO, KO, C, SN, S, HQ, HKV, NQB,
                    HKV, k_sh, k_sd, ko_sh, ko_sd, c_sd, s_sd, HALF, BLOCK_H, BLOCK_HALF, BACKWARD)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length() if n > 1 else 1
-
-
 _CONFIGS: dict = {}
 
 
@@ -102,8 +100,8 @@ def _config(D: int, HQ: int, HKV: int):
     key = (D, HQ, HKV)
     cfg = _CONFIGS.get(key)
     if cfg is None:
-        bhalf = _next_pow2(D // 2)
-        bh = max(1, min(_next_pow2(max(HQ, HKV)), 2048 // (2 * bhalf)))
+        bhalf = next_pow2(D // 2)
+        bh = max(1, min(next_pow2(max(HQ, HKV)), 2048 // (2 * bhalf)))
         warps = 4 if bh * bhalf * 2 >= 2048 else (2 if bh * bhalf * 2 >= 512 else 1)
         cfg = _CONFIGS[key] = (bhalf, bh, warps)
     return cfg
@@ -120,14 +118,6 @@ def _dense(shape, stride) -> bool:
     return True
 
 
-def _contiguous_strides(shape):
-    out, acc = [], 1
-    for size in reversed(shape):
-        out.append(acc)
-        acc *= max(size, 1)
-    return tuple(reversed(out))
-
-
 def _logical(st, ud):
     """(b, h, s, d) strides of a q/k stride tuple whose head dim is `ud`."""
     return (st[0], st[1], st[2], st[3]) if ud == 1 else (st[0], st[2], st[1], st[3])
@@ -136,7 +126,7 @@ def _logical(st, ud):
 def _make_plan(q, k, cos, sin, unsqueeze_dim, out_strides):
     ud = _check(q, k, cos, sin, unsqueeze_dim)
     if out_strides is None:   # q's (k's) layout when dense (HF's transposed views), contiguous otherwise
-        out_strides = tuple(t.stride() if _dense(t.shape, t.stride()) else _contiguous_strides(t.shape)
+        out_strides = tuple(t.stride() if _dense(t.shape, t.stride()) else contiguous_strides(t.shape)
                             for t in (q, k))
     qo_st, ko_st = out_strides
     if ud == 1:

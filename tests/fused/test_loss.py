@@ -6,9 +6,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness import DEVICE, DTYPES, FLOAT_IDS, assert_close, make
 
-from gems.fused import loss as L
-from gems.fused.loss import (cross_entropy, fused_linear_cross_entropy, reference_cross_entropy,
-                             reference_fused_linear_cross_entropy)
+from gems.fused import cross_entropy_loss as L
+from gems.fused import linear_cross_entropy as LCE
+from gems.fused.cross_entropy_loss import cross_entropy, reference_cross_entropy
+from gems.fused.linear_cross_entropy import fused_linear_cross_entropy, reference_fused_linear_cross_entropy
 
 dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: FLOAT_IDS[d])
 
@@ -248,12 +249,12 @@ def test_flce_default_chunk_and_frozen_weight():
         fused_linear_cross_entropy(h, w, t, chunk_size="small")
     with pytest.raises(ValueError, match="low_memory"):
         fused_linear_cross_entropy(h, w, t, chunk_size=True)
-    assert L.default_chunk(N) == N
-    assert L.default_chunk(4096) == 2048 and L.default_chunk(2048) == 2048 and L.default_chunk(100000) == 2048
-    assert L.chunk_rows(N, H, V) == N
-    assert L.chunk_rows(4096, 4096, 32000) == 512
-    assert L.chunk_rows(1024, 4096, 128256) == 256
-    assert L.chunk_rows(65536, 4096, 32000) == 4096
+    assert LCE.default_chunk(N) == N
+    assert LCE.default_chunk(4096) == 2048 and LCE.default_chunk(2048) == 2048 and LCE.default_chunk(100000) == 2048
+    assert LCE.chunk_rows(N, H, V) == N
+    assert LCE.chunk_rows(4096, 4096, 32000) == 512
+    assert LCE.chunk_rows(1024, 4096, 128256) == 256
+    assert LCE.chunk_rows(65536, 4096, 32000) == 4096
 
 
 def test_flce_no_grad_and_errors():
