@@ -24,7 +24,6 @@ restores ATen exactly, with no overhead left behind.
 """
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 from typing import Iterable, Optional
@@ -37,26 +36,11 @@ from .registry import AtenError, Unsupported
 from .runtime import backends as _backends
 from .runtime import fast as _fastmod
 from .runtime import plan as _plan
+from .runtime import settings
 from .runtime.backends import backend
 
 _Tensor = torch.Tensor
 _strided = torch.strided
-_STRICT = os.environ.get("GEMS_STRICT", "0") not in ("", "0")
-# GEMS_PLANS=0 turns call plans off (every call takes the full path): for debugging and A/B timing
-_PLANS = os.environ.get("GEMS_PLANS", "1") not in ("", "0")
-# GEMS_PLAN_CHECK=N answers the first call of each of an overload's first N signatures from the new plan
-# (a test aid, see _record; "all" for every signature). The test suite sets it.
-_PLAN_CHECK = os.environ.get("GEMS_PLAN_CHECK", "0")
-_PLAN_CHECK = 1 << 62 if _PLAN_CHECK == "all" else int(_PLAN_CHECK or 0)
-# GEMS_PLAN_AFTER: the call of a signature that records its plan, 2 (default) or 1. Why not the first:
-# recording costs 3-4x a plain call (a new `cat` signature: 250 us against 70, CPU, session 26), and
-# decode meets signatures it never sees again (the KV cache grows a token per step): ops called once per
-# token (mask updates) then never record; ops called per layer record at their second call, the first
-# layer's second op, and replay for the other layers. The test suite sets 1 (with GEMS_PLAN_CHECK the op
-# tests' first calls check their plans).
-_PLAN_AFTER = int(os.environ.get("GEMS_PLAN_AFTER", "2") or 2)
-if _PLAN_AFTER not in (1, 2):
-    raise ValueError(f"GEMS_PLAN_AFTER must be 1 or 2, not {_PLAN_AFTER}")
 # ATen hands a Python kernel wrapped-number tensors (`x * 2.0`) as Python numbers; every path back to
 # ATen's original kernel turns them into equivalent 0-dim tensors first (see gems.codegen.numbers).
 
@@ -70,7 +54,6 @@ class _ThreadState(threading.local):
 _TLS = _ThreadState()
 _LOCK = threading.RLock()
 _lib = None                      # torch.library.Library holding our registrations, or None
-_registered_opt_in = frozenset()  # the opt-in overloads registered in _lib
 _global_cfg = None               # op set of enable(), or None
 _scopes: list = []               # active use_gems scopes in all threads, innermost last
 _cfg_cache: dict = {}
@@ -143,7 +126,7 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     tensor_slots = bool(tensor_positions(schema))
     host_pos = tuple(i for i, a in enumerate(schema.arguments) if a.name in impl.host_args)
     broken = impl.broken
-    sig = _plan.make_signature(schema, impl.dynamic, on_cuda) if impl.plan and _PLANS else None
+    sig = _plan.make_signature(schema, impl.dynamic, on_cuda) if impl.plan and settings.PLANS else None
     # plans outlive a registration: disable() followed by enable() finds them again
     if sig is not None and impl.plans is None:
         impl.plans = _plan.PlanCache()
@@ -151,7 +134,7 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     plans = cache.plans if cache is not None else None
     extra_key = impl.plan_key
     MISS, NO_PLAN, AtenPlan, SEEN = _plan.MISS, _plan.NO_PLAN, _plan.AtenPlan, _plan.SEEN
-    record_later = _PLAN_AFTER > 1
+    record_later = settings.PLAN_AFTER > 1
     fast_op = impl.fast if _fast is not None and sig is not None else None
     # under the interpreter a launch copies storages with ops Gems may serve: keep the re-entry
     # guard up while a plan runs there; on CUDA a plan calls nothing Gems serves
@@ -298,7 +281,7 @@ def _record(impl, cache, key, schema, on_cuda, args, kwargs):
     and the plan runs it again, so the op tests also test the plans."""
     fn = impl.fn
     values = _plan.named_args(schema, args, kwargs)
-    saved = _snapshot(schema, values) if cache.built < _PLAN_CHECK else None
+    saved = _snapshot(schema, values) if cache.built < settings.PLAN_CHECK else None
     # the plan's answer must draw the random numbers the recorded run drew (plan.philox): the CUDA
     # generators' offsets go back to where they were before the plan runs the call again
     gens = [(g, g.get_offset()) for g in torch.cuda.default_generators] if saved is not None and on_cuda else ()
@@ -382,7 +365,7 @@ def _after_error(impl, exc, call_orig, keyset, args, kwargs):
         out = call_orig(keyset, *args, **kwargs)
     except Exception as aten_exc:  # noqa: BLE001
         raise aten_exc from None
-    if _STRICT:
+    if settings.STRICT:
         raise exc
     reason = f"gems error: {type(exc).__name__}"
     impl.counts[1] += 1
@@ -467,29 +450,19 @@ def _unserved_scanner(unserved: dict):
     return scan
 
 
-def _ensure_registered(cfg=frozenset()):
-    """Register Gems' kernels at the backend key (once), including the opt-in overloads `cfg` names.
-
-    Opt-in overloads are registered only when a selection asks for them: a registered kernel that a
-    selection leaves out still costs a hop into Python per call (measured +120 us per SDPA call), so
-    a selection naming more of them re-registers with the union."""
-    global _lib, _fast, _registered_opt_in
-    if _lib is not None and _opt_in_names(cfg) <= _registered_opt_in:
-        return   # the common case on every use_gems() entry: a lookup and a subset test
+def _ensure_registered():
+    """Register Gems' kernels at the backend key (once)."""
+    global _lib, _fast
+    if _lib is not None:
+        return   # the common case on every use_gems() entry
     with _LOCK:
-        want = _registered_opt_in | _opt_in_names(cfg)
         if _lib is not None:
-            if want == _registered_opt_in:
-                return
-            if _fast is not None:
-                _fast.unregister()
-            _lib._destroy()
-            _lib = None
+            return
         be = backend()
-        if _fast is None and _PLANS:
+        if _fast is None and settings.PLANS:
             _fast = _fastmod.load()
             if _fast is not None:
-                _fast.set_check(_PLAN_CHECK > 0)
+                _fast.set_check(settings.PLAN_CHECK > 0)
                 if be.device_type == "cuda":
                     dev = torch.cuda.current_device()
                     _fastmod.note_stream_mode(_fast.init_stream(dev, torch._C._cuda_getCurrentRawStream(dev)))
@@ -503,8 +476,6 @@ def _ensure_registered(cfg=frozenset()):
             # torch warns on every override of an existing kernel: that is the point here
             warnings.simplefilter("ignore")
             for impl in registry.all_impls(be.name):
-                if impl.opt_in and impl.name not in want:
-                    continue
                 # the dispatcher spells the default overload without a suffix
                 schema_name = impl.name[:-8] if impl.name.endswith(".default") else impl.name
                 orig = torch.library.get_kernel(f"aten::{schema_name}", be.dispatch_key)
@@ -525,17 +496,6 @@ def _ensure_registered(cfg=frozenset()):
                 # on top of the Python kernels, which it calls on a miss; unregistering it restores them
                 _fast.register(be.dispatch_key, fast_ops)
         _lib = lib
-        _registered_opt_in = want
-
-
-_opt_in_of: dict = {}   # selection -> its opt-in overloads (use_gems() entries must stay cheap)
-
-
-def _opt_in_names(cfg) -> frozenset:
-    names = _opt_in_of.get(cfg)
-    if names is None:
-        names = _opt_in_of[cfg] = frozenset(n for n in cfg if registry.get(n).opt_in)
-    return names
 
 
 def _new_fast_op(impl):
@@ -562,40 +522,25 @@ def _set_foreach(impl, be):
 
 
 def _unregister_if_idle():
-    global _lib, _registered_opt_in
+    global _lib
     with _LOCK:
         if _lib is not None and _global_cfg is None and not _scopes:
             if _fast is not None:
                 _fast.unregister()
             _lib._destroy()
             _lib = None
-            _registered_opt_in = frozenset()
 
 
-def _opt_in_env() -> tuple:
-    return tuple(g.strip() for g in os.environ.get("GEMS_OPT_IN", "").split(",") if g.strip())
-
-
-def _config(include, exclude, opt_in=None) -> frozenset:
-    if opt_in is None:
-        opt_in = _opt_in_env()
-    key = (_names_key(include), _names_key(exclude), _names_key(opt_in))
+def _config(include, exclude) -> frozenset:
+    key = (_names_key(include), _names_key(exclude))
     cfg = _cfg_cache.get(key)
     if cfg is None:
         _backends.check_environment()
         be = backend().name
-        groups = (opt_in,) if isinstance(opt_in, str) else tuple(opt_in)
-        # a group that is on by default (attention since session 26) is accepted and adds nothing
-        unknown = set(groups) - registry.groups()
-        if unknown:
-            raise ValueError(f"unknown opt-in group(s) {sorted(unknown)}; Gems has: "
-                             f"{sorted(registry.opt_in_groups()) or 'none'} (opt-in), "
-                             f"{sorted(registry.groups() - registry.opt_in_groups()) or 'none'} (on by default)")
         if include is not None:
             ops = registry.resolve(include, be, "raise")
         else:
-            ops = {i.name for i in registry.all_impls(be) if not i.opt_in or i.opt_in in groups}
-        ops |= registry.resolve(groups, be) if groups else set()
+            ops = {i.name for i in registry.all_impls(be)}
         cfg = frozenset(ops - registry.resolve(exclude, be, "warn"))
         _cfg_cache[key] = cfg
     return cfg
@@ -607,20 +552,17 @@ def _names_key(names):
     return (names,) if isinstance(names, str) else tuple(names)
 
 
-def enable(include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None, *,
-           opt_in: Optional[Iterable[str]] = None):
+def enable(include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None):
     """Serve every registered ATen overload (or the `include`d ones, minus `exclude`) with Gems.
 
-    Opt-in groups (`opt_in=("group",)`, default `$GEMS_OPT_IN`) add overloads that are left out by
-    default because they are not yet faster than ATen (none at present; "attention" was one until
-    session 26 and is still accepted). A group's name selects all its overloads in `include=` and
-    `exclude=`: `enable(exclude=("attention",))` leaves SDPA to ATen. Process-wide; a thread inside
-    `use_gems()` follows its scope instead.
+    A group's name selects all its overloads in `include=` and `exclude=`:
+    `enable(exclude=("attention",))` leaves SDPA to ATen. Process-wide; a thread inside `use_gems()`
+    follows its scope instead.
     """
     global _global_cfg
     _backends.check_environment()
-    cfg = _config(include, exclude, opt_in)
-    _ensure_registered(cfg)
+    cfg = _config(include, exclude)
+    _ensure_registered()
     _global_cfg = cfg
     if _fast is not None:
         _fast.set_global(_cfg_id(cfg))
@@ -658,13 +600,12 @@ class use_gems:
 
     __slots__ = ("cfg", "_prev")
 
-    def __init__(self, include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None, *,
-                 opt_in: Optional[Iterable[str]] = None):
-        self.cfg = _config(include, exclude, opt_in)
+    def __init__(self, include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None):
+        self.cfg = _config(include, exclude)
         self._prev = []
 
     def __enter__(self):
-        _ensure_registered(self.cfg)
+        _ensure_registered()
         tls = _TLS
         self._prev.append((tls.scoped, tls.cfg))
         tls.scoped, tls.cfg = True, self.cfg

@@ -73,11 +73,7 @@ class OpImpl:
     plan: bool = True
     dynamic: frozenset = frozenset()
     plan_key: Optional[Callable] = None   # global state the implementation reads (matmul precision)
-    # "" or an opt-in group ("attention"): served only when the group is asked for (enable(opt_in=...),
-    # GEMS_OPT_IN, or naming the overload in include=), because it is not yet faster than ATen
-    opt_in: str = ""
-    # "" or a group ("attention"): a name `include=`/`exclude=` (and `opt_in=`) accept for all its overloads;
-    # an opt-in overload is in its opt-in group too (`groups()`, `resolve()`)
+    # "" or a group ("attention"): a name `include=`/`exclude=` accept for all its overloads
     group: str = ""
     # Tensor arguments ATen takes on the host whatever the device (the packed scalars of
     # _foreach_addcmul.Tensor): a CPU tensor there does not send a GPU call to ATen
@@ -142,7 +138,7 @@ def canonical(name: str) -> str:
 def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bool = False,
              check: Optional[Callable] = None, backends: Iterable[str] = ("cuda", "interpreter"),
              plan: bool = True, dynamic: Iterable[str] = (), plan_key: Optional[Callable] = None,
-             opt_in: str = "", group: str = "", host_args: Iterable[str] = (), foreach: Optional[dict] = None):
+             group: str = "", host_args: Iterable[str] = (), foreach: Optional[dict] = None):
     """Declare that the decorated function implements the ATen overloads `names`.
 
     Names are ATen overload names as `torch.ops.aten.<base>.<overload>` spells them; a name without
@@ -153,12 +149,9 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
     opts out (kernels seeded per call), `dynamic` names arguments whose Python numbers are passed to
     the kernel per call (the op reports where with `runtime.plan.dynamic`); `plan_key()` returns
     process state the implementation reads besides its arguments (it becomes part of the signature).
-    `opt_in="group"` leaves the overloads out of the default selection of `enable()`/`use_gems()`
-    (served only with `opt_in=("group",)`, `GEMS_OPT_IN=group` or an explicit `include=`): for
-    implementations that are correct but not yet faster than ATen on the models. `group="name"` makes
-    the overloads one name for `include=`/`exclude=` (`exclude=("attention",)`); an opt-in group is
-    also a group. `host_args` names
-    Tensor arguments ATen itself reads on the CPU: a CPU tensor there is served, not sent to ATen.
+    `group="name"` makes the overloads one name for `include=`/`exclude=` (`exclude=("attention",)`).
+    `host_args` names Tensor arguments ATen itself reads on the CPU: a CPU tensor there is served, not
+    sent to ATen.
     `foreach` (ops/foreach.py only) tells the C++ fast path how to serve a _foreach_* call whole.
     """
     if category not in CATEGORIES:
@@ -173,7 +166,7 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
                     raise ValueError(f"{name} is registered twice ({_IMPLS[name].fn.__module__} and {fn.__module__})")
                 _IMPLS[name] = OpImpl(name, fn, category, tuple(dtypes), backward, check, tuple(backends),
                                       (fn.__doc__ or "").strip().split("\n")[0], plan, frozenset(dynamic), plan_key,
-                                      opt_in=opt_in, group=group, host_args=frozenset(host_args),
+                                      group=group, host_args=frozenset(host_args),
                                       foreach=foreach)
         return fn
 
@@ -242,7 +235,7 @@ def resolve(names: Optional[Iterable[str]], backend: Optional[str] = None, unkno
     out = set()
     for n in names:
         if n in named:   # a group ("attention") names its overloads
-            out.update(i.name for i in impls if n in (i.group, i.opt_in))
+            out.update(i.name for i in impls if i.group == n)
             continue
         if "." in n:
             _aten_overload(n)
@@ -266,16 +259,10 @@ def resolve(names: Optional[Iterable[str]], backend: Optional[str] = None, unkno
 _WARNED_NAMES: set = set()
 
 
-def opt_in_groups() -> set[str]:
-    """Names of the opt-in groups (`register(..., opt_in=...)`)."""
-    _load_ops()
-    return {i.opt_in for i in _IMPLS.values() if i.opt_in}
-
-
 def groups() -> set[str]:
-    """Names of the groups (`register(..., group=...)`, opt-in or not)."""
+    """Names of the groups (`register(..., group=...)`)."""
     _load_ops()
-    return {g for i in _IMPLS.values() for g in (i.group, i.opt_in) if g}
+    return {i.group for i in _IMPLS.values() if i.group}
 
 
 def _not_implemented(n: str, impls, backend) -> str:

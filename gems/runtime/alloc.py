@@ -8,13 +8,11 @@ forgets to write can never pass as a right answer -- in plans too.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 
 from . import plan as _plan
-
-POISON = os.environ.get("GEMS_POISON", "0") not in ("", "0")
+from .settings import POISON
 
 
 def poison(t):

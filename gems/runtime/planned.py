@@ -25,15 +25,11 @@ the first call of a signature is answered by its new plan, so the tests run the 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from . import plan as _plan
 from .backends import backend
-
-_PLANS = os.environ.get("GEMS_PLANS", "1") not in ("", "0")
-_CHECK = os.environ.get("GEMS_PLAN_CHECK", "0") not in ("", "0")
+from .settings import PLAN_CHECK, PLANS
 
 _ALL: dict = {}     # name -> Planned, for plan_stats()
 
@@ -55,7 +51,7 @@ class Planned:
         self._sig = None     # built on first use: the backend (CUDA or the interpreter) decides its form
 
     def __call__(self, *args):
-        if not _PLANS:
+        if not PLANS:
             return self.fn(*args)
         sig = self._sig
         if sig is None:
@@ -77,7 +73,7 @@ class Planned:
         out, p, rec = _plan.record(self.fn, self.schema, args, {}, backend().device_type == "cuda")
         if p is not None or not rec.transient:
             self.cache.put(key, p, rec.tainted)
-        if p is not None and _CHECK:
+        if p is not None and PLAN_CHECK:
             again = p(*args)         # no argument is written: running it again is harmless
             if again is not _plan.MISS:
                 return again

@@ -9,10 +9,11 @@ import torch
 
 import gems
 from gems import registry
+from gems.runtime import settings
 from gems.ops import blas
 from harness import DEVICE, assert_close, make, to_ref
 
-_FAST = os.environ.get("GEMS_FAST", "1") not in ("", "0") and os.environ.get("GEMS_PLANS", "1") not in ("", "0")
+_FAST = os.environ.get("GEMS_FAST", "1") not in ("", "0") and settings.PLANS
 
 
 class _Tuner:

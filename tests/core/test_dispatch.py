@@ -8,6 +8,7 @@ import torch
 
 import gems
 from gems import registry
+from gems.runtime import settings
 from harness import DEVICE, assert_close, make, served, to_ref
 
 SOFTMAX = "_softmax.default"
@@ -166,7 +167,7 @@ def test_gems_bug_never_returns_a_wrong_answer(monkeypatch):
     op and the call's signature; that signature goes to ATen from then on, other signatures are still
     tried (one error does not switch the op off for the whole process)."""
     from gems import dispatch
-    monkeypatch.setattr(dispatch, "_STRICT", False)
+    monkeypatch.setattr(settings, "STRICT", False)
     real = registry.get("_softmax").fn
 
     def broken_on_6_columns(x, dim, half_to_float, *a, **k):
@@ -195,7 +196,7 @@ def test_gems_bug_never_returns_a_wrong_answer(monkeypatch):
 
 def test_gems_bug_on_many_signatures_switches_the_op_off(monkeypatch):
     from gems import dispatch
-    monkeypatch.setattr(dispatch, "_STRICT", False)
+    monkeypatch.setattr(settings, "STRICT", False)
     monkeypatch.setattr(dispatch, "MAX_BROKEN_SIGNATURES", 2)
 
     def broken(*a, **k):
@@ -319,61 +320,6 @@ def test_lone_python_number_reaches_aten_as_tensor():
     assert got.dtype == torch.float16 and got.item() == 2.5
 
 
-def test_opt_in_groups_are_left_out_by_default(monkeypatch):
-    # an implementation marked opt_in="group" (correct, not yet faster than ATen) is served only when
-    # its group is asked for: enable(opt_in=...), GEMS_OPT_IN, or naming it in include=
-    from gems import dispatch
-    impl = registry.get("add.Tensor")
-    monkeypatch.setattr(impl, "opt_in", "testgroup")
-    monkeypatch.setattr(dispatch, "_cfg_cache", {})
-    monkeypatch.delenv("GEMS_OPT_IN", raising=False)
-    assert "add.Tensor" not in dispatch._config(None, None)
-    assert "mul.Tensor" in dispatch._config(None, None)
-    assert "add.Tensor" in dispatch._config(None, None, ("testgroup",))
-    assert dispatch._config(["testgroup"], None) >= {"add.Tensor"}
-    assert "add.Tensor" in dispatch._config(["add"], None)
-    monkeypatch.setenv("GEMS_OPT_IN", "testgroup")
-    assert "add.Tensor" in dispatch._config(None, None)
-    with pytest.raises(ValueError, match="unknown opt-in group"):
-        dispatch._config(None, None, ("nosuchgroup",))
-    x = make((3,))
-    with gems.use_gems(opt_in=()):      # explicit: no groups, whatever the environment says
-        before = gems.stats().get("add.Tensor", {}).get("served", 0)
-        y = x + x
-    assert gems.stats().get("add.Tensor", {}).get("served", 0) == before
-    assert_close(y, to_ref(x) * 2, torch.float32)
-
-
-def test_opt_in_overloads_are_registered_only_when_asked_for(monkeypatch):
-    # a registered kernel a selection leaves out still costs a hop into Python per call: opt-in
-    # overloads join the dispatcher only when a selection names them (then the union stays)
-    from gems import dispatch
-    impl = registry.get("add.Tensor")
-    monkeypatch.setattr(impl, "opt_in", "testgroup")
-    monkeypatch.setattr(dispatch, "_cfg_cache", {})
-    monkeypatch.setattr(dispatch, "_opt_in_of", {})
-    monkeypatch.delenv("GEMS_OPT_IN", raising=False)
-    gems.disable()
-    assert dispatch._lib is None, "another scope is active"
-    key = "CPU" if DEVICE == "cpu" else "CUDA"
-
-    def ours():
-        return torch._C._dispatch_has_kernel_for_dispatch_key("aten::add.Tensor", key) and \
-            "gems" in torch._C._dispatch_dump("aten::add.Tensor")
-
-    x = make((4,))
-    with gems.use_gems():
-        assert not ours()
-        assert_close(x + x, to_ref(x) * 2, torch.float32)
-    with gems.use_gems(opt_in=("testgroup",)):
-        assert ours()
-        before = gems.stats().get("add.Tensor", {}).get("served", 0)
-        assert_close(x + x, to_ref(x) * 2, torch.float32)
-        assert gems.stats()["add.Tensor"]["served"] == before + 1
-    gems.disable()   # no scope left: the registrations (the opt-in one too) are gone
-    assert dispatch._lib is None and not ours()
-
-
 def test_stats_count_python_path_calls():
     """gems.stats()[op]['python']: served calls that ran the Python kernel. With the C++ fast path, a
     signature's first call records the plan there and the repeats are replayed from C++."""
@@ -386,7 +332,7 @@ def test_stats_count_python_path_calls():
             torch.softmax(x, 1)
     st = gems.stats()[SOFTMAX]
     assert st["served"] == 3
-    if fast.status().startswith("loaded") and dispatch._PLANS:
+    if fast.status().startswith("loaded") and settings.PLANS:
         assert st["python"] <= 1, st   # (0 when an earlier test recorded this signature's plan)
     else:
         assert st["python"] == 3, st

@@ -500,14 +500,13 @@ def test_each_cuda_backend(sdp, case):
 
 def test_attention_is_served_by_default_and_is_a_group():
     """Plain use_gems()/enable() serve the fused overload SDPA picks; the group's name leaves all of it to
-    ATen through exclude= (bit-identical to Gems off) and is still accepted as opt_in= (it was opt-in
-    until session 26); an unknown group still raises."""
+    ATen through exclude= (bit-identical to Gems off)."""
     q, k, v = qkv(1, 2, 2, 16, 16, HEAD_DIMS[0], DTYPES[-1] if ON_GPU else torch.float32)
     fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     name = aten_choice(fn)
     impl = gems.registry.get(name)
-    assert impl.group == "attention" and not impl.opt_in
-    assert "attention" in gems.registry.groups() and "attention" not in gems.registry.opt_in_groups()
+    assert impl.group == "attention"
+    assert "attention" in gems.registry.groups()
     before = impl.served
     with gems.use_gems(exclude=("attention",)):
         out = fn()
@@ -515,10 +514,6 @@ def test_attention_is_served_by_default_and_is_a_group():
     assert torch.equal(out, fn())
     with served_attention(fn), gems.use_gems():
         fn()
-    with served_attention(fn), gems.use_gems(opt_in=("attention",)):
-        fn()
-    with pytest.raises(ValueError, match="unknown opt-in group"):
-        gems.use_gems(opt_in=("no_such_group",))
 
 
 def test_forward_kind_and_gluon_config_rules():

@@ -1,0 +1,45 @@
+"""The environment knobs Gems reads, parsed once, at import, in this one place.
+
+Every module that depends on one of them imports it from here (the dispatcher, planned fused
+functions, allocation); nothing else reads these variables. They are process settings: set them
+before `import gems`.
+
+GEMS_STRICT=1
+    An implementation that raises where ATen succeeds re-raises instead of falling back to ATen
+    (the test suite sets it, so a Gems bug fails the test that meets it).
+GEMS_PLANS=0
+    Call plans off: every call takes the full path (for debugging and A/B timing). Also keeps the
+    C++ fast path unloaded, since it only replays plans.
+GEMS_PLAN_CHECK=N
+    The first call of each of an overload's (or planned fused function's) first N signatures is
+    answered by its freshly built plan instead of the recorded run ("all": every signature), so the
+    op tests also test the plans. The test suite sets it.
+GEMS_PLAN_AFTER=2
+    The call of a signature that records its plan: 2 (the default) or 1. Why not the first:
+    recording costs 3-4x a plain call (a new `cat` signature: 250 us against 70 on a CPU host), and
+    decode meets signatures it never sees again (the KV cache grows a token per step): ops called
+    once per token (mask updates) then never record; ops called per layer record at their second
+    call, the first layer's second op, and replay for the other layers. The test suite sets 1 (with
+    GEMS_PLAN_CHECK the op tests' first calls check their plans).
+GEMS_POISON=1
+    Fresh outputs start as NaN (or -1 for integers), so an element a kernel forgets to write can
+    never pass as a right answer, in plans too (a test aid).
+"""
+from __future__ import annotations
+
+import os
+
+
+def _flag(name: str, default: str) -> bool:
+    return os.environ.get(name, default) not in ("", "0")
+
+
+STRICT: bool = _flag("GEMS_STRICT", "0")
+PLANS: bool = _flag("GEMS_PLANS", "1")
+_check = os.environ.get("GEMS_PLAN_CHECK", "0")
+PLAN_CHECK: int = 1 << 62 if _check == "all" else int(_check or 0)
+PLAN_AFTER: int = int(os.environ.get("GEMS_PLAN_AFTER", "2") or 2)
+if PLAN_AFTER not in (1, 2):
+    raise ValueError(f"GEMS_PLAN_AFTER must be 1 or 2, not {PLAN_AFTER}")
+POISON: bool = _flag("GEMS_POISON", "0")
+del _check
