@@ -10,7 +10,7 @@ Importing gems changes nothing in ATen; `enable()` / `use_gems()` do.
 """
 from . import registry
 from .dispatch import disable, enable, is_enabled, plan_stats, registered_ops, reset_stats, stats, use_gems
-from .patch import patch, patched, unpatch
+from .patching import patch, patched, unpatch
 from .registry import Unsupported
 from .runtime.backends import backend
 

@@ -10,7 +10,6 @@ import contextlib
 import copy
 import importlib
 import inspect
-import sys
 
 import pytest
 import torch
@@ -19,9 +18,9 @@ import torch.nn.functional as TF
 import gems
 import gems.fused
 import gems_models
+from gems.patching.modules import GemsRMSNorm
 from harness import DEVICE, ON_GPU
 
-P = sys.modules["gems.patch"]   # the module (gems.patch is the function)
 FUSED = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "silu_and_mul", "gelu_and_mul", "rope",
          "cross_entropy", "fused_linear_cross_entropy")
 
@@ -335,8 +334,8 @@ def test_bert_dropout_semantics_kept(standins):
 # ------------------------------------------------------------------------- BERT's layer as one function
 @pytest.fixture
 def lean_calls(monkeypatch):
-    """How often gems/encoder_layer.py's one-function path ran (its check passed), and fell back."""
-    E = importlib.import_module("gems.encoder_layer")
+    """How often gems/patching/bert_layer.py's one-function path ran (its check passed), and fell back."""
+    E = importlib.import_module("gems.patching.bert_layer")
     calls = collections.Counter()
     real = E._parts
 
@@ -353,7 +352,7 @@ def test_bert_layer_as_one_function_agrees(lean_calls, standins, monkeypatch, la
     """With dropout active (the same masks drawn) and a padding mask: without the fused QKV GEMM the same
     ATen ops in the same order (loss, logits and every gradient bit-identical to the unpatched model's);
     with it, equal to rounding."""
-    monkeypatch.setattr(importlib.import_module("gems.encoder_layer"), "FUSE_QKV", fuse_qkv)
+    monkeypatch.setattr(importlib.import_module("gems.patching.bert_layer"), "FUSE_QKV", fuse_qkv)
     model, inf, tr = _build("bert", dropout=0.1)
     tr = dict(tr, attention_mask=tr["attention_mask"].clone())
     tr["attention_mask"][1, 5:] = 0
@@ -531,7 +530,7 @@ def test_deepcopy_of_patched_model(standins):
     _assert_same(_run(twin, inf, tr), ref)
     assert standins["add_rms_norm"] and standins["fused_linear_cross_entropy"]
     gems.unpatch(twin)
-    assert type(twin.model.norm).__name__ == "LlamaRMSNorm" and type(model.model.norm) is P.GemsRMSNorm
+    assert type(twin.model.norm).__name__ == "LlamaRMSNorm" and type(model.model.norm) is GemsRMSNorm
     assert "forward" not in twin.__dict__ and "forward" in model.__dict__
     _assert_same(_run(twin, inf, tr), ref)
     del snap_twin

@@ -8,10 +8,10 @@ step. `bert_layer_forward` computes what the original computes, reading each sub
 at call time, without those calls, and with query, key and value as one GEMM on their concatenated
 weights (`FUSE_QKV`): the forward launches as many kernels (two cats and one GEMM for three GEMMs), the
 backward one GEMM pair, one bias sum and one stack where the original runs three of each and two adds.
-Measured on an H200 (BERT-base training 32 x 128, gems.patch + gems.enable(), 2026-11-27): the step
-1.13x faster with the fused QKV than without. Every other op is the original's, in the same order with
-the same arguments (dropout masks included); with FUSE_QKV off the results are bit-identical to the
-class forward's, with it on they differ by the GEMM's rounding.
+Measured on an H200 (BERT-base training 32 x 128, gems.patch + gems.enable()): the step 1.13x faster
+with the fused QKV than without. Every other op is the original's, in the same order with the same
+arguments (dropout masks included); with FUSE_QKV off the results are bit-identical to the class
+forward's, with it on they differ by the GEMM's rounding.
 
 It is taken only where it is the original's computation, checked on every call (`_parts`): an
 encoder self-attention layer (no cross-attention, no KV cache, not causal) on the "sdpa" attention
@@ -27,7 +27,7 @@ import torch.nn.functional as TF
 from torch import nn
 from torch.nn.modules import module as _module
 
-from . import fused
+from .. import fused
 
 # keyword arguments that reach BertLayer from the model and that its encoder self-attention path ignores
 # (BertModel passes position_ids down; sdpa_attention_forward drops what it does not name)

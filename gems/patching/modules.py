@@ -1,0 +1,162 @@
+"""The replacements `gems.patch` puts into a model: modules holding the original Parameters, and forwards
+set on instances, each computing what the transformers 5.17 class computes through `gems.fused`.
+
+`gems.fused` is read as a module attribute at call time (``F.rms_norm``), so what the package binds
+when the patched model runs is what runs (tests bind stand-ins there).
+"""
+from __future__ import annotations
+
+import inspect
+import types
+
+from torch import nn
+
+from .. import fused as F
+
+
+class GemsRMSNorm(nn.Module):
+    """RMSNorm through `gems.fused.rms_norm`, holding the replaced module's own weight Parameter."""
+
+    def __init__(self, weight: nn.Parameter, eps: float, casting: str = "llama", offset: float = 0.0):
+        super().__init__()
+        self.weight = weight
+        self.variance_epsilon = eps
+        self.casting = casting
+        self.offset = offset
+
+    def forward(self, hidden_states):
+        return F.rms_norm(hidden_states, self.weight, self.variance_epsilon, offset=self.offset,
+                          casting=self.casting)
+
+    def extra_repr(self):
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, gems.fused"
+
+
+class GemsLayerNorm(nn.Module):
+    """nn.LayerNorm over the last dimension through `gems.fused.layer_norm`, with the same Parameters."""
+
+    def __init__(self, ln: nn.LayerNorm):
+        super().__init__()
+        self.normalized_shape = ln.normalized_shape
+        self.eps = ln.eps
+        self.elementwise_affine = True
+        self.weight = ln.weight
+        self.bias = ln.bias
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, gems.fused"
+
+
+# ---------------------------------------------------------------------------------------- forwards
+def _norm_args(norm):
+    """(weight, eps, rms keyword arguments) of an original or replaced RMSNorm."""
+    if isinstance(norm, GemsRMSNorm):
+        return norm.weight, norm.variance_epsilon, {"offset": norm.offset, "casting": norm.casting}
+    return norm.weight, norm.variance_epsilon, {"offset": 0.0, "casting": "llama"}
+
+
+def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                           use_cache=False, position_embeddings=None, **kwargs):
+    """Llama/Mistral/Qwen2 decoder layer (transformers 5.17) with the residual add and the post-attention
+    RMSNorm in one `add_rms_norm`."""
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    hidden_states, _ = self.self_attn(
+        hidden_states=hidden_states,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=past_key_values,
+        use_cache=use_cache,
+        position_embeddings=position_embeddings,
+        **kwargs,
+    )
+    w, eps, kw = _norm_args(self.post_attention_layernorm)
+    hidden_states, residual = F.add_rms_norm(hidden_states, residual, w, eps, **kw)
+    hidden_states = self.mlp(hidden_states)
+    return residual + hidden_states
+
+
+def clip_layer_forward(self, hidden_states, attention_mask, **kwargs):
+    """CLIP encoder layer (transformers 5.17) with the residual add and layer_norm2 in one `add_layer_norm`."""
+    residual = hidden_states
+    hidden_states = self.layer_norm1(hidden_states)
+    hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask, **kwargs)
+    ln = self.layer_norm2
+    hidden_states, residual = F.add_layer_norm(hidden_states, residual, ln.weight, ln.bias, ln.eps)
+    hidden_states = self.mlp(hidden_states)
+    return residual + hidden_states
+
+
+def bert_output_forward(self, hidden_states, input_tensor):
+    """BertSelfOutput / BertOutput: dropout exactly as before (a no-op in eval or at p=0), then the residual
+    add and LayerNorm in one `add_layer_norm`."""
+    hidden_states = self.dropout(self.dense(hidden_states))
+    ln = self.LayerNorm
+    return F.add_layer_norm(hidden_states, input_tensor, ln.weight, ln.bias, ln.eps)[0]
+
+
+def silu_mlp_forward(self, x):
+    return self.down_proj(F.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+def gelu_mlp_forward(self, x):
+    return self.down_proj(F.gelu_and_mul(self.gate_proj(x), self.up_proj(x), approximate="none"))
+
+
+def gelu_tanh_mlp_forward(self, x):
+    return self.down_proj(F.gelu_and_mul(self.gate_proj(x), self.up_proj(x), approximate="tanh"))
+
+
+def _gems_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) through `gems.fused.rope`."""
+    return F.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+
+_ROPE_SIGNATURE = ("q", "k", "cos", "sin", "unsqueeze_dim")
+_rope_clones: dict = {}   # original attention forward -> its copy with Gems' rope in its globals
+
+
+def rope_forward(fn):
+    """A copy of `fn` (an attention forward) whose global `apply_rotary_pos_emb` is Gems'; None if `fn`
+    calls no compatible apply_rotary_pos_emb. The module's own globals are not touched."""
+    if fn in _rope_clones:
+        return _rope_clones[fn]
+    clone = None
+    orig = fn.__globals__.get("apply_rotary_pos_emb")
+    if "apply_rotary_pos_emb" in fn.__code__.co_names and callable(orig):
+        try:
+            params = tuple(inspect.signature(orig).parameters)
+        except (TypeError, ValueError):
+            params = ()
+        if params == _ROPE_SIGNATURE:
+            g = dict(fn.__globals__)
+            g["apply_rotary_pos_emb"] = _gems_apply_rotary_pos_emb
+            clone = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+            clone.__kwdefaults__ = fn.__kwdefaults__
+            clone.__qualname__ = fn.__qualname__
+            clone.__doc__ = fn.__doc__
+            clone.__module__ = fn.__module__
+    _rope_clones[fn] = clone
+    return clone
+
+
+
+def mlp_forward(mlp):
+    """The fused forward for a gated MLP of this activation (silu, gelu, gelu_tanh), or None."""
+    from transformers import activations as A
+    if not all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
+        return None
+    act = getattr(mlp, "act_fn", None)
+    if type(act) in (A.SiLUActivation, nn.SiLU):
+        return silu_mlp_forward
+    if type(act) is A.GELUActivation and getattr(act, "act", None) is nn.functional.gelu:
+        return gelu_mlp_forward
+    if type(act) is getattr(A, "GELUTanh", ()) or (type(act) is nn.GELU and act.approximate == "tanh"):
+        return gelu_tanh_mlp_forward
+    if type(act) is nn.GELU and act.approximate == "none":
+        return gelu_mlp_forward
+    return None
+
