@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ..codegen.layout import contiguous_strides
+from ..ops.memory import non_overlapping_dense
 from ..runtime import kernel
 from ..runtime.alloc import empty
 from ..runtime.planned import planned
@@ -107,17 +108,6 @@ def _config(D: int, HQ: int, HKV: int):
     return cfg
 
 
-def _dense(shape, stride) -> bool:
-    """Non-overlapping and dense: some permutation of the dims is contiguous."""
-    expected = 1
-    for size, st in sorted(zip(shape, stride), key=lambda p: p[1]):
-        if size != 1:
-            if st != expected:
-                return False
-            expected *= size
-    return True
-
-
 def _logical(st, ud):
     """(b, h, s, d) strides of a q/k stride tuple whose head dim is `ud`."""
     return (st[0], st[1], st[2], st[3]) if ud == 1 else (st[0], st[2], st[1], st[3])
@@ -126,7 +116,7 @@ def _logical(st, ud):
 def _make_plan(q, k, cos, sin, unsqueeze_dim, out_strides):
     ud = _check(q, k, cos, sin, unsqueeze_dim)
     if out_strides is None:   # q's (k's) layout when dense (HF's transposed views), contiguous otherwise
-        out_strides = tuple(t.stride() if _dense(t.shape, t.stride()) else contiguous_strides(t.shape)
+        out_strides = tuple(t.stride() if non_overlapping_dense(t) else contiguous_strides(t.shape)
                             for t in (q, k))
     qo_st, ko_st = out_strides
     if ud == 1:
