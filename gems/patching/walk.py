@@ -31,7 +31,7 @@ class Patcher:
         self.done: set = set()     # ids of modules already handled
         self.skipped: list = []    # modules left alone (their own forward or hook)
 
-    # every change is logged in the report first, so that gems.unpatch (or a failed patch) undoes it
+    # every change is logged in the report, so that gems.unpatch (or a failed patch) puts it back
     def set_module(self, parent, name, new, old):
         parent._modules[name] = new
         self.r.log_module(parent, name, old)
@@ -182,6 +182,7 @@ class Patcher:
                 self.r.add("fused_linear_cross_entropy", "")
 
 
+# the forward signatures (transformers 5.17) that the replacement forwards take over
 _DECODER_LAYER_PARAMS = ("self", "hidden_states", "attention_mask", "position_ids", "past_key_values",
                          "use_cache", "position_embeddings", "kwargs")
 _BERT_LAYER_PARAMS = ("self", "hidden_states", "attention_mask", "encoder_hidden_states", "encoder_attention_mask",
@@ -203,8 +204,6 @@ def _is_rms(m) -> bool:
 def _plain_layer_norm(m) -> bool:
     return (type(m) is nn.LayerNorm and len(m.normalized_shape) == 1 and m.weight is not None
             and m.bias is not None)
-
-
 
 
 def _modeling(mt: str):
