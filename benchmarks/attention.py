@@ -41,7 +41,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import gems  # noqa: E402
-from gems.ops import attention_gluon as AG  # noqa: E402
+from gems.ops.attention import gluon_fwd as AG  # noqa: E402
 
 FUSED = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention",
          "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu")
@@ -218,7 +218,7 @@ def sweep(dtype, device, kinds=(), head_dim=128):
     head_dim 128: Llama-2-7B shapes; 64: BERT-base's (batch 32, 12 heads, padding mask). Kind fwd takes a
     padding mask (one bias row per key block), fwd_bias a full [B, 1, S, S] mask (bias tiles), fwd_dropout
     the padding mask (head dim 64) or none, with dropout 0.1 (the forward alone: the mask is stored there)."""
-    from gems.ops import attention as A
+    from gems.ops.attention import sdpa as A
     from gems.runtime.utils import next_pow2
     import itertools
     if head_dim <= 64:

@@ -173,7 +173,7 @@ def run_case(case, dev, dt, timer, roof, rounds=1):
     the GPU's clocks during the case lands on both sides instead of on whichever ran later."""
     import torch
     import gems
-    from gems.ops import blas
+    from gems.ops.blas import matmul as blas
     r = {"id": case["id"], "M": case["M"], "N": case["N"], "K": case["K"], "batch": case["batch"],
          "sources": [f"{s['model']}/{s['workload']}" + (f"/b{s['batch']}" if s["workload"] == "decode" else "")
                      + f" x{s['count']}" for s in case["sources"]]}
@@ -351,7 +351,7 @@ def main(argv=None) -> int:
     import torch
     import triton
     import gems
-    from gems.ops import blas
+    from gems.ops.blas import matmul as blas
     if a.candidates is not None:
         try:
             blas.CANDIDATES = blas.check_candidates(g for g in a.candidates.split(",") if g)

@@ -510,9 +510,9 @@ def _new_fast_op(impl):
 
 def _set_foreach(impl, be):
     """Tell the C++ op of a _foreach_* overload how to serve it whole (fastpath.cpp foreach_serve):
-    its spec from ops/foreach.py, the dtypes the backend serves, each with the numbers that fit it."""
+    its spec from ops/foreach/launch.py, the dtypes the backend serves, each with the numbers that fit it."""
     from .codegen.generator import range_limit
-    from .ops.foreach import LIMITS
+    from .ops.foreach.launch import LIMITS
     from .runtime import alloc
     spec = impl.foreach
     unserved = _backends.unserved_dtypes(be)

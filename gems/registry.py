@@ -78,7 +78,7 @@ class OpImpl:
     # Tensor arguments ATen takes on the host whatever the device (the packed scalars of
     # _foreach_addcmul.Tensor): a CPU tensor there does not send a GPU call to ATen
     host_args: frozenset = frozenset()
-    # a _foreach_* overload the C++ fast path serves whole (ops/foreach.py: where its lists and its
+    # a _foreach_* overload the C++ fast path serves whole (ops/foreach/overloads.py: where its lists and its
     # number are among the arguments); None for every other op
     foreach: Optional[dict] = None
     plans: object = None           # its runtime.plan.PlanCache once registered with the dispatcher
@@ -152,7 +152,7 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
     `group="name"` makes the overloads one name for `include=`/`exclude=` (`exclude=("attention",)`).
     `host_args` names Tensor arguments ATen itself reads on the CPU: a CPU tensor there is served, not
     sent to ATen.
-    `foreach` (ops/foreach.py only) tells the C++ fast path how to serve a _foreach_* call whole.
+    `foreach` (ops/foreach/ only) tells the C++ fast path how to serve a _foreach_* call whole.
     """
     if category not in CATEGORIES:
         raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")

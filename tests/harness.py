@@ -270,7 +270,7 @@ def check_planned_gemm(monkeypatch, cfg, launcher, shape, dtype, atol, entry="la
     replays it: its recipe encodes each descriptor once and puts in each call's address (`descriptors`
     of them, when given). Returns the plan."""
     from gems import registry
-    from gems.ops import blas
+    from gems.ops.blas import matmul as blas
 
     class Fixed:
         def pick(self, bucket, bench):

@@ -1,11 +1,8 @@
-"""One module per op family; importing them fills the registry.
+"""The ATen operators Gems implements, one sub-package per op family; importing them fills the registry.
 
-Every module in this package is imported (modules named `utils` or starting with `_` excepted), so a
-new op family is one new file and no edit here.
+Each family's `__init__` imports the modules that register overloads (`register(...)` or a
+`pointwise(...)` declaration); modules that only hold kernels or shared helpers (attention/kernels.py,
+blas/tma.py, foreach/launch.py, memory.py, ...) are imported by the modules that use them. A new op is
+a new module in its family plus one line in that family's `__init__`.
 """
-import importlib
-import pkgutil
-
-for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    if _m != "utils" and not _m.startswith("_"):
-        importlib.import_module(f"{__name__}.{_m}")
+from . import attention, blas, foreach, loss, norm, pointwise, random, reduce, shape, sort  # noqa: F401

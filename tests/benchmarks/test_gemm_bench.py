@@ -198,7 +198,7 @@ def test_candidates_flag_picks_the_extra_search_space(tmp_path, monkeypatch):
     # by default),
     # each set under its own tuning cache; --candidates picks them for an A/B run ('' none), the JSON says
     # which ran, and a group the library does not know is an error, not a silently smaller space
-    from gems.ops import blas
+    from gems.ops.blas import matmul as blas
     monkeypatch.setattr(blas, "_TUNERS", {})
     monkeypatch.setattr(blas, "backend", lambda: type("B", (), {"name": "cuda"})())   # the GPU's search space
     assert blas.CANDIDATES == ("wide", "wave", "deep")

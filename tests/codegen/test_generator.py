@@ -6,7 +6,7 @@ import triton.language as tl
 
 import gems
 from gems.codegen import layout, pointwise
-from gems.ops import activation
+from gems.ops.pointwise import activation
 from harness import DEVICE, assert_close, make
 
 

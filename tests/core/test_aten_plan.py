@@ -10,7 +10,7 @@ import torch
 import gems
 from gems import registry
 from gems.runtime import settings
-from gems.ops import blas
+from gems.ops.blas import matmul as blas
 from harness import DEVICE, assert_close, make, to_ref
 
 _FAST = os.environ.get("GEMS_FAST", "1") not in ("", "0") and settings.PLANS
@@ -32,7 +32,7 @@ def aten_bucket(monkeypatch):
     tuner = _Tuner({"aten": True})
     monkeypatch.setattr(blas, "_tuner", lambda itemsize, triton_only=False: tuner)
     # small problems skip tuning on the GPU: make every size a tuned one for this test
-    monkeypatch.setattr(blas, "_TUNE_MIN_MACS", 0)
+    monkeypatch.setattr(blas, "TUNE_MIN_MACS", 0)
     impl = registry.get("mm.default")
     impl.set_fn(impl.fn)      # drop plans recorded by other tests for these signatures
     gems.reset_stats()
@@ -58,7 +58,7 @@ def test_an_aten_bucket_is_recorded_once_and_replayed(aten_bucket):
 
 
 def test_other_signatures_still_decide_for_themselves(aten_bucket):
-    aten_bucket.cfg = blas._INTERP_CONFIG if DEVICE == "cpu" else blas._CONFIGS_16[0]
+    aten_bucket.cfg = blas.INTERP_CONFIG if DEVICE == "cpu" else blas._CONFIGS_16[0]
     a, b = make((33, 20)), make((20, 9))
     with gems.use_gems():
         c = torch.mm(a, b)
@@ -139,9 +139,9 @@ def test_aten_candidate_carries_its_host_cost(monkeypatch):
             seen["triton"], seen["aten"] = bench(self.cfg), bench(blas._ATEN)
             return self.cfg
 
-    cfg = blas._INTERP_CONFIG if DEVICE == "cpu" else blas._CONFIGS_16[0]
+    cfg = blas.INTERP_CONFIG if DEVICE == "cpu" else blas._CONFIGS_16[0]
     monkeypatch.setattr(blas, "_tuner", lambda itemsize, triton_only=False: Timing(cfg))
-    monkeypatch.setattr(blas, "_TUNE_MIN_MACS", 0)
+    monkeypatch.setattr(blas, "TUNE_MIN_MACS", 0)
     monkeypatch.setattr(blas, "bench_ms", lambda fn: 0.020)
     impl = registry.get("mm.default")
     impl.set_fn(impl.fn)

@@ -30,7 +30,7 @@ HOW = ("record them: GEMS_COMPILE_RECORD=/tmp/k.jsonl python -m pytest -n 2 test
 def _launch_caches():
     found = {}
     for pkg in (gems.ops, gems.fused):
-        for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
+        for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
             mod = importlib.import_module(info.name)
             for name, obj in vars(mod).items():
                 # the module that defines the kernel (not one importing it): the Python function's, under
@@ -86,8 +86,8 @@ def _attention_gpu_records():
     largest float bias the kind may read (its tiles are pipelined through shared memory too: the most a
     config can need; kind "fwd" reads at most one bias row per key block) and 16-bit
     operands, from the recorded interpreter signatures; each distinct (kernel, config) once."""
-    from gems.ops import attention as A
-    base = {r["name"]: r for r in _records() if r["module"] == "gems.ops._attention_kernels"}
+    from gems.ops.attention import sdpa as A
+    base = {r["name"]: r for r in _records() if r["module"] == "gems.ops.attention.kernels"}
     kernel_of = {"fwd": "attn_fwd", "fwd_bias": "attn_fwd", "fwd_dropout": "attn_fwd",
                  "fwd_causal": "attn_fwd",
                  "decode": "attn_fwd", "dkdv": "attn_bwd_dkdv", "dq": "attn_bwd_dq"}
@@ -188,14 +188,14 @@ def gluon_gemm_record(cfg, a_t, b_t, has_bias, dtype="bf16"):
     def desc(block):
         return _gluon_desc_type(block, dtype)
 
-    from gems.ops import gemm_gluon
+    from gems.ops.blas import gluon as gemm_gluon
     if cfg.get("FILL_K"):     # the K-split kernel: fp32 partials into a workspace, no bias or alpha
         sig = {"a_desc": desc([bk, bm] if a_t else [bm, bk]), "b_desc": desc([bn, bk] if b_t else [bk, bn]),
                "w_desc": _gluon_desc_type([bm, bn], "fp32"), "M": "i32", "N": "i32", "K": "i32", "splits": "i32",
                "k_per": "i32", "ws_rows": "i32"}
         consts = dict(A_T=a_t, B_T=b_t, GROUP_M=cfg["GROUP_M"], NUM_BUF=cfg["NUM_BUF"])
         sig.update({k: "constexpr" for k in consts})
-        return {"module": "gems.ops.gemm_gluon", "name": "matmul_gluon_splitk_kernel", "signature": sig,
+        return {"module": "gems.ops.blas.gluon", "name": "matmul_gluon_splitk_kernel", "signature": sig,
                 "constexprs": consts, "num_warps": cfg["num_warps"], "maxnreg": cfg["maxnreg"]}
     bn1, bn2 = gemm_gluon.split_n(bn)
     sig = {"a_desc": desc([bk, bm] if a_t else [bm, bk]), "b_desc": desc([bn1, bk] if b_t else [bk, bn1])}
@@ -209,7 +209,7 @@ def gluon_gemm_record(cfg, a_t, b_t, has_bias, dtype="bf16"):
     consts = dict(A_T=a_t, B_T=b_t, HAS_BIAS=has_bias, GROUP_M=cfg["GROUP_M"], NUM_BUF=cfg["NUM_BUF"])
     sig.update({k: "constexpr" for k in consts})
     name = "matmul_gluon_wide_kernel" if bn2 else "matmul_gluon_kernel"
-    return {"module": "gems.ops.gemm_gluon", "name": name, "signature": sig, "constexprs": consts,
+    return {"module": "gems.ops.blas.gluon", "name": name, "signature": sig, "constexprs": consts,
             "num_warps": cfg["num_warps"], "maxnreg": cfg["maxnreg"]}
 
 
@@ -218,7 +218,7 @@ def test_gluon_gemm_configs_fit_sm90(tmp_path):
     # Gluon has no interpreter: the CPU suite never runs this kernel. Every config of the GEMM search space
     # compiles here for sm_90 in the layouts the models pass (a weight read transposed with a bias row, a
     # transposed activation, plain), and fits its ring and output tile in shared memory
-    from gems.ops import blas
+    from gems.ops.blas import matmul as blas
     cfgs = [c for c in blas._CONFIGS_16 if c.get("GLUON")] + [c for g in blas.CANDIDATE_GROUPS.values() for c in g]
     assert cfgs
     # a K-split config runs the plain kernel where a call does not split: both kernels compile
@@ -233,8 +233,8 @@ def test_decode_gemm_configs_fit_sm90(tmp_path):
     # the decode (M <= 16) tiles are chosen without tuning (blas._skinny) and the interpreter runs its own
     # tile: each one the models' decode shapes pick (narrow, wide, K split) compiles for sm_90 and fits
     # its stages in shared memory, in 16-bit and fp32 (K halves the stride-1 tile: twice the bytes)
-    from gems.ops import blas
-    base = next(r for r in _records() if (r["module"], r["name"]) == ("gems.ops.blas", "matmul_kernel"))
+    from gems.ops.blas import matmul as blas
+    base = next(r for r in _records() if (r["module"], r["name"]) == ("gems.ops.blas.matmul", "matmul_kernel"))
     recs = []
     for dtype, size in (("bf16", 2), ("fp32", 4)):
         for N, K in ((4096, 4096), (4096, 11008), (32000, 4096), (512, 4096)):
@@ -255,7 +255,7 @@ def test_decode_gemm_configs_fit_sm90(tmp_path):
 def gluon_attention_record(head_dim, cfg, causal, store_lse, dtype="bf16"):
     """A compile record of attention_gluon.attn_fwd_gluon for (BLOCK_N, STAGES, OVERLAP, PERSISTENT) `cfg`
     (the last one only sizes the grid): 4-d host descriptors typed like gluon_gemm_record's."""
-    from gems.ops import attention_gluon as G
+    from gems.ops.attention import gluon_fwd as G
     bn, stages, overlap = cfg[:3]
 
     def desc(block):
@@ -268,7 +268,7 @@ def gluon_attention_record(head_dim, cfg, causal, store_lse, dtype="bf16"):
            "s_lb": "i32", "s_lh": "i32", "s_lm": "i32", "n_tiles": "i32"}
     consts = dict(CAUSAL=causal, STORE_LSE=store_lse, OVERLAP=overlap, STAGES=stages)
     sig.update({k: "constexpr" for k in consts})
-    return {"module": "gems.ops.attention_gluon", "name": "attn_fwd_gluon", "signature": sig, "constexprs": consts,
+    return {"module": "gems.ops.attention.gluon_fwd", "name": "attn_fwd_gluon", "signature": sig, "constexprs": consts,
             "num_warps": 4, "num_stages": 1}
 
 
@@ -276,7 +276,7 @@ def gluon_attention_record(head_dim, cfg, causal, store_lse, dtype="bf16"):
 def test_gluon_attention_configs_fit_sm90(tmp_path):
     # Gluon has no interpreter: every head dim's configs (long and short keys) compile here for sm_90,
     # causal or not, in both 16-bit dtypes, and fit Q, the K/V ring and the barriers in shared memory
-    from gems.ops import attention_gluon as G
+    from gems.ops.attention import gluon_fwd as G
     cfgs = [(d, cfg) for table in (G._CONFIGS, G._SHORT, G._ONE_ROUND_SHORT) for d, cfg in table.items()]
     recs = [gluon_attention_record(d, cfg, causal, causal, dt) for d, cfg in cfgs
             for causal in (False, True) for dt in ("bf16", "fp16")]
@@ -287,7 +287,7 @@ def gluon_attention_bwd_record(causal, split, dtype="bf16"):
     """A compile record of attention_gluon_bwd.attn_bwd_gluon (head dim 128): Q/dO descriptors of 64 rows,
     K/V of BLOCK_N, lse2's and delta's of 64 fp32, the fp32 dQ accumulator's of [64, 64]; DK/DV fp32 sums
     when `split`."""
-    from gems.ops import attention_gluon_bwd as GB
+    from gems.ops.attention import gluon_bwd as GB
     rows = [1, 1, GB.ROWS.value, 128]
     keys = [1, 1, GB.BLOCK_N, 128]
     grad = "*fp32" if split else "*" + dtype
@@ -301,7 +301,7 @@ def gluon_attention_bwd_record(causal, split, dtype="bf16"):
     sig.update({n: "i32" for n in ("s_kb", "s_kh", "s_km", "s_vb", "s_vh", "s_vm")})
     consts = dict(CAUSAL=causal, SPLIT=split, STAGES=GB.STAGES)
     sig.update({k: "constexpr" for k in consts})
-    return {"module": "gems.ops.attention_gluon_bwd", "name": "attn_bwd_gluon", "signature": sig,
+    return {"module": "gems.ops.attention.gluon_bwd", "name": "attn_bwd_gluon", "signature": sig,
             "constexprs": consts, "num_warps": 4, "num_stages": 1}
 
 

@@ -16,8 +16,8 @@ from gems.runtime.launch import LaunchCache
 def _jit_functions():
     seen = set()
     for pkg in (gems.ops, gems.codegen):
-        for m in pkgutil.iter_modules(pkg.__path__):
-            mod = importlib.import_module(f"{pkg.__name__}.{m.name}")
+        for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+            mod = importlib.import_module(m.name)
             for name, obj in vars(mod).items():
                 if isinstance(obj, LaunchCache):
                     obj = obj.fn

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import gems
-from gems.ops import attention as A
+from gems.ops.attention import sdpa as A
 from harness import DEVICE, DTYPES, ON_GPU, assert_close, dtype_params, make
 
 
@@ -525,7 +525,7 @@ def test_forward_kind_and_gluon_config_rules():
         ["fwd_causal", "fwd_bias", "fwd_dropout", "decode", "fwd_causal", "fwd_dropout"]
     # the Gluon forward: short keys take the loop without overlap, in key blocks of 64 when every tile has
     # its own program; long keys the overlapped loop
-    from gems.ops import attention_gluon as AG
+    from gems.ops.attention import gluon_fwd as AG
     assert AG.config(128, AG.SHORT_KEYS) == AG._SHORT[128]
     assert AG.config(128, AG.SHORT_KEYS, one_round=True) == AG._ONE_ROUND_SHORT[128]
     assert AG.config(128, AG.SHORT_KEYS + 1) == AG._CONFIGS[128]

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import gems
-from gems.ops import attention_gluon as G
-from gems.ops import attention_gluon_bwd as GB
+from gems.ops.attention import gluon_fwd as G
+from gems.ops.attention import gluon_bwd as GB
 from harness import DEVICE, ON_GPU, assert_close, check_descriptor_plan, make
 
 hopper = pytest.mark.skipif(not ON_GPU or not torch.cuda.is_available()

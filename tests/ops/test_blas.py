@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 import gems
-from gems.ops import blas
+from gems.ops.blas import matmul as blas
 from harness import DEVICE, ON_GPU, assert_close, check_grad, dtype_params, layouts, make, served
 from harness import check_op as _check_op
 
@@ -200,7 +200,7 @@ def test_fp32_precision_setting():
 
 def test_int64_offsets_path(monkeypatch):
     # the >= 2**31-element path cannot be allocated in CI; force it to check the 64-bit offset code
-    monkeypatch.setattr(blas, "_I32_MAX", 8)
+    monkeypatch.setattr(blas, "I32_MAX", 8)
     check_op(torch.addmm, (make((9,)), make((13, 7)).t(), make((13, 9))), dtype=torch.float32,
              served_ops=["addmm"])
     check_op(torch.bmm, (make((2, 5, 7)), make((2, 7, 3))), dtype=torch.float32, served_ops=["bmm"])
@@ -217,23 +217,23 @@ def test_split_k(dtype):
     a, b, bias = make((37, k), dtype), make((45, k), dtype).t(), make((45,), dtype)
     ref = (0.5 * bias.double() + 2.0 * (a.double() @ b.double())).cpu()
     for split in (2, 3, 4, 8):
-        cfg = dict(blas._INTERP_CONFIG, SPLIT_K=split)
+        cfg = dict(blas.INTERP_CONFIG, SPLIT_K=split)
         assert blas.split_k(split, k, cfg["BLOCK_K"], 37 * 45)[0] > 1
         out = torch.full((37, 45), float("nan"), dtype=dtype, device=DEVICE)
-        blas._launch(a, b, out, bias.expand(37, 45), 2.0, 0.5, config=cfg)
+        blas.launch(a, b, out, bias.expand(37, 45), 2.0, 0.5, config=cfg)
         assert_close(out, ref, dtype, atol=atol, msg=f"split {split}")
-    cfg = dict(blas._INTERP_CONFIG, SPLIT_K=3)
+    cfg = dict(blas.INTERP_CONFIG, SPLIT_K=3)
     ba, bb = make((3, 9, k), dtype), make((3, k, 11), dtype).transpose(1, 2).contiguous().transpose(1, 2)
     out = torch.empty((3, 9, 11), dtype=dtype, device=DEVICE).transpose(1, 2).contiguous().transpose(1, 2)
-    blas._launch(ba, bb, out, None, 1.0, 0.0, config=cfg)
+    blas.launch(ba, bb, out, None, 1.0, 0.0, config=cfg)
     assert_close(out, torch.bmm(ba.double(), bb.double()).cpu(), dtype, atol=atol, msg="bmm split")
     c = make((37, 45), dtype)
     ref = (c.double() + a.double() @ b.double()).cpu()
-    blas._launch(a, b, c, c, 1.0, 1.0, config=cfg)
+    blas.launch(a, b, c, c, 1.0, 1.0, config=cfg)
     assert_close(c, ref, dtype, atol=atol, msg="in place")
     if dtype != torch.float32:
         out = torch.empty((37, 45), dtype=torch.float32, device=DEVICE)
-        blas._launch(a, b, out, None, 1.0, 0.0, config=cfg)
+        blas.launch(a, b, out, None, 1.0, 0.0, config=cfg)
         assert_close(out, (a.double() @ b.double()).cpu(), torch.float32, rtol=1e-5, atol=1e-4)
     # no split: K under two tiles per split, or a workspace past 32-bit offsets
     assert blas.split_k(4, 40, 32, 100) == (1, 40)
@@ -273,7 +273,7 @@ def test_every_tuned_config(dtype):
         # a column slice of a wider buffer: a row-major result with a 16-byte aligned leading stride,
         # which the TMA configs need (777 x 2 bytes is not)
         out = torch.full((300, 784), float("nan"), dtype=dtype, device=DEVICE)[:, :777]
-        blas._launch(a, b, out, bias.expand(300, 777), 1.0, 1.0, config=cfg)
+        blas.launch(a, b, out, bias.expand(300, 777), 1.0, 1.0, config=cfg)
         _check_gemm(out, a, b, bias, aten, msg=str(cfg))
     # decode shapes (M = 1..16, the skinny tile), K not a multiple of the tile, transposed weight
     for m in (1, 5, 16):
@@ -315,7 +315,7 @@ def test_config_names_and_last_choice():
     assert blas.describe_config({"aten": True}) == "cuBLAS" and blas.describe_config(None) == ""
     x, w = make((9, 7)), make((7, 5))
     out = torch.empty(9, 5, device=DEVICE)
-    blas._launch(x, w, out, None, 1.0, 0.0)     # the path a first call takes: a config is chosen
+    blas.launch(x, w, out, None, 1.0, 0.0)     # the path a first call takes: a config is chosen
     assert blas.last_config() is not None and not blas.last_config().get("aten")
 
 

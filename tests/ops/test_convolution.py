@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 import gems
-from gems.ops import convolution as conv_mod
+from gems.ops.blas import convolution as conv_mod
 from harness import DEVICE, ON_GPU, assert_close, check_grad, dtype_params, make, served
 
 aten = torch.ops.aten

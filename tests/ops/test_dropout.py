@@ -148,7 +148,7 @@ def test_planned_dropout_draws_fresh_state_per_call():
     """A repeat signature runs from its call plan (the C++ fast path where loaded) and still reads and
     advances the CUDA generator per call: the same bits as the full path from the same state, the
     generator advanced by the counters used, successive calls different, manual_seed reproducible."""
-    from gems.ops import dropout as D
+    from gems.ops.random import dropout as D
     x = make((3, 5000))
     _run(x, 0.3)                       # the signature's plan is built here
     _run(x, 0.3)

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 import gems
-from gems.ops import embedding as emb_mod
+from gems.ops.shape import embedding as emb_mod
 from harness import DEVICE, ON_GPU, assert_close, check_grad, check_op, dtype_params, layouts, make, served
 
 # the interpreter's backward cuts sorted positions into chunks of this many; the index lists below

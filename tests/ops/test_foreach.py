@@ -13,7 +13,7 @@ import torch
 import gems
 from gems import registry
 from harness import DEVICE, ON_GPU, assert_close, count_launches, dtype_params, make, served, to_ref, optimizer_steps
-from gems.ops import foreach
+from gems.ops.foreach import launch as foreach
 
 A = torch.ops.aten
 # 0-dim, empty, odd sizes, and (the interpreter's chunks are 32 elements) one to three chunks with a
@@ -27,7 +27,7 @@ def _small_chunks(request, monkeypatch):
     # the interpreter's programs cover 4096 elements: the tests cut the small tensors above into chunks
     # of 32 (blocks of 16) instead, so that they meet every edge (test_large_tensors keeps the real ones)
     if "large_tensors" not in request.node.name:
-        monkeypatch.setitem(foreach._CONFIGS, "interpreter", dict(BLOCK=16, CHUNK=32, num_warps=1))
+        monkeypatch.setitem(foreach.CONFIGS, "interpreter", dict(BLOCK=16, CHUNK=32, num_warps=1))
 
 
 def _op(name):
@@ -589,12 +589,12 @@ def test_cpp_list_check_agrees_with_python():
 
 def test_cpp_table_agrees_with_python():
     # the C++ pass's overlap verdict and table (csrc/fastpath.cpp foreach_table) against Python's
-    # _overlap and table(), which serve without the fast path: same verdicts, byte-identical tables
+    # lists_overlap and table(), which serve without the fast path: same verdicts, byte-identical tables
     with gems.use_gems():
         fast = foreach._fast_lists()
     if fast is None:
         pytest.skip("the C++ fast path is off (GEMS_FAST=0) or could not be built")
-    chunk = foreach._CONFIGS[gems.runtime.backend().name]["CHUNK"]
+    chunk = foreach.CONFIGS[gems.runtime.backend().name]["CHUNK"]
     g = make((64,))
     a, b = _list(torch.float32), _list(torch.float32)
     sv = array("d", [0.5 + i for i in range(len(a))])
@@ -628,7 +628,7 @@ def test_cpp_table_agrees_with_python():
         nbytes = [k * 4 for k in numel]
         ptr_cols = [[t.data_ptr() for t in lst] for lst in cols]
         reads = [(p, nbytes, True) for p in ptr_cols[1:len(lists)]] + reads_extra
-        if inplace and foreach._overlap(lists[0], nbytes, reads):
+        if inplace and foreach.lists_overlap(lists[0], nbytes, reads):
             assert got[0] == "overlap", (kind, got[0])
             continue
         assert got[0] != "overlap", kind

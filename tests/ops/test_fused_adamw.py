@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import gems
-from gems.ops import foreach, fused_adam
+from gems.ops.foreach import fused_adam
+from gems.ops.foreach import launch as foreach
 from harness import DEVICE, assert_close, count_launches, dtype_params, served, optimizer_steps
 
 A = torch.ops.aten
@@ -16,7 +17,7 @@ PARAM_SHAPES = [(4, 7), (37,), (), (0,), (3, 2, 5), (70,), (2, 32)]
 
 @pytest.fixture(autouse=True)
 def _small_chunks(monkeypatch):
-    monkeypatch.setitem(foreach._CONFIGS, "interpreter", dict(BLOCK=16, CHUNK=32, num_warps=1))
+    monkeypatch.setitem(foreach.CONFIGS, "interpreter", dict(BLOCK=16, CHUNK=32, num_warps=1))
 
 
 def _steps(make_opt, dtype, steps, on):

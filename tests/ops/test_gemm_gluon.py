@@ -5,7 +5,9 @@ CPU only the refusals run here (tests/core/test_gpu_compile.py compiles every co
 import pytest
 import torch
 
-from gems.ops import blas, gemm_gluon, gemm_tma
+from gems.ops.blas import gluon as gemm_gluon
+from gems.ops.blas import matmul as blas
+from gems.ops.blas import tma as gemm_tma
 from harness import DEVICE, ON_GPU, assert_close, check_planned_gemm, make
 
 CONFIGS = [c for c in blas._CONFIGS_16 if c.get("GLUON")] + [c for g in blas.CANDIDATE_GROUPS.values() for c in g]
@@ -33,10 +35,10 @@ def test_every_config_layouts_bias(dtype, lay):
     ref = (a.double() @ b.double()).cpu()
     for cfg in CONFIGS:
         out = torch.full((M, N), float("nan"), dtype=dtype, device=DEVICE)
-        blas._launch(a, b, out, bias, 0.5, 2.0, config=cfg)
+        blas.launch(a, b, out, bias, 0.5, 2.0, config=cfg)
         assert_close(out, ref_bias, dtype, atol=2e-2, msg=f"{lay} {blas.describe_config(cfg)} bias")
         out = torch.full((M, N), float("nan"), dtype=dtype, device=DEVICE)
-        blas._launch(a, b, out, None, 1.0, 0.0, config=cfg)
+        blas.launch(a, b, out, None, 1.0, 0.0, config=cfg)
         assert_close(out, ref, dtype, atol=2e-2, msg=f"{lay} {blas.describe_config(cfg)}")
 
 
@@ -48,7 +50,7 @@ def test_many_tiles_per_program_and_short_k(monkeypatch):
         a, b = make((M, K), torch.bfloat16), make((N, K), torch.bfloat16).t()
         for cfg in CONFIGS:
             out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-            blas._launch(a, b, out, None, 1.0, 0.0, config=cfg)
+            blas.launch(a, b, out, None, 1.0, 0.0, config=cfg)
             assert_close(out, (a.double() @ b.double()).cpu(), torch.bfloat16, atol=2e-2,
                          msg=f"{M}x{N}x{K} {blas.describe_config(cfg)}")
 
@@ -63,10 +65,10 @@ def test_what_it_refuses():
     assert gemm_gluon.supports(make((M, N), h), False)                    # beta == 0: no bias read
     assert gemm_tma.layout(a, b, c, K, False) is not None                  # the operands themselves are fine
     with pytest.raises(ValueError, match="bias row"):
-        blas._launch(a, b, c, make((M, N), h), 1.0, 1.0, config=CONFIGS[0])
+        blas.launch(a, b, c, make((M, N), h), 1.0, 1.0, config=CONFIGS[0])
     odd = make((M, K + 3), h)[:, :K]                  # leading stride not 16-byte aligned: no descriptor
     with pytest.raises(ValueError, match="TMA GEMM needs"):
-        blas._launch(odd, b, c, None, 1.0, 0.0, config=CONFIGS[0])
+        blas.launch(odd, b, c, None, 1.0, 0.0, config=CONFIGS[0])
     assert blas.describe_config(blas._gluon(128, 256, 64, 8, 3)) == "gluon 128x256x64 w8 b3 r160"
     assert blas.describe_config(blas._gluon(128, 256, 64, 8, 3, group=16)) == "gluon 128x256x64 w8 b3 r160 g16"
 
@@ -91,7 +93,7 @@ def test_k_split_partials_and_reduce(monkeypatch, lay, programs):
         splits, per, rows = gemm_gluon.k_splits(M, N, K, cfg, blas.sm_count(a.device))
         assert splits > 1 and rows % cfg["BLOCK_M"] == 0 and gemm_gluon.ws_cols(N) == 1000
         out = torch.full((M, 1008), float("nan"), dtype=torch.bfloat16, device=DEVICE)[:, :N]
-        blas._launch(a, b, out, bias, 0.5, 2.0, config=cfg)
+        blas.launch(a, b, out, bias, 0.5, 2.0, config=cfg)
         assert_close(out, ref, torch.bfloat16, atol=2e-2, msg=f"{lay} {blas.describe_config(cfg)} split {splits}")
 
 

@@ -4,7 +4,8 @@ partial tiles (zero-filled loads, clipped stores) and programs loop over several
 import pytest
 import torch
 
-from gems.ops import blas, gemm_tma
+from gems.ops.blas import matmul as blas
+from gems.ops.blas import tma as gemm_tma
 from harness import DEVICE, ON_GPU, assert_close, check_planned_gemm, make
 
 CFG = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=2, TMA=True, FLAT=True)
@@ -33,9 +34,9 @@ def test_layouts_bias_alpha_beta(dtype, lay, flat):
     gemm_tma.launch(a, b, out, bias, 0.5, 2.0, True, layouts, dict(CFG, FLAT=flat))
     ref = 0.5 * (a.double() @ b.double()) + 2.0 * bias.double()
     assert_close(out, ref.cpu(), dtype, atol=1e-2, msg=lay)
-    # no bias, through blas._launch's config path (its layout check included)
+    # no bias, through blas.launch's config path (its layout check included)
     out2 = torch.full((M, N), float("nan"), dtype=dtype, device=DEVICE)
-    blas._launch(a, b, out2, None, 1.0, 0.0, config=dict(CFG, FLAT=flat))
+    blas.launch(a, b, out2, None, 1.0, 0.0, config=dict(CFG, FLAT=flat))
     assert_close(out2, (a.double() @ b.double()).cpu(), dtype, atol=1e-2, msg=lay + " no bias")
 
 
@@ -43,7 +44,7 @@ def test_in_place_bias_is_read_before_written():
     a, b = make((M, K), torch.float16), make((K, N), torch.float16)
     c = make((M, N), torch.float16)
     ref = (c.double() + a.double() @ b.double()).cpu()
-    blas._launch(a, b, c, c, 1.0, 1.0, config=CFG)
+    blas.launch(a, b, c, c, 1.0, 1.0, config=CFG)
     assert_close(c, ref, torch.float16, atol=1e-2)
 
 
@@ -62,7 +63,7 @@ def test_layouts_it_refuses():
     shifted = make((M * K + 8,), h)[1:1 + M * K].view(M, K)                            # base off by 2 bytes
     assert gemm_tma.layout(shifted, b, c, K, False) is None
     with pytest.raises(ValueError, match="TMA GEMM needs"):
-        blas._launch(odd, b, c, None, 1.0, 0.0, config=CFG)
+        blas.launch(odd, b, c, None, 1.0, 0.0, config=CFG)
     # a call the tuner sees: TMA configs are candidates only on a Hopper GPU
     if not ON_GPU:
         assert gemm_tma.tma_layout(a, b, c, K, False) is None

@@ -293,7 +293,7 @@ def test_repeat_calls_use_a_plan():
 def test_scatter_value_bits_follow_c10():
     # scatter's number reaches the kernel as the bits of c10's conversion (double -> float -> dtype):
     # random magnitudes over every exponent, exact ties of the narrowing roundings, subnormals, specials
-    from gems.ops.index import _float_bits
+    from gems.ops.shape.index import _float_bits
     g = torch.Generator().manual_seed(11)
     vals = (torch.randn(4000, generator=g, dtype=torch.float64)
             * torch.pow(2.0, torch.randint(-150, 128, (4000,), generator=g).double())).tolist()

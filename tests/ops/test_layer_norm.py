@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 import gems
-from gems.ops import layer_norm as ln_mod
+from gems.ops.norm import layer_norm as ln_mod
 from harness import DEVICE, assert_close, check_grad, check_op, dtype_params, layouts, make, served
 
 LN = torch.ops.aten.native_layer_norm.default

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import gems
-from gems.ops import multinomial as gm
+from gems.ops.random import multinomial as gm
 from harness import DEVICE, ON_GPU, dtype_params, make, served, raises_like_aten
 
 mn = torch.multinomial

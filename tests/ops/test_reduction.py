@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import gems
-from gems.ops import reduction
+from gems.ops.reduce import reduction
 from harness import DEVICE, check_grad, check_op, dtype_params, layouts, make, served
 
 # odd sizes; on the interpreter tiles are <= 128 wide, so 300 and 1100 go through the loops and

@@ -176,7 +176,7 @@ def test_sdpa_math_path_serves_safe_softmax():
 def test_row_blocks_past_32_bit_offsets_go_to_aten():
     # a row block of N x K >= 2**31 elements (softmax over dim 0 of [70000, 32000]) would wrap the
     # kernels' 32-bit offsets: such calls go to ATen (the tensors are too large to allocate here)
-    from gems.ops import softmax as S
+    from gems.ops.norm import softmax as S
     from gems.registry import Unsupported
     S._offsets_fit(2**16, 2**15 - 1)
     with pytest.raises(Unsupported):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import gems
-import gems.ops.sort  # noqa: F401  (auto-imported by gems; named here so a rename breaks loudly)
+import gems.ops.sort.sort  # noqa: F401  (auto-imported by gems; named here so a rename breaks loudly)
 from harness import DEVICE, DTYPES, FLOAT_IDS, layouts, make, served
 
 INT_DT = [torch.int8, torch.int16, torch.int32, torch.uint8]

@@ -8,8 +8,8 @@ import torch
 import gems
 from harness import launch_counter, DEVICE, DTYPES, FLOAT_IDS, check_grad, dtype_params, layouts, make, served, raises_like_aten
 
-from gems.ops import cat as cat_mod
-from gems.ops import stack as stack_mod
+from gems.ops.shape import cat as cat_mod
+from gems.ops.shape import stack as stack_mod
 
 ALL_DT = DTYPES + [torch.float64, torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool]
 DT_IDS = lambda d: FLOAT_IDS.get(d, str(d).replace("torch.", ""))   # noqa: E731

@@ -245,7 +245,7 @@ def test_errors_like_aten():
         make((3,), torch.int32).sqrt_()                   # float result into an int tensor
     with gems.use_gems(), pytest.raises(RuntimeError):
         make((1, 3)).expand(2, 3).sin_()                  # self has overlapping elements
-    from gems.ops import unary
+    from gems.ops.pointwise import unary
     with pytest.raises(RuntimeError):
         unary.sqrt.overloads["sqrt_"].fn(make((4,), torch.int64))
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gems
-from gems.ops import reduction
+from gems.ops.reduce import reduction
 from harness import DEVICE, assert_close, check_op, dtype_params, layouts, make, served, to_ref
 
 A = torch.ops.aten

@@ -1,0 +1,729 @@
+"""mm / addmm / bmm: one tiled matmul kernel with a batch axis and a fused bias epilogue.
+
+C[b] = alpha * (A[b] @ B[b]) + beta * bias        (bias broadcast to (M, N) by its strides)
+
+Every operand is addressed through its own strides, so transposed inputs (`linear` = t + addmm, and
+its backward `grad.t() @ x`) are read in place, never copied; a stride equal to 1 is specialized by
+Triton, so the inner dimension of either layout is loaded with 16-byte vectors. Products accumulate
+in fp32 for every dtype. fp32 inputs honor `torch.get_float32_matmul_precision()` like ATen:
+'highest' (the default) multiplies in full fp32 ("ieee"), anything else allows TF32 tensor cores.
+
+Program order is grouped ("swizzled"): GROUP_M row-tiles are swept for each column-tile, so the A
+row-panels and B column-panels a wave of programs reads stay in L2. Launch configs are autotuned per
+bucket (M, N, K rounded up to powers of two, dtype, precision, the layouts of A and B, batch, bias) and
+cached on disk; the interpreter takes the first (small) config. ATen's own GEMM (cuBLAS) is timed as
+one more candidate of each tuned bucket (design decision 12): where it beats every Triton config (by
+10 us, its extra host cost, when it takes under 50 us: _ATEN_HOST_MS), the bucket's calls run ATen (an
+ATen plan per signature, replayed from C++), counted in `gems.stats()` as fallbacks "aten faster".
+`GEMS_GEMM=triton` keeps Triton for every bucket. Skinny (decode, M <= 16) and small GEMMs are not
+tuned and always run Triton.
+
+ATen semantics kept here: beta == 0 ignores bias entirely (NaN/inf in it do not propagate), alpha == 0
+ignores A @ B (CPU BLAS convention), K == 0 gives beta * bias (or zeros), empty M/N gives an empty
+result, shape and dtype mismatches raise RuntimeError (ATen's own kernel raises them: we hand such
+calls to it).
+"""
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ...codegen.generator import number_misfit
+from ...registry import FLOATS, Unsupported, register
+from ...runtime import backend, kernel
+from ...runtime.autotune import Autotuner, bench_ms
+from ...runtime.utils import cdiv, empty, next_pow2, prepare_out, sm_count, span
+from . import gluon as gemm_gluon
+from . import tma as gemm_tma
+from .epilogue import scale_add_bias
+
+I32_MAX = 2**31 - 1
+
+
+@kernel
+@triton.jit
+def matmul_kernel(A, B, C, Bias, M, N, K, k_per, alpha, beta,
+                  s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cs, s_cb, s_cm, s_cn, s_xb, s_xm, s_xn,
+                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr, I64: tl.constexpr,
+                  SPLIT_K: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """C[b, m, n] = alpha * sum_k A[b, m, k] * B[b, k, n] + beta * Bias[b, m, n]   (fp32 accumulation).
+
+    Program id 0 -> (batch, tile); tiles of one batch are ordered in groups of GROUP_M tile-rows so
+    that consecutive programs share B column-panels and A row-panels in L2. Program id 1 -> the K
+    split: with SPLIT_K > 1 split s sums k in [s * k_per, (s + 1) * k_per) and stores its raw fp32
+    partial at C + s * s_cs (a workspace; `splitk_reduce_kernel` adds the splits and the epilogue).
+    """
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    tiles = grid_m * grid_n
+    batch = pid // tiles
+    t = pid % tiles
+    per_group = GROUP_M * grid_n
+    first_m = (t // per_group) * GROUP_M
+    group_m = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (t % per_group) % group_m
+    pid_n = (t % per_group) // group_m
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    if I64:  # some operand spans >= 2**31 elements: element offsets need 64 bits
+        rm = rm.to(tl.int64)
+        rn = rn.to(tl.int64)
+        rk = rk.to(tl.int64)
+    b64 = batch.to(tl.int64)
+    mask_m = rm < M
+    mask_n = rn < N
+    k0 = split * k_per          # k_per == K without a split; a multiple of BLOCK_K with one
+    k_len = tl.minimum(K - k0, k_per)
+    a_ptrs = A + b64 * s_ab + (rm[:, None] * s_am + (k0 + rk[None, :]) * s_ak)
+    b_ptrs = B + b64 * s_bb + ((k0 + rk[:, None]) * s_bk + rn[None, :] * s_bn)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # whole K tiles without a K mask: a mask along K (the contiguous axis of a row-major A) would cost
+    # the 16-byte vector loads in every iteration (K = 100008, Aquila's vocab, ran 2.5x cuBLAS's time)
+    for k in range(0, k_len // BLOCK_K):
+        a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
+        b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+    if not EVEN_K:
+        # the K tail, peeled: the only masked iteration (only the last split has one)
+        k_left = k_len % BLOCK_K
+        if k_left > 0:
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & (rk[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & mask_n[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K > 1:
+        w_ptrs = C + split * s_cs + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn)
+        tl.store(w_ptrs, acc, mask=mask)
+    else:
+        acc = scale_add_bias(acc, alpha, beta, Bias + b64 * s_xb + (rm[:, None] * s_xm + rn[None, :] * s_xn),
+                             mask, HAS_BIAS)
+        c_ptrs = C + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn)
+        tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
+
+
+@kernel
+@triton.jit
+def splitk_reduce_kernel(W, C, Bias, M, N, alpha, beta, s_ws, s_wm, s_cb, s_cm, s_cn, s_xb, s_xm, s_xn,
+                         HAS_BIAS: tl.constexpr, I64: tl.constexpr, SPLIT_K: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """C[b, m, n] = alpha * sum_s W[s, b, m, n] + beta * Bias[b, m, n]: the split-K epilogue.
+
+    W is the fp32 workspace [SPLIT_K, batch, M, N] with split stride s_ws and row stride s_wm (N for
+    matmul_kernel's; the Gluon kernel's rows are padded to 16 bytes and its splits to whole tiles).
+    Bytes: 4 * SPLIT_K read + one result written per element, against the GEMM's K / SPLIT_K operand
+    reads per element.
+    """
+    pid = tl.program_id(0)
+    batch = tl.program_id(1)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    rm = (pid // grid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = (pid % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if I64:
+        rm = rm.to(tl.int64)
+        rn = rn.to(tl.int64)
+    b64 = batch.to(tl.int64)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    w_ptrs = W + b64 * M * s_wm + (rm[:, None] * s_wm + rn[None, :])
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):   # fixed order: the sum is deterministic
+        acc += tl.load(w_ptrs + s * s_ws, mask=mask, other=0.0)
+    acc = scale_add_bias(acc, alpha, beta, Bias + b64 * s_xb + (rm[:, None] * s_xm + rn[None, :] * s_xn),
+                         mask, HAS_BIAS)
+    tl.store(C + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn), acc.to(C.dtype.element_ty), mask=mask)
+
+
+def _cfg(bm, bn, bk, warps, stages, group=8, split=1):
+    c = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_warps": warps, "num_stages": stages}
+    if split > 1:
+        c["SPLIT_K"] = split
+    return c
+
+
+def _gluon(bm, bn, bk, warps, buffers, group=8, maxnreg=160, fill_k=False):
+    """A config of the Gluon kernel: its pipeline depth is NUM_BUF ring slots (num_stages unused), and
+    `maxnreg` caps registers per thread so that its warps plus the load warpgroup fit 64K registers.
+    fill_k: split K into as many ranges as fill the SMs in one round (gemm_gluon.k_splits)."""
+    return dict(_cfg(bm, bn, bk, warps, 1, group), NUM_BUF=buffers, maxnreg=maxnreg, GLUON=True,
+                **({"FILL_K": True} if fill_k else {}))
+
+
+# Search spaces per backend (kept here rather than in backends.py: the autotuner owns them).
+# 16-bit inputs on Hopper: 128x256x64 / 8 warps is the classic wgmma-friendly tile (2 warpgroups, each
+# 64x256); 3-4 stages of (128 + 256) x 64 x 2 B = 48 KiB fit in 228 KiB of shared memory. Smaller tiles
+# win for skinny or small problems (more programs than SMs), and a K split where even those leave SMs
+# idle (M = 256-577 with N <= 2048: BERT/CLIP-sized layers, weight gradients). The list is every config
+# that was fastest for at least one of the models' 85 GEMM shapes in a sweep of 30 (H200, 2026-11-28).
+_CONFIGS_16 = [
+    _cfg(128, 256, 64, 8, 3),
+    _cfg(128, 256, 64, 8, 4),
+    _cfg(128, 256, 64, 8, 3, group=16),
+    _cfg(256, 128, 64, 8, 4),
+    _cfg(128, 128, 64, 8, 3),
+    _cfg(128, 128, 64, 8, 4),
+    _cfg(128, 128, 64, 8, 5),
+    _cfg(64, 128, 128, 4, 3),
+    _cfg(128, 64, 64, 4, 4),
+    _cfg(64, 128, 64, 4, 4),
+    _cfg(64, 64, 64, 4, 4),
+    _cfg(64, 128, 64, 4, 4, split=2),
+    _cfg(64, 128, 64, 4, 4, split=4),
+    # the persistent TMA kernel (gemm_tma.py; Hopper, 16-bit, aligned layouts, large problems only):
+    # the configs that beat the pointer kernel on the most model shapes in a sweep of 11. 128x256
+    # takes 3 stages, unflattened: 4 stages (192 KiB) plus the 64 KiB epilogue tile, or the flattened
+    # loop with a bias, exceed shared memory
+    dict(_cfg(128, 256, 64, 8, 3), TMA=True, FLAT=False),
+    dict(_cfg(128, 128, 64, 8, 5), TMA=True, FLAT=True),
+    # the warp-specialized Gluon kernel (gemm_gluon.py: the same operands and gate as TMA, a bias row at
+    # most): the configs that won a model shape of >= 2**33 multiply-adds in a sweep of 5 (H200,
+    # 2026-11-28); NUM_BUF ring slots of (BM + BN) x 64 x 2 bytes plus the BM x BN output tile fit 227 KiB
+    _gluon(128, 256, 64, 8, 3),
+    _gluon(128, 256, 64, 8, 3, group=16),
+    _gluon(128, 128, 64, 4, 5, maxnreg=224),
+    # one warpgroup on 64 x 128 tiles: the mid-size winner (2**31-2**33 multiply-adds: weight gradients,
+    # BERT/CLIP layers, 7 of the 85 shapes) of 5 candidates tried once Gluon calls were planned; 128x128
+    # with 8 warps, 128x64, 64x256 and 128x128x128 won none (H200, 2026-11-28)
+    _gluon(64, 128, 64, 4, 6, maxnreg=224),
+]
+# Gluon tiles 192 columns wide (gemm_gluon.matmul_gluon_wide_kernel: 128 + 64, two accumulators; 4 ring
+# slots of (128 + 192) x 64 x 2 bytes plus the 128 x 192 output tile: 208 KiB). For the 768-wide outputs
+# of BERT/CLIP (4096 x 768: 128 tiles, one round on 132 SMs, against 192 of 128 x 128) and 576-row shapes.
+# In the tuned benchmark's 64 shapes of >= 2^30 multiply-adds (H200, session 30) the tuner chose them for 4,
+# 3 of them 9-11% faster (576 x 4096 x 4096 1.36 -> 1.20x cuBLAS, 4096 x 768 x 768 1.19 -> 1.07, 4096 x
+# 768 x 3072 1.20 -> 1.10); GEMM time per step fell 0-3% for every training and prefill source, decode moved
+# within 1% (geomean 1.092 -> 1.079).
+_GLUON_WIDE = [_gluon(128, 192, 64, 8, 4)]
+# Tiles sized so that the mid-size shapes make about one round of programs on 132 SMs, as cuBLAS's kernels
+# there do (H200, session 30, profiler names: 192x96 tiles for 576 x 4096 x 4096 (129 tiles, Gems 1.42x
+# with 128x256's 80), 128x160 for 768 x 3072 x 4096 (120; Gems 1.18x), 128x152 for 577 x 4096 x 1024,
+# 64x64 for 256 x 2048 x 4096 (128; Gems 1.70x), 96x128 for 512 x 3072 x 768): 128 x 160 (128 + 32) makes
+# 130 tiles of 576 x 4096 and 120 of 768 x 3072; 128 x 96 (64 + 32) 128 of 512 x 3072; 64 x 64 with a
+# deep ring 128 of 256 x 2048. Offered by default since session 31: on the same 64 shapes (H200, tuned from
+# an empty cache, one run each) the geomean went 1.070 -> 1.054x cuBLAS and the GEMM time per step of every
+# Llama-family training and prefill source fell 2-4% (llama2 train 1.063 -> 1.023), decode within 0.5%;
+# the tuner chose a wave tile for 576 x 4096 x 4096 (1.44 -> 1.24), 577 x 1024 x 4096 (1.52 -> 1.19) and
+# 768 x 3072 x 4096 (1.41 -> 1.18) among others (docs/perf.md, session 31)
+_GLUON_WAVE = [_gluon(128, 160, 64, 8, 4), _gluon(128, 96, 64, 8, 6), _gluon(64, 64, 64, 4, 8, maxnreg=224)]
+# Small tiles with deep rings for the mid-size GEMMs whose K is 4-16x their M or N (8-40 us; 1.2-1.6x cuBLAS
+# in session 31, the worst rows of the model table). cuBLAS runs them with 64x64 / 64x80 / 96x64 tiles and
+# 8-13 stages in about one round of programs: 64 x 64 with 12 ring slots (192 KiB), 64 x 80 (64 + 16) with
+# 10 (180 KiB), and 64 x 128 with two consumer warpgroups (8 warps, each a 64 x 64 half, as cuBLAS's
+# cooperative kernels split a tile).
+# Offered by default since session 32: on the GPU they match float64 for every layout
+# (tests/ops/test_gemm_gluon.py), and on the 64 shapes of >= 2^30 multiply-adds (H200, each side tuned from
+# an empty cache in one run) the geomean went 1.042 -> 1.015x cuBLAS; the tuner chose 64 x 64 x 12 slots
+# for 256 x 2048 x 4096 (1.63 -> 1.07) and 512 x 768 x 3072 (1.60 -> 1.14), and BERT prefill's GEMM time
+# per step fell 1.15 -> 0.99x (docs/perf.md, session 32)
+_GLUON_DEEP = [_gluon(64, 64, 64, 4, 12, maxnreg=224), _gluon(64, 80, 64, 4, 10, maxnreg=224),
+               _gluon(64, 128, 64, 8, 6)]
+# Large tiles split over K for the same shapes (gemm_gluon.matmul_gluon_splitk_kernel; 128 x 128 makes 40
+# tiles of 577 x 1024, split 3 ways: 120 programs): each operand is read from L2 as often as by an
+# unsplit 128 x 128 tile, half as often as by 64 x 64 tiles. They only take calls that split
+# (the tuner skips them elsewhere); the fp32 output tile takes the shared memory of one or two ring
+# slots (128 x 128: 4 slots of 32 KiB and 64 KiB of output). Not offered: correct on the GPU
+# (tests/ops/test_gemm_gluon.py), but slower on the device where it splits (H200, session 33, device time
+# alone: 577 x 1024 x 4096 split 3 ways 1.42x cuBLAS against 1.28x unsplit; 512 x 768 x 3072 1.37-1.43x
+# against 1.15x), and never chosen in an A/B on the 64 large model shapes. The fp32 partials' round trip
+# costs more than the L2 reads it saves. Kept as a candidate group (benchmarks.gemm --candidates ...,ksplit)
+# for GPUs and shapes where that balance differs
+_GLUON_KSPLIT = [_gluon(128, 128, 64, 8, 4, fill_k=True), _gluon(64, 128, 64, 4, 6, maxnreg=224, fill_k=True)]
+# the candidate groups beyond _CONFIGS_16 (16-bit inputs), each under its own tuning cache name, and the
+# ones the tuner offers (benchmarks.gemm --candidates: an A/B of them)
+CANDIDATE_GROUPS = {"wide": _GLUON_WIDE, "wave": _GLUON_WAVE, "deep": _GLUON_DEEP, "ksplit": _GLUON_KSPLIT}
+_GROUP_SUFFIX = {"wide": "w", "wave": "q", "deep": "d", "ksplit": "k"}
+CANDIDATES = ("wide", "wave", "deep")
+
+
+def check_candidates(groups) -> tuple:
+    """`groups` as CANDIDATES takes them (a tuple), or ValueError naming the unknown ones."""
+    groups = tuple(groups)
+    unknown = [g for g in groups if g not in CANDIDATE_GROUPS]
+    if unknown:
+        raise ValueError(f"unknown group(s) {unknown} of GEMM candidates; known: {', '.join(CANDIDATE_GROUPS)}")
+    return groups
+# fp32: twice the bytes per element, so BLOCK_K 32 keeps the same shared-memory footprint
+_CONFIGS_32 = [
+    _cfg(128, 256, 32, 8, 3),
+    _cfg(128, 128, 32, 8, 4),
+    _cfg(256, 128, 32, 8, 3),
+    _cfg(128, 128, 32, 4, 4),
+    _cfg(64, 128, 32, 4, 4),
+    _cfg(128, 64, 32, 4, 4),
+    _cfg(64, 64, 32, 4, 4),
+]
+
+
+def tile_configs(itemsize):
+    """The search space's distinct plain tiles (no TMA or Gluon config, no K split): for other implicit
+    GEMMs (convolution) that have one tiled kernel and read only the tile, warps and stages."""
+    out = []
+    for c in _CONFIGS_16 if itemsize <= 2 else _CONFIGS_32:
+        if c.get("GLUON"):
+            continue
+        c = {k: v for k, v in c.items() if k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")}
+        if c not in out:
+            out.append(c)
+    return out
+
+
+# the interpreter runs each program in Python: small tiles keep the per-program numpy work small and the
+# test shapes (tens of elements) need only a handful of programs
+INTERP_CONFIG = _cfg(32, 32, 32, 4, 1, group=4)
+# problems below this many multiply-adds take a fixed mid-size tile without tuning: their time is
+# launch-bound, and a tuning run (compiling and timing every config) would cost more than it saves
+_SMALL = {16: _cfg(64, 64, 64, 4, 3), 32: _cfg(64, 64, 32, 4, 3)}
+
+
+def _skinny(N, K, itemsize, sms):
+    """Decode GEMMs (M <= 16, one batch): the weight stream is the whole cost, so a 16-row tile, deep K
+    steps with 4 stages in flight, and N tiles narrow enough that every SM gets a program (4096 / 32 =
+    128 on 132 SMs) but, for wide N (vocab projections), 128 wide. H200 sweep, 2026-11-28 (bf16, M = 1 /
+    4 / 16, time / cuBLAS's): N = 4096: 0.96 / 0.97 / 0.91 (16x32x256); N = 11008: 1.00 / 1.00 / 0.98
+    and N = 32000: 0.98 / 0.98 / 0.98 (16x128x128, was 1.05 with 16x64x128). Where N gives at most a
+    quarter as many tiles as SMs (GQA k/v projections, N <= 1024) K is split so that about one program
+    runs per SM: M = 1, N x K = 512 x 4096 1.38 -> 1.02 (split 8), 256 x 5632 1.87 -> 1.13, 1024 x 4096
+    1.32 -> 1.09 (split 5); at N = 2048 (64 tiles) a split of 3 lost (1.03 -> 1.17).
+    Narrow N takes 6 stages (H200, 2026-11-28, session 28: kernel time with a cold L2 over 162 configs,
+    out/skinny27.py): 1 x 4096 x 4096 14.8 -> 14.3 us, 1 x 4096 x 11008 32.8 -> 30.9, M = 4 15.2 -> 14.2,
+    M = 16 15.8 -> 14.4 (cuBLAS 15.3-33.2); wide N is already the best config seen (1 x 32000 x 4096 69.9,
+    cuBLAS 71.1). That is 57% of the 4.19 TB/s copy roof at 4096 x 4096 and 70-90% at the larger weights."""
+    wide = N >= 8192
+    bn = 128 if wide else 32
+    bk = (128 if wide else 256) // (1 if itemsize <= 2 else 2)
+    tiles = cdiv(N, bn)
+    split = min(cdiv(sms, tiles), 8) if 4 * tiles <= sms else 1
+    return _cfg(16, bn, bk, 4, 4 if wide else 6, split=split)
+
+
+TUNE_MIN_MACS = 2**27
+# The TMA and Gluon kernels (persistent, one program per SM) are candidates from 2**30 multiply-adds
+# (e.g. 512 x 1024 x 2048, ~3 us of device time on an H200): the Gluon kernel won shapes from 2**31 up
+# (weight gradients of 2048-4096 x 256-2048) in the tuned benchmark, and below 2**30 the tuner would
+# only time more configs. Their calls are planned like any launch (runtime/plan.py rebuilds the host
+# descriptors per call, the C++ recipe encodes them once and puts in each call's addresses: 8-12 us of
+# host per call, against cuBLAS's 19-22). Before that (session 20) they ran the Python path, 80-150 us
+# of host per call, and the gate was 2**36.
+_TMA_MIN_MACS = 2**30
+# the split-K epilogue's tile: 32 rows x 128 contiguous fp32 columns (512-byte row segments)
+_RED_M, _RED_N = 32, 128
+
+
+def split_k(split, K, block_k, outputs):
+    """(splits, K per split) for a config asking for `split`: K per split a multiple of BLOCK_K, every
+    split non-empty; no split when K holds fewer than two BLOCK_K steps per split or the workspace
+    (splits x outputs fp32) would need 64-bit offsets."""
+    if split <= 1 or K < 2 * block_k or split * outputs > I32_MAX:
+        return 1, K
+    k_per = cdiv(cdiv(K, split), block_k) * block_k
+    return cdiv(K, k_per), k_per
+
+
+def small_config(macs, itemsize):
+    """The fixed tile for a GEMM-shaped problem below TUNE_MIN_MACS multiply-adds on the GPU, else None
+    (tune). Shared by mm/bmm and convolution's implicit GEMMs."""
+    if backend().name == "interpreter" or macs >= TUNE_MIN_MACS:
+        return None
+    return _SMALL[16 if itemsize <= 2 else 32]
+
+# ATen's own kernel (cuBLAS) as one more candidate of a tuned bucket (design decision 12): where it
+# beats every Triton config, the bucket records {"aten": True} and its calls run ATen, counted as
+# fallbacks with reason "aten faster". GEMS_GEMM=triton keeps Triton for every bucket (its own cache).
+_ATEN = {"aten": True}
+ATEN_FASTER = "aten faster"
+# ATen's candidate is timed on the device, but a cuBLAS call also costs more host time than a Triton
+# launch replayed from the C++ fast path, and a training step's mid-size GEMMs are host-bound: in
+# BERT-base's backward (M = 4096, N, K = 768 / 3072, bf16; H100, 2026-11-23) cuBLAS took 27 us on the
+# device and 31-83 us of host per call, Triton 33 us and 16 us; the step ran 1.13x ATen with Triton
+# there and 0.90-0.96x with cuBLAS. So where ATen's device time is below _HOST_BOUND_MS (comparable
+# to a call's host time) it must win by _ATEN_HOST_MS to be chosen; larger GEMMs, whose device time
+# dwarfs any call's host cost (prefill, big training steps), go to cuBLAS wherever it is faster.
+_ATEN_HOST_MS = 0.010
+_HOST_BOUND_MS = 0.050
+
+
+def _aten_time(device_ms, host_ms=_ATEN_HOST_MS):
+    """ATen's candidate time in the tuner (or a K split's, with its `host_ms`): device time, plus the
+    host handicap for small GEMMs."""
+    return device_ms + (host_ms if device_ms < _HOST_BOUND_MS else 0.0)
+
+
+# The Gluon K split's handicap in the tuner: one more launch and a workspace, both replayed from C++ by the
+# call's plan. An estimate (half of cuBLAS's measured excess), not measured on its own; the pointer
+# kernel's splits keep _ATEN_HOST_MS, under which the default search space was measured
+_SPLIT_HOST_MS = 0.005
+
+
+_POLICY = None
+
+
+def _parse_policy(v) -> str:
+    v = str(v).strip().lower() or "auto"
+    if v not in ("auto", "triton"):
+        raise ValueError(f"GEMS_GEMM={v!r}: expected 'auto' (ATen where measured faster) or 'triton'")
+    return v
+
+
+def gemm_policy() -> str:
+    """'auto' (ATen where it was measured faster for a bucket) or 'triton': $GEMS_GEMM, read once
+    (the decisions live in call plans); `set_gemm_policy` changes it at run time."""
+    global _POLICY
+    if _POLICY is None:
+        _POLICY = _parse_policy(os.environ.get("GEMS_GEMM", "auto"))
+    return _POLICY
+
+
+def set_gemm_policy(policy: str):
+    """Switch the GEMM policy ('auto' or 'triton') at run time: the GEMM overloads' plans, ATen
+    decisions included, are dropped so every signature decides again under the new policy."""
+    global _POLICY
+    _POLICY = _parse_policy(policy)
+    from ...registry import all_impls
+    for impl in all_impls():
+        if impl.category == "blas":
+            impl.set_fn(impl.fn)
+
+
+_TUNERS = {}
+
+
+def _tuner(itemsize, triton_only=False):
+    triton_only = triton_only or gemm_policy() == "triton"
+    # separate tuning caches: a bucket tuned without the ATen candidate must not answer for 'auto'
+    # ("-auto2": decisions since ATen's candidate carries _ATEN_HOST_MS; older caches decided without it)
+    # ("v2": the search space of 2026-11-28, K splits included; older caches chose from the previous one)
+    # ("v3": with the Gluon kernel's configs, 2026-11-28)
+    # ("v4": TMA and Gluon calls planned, offered from 2**33 multiply-adds without a host handicap)
+    # (a letter per candidate group offered: "w" the Gluon wide tiles, "q" the one-round tiles, "d" the deep rings)
+    key = (itemsize <= 2, triton_only, tuple(CANDIDATES))     # a call's full path: one lookup
+    t = _TUNERS.get(key)
+    if t is None:
+        groups = sorted(check_candidates(CANDIDATES)) if itemsize <= 2 else []
+        name = (("mm16v4" if itemsize <= 2 else "mm32v4") + "".join(_GROUP_SUFFIX[g] for g in groups)
+                + ("" if triton_only else "-auto2"))
+        if backend().name == "interpreter":
+            configs = [INTERP_CONFIG]
+        else:
+            extra = [c for g in groups for c in CANDIDATE_GROUPS[g]]
+            configs = ((_CONFIGS_16 + extra if itemsize <= 2 else _CONFIGS_32)
+                       + ([] if triton_only else [_ATEN]))
+        t = _TUNERS[key] = Autotuner(name, configs)
+    return t
+
+
+def _aten_gemm(a, b, bias, alpha, beta, out):
+    """ATen's GEMM for the same operands into `out` (timed against the Triton configs). Called inside
+    Gems' kernel, so the nested call runs ATen's kernel (the dispatcher's re-entry guard)."""
+    if a.dim() == 3:
+        if bias is None:
+            return torch.bmm(a, b, out=out) if alpha == 1 else torch.baddbmm(out, a, b, beta=0, alpha=alpha, out=out)
+        return torch.baddbmm(bias, a, b, beta=beta, alpha=alpha, out=out)
+    return torch.addmm(out if bias is None else bias, a, b, beta=0 if bias is None else beta, alpha=alpha, out=out)
+
+
+# fp32 GEMMs read torch's matmul precision setting: it is part of every GEMM call plan's signature
+_precision_key = torch.get_float32_matmul_precision
+
+
+def _precision(dtype):
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    # 16-bit inputs multiply exactly on tensor cores; fp32 under 'highest' must not be rounded to tf32
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _layout(s_row, s_col):
+    return "r" if s_col == 1 else ("c" if s_row == 1 else "s")
+
+
+def _s3(t):
+    """(batch, row, col) strides of a 2-D or 3-D operand; a matrix repeats over the batch (stride 0)."""
+    st = t.stride()
+    return st if len(st) == 3 else (0,) + st
+
+
+_LAST = [None]
+
+
+def _picked(cfg):
+    _LAST[0] = cfg
+    return cfg
+
+
+def last_config():
+    """The launch config (or {"aten": True}) the last GEMM that ran blas's Python path chose: a
+    diagnostic for benchmarks (a planned call replays its plan and does not update it)."""
+    return _LAST[0]
+
+
+def describe_config(cfg) -> str:
+    """A short name of a GEMM config: 'tma 128x256x64 w8 s3', 'ptr 64x128x64 w4 s4 split2', 'cuBLAS'."""
+    if not cfg:
+        return ""
+    if cfg.get("aten"):
+        return "cuBLAS"
+    if cfg.get("GLUON"):
+        return (f"gluon {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg['num_warps']} b{cfg['NUM_BUF']}"
+                f" r{cfg['maxnreg']}" + (f" g{cfg['GROUP_M']}" if cfg["GROUP_M"] != 8 else "")
+                + (" ksplit" if cfg.get("FILL_K") else ""))
+    kind = "tma" if cfg.get("TMA") else "ptr"
+    split = f" split{cfg['SPLIT_K']}" if cfg.get("SPLIT_K", 1) > 1 else ""
+    return (f"{kind} {cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+            f"{split}")
+
+
+def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision=None):
+    """c[i] = alpha * a[i] @ b[i] + beta * bias[i]; 2-D (mm) or 3-D (bmm) operands, bias None or c's shape.
+
+    Only strides go to the kernel: no views are made per call. `config` forces one launch config
+    (tests check every config of the search space with it). `triton_only`: tune over the Triton
+    configs alone (a GEMM inside another op, which has no ATen GEMM to hand the call to)."""
+    nb = a.shape[0] if a.dim() == 3 else 1
+    M, K = a.shape[-2], a.shape[-1]
+    N = b.shape[-1]
+    if nb == 0 or M == 0 or N == 0:
+        return c
+    if alpha == 0:
+        K = 0  # ATen (CPU BLAS convention): alpha == 0 ignores A @ B, NaNs included
+    has_bias = bias is not None and beta != 0
+    if not has_bias:
+        bias = c  # never read; any valid pointer keeps the argument list fixed
+    i64 = max(span(a), span(b), span(c), span(bias)) > I32_MAX
+    prec = precision or _precision(a.dtype)
+    sa, sb, sc = _s3(a), _s3(b), _s3(c)
+    sx = _s3(bias) if has_bias else (0, 0, 0)
+    ab = (float(alpha), float(beta))
+    s_ab = (*sa, *sb)
+    s_x = (*sx, has_bias, prec)
+
+    def reduce_splits(ws, out, split, s_ws, s_wm):
+        # the K splits' fp32 partials added in fixed order (deterministic) with alpha, the bias and the cast
+        splitk_reduce_kernel[(cdiv(M, _RED_M) * cdiv(N, _RED_N), nb)](
+            ws, out, bias, M, N, *ab, s_ws, s_wm, *_s3(out), *sx, has_bias, i64, split, _RED_M, _RED_N,
+            num_warps=4)
+
+    def run(cfg, out):
+        if cfg.get("TMA") or cfg.get("GLUON"):
+            lay = gemm_tma.layout(a, b, out, K, i64)
+            if lay is None:
+                raise ValueError("the TMA GEMM needs one 16-bit matrix product with 16-byte aligned, "
+                                 "unit-stride operands and a row-major result")
+            if cfg.get("TMA"):
+                gemm_tma.launch(a, b, out, bias, alpha, beta, has_bias, lay, cfg)
+                return
+            if not gemm_gluon.supports(bias, has_bias):
+                raise ValueError("the Gluon GEMM adds at most a bias row (stride 0 along M)")
+            split, k_per, rows = (gemm_gluon.k_splits(M, N, K, cfg, sm_count(a.device)) if cfg.get("FILL_K")
+                                  else (1, 0, M))
+            if split == 1:
+                gemm_gluon.launch(a, b, out, bias, alpha, beta, has_bias, lay, cfg)
+                return
+            # fp32 partials of `split` K ranges into a workspace whose rows are padded to 16 bytes (TMA)
+            # and whose ranges to whole tiles, then the same reduce as the pointer kernel's splits
+            cols = gemm_gluon.ws_cols(N)
+            ws = empty((split, rows, cols), torch.float32, out.device)
+            gemm_gluon.launch_splitk(a, b, ws, rows, lay, cfg, split, k_per)
+            reduce_splits(ws, out, split, rows * cols, cols)
+            return
+        bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+        tiles = nb * cdiv(M, bm) * cdiv(N, bn)
+        split, k_per = split_k(cfg.get("SPLIT_K", 1), K, bk, nb * M * N)
+        if split == 1:
+            matmul_kernel[(tiles, 1)](a, b, out, bias, M, N, K, K, *ab, *s_ab, 0, *sc, *s_x, K % bk == 0, i64, 1,
+                                      bm, bn, bk, cfg["GROUP_M"], num_warps=cfg["num_warps"],
+                                      num_stages=cfg["num_stages"])
+            return
+        # K split over `split` programs per tile: raw fp32 partials into a workspace [split, nb, M, N],
+        # then one small launch adds them
+        ws = empty((split, nb, M, N), torch.float32, out.device)
+        matmul_kernel[(tiles, split)](a, b, ws, bias, M, N, K, k_per, *ab, *s_ab, nb * M * N, M * N, N, 1, *s_x,
+                                      K % bk == 0, i64, split, bm, bn, bk, cfg["GROUP_M"],
+                                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        reduce_splits(ws, out, split, nb * M * N, N)
+
+    if config is not None:
+        run(config, c)
+        return c
+    tuner = _tuner(a.element_size(), triton_only)
+    if backend().name != "interpreter" and M <= 16 and nb == 1:
+        run(_picked(_skinny(N, K, a.element_size(), sm_count(a.device))), c)
+        return c
+    small = small_config(nb * M * N * K, a.element_size())
+    if small is not None:
+        run(_picked(small), c)
+        return c
+    # whether the TMA kernel can take the call is part of the bucket: its configs are candidates only
+    # there (and a bucket that chose one serves only calls it can run)
+    tma = nb * M * N * K >= _TMA_MIN_MACS and gemm_tma.tma_layout(a, b, c, K, i64) is not None
+    # (and whether the Gluon configs can take its bias: a bucket that chose one serves only such calls)
+    bucket = (next_pow2(M), next_pow2(N), next_pow2(max(K, 1)), str(a.dtype).split(".")[-1], prec,
+              _layout(sa[1], sa[2]), _layout(sb[1], sb[2]), nb > 1, has_bias) + (
+        (("tma",) if gemm_gluon.supports(bias, has_bias) else ("tma", "bias2d")) if tma else ())
+
+    def bench(cfg):
+        # time into scratch: `c` may alias the bias (addmm_), which repeated runs would accumulate into.
+        # With c's strides (the launches above take them from c): empty_like would make a column slice's
+        # scratch contiguous and smaller than what those strides address
+        scratch = torch.empty_strided(c.shape, c.stride(), dtype=c.dtype, device=c.device)
+        if cfg is _ATEN or cfg.get("aten"):
+            if c.dtype != a.dtype:   # fp32 results of 16-bit inputs (out_dtype): no like-for-like ATen call
+                raise RuntimeError("no ATen candidate")
+            return _aten_time(bench_ms(lambda: _aten_gemm(a, b, bias if has_bias else None, alpha, beta, scratch)))
+        if (cfg.get("TMA") or cfg.get("GLUON")) and not tma:
+            raise RuntimeError("not a TMA call")
+        if cfg.get("FILL_K"):
+            split, host = gemm_gluon.k_splits(M, N, K, cfg, sm_count(a.device))[0], _SPLIT_HOST_MS
+            if split == 1:      # unsplit, it is another config's tile: not timed twice
+                raise RuntimeError("no K split for this call")
+        else:
+            split, host = split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], nb * M * N)[0], _ATEN_HOST_MS
+        ms = bench_ms(lambda: run(cfg, scratch))
+        # a K split adds a launch (and a workspace): like ATen's candidate it must win by that host
+        # cost where the GEMM is short enough for host time to matter
+        return _aten_time(ms, host) if split > 1 else ms
+
+    cfg = _picked(tuner.pick(bucket, bench))
+    if cfg.get("aten"):
+        # before anything is written; the decision holds for every call of this signature
+        raise Unsupported(ATEN_FASTER, signature=True)
+    run(cfg, c)
+    return c
+
+
+def _check_mats(a, b, batched):
+    want = 3 if batched else 2
+    if a.dim() != want or b.dim() != want:
+        what = "batch1" if batched else "self"
+        bad = a if a.dim() != want else b
+        raise RuntimeError(f"{what} must be a {want}D tensor" if batched else
+                           f"{'self' if bad is a else 'mat2'} must be a matrix")
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {a.dtype} != {b.dtype}")
+    if batched and a.shape[0] != b.shape[0]:
+        raise RuntimeError(f"batch1 and batch2 must have same number of batches, got {a.shape[0]} and {b.shape[0]}")
+    if a.shape[-1] != b.shape[-2]:
+        if batched:
+            raise RuntimeError(f"Expected size for first two dimensions of batch2 tensor to be: "
+                               f"[{b.shape[0]}, {a.shape[-1]}] but got: [{b.shape[0]}, {b.shape[1]}].")
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
+                           f"{b.shape[0]}x{b.shape[1]})")
+    if b.device != a.device:
+        raise Unsupported("operands on different devices")
+
+
+def _result_dtype(a, out_dtype):
+    if out_dtype is None or out_dtype == a.dtype:
+        return a.dtype
+    if out_dtype == torch.float32 and a.dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    raise Unsupported(f"out_dtype {out_dtype} for {a.dtype} inputs")
+
+
+def _mm(a, b, out=None, out_dtype=None):
+    _check_mats(a, b, False)
+    c = prepare_out(out, (a.shape[0], b.shape[1]), _result_dtype(a, out_dtype), a.device)
+    launch(a, b, c, None, 1.0, 0.0)
+    return c
+
+
+def _bmm(a, b, out=None, out_dtype=None):
+    _check_mats(a, b, True)
+    c = prepare_out(out, (a.shape[0], a.shape[1], b.shape[2]), _result_dtype(a, out_dtype), a.device)
+    launch(a, b, c, None, 1.0, 0.0)
+    return c
+
+
+def _scalar(v, name):
+    if isinstance(v, complex):
+        raise Unsupported(f"complex {name}")
+    return float(v)
+
+
+def _addmm(bias, a, b, beta, alpha, out=None, out_dtype=None, inplace=False):
+    _check_mats(a, b, False)
+    beta, alpha = _scalar(beta, "beta"), _scalar(alpha, "alpha")
+    M, N = a.shape[0], b.shape[1]
+    dtype = _result_dtype(a, out_dtype)
+    if bias.dtype != dtype:
+        raise Unsupported(f"bias dtype {bias.dtype} differs from the result dtype {dtype}")
+    if bias.device != a.device:
+        raise Unsupported("bias on another device")
+    if inplace:
+        if tuple(bias.shape) != (M, N):
+            raise RuntimeError(f"The input tensor must have the shape of the result: expected {[M, N]}, "
+                               f"got {list(bias.shape)}")
+        if torch._debug_has_internal_overlap(bias) == 1:
+            raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers "
+                               "to a single memory location. Please clone() the tensor before performing the "
+                               "operation.")
+        c = bias
+    else:
+        if bias.dim() > 2:
+            raise RuntimeError(f"addmm: self must be at most 2-D (broadcastable to [{M}, {N}]), got "
+                               f"{list(bias.shape)}")
+        bias = bias.expand(M, N)  # raises RuntimeError when not broadcastable, like ATen; no copy
+        c = prepare_out(out, (M, N), dtype, a.device)
+    launch(a, b, c, bias, alpha, beta)
+    return c
+
+
+@register("mm", "mm.out", category="blas", dtypes=FLOATS, plan_key=_precision_key)
+def mm(self, mat2, *, out=None):
+    """Matrix product (tiled Triton GEMM, fp32 accumulation, strided operands)."""
+    return _mm(self, mat2, out)
+
+
+@register("mm.dtype", "mm.dtype_out", category="blas", dtypes=FLOATS, plan_key=_precision_key, backends=("cuda",))
+def mm_dtype(self, mat2, out_dtype, *, out=None):
+    """Matrix product with an fp32 result for 16-bit inputs (CUDA only, like ATen)."""
+    return _mm(self, mat2, out, out_dtype)
+
+
+def _addmm_numbers(self, mat1, mat2, *args, beta=1, alpha=1, **kwargs):
+    # ATen converts alpha/beta with an overflow check (1e40 into fp32 raises): a number that does
+    # not fit goes to ATen, which raises or answers; numbers key plans by value here, so this runs
+    # once per value
+    for v in (beta, alpha):
+        why = number_misfit(v, mat1.dtype)
+        if why is not None:
+            return f"alpha/beta {why}"
+    return None
+
+
+@register("addmm", "addmm.out", category="blas", dtypes=FLOATS, plan_key=_precision_key, check=_addmm_numbers)
+def addmm(self, mat1, mat2, *, beta=1, alpha=1, out=None):
+    """beta * self + alpha * (mat1 @ mat2), bias broadcast and scaling fused in the epilogue."""
+    return _addmm(self, mat1, mat2, beta, alpha, out)
+
+
+@register("addmm_", category="blas", dtypes=FLOATS, plan_key=_precision_key, check=_addmm_numbers)
+def addmm_(self, mat1, mat2, *, beta=1, alpha=1):
+    """In-place addmm: self = beta * self + alpha * (mat1 @ mat2)."""
+    return _addmm(self, mat1, mat2, beta, alpha, inplace=True)
+
+
+@register("addmm.dtype", "addmm.dtype_out", category="blas", dtypes=FLOATS, plan_key=_precision_key, backends=("cuda",),
+          check=_addmm_numbers)
+def addmm_dtype(self, mat1, mat2, out_dtype, *, beta=1, alpha=1, out=None):
+    """addmm with an fp32 result for 16-bit inputs (CUDA only, like ATen)."""
+    return _addmm(self, mat1, mat2, beta, alpha, out, out_dtype)
+
+
+@register("bmm", "bmm.out", category="blas", dtypes=FLOATS, plan_key=_precision_key)
+def bmm(self, mat2, *, out=None):
+    """Batched matrix product (the GEMM kernel with a batch axis and batch strides)."""
+    return _bmm(self, mat2, out)
+
+
+@register("bmm.dtype", "bmm.dtype_out", category="blas", dtypes=FLOATS, plan_key=_precision_key, backends=("cuda",))
+def bmm_dtype(self, mat2, out_dtype, *, out=None):
+    """Batched matrix product with an fp32 result for 16-bit inputs (CUDA only, like ATen)."""
+    return _bmm(self, mat2, out, out_dtype)

@@ -1,0 +1,23 @@
+"""Where tensors sit in memory: the checks op families make before they write (shared, so each lives once)."""
+from ..runtime.utils import span
+
+
+def overlaps(a, b) -> bool:
+    """Whether the bytes `a` spans meet the bytes `b` spans (same storage, intersecting address ranges)."""
+    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    lo_a, hi_a = a.data_ptr(), a.data_ptr() + span(a) * a.element_size()
+    lo_b, hi_b = b.data_ptr(), b.data_ptr() + span(b) * b.element_size()
+    return lo_a < hi_b and lo_b < hi_a
+
+
+def non_overlapping_dense(t) -> bool:
+    """Whether `t` fills its span exactly once: its strides, sorted ascending, are the contiguous strides of
+    its sizes in that order (size-1 dims ignored)."""
+    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1)
+    expect = 1
+    for s, n in dims:
+        if s != expect:
+            return False
+        expect *= n
+    return True

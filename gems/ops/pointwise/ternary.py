@@ -1,0 +1,173 @@
+"""Ternary / select pointwise ops: where, masked_fill, clamp (Scalar and Tensor bounds, clamp_min,
+clamp_max), lerp, addcmul, addcdiv — declared through gems.codegen.
+
+where's backward stays whole: autograd composes it from where/zeros, which go through here again.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ...codegen import pointwise
+from ...codegen.tlmath import GPU, fma_f
+from ...registry import FLOATS, INTS, register
+
+NUMERIC = FLOATS + INTS
+ALL = FLOATS + INTS + (torch.bool,)
+_BOOL = (torch.bool,)
+
+
+@triton.jit
+def _where(c, a, b):
+    """condition ? self : other"""
+    return tl.where(c, a, b)
+
+
+@triton.jit
+def _masked_fill(a, m, v):
+    """mask ? value : self (value cast to self's dtype)"""
+    return tl.where(m, v.to(a.dtype), a)
+
+
+@triton.jit
+def _clamp_min(a, lo):
+    """max(self, min); a NaN self or bound gives NaN"""
+    # nested where, not `|`: a scalar bound's bool cannot be or-ed with a block in the interpreter
+    return tl.where(lo != lo, lo, tl.where(a < lo, lo, a))
+
+
+@triton.jit
+def _clamp_max(a, hi):
+    """min(self, max); a NaN self or bound gives NaN"""
+    return tl.where(hi != hi, hi, tl.where(a > hi, hi, a))
+
+
+@triton.jit
+def _clamp(a, lo, hi):
+    """min(max(self, min), max) (max wins when min > max, like ATen)"""
+    r = tl.where(lo != lo, lo, tl.where(a < lo, lo, a))
+    return tl.where(hi != hi, hi, tl.where(r > hi, hi, r))
+
+
+@triton.jit
+def lerp_f(a, b, w):
+    """self + w (end - self), evaluated from the nearer end like ATen (exact at w = 0 and w = 1)
+
+    CUDA: end - (end - self) * (1 - w) for |w| >= 0.5. CPU (ATen's vector path, fused):
+    fma(w - 1, end - self, end), whose zero keeps end's sign (lerp(0, -0.0, 1) is -0.0 there)."""
+    d = b - a
+    small = tl.abs(w) < 0.5
+    if GPU:
+        return tl.where(small, a + w * d, b - d * (1.0 - w))
+    else:
+        return fma_f(tl.where(small, w, w - 1.0), d, tl.where(small, a, b))
+
+
+@triton.jit
+def _addcmul(a, t1, t2, value):
+    """self + value * tensor1 * tensor2
+
+    Floats fused like ATen: fma(value * tensor1, tensor2, self) (its CPU kernel is compiled with fp
+    contraction; on the GPU Triton contracts the unfused form the same way), so an overflowing product
+    next to an infinite self gives that infinity, not NaN."""
+    if a.dtype.is_floating():
+        return fma_f(value * t1, t2, a)
+    else:
+        return a + value * t1 * t2
+
+
+@triton.jit
+def _addcdiv(a, t1, t2, value):
+    """self + value * (tensor1 / tensor2), the quotient IEEE-rounded as ATen's (Triton's `/` is the GPU's
+    approximate division, which differs where the quotient overflows or underflows)"""
+    return a + value * tl.math.div_rn(t1, t2)
+
+
+where = pointwise("where.self", "where.self_out", body=_where, operands=("condition", "self", "other"),
+                  promote=("self", "other"), operand_dtypes={"condition": _BOOL}, dtypes=ALL)
+
+
+def _value_0dim(self, mask, value, *a, **k):
+    # ATen requires a 0-dim value (raises otherwise): let it
+    return None if value.dim() == 0 else "value is not 0-dim"
+
+
+masked_fill = pointwise("masked_fill.Scalar", "masked_fill.Scalar_out", "masked_fill_.Scalar", body=_masked_fill,
+                        operands=("self", "mask"), scalars=("value",), promote=("self",),
+                        operand_dtypes={"mask": _BOOL}, dtypes=ALL)
+masked_fill_tensor = pointwise("masked_fill.Tensor", "masked_fill.Tensor_out", "masked_fill_.Tensor",
+                               body=_masked_fill, operands=("self", "mask", "value"), promote=("self",),
+                               operand_dtypes={"mask": _BOOL, "value": ALL}, dtypes=ALL, check=_value_0dim)
+
+
+def _no_bool(self, *a, **k):
+    return "bool self" if self.dtype == torch.bool else None
+
+
+clamp_min = pointwise("clamp_min", "clamp_min.out", "clamp_min_", "clamp_min.Tensor", "clamp_min.Tensor_out",
+                      "clamp_min_.Tensor", body=_clamp_min, operands=("self", "min"), dtypes=NUMERIC,
+                      check=_no_bool)
+clamp_max = pointwise("clamp_max", "clamp_max.out", "clamp_max_", "clamp_max.Tensor", "clamp_max.Tensor_out",
+                      "clamp_max_.Tensor", body=_clamp_max, operands=("self", "max"), dtypes=NUMERIC,
+                      check=_no_bool)
+
+# clamp's bounds are optional: the two-bound body is generated without registering its overloads;
+# the registered clamp variants below pick clamp_min / clamp_max / both by which bounds are given.
+clamp_both = pointwise(body=_clamp, operands=("self", "min", "max"), dtypes=NUMERIC)
+for _n in ("clamp", "clamp.out", "clamp_", "clamp.Tensor", "clamp.Tensor_out", "clamp_.Tensor"):
+    clamp_both.unregistered_overload(_n)
+
+
+def _pick(variant):
+    both = clamp_both.overloads[variant].fn
+    lo = clamp_min.overloads[variant.replace("clamp", "clamp_min", 1)].fn
+    hi = clamp_max.overloads[variant.replace("clamp", "clamp_max", 1)].fn
+    return both, lo, hi
+
+
+def _clamp_impl(name):
+    both, lo_fn, hi_fn = _pick(name)
+
+    def impl(self, min=None, max=None, **kw):
+        if min is None and max is None:
+            raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+        if max is None:
+            return lo_fn(self, min, **kw)
+        if min is None:
+            return hi_fn(self, max, **kw)
+        return both(self, min, max, **kw)
+    impl.__name__ = name.replace(".", "_")
+    impl.__doc__ = "min(max(self, min), max) with optional bounds"
+    return impl
+
+
+def _clamp_check(self, min=None, max=None, *a, **k):
+    if self.dtype == torch.bool:
+        return "bool self"
+    lone = max if min is None else min if max is None else None
+    if isinstance(lone, float) and lone != lone:
+        # clamp(x, min=nan) alone reaches ATen's clamp_min kernel without clamp_min's NaN fill: CUDA's
+        # fmax-like max returns x, the CPU's vector max returns x or NaN by ISA (AVX-512 vs AVX2)
+        return "a lone NaN bound (ATen's result depends on the device)"
+    return None
+
+
+for _n in clamp_both.overloads:
+    # min/max numbers are per-call kernel arguments (the inner overloads name them the same); their
+    # NaN-ness is part of a plan's signature, so _clamp_check sees every NaN bound
+    register(_n, category="pointwise", dtypes=NUMERIC, check=_clamp_check, dynamic=("min", "max"))(_clamp_impl(_n))
+
+
+def _same_dtypes(self, end, weight, *a, **k):
+    if end.dtype != self.dtype or (isinstance(weight, torch.Tensor) and weight.dtype != self.dtype):
+        return "mixed dtypes (ATen raises)"
+    return None
+
+
+lerp = pointwise("lerp.Scalar", "lerp.Scalar_out", "lerp_.Scalar", body=lerp_f, operands=("self", "end"),
+                 scalars=("weight",), check=_same_dtypes)
+lerp_tensor = pointwise("lerp.Tensor", "lerp.Tensor_out", "lerp_.Tensor", body=lerp_f,
+                        operands=("self", "end", "weight"), check=_same_dtypes)
+addcmul = pointwise("addcmul", "addcmul.out", "addcmul_", body=_addcmul, operands=("self", "tensor1", "tensor2"),
+                    scalars=("value",), dtypes=NUMERIC)
+addcdiv = pointwise("addcdiv", "addcdiv.out", "addcdiv_", body=_addcdiv, operands=("self", "tensor1", "tensor2"),
+                    scalars=("value",))
