@@ -1,10 +1,14 @@
-"""The C++ fast path (gems/csrc/fastpath.cpp): built on first use with the machine's compiler and
-torch's headers, cached on disk, loaded once per process.
+"""The C++ fast path (gems/csrc/, entry module.cpp): built on first use with the machine's compiler
+and torch's headers, cached on disk, loaded once per process.
 
 Why a build at first use instead of at install time: pip builds in an isolated environment where
 the torch that will run Gems is not importable, and the GPU machine brings its own torch build; the
 extension must match the torch it is loaded into, so it is compiled against that one, keyed by its
 version, and reused by every later process (and by parallel test workers, under a file lock).
+
+The codes and limits the C++ side shares with Python are defined once, in runtime/abi.py: the build
+writes them as `gems_abi.h` into its directory (the C++ sources include it), and that header is part
+of the build's cache key, like every source file under gems/csrc/.
 
 `load()` returns the module or None. None means Gems runs its Python path, which serves the same
 calls at a higher host cost; the reason is warned about once and kept in `status()`.
@@ -28,7 +32,11 @@ from pathlib import Path
 
 import torch
 
-_SRC = Path(__file__).resolve().parent.parent / "csrc" / "fastpath.cpp"
+from . import abi
+
+_SRC_DIR = Path(__file__).resolve().parent.parent / "csrc"
+_MAIN = _SRC_DIR / "module.cpp"     # the one translation unit (it includes the other parts)
+_HEADER = "gems_abi.h"
 _NAME = "gems_fastpath"
 _module = None
 _status = "not loaded"
@@ -58,11 +66,19 @@ def _link_flags() -> list[str]:
     return [f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
 
 
+def _sources() -> list[Path]:
+    """Every file the build reads from gems/csrc/ (the parts module.cpp includes)."""
+    return sorted(p for p in _SRC_DIR.iterdir() if p.suffix in (".cpp", ".h"))
+
+
 def _cache_dir() -> Path:
     base = os.environ.get("GEMS_FAST_BUILD_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gems")
-    src = _SRC.read_bytes()
-    tag = hashlib.sha256(src + repr((torch.__version__, sys.version, _flags(), _link_flags())).encode()).hexdigest()
-    return Path(base) / "fastpath" / tag[:16]
+    h = hashlib.sha256()
+    for p in _sources():
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    h.update(abi.header().encode())
+    h.update(repr((torch.__version__, sys.version, _flags(), _link_flags())).encode())
+    return Path(base) / "fastpath" / h.hexdigest()[:16]
 
 
 def _compiler() -> str:
@@ -73,14 +89,16 @@ def _compiler() -> str:
 
 
 def _build(out: Path):
-    """Compile into `out` (atomically: other processes only ever see a complete file)."""
-    cmd = [_compiler(), str(_SRC), *_flags(), *_link_flags()]
+    """Compile into `out` (atomically: other processes only ever see a complete file), with the
+    generated header beside it."""
+    (out.parent / _HEADER).write_text(abi.header())
+    cmd = [_compiler(), str(_MAIN), f"-I{out.parent}", *_flags(), *_link_flags()]
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
         r = subprocess.run(cmd + ["-o", tmp], capture_output=True, text=True)
         if r.returncode != 0:
-            raise RuntimeError(f"compiling {_SRC.name} failed:\n{r.stderr[-4000:]}")
+            raise RuntimeError(f"compiling {_SRC_DIR.name}/{_MAIN.name} failed:\n{r.stderr[-4000:]}")
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):

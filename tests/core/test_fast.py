@@ -1,4 +1,4 @@
-"""The C++ fast path (gems/csrc/fastpath.cpp): it builds, repeat calls are answered there, its
+"""The C++ fast path (gems/csrc/): it builds, repeat calls are answered there, its
 answers equal ATen's (float64) on new data and new per-call numbers, and every state change of
 dispatch.py (enable/disable, use_gems scopes, excluded ops, threads, replaced implementations) is
 followed exactly. Under the interpreter its launches call back into Python, so CI runs everything
