@@ -1,4 +1,4 @@
-"""Activations and backward ops (gems/ops/activation_more.py) against ATen in float64, table-driven:
+"""Activations and backward ops (gems/ops/pointwise/activation.py) against ATen in float64, table-driven:
 forward over layouts / 0-dim / empty / kinks and NaN, out= and in-place, gradients through autograd (each
 op's backward overload must be served), the backward overloads called directly (non-contiguous, .grad_input),
 fallback and ATen's errors."""

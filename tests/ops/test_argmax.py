@@ -1,4 +1,4 @@
-"""argmax / argmin (gems/ops/argmax.py) against ATen: indices are exact, so results must be equal,
+"""argmax / argmin (gems/ops/reduce/argmax.py) against ATen: indices are exact, so results must be equal,
 including ties (the first index wins), NaN (the first NaN wins for both), +-inf rows, -0.0 vs 0.0;
 every dim and layout, dim=None over non-contiguous inputs (logical order), keepdim, 0-dim and
 empty inputs, the split path of long rows (partial winners, second stage), out=, errors, plans."""

@@ -1,4 +1,4 @@
-"""Fused attention behind F.scaled_dot_product_attention (gems/ops/attention.py).
+"""Fused attention behind F.scaled_dot_product_attention (gems/ops/attention/).
 
 Reference: SDPA's math in float64 on CPU (softmax(q k^T * scale + mask) v; a row with no visible key
 gives 0, SDPA's convention); low precision by the flash-attention rule (error <= 2x ATen's own error in
@@ -410,7 +410,7 @@ def test_results_are_shaped_as_atens_kernel_returns_them(which, lse):
     """Every result of a fused forward overload as ATen's own CUDA kernel returns it: None where ATen's is
     undefined, a tensor where ATen's is one, the output and logsumexp of the same shape and dtype (values:
     the other tests). Not the meta kernels: cuDNN's gives the logsumexp a shape where its kernel returns
-    none, which gems-coverage parity caught on an H200 (session 29)."""
+    none, which gems-coverage parity caught on an H200."""
     q, k, v = qkv(1, 2, 2, 40, 40, 64, torch.bfloat16)
     op = getattr(torch.ops.aten, f"_scaled_dot_product_{which}_attention")
     if which == "flash":

@@ -1,5 +1,5 @@
-"""The warp-specialized Gluon attention forward and backward (gems/ops/attention_gluon.py,
-attention_gluon_bwd.py), reached through SDPA.
+"""The warp-specialized Gluon attention forward and backward (gems/ops/attention/gluon_fwd.py,
+gluon_bwd.py), reached through SDPA.
 
 Gluon has no interpreter: these tests run on a Hopper GPU only (the CPU suite compiles every config for
 sm_90 in tests/core/test_gpu_compile.py). Reference: SDPA's math in float64; outputs by the
@@ -54,13 +54,13 @@ def _counting(monkeypatch, module):
 
 @pytest.fixture
 def entered(monkeypatch):
-    """Counts calls of attention_gluon.launch."""
+    """Counts calls of gluon_fwd.launch."""
     return _counting(monkeypatch, G)
 
 
 @pytest.fixture
 def entered_bwd(monkeypatch):
-    """Counts calls of attention_gluon_bwd.launch."""
+    """Counts calls of gluon_bwd.launch."""
     return _counting(monkeypatch, GB)
 
 

@@ -1,4 +1,4 @@
-"""Binary pointwise ops (gems/ops/binary.py) against ATen in float64: one table, shared checks for
+"""Binary pointwise ops (gems/ops/pointwise/binary.py) against ATen in float64: one table, shared checks for
 layouts, broadcast, 0-dim, empty, Python scalars, out=, in-place, NaN/Inf, integer signs, fallbacks."""
 import contextlib
 
@@ -8,7 +8,7 @@ import torch
 import gems
 from harness import DEVICE, DTYPES, ON_GPU, FLOAT_IDS, assert_close, check_op, dtype_params, layouts, make, served, to_ref
 
-# On CUDA, pow.Tensor_Tensor is deliberately left to ATen (see gems/ops/binary.py)
+# On CUDA, pow.Tensor_Tensor is deliberately left to ATen (see gems/ops/pointwise/binary.py)
 POW_TT = "pow.Tensor_Tensor" if DEVICE == "cpu" else None
 
 POS = dict(low=0.2, high=3.0)
@@ -232,7 +232,7 @@ def test_wider_zero_dim_tensor_reads_like_aten(dtype):
     for s in (torch.tensor(0.1, device=DEVICE), torch.tensor(1 / 3, device=DEVICE),
               torch.tensor(1001, device=DEVICE)):
         # sub on the CPU: ATen's CPU kernel rounds s, Gems reads it at fp32 (one rounding of the result
-        # apart; see gems/ops/binary.py on round_numbers)
+        # apart; see gems/ops/pointwise/binary.py on round_numbers)
         for f, ovl in ((torch.mul, "mul.Tensor"), (torch.div, "div.Tensor")) + \
                 ((torch.sub, "sub.Tensor"),) * ON_GPU:
             want = f(x, s)

@@ -1,4 +1,4 @@
-"""cat (gems/ops/cat.py) against ATen: a copy, so results must be bit-identical, with ATen's dtype and
+"""cat (gems/ops/shape/cat.py) against ATen: a copy, so results must be bit-identical, with ATen's dtype and
 strides (memory format); any dim, mixed layouts and dtypes, the legacy skip of 1-D empty inputs, the
 model patterns (KV-cache append, rotate_half), more inputs than one launch takes, out=, errors,
 gradients, and repeat calls served from a call plan."""

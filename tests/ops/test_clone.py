@@ -1,4 +1,4 @@
-"""clone (gems/ops/copy.py) against ATen: bit-identical values, ATen's strides for every memory format
+"""clone (gems/ops/shape/copy.py) against ATen: bit-identical values, ATen's strides for every memory format
 (preserve keeps dense strides, else the suggested format), every dtype, empty and 0-dim, gradients,
 errors, plans."""
 import pytest

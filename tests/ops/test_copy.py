@@ -1,4 +1,4 @@
-"""Copy-like ops (gems/ops/copy.py) against ATen: fill_ (Scalar, 0-dim Tensor), zero_, copy_ (casts,
+"""Copy-like ops (gems/ops/shape/copy.py) against ATen: fill_ (Scalar, 0-dim Tensor), zero_, copy_ (casts,
 non-contiguous src and dst, broadcast src), _to_copy (dtype casts, kept strides) and its fallbacks."""
 import pytest
 import torch

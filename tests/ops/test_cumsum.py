@@ -1,4 +1,4 @@
-"""cumsum / cumsum.out / cumsum_ (gems/ops/cumsum.py) against ATen: result dtypes (integer and bool
+"""cumsum / cumsum.out / cumsum_ (gems/ops/reduce/cumsum.py) against ATen: result dtypes (integer and bool
 inputs to int64, dtype=, out='s dtype), values against float64 (fp16 accumulates in fp32: rounded
 once per output; integer sums exact, narrower results wrap like ATen's), every dim and layout, rows
 longer than one block (the carry loop), 0-dim, empty, in-place on views, out= resizing, errors,

@@ -1,4 +1,4 @@
-"""native_dropout / native_dropout_backward (gems/ops/dropout.py): the same distribution as ATen, not
+"""native_dropout / native_dropout_backward (gems/ops/random/dropout.py): the same distribution as ATen, not
 the same bits, so the contract is tested: the kept fraction within a binomial bound, kept values equal
 to x * scale exactly (ATen's scale on this device), dropped ones 0, a bool mask consistent with the
 output, reproducibility under torch.manual_seed, successive calls differ, train=False / p=0 / p=1

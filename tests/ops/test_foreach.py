@@ -1,4 +1,4 @@
-"""_foreach_* ops (gems/ops/foreach.py) against ATen in float64: every registered overload on lists of
+"""_foreach_* ops (gems/ops/foreach/) against ATen in float64: every registered overload on lists of
 mixed shapes (0-dim, empty, more chunks than one, odd sizes), in place and functional; one launch per
 call; the optimizers' steps (AdamW / Adam / SGD with foreach=True, capturable too) against the same
 step in float64; special values; what goes to ATen (non-contiguous, mixed dtypes, different shapes,

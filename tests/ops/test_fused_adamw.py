@@ -1,4 +1,4 @@
-"""_fused_adamw_ (gems/ops/fused_adam.py): AdamW(fused=True) steps with Gems on against the same steps in
+"""_fused_adamw_ (gems/ops/foreach/fused_adam.py): AdamW(fused=True) steps with Gems on against the same steps in
 float64 (plain, weight decay, amsgrad, maximize, a tensor lr), one launch per call, grad_scale's
 unscaled grads written back, found_inf == 1 leaving everything unchanged, and what goes to ATen."""
 import pytest

@@ -1,4 +1,4 @@
-"""The Gluon GEMM (gems/ops/gemm_gluon.py) on a Hopper GPU: every config of the search space, small
+"""The Gluon GEMM (gems/ops/blas/gluon.py) on a Hopper GPU: every config of the search space, small
 shapes whose M, N and K leave partial tiles (zero-filled loads, clipped stores), programs that loop over
 several tiles, the four operand layouts, a bias row with alpha/beta. Gluon has no interpreter, so on
 CPU only the refusals run here (tests/core/test_gpu_compile.py compiles every config for sm_90)."""

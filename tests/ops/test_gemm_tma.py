@@ -1,4 +1,4 @@
-"""The persistent TMA GEMM (gems/ops/gemm_tma.py), launched directly with small tiles: on CPU through the
+"""The persistent TMA GEMM (gems/ops/blas/tma.py), launched directly with small tiles: on CPU through the
 interpreter (fp16), on a Hopper GPU for real. Tiles are 32 x 32 x 32 so that M, N and K below leave
 partial tiles (zero-filled loads, clipped stores) and programs loop over several tiles."""
 import pytest

@@ -1,4 +1,4 @@
-"""gather, scatter (src / value; functional, out=, in-place) and index_select (gems/ops/index.py)
+"""gather, scatter (src / value; functional, out=, in-place) and index_select (gems/ops/shape/index.py)
 against ATen: copies, so results must be equal bit for bit, with ATen's dtype and strides; every dtype,
 int32 and int64 indices, any dim (negative too), non-contiguous inputs, indices and outputs, 0-dim and
 empty tensors, more dims than the kernel's four that merge, scatter's number conversion (and its

@@ -1,4 +1,4 @@
-"""all / any (every overload) and _is_all_true / _is_any_true (gems/ops/logical_reduce.py) against
+"""all / any (every overload) and _is_all_true / _is_any_true (gems/ops/reduce/logical.py) against
 ATen: exact bool (uint8 for uint8 input) results for every dtype, NaN and -0.0, any dims and layouts,
 keepdim, empty inputs and empty reductions, 0-dim, the split path of full reductions, out=, errors,
 plans."""

@@ -1,4 +1,4 @@
-"""multinomial, one sample per row (gems/ops/multinomial.py): the same distribution as ATen, not the
+"""multinomial, one sample per row (gems/ops/random/multinomial.py): the same distribution as ATen, not the
 same bits, so the contract is tested: a chi-square statistic of many draws against p / sum(p) (a
 sampler off by a few percent on a class fails it), zero-probability classes never drawn (also next to
 subnormal probabilities), one-hot rows drawn exactly (row indexing), unnormalized weights, fp16,

@@ -1,4 +1,4 @@
-"""nll_loss_forward / nll_loss_backward (gems/ops/nll_loss.py) against ATen in float64: reductions,
+"""nll_loss_forward / nll_loss_backward (gems/ops/loss/nll_loss.py) against ATen in float64: reductions,
 class weights, ignore_index (all ignored: mean is NaN), 1-D and 2-D inputs, non-contiguous inputs and
 targets, empty batches, out= variants, gradients through F.cross_entropy / F.nll_loss, ATen's errors
 (out-of-range targets: IndexError on CPU, NaN instead of a device assert on the GPU), plans."""

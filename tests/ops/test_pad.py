@@ -1,4 +1,4 @@
-"""constant_pad_nd and slice_backward (gems/ops/pad.py) against ATen: bit-identical values and ATen's
+"""constant_pad_nd and slice_backward (gems/ops/shape/pad.py) against ATen: bit-identical values and ATen's
 strides; positive and negative pads on any number of trailing dims, pad values (NaN, -inf, ints,
 the loss's ignore_index padding of labels), every dtype, layouts, memory formats, empty and 0-size
 results, errors, gradients through F.pad and slicing, plans."""

@@ -1,4 +1,4 @@
-"""Inputs ATen rejects raise what ATen raises with Gems on (issue 13), and inputs ATen answers get
+"""Inputs ATen rejects raise what ATen raises with Gems on (docs/design.md, decision 3), and inputs ATen answers get
 ATen's answer: a table of inputs by class, each run on every registered overload that can meet it,
 compared with ATen alone (exception type and first line of the message, or the value).
 
@@ -275,7 +275,7 @@ def _number_rows(dtype):
     return rows
 
 
-# overloads whose number checks live outside the pointwise generator (gems/ops/blas.py)
+# overloads whose number checks live outside the pointwise generator (gems/ops/blas/matmul.py)
 _KNOWN = ("addmm",)
 
 

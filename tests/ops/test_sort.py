@@ -1,4 +1,4 @@
-"""sort (every overload) and topk / topk.values (gems/ops/sort.py) against ATen on the same device.
+"""sort (every overload) and topk / topk.values (gems/ops/sort/sort.py) against ATen on the same device.
 
 Values must equal ATen's exactly; indices must be a permutation (sort) or distinct positions (topk)
 that reproduce the values bit for bit (`gather(x, idx)`: the sign of zero and NaN included), and for

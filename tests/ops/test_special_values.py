@@ -33,9 +33,9 @@ FIXED = {"is_result": [False], "self_is_result": [False], "rounding_mode": ["tru
          "threshold": [1.0], "beta": [1.0], "negative_slope": [0.01], "min_val": [-1.0], "max_val": [1.0],
          "alpha": [1.0], "scale": [1.0], "input_scale": [1.0], "approximate": ["none", "tanh"]}
 
-# Bugs found by this sweep, not yet fixed (issue 13): {overload: {device: why}}. Not differences to
+# Bugs found by this sweep, not yet fixed: {overload: {device: why}}. Not differences to
 # document: each is ATen's answer that Gems should give.
-# (addcdiv's CUDA entry left on 2026-11-23: with the quotient as div_rn it XPASSed on an H100)
+# (addcdiv's CUDA entry is gone: with the quotient as div_rn it passes on an H100)
 KNOWN_BUGS = {}
 
 
@@ -177,7 +177,7 @@ def _call_combos(schema, dtype):
 def test_special_values_follow_aten(name, request):
     bug = KNOWN_BUGS.get(name, {}).get(DEVICE)
     if bug:
-        request.applymarker(pytest.mark.xfail(reason=f"bug (issue 13): {bug}", strict=True))
+        request.applymarker(pytest.mark.xfail(reason=f"known bug: {bug}", strict=True))
     impl = registry.get(name)
     op = registry._aten_overload(name)
     schema = op._schema

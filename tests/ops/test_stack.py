@@ -1,4 +1,4 @@
-"""stack (gems/ops/stack.py: cat of unsqueezed views) against ATen: bit-identical values, ATen's dtype
+"""stack (gems/ops/shape/stack.py: cat of unsqueezed views) against ATen: bit-identical values, ATen's dtype
 (promotion over the inputs) and strides (contiguous where ATen allocates a new inner dim, cat's format
 rule for a new last dim), every dim including negative ones, layouts, 0-dim and empty inputs, more
 inputs than one cat launch takes, the decode loop's stack of token ids, out=, errors, fallbacks, plans."""

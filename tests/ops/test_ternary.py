@@ -1,4 +1,4 @@
-"""Ternary / select pointwise ops (gems/ops/ternary.py) against ATen in float64: where, masked_fill,
+"""Ternary / select pointwise ops (gems/ops/pointwise/ternary.py) against ATen in float64: where, masked_fill,
 clamp / clamp_min / clamp_max, lerp, addcmul, addcdiv. Functional, out= and in-place variants,
 broadcasting, layouts, 0-dim and empty inputs, NaN propagation, integer inputs, and gradients."""
 import pytest

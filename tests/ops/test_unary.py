@@ -1,4 +1,4 @@
-"""Unary math ops (gems/ops/unary.py) against ATen in float64, table-driven: every op gets layouts,
+"""Unary math ops (gems/ops/pointwise/unary.py) against ATen in float64, table-driven: every op gets layouts,
 0-dim, empty, odd sizes, edge values (NaN/+-inf/+-0/huge/tiny), out= (poisoned and resized), in-place on
 a non-contiguous view, integer/bool inputs where ATen takes them, fallback and gradients."""
 import math

@@ -1,4 +1,4 @@
-"""linalg_vector_norm (gems/ops/vector_norm.py on reduction.py's kernels) and what clip_grad_norm_
+"""linalg_vector_norm (gems/ops/reduce/vector_norm.py on reduction.py's kernels) and what clip_grad_norm_
 calls, against ATen in float64: every order kind, dims lists, keepdim, dtype=, non-contiguous inputs,
 0-dim and empty tensors (0 where the norm has an identity, ATen's error where it has none), the split
 path, out=, and torch.nn.utils.clip_grad_norm_ (foreach) served end to end."""

@@ -9,10 +9,10 @@ own 64 of the keys, and dQ leaves every step through a TMA reduce-add into an fp
 also zeroes the dQ accumulator; the scale is folded into dS, so dK and dQ need no epilogue scaling;
 `attn_bwd_cast` writes dQ in its dtype at the end).
 
-Why: the Triton backward (_attention_kernels: attn_bwd_dkdv, then attn_bwd_dq) recomputes S and dP in
+Why: the Triton backward (kernels.py: attn_bwd_dkdv, then attn_bwd_dq) recomputes S and dP in
 its dQ kernel, 7 GEMMs per block pair where this kernel does 5, and its loads wait in the MMA warps;
-it took 1.26-1.53x cuDNN's backward time at Llama-2's shapes, this kernel 1.02-1.09x (H200, docs/perf.md,
-session 23). dQ is accumulated across the key-block programs in global memory by the TMA unit
+it took 1.26-1.53x cuDNN's backward time at Llama-2's shapes, this kernel 1.02-1.09x (H200, docs/perf.md).
+dQ is accumulated across the key-block programs in global memory by the TMA unit
 (`cp.reduce.async.bulk.tensor ... add.f32`, one [64, 64] fp32 box per consumer and step), so no
 program recomputes anything; the price is 32 KB of fp32 reduce traffic into L2 per step, the
 accumulator's zeroing and the final cast.
@@ -22,13 +22,13 @@ delta (2 x 64 x 4 bytes) into ring slot it % STAGES; each consumer computes its 
 ([64 keys, 64 queries], wgmma from shared memory), P^T and dS^T in registers, stores both to shared
 memory, runs dV and dK ([64 keys, 128]) from there, and then, after both consumers have written
 their halves of dS^T (`ds_ready`, two arrivals), its half of dQ's columns: dQ[:, half] = dS (all 128
-keys) K[:, half]. What the measurements said (session 23, H200): with lse and delta loaded by the
+keys) K[:, half]. What the measurements said (H200): with lse and delta loaded by the
 consumers from global memory right before the first product, the load latency stalled every step
 (1.20-1.28x cuDNN, against 1.02-1.09x through the loader); with each consumer computing dQ over its
 own 64 keys (no `ds_ready`, twice the reduce traffic) 1.13-1.27x.
 
 Contract (`supports`): Hopper, fp16/bf16, head dim 128, Q/K/V/dO addressable by TMA in place
-(attention_gluon.tma_operands), O and the gradients with unit last stride, a positive scale, no mask, no
+(gluon_fwd.tma_operands), O and the gradients with unit last stride, a positive scale, no mask, no
 dropout (the caller's part). Causal is top-left aligned. GQA: a program walks the query blocks of the
 query heads of its KV head (all of them, or GROUP / NG when `group_split` spreads the group over NG
 programs, which then add dK and dV into fp32 sums). Rows past Sq / Sk are zero-filled on loads (P^T =
@@ -307,7 +307,7 @@ def _cast(acc, out):
 
 
 STAGES = 2
-# False: every backward takes attention.py's Triton kernels (benchmarks compare the two)
+# False: every backward takes sdpa.py's Triton kernels (benchmarks compare the two)
 enabled = True
 
 

@@ -7,16 +7,16 @@ tile's two GEMMs as asynchronous warpgroup MMAs, and mbarriers hand the buffers 
 (online softmax in base 2: m the running row maximum of S * qk_scale, l the running row sum of P;
 qk_scale = scale * log2(e)).
 
-Why a second forward: the Triton kernel (_attention_kernels.attn_fwd) runs the tutorial's loop, in which
+Why a second forward: the Triton kernel (kernels.attn_fwd) runs the tutorial's loop, in which
 every warp waits for its own loads and does its own softmax between its GEMMs; on an H100 its best config
 took 1.35x cuDNN's time at Llama-2's shapes, and neither TMA loads nor Triton 3.6's automatic warp
-specialization moved it (docs/perf.md, session 19). Here loads run ahead of the MMAs in their own
+specialization moved it (docs/perf.md). Here loads run ahead of the MMAs in their own
 warps, and (OVERLAP) each consumer issues the next block's Q K^T before the softmax of the current one
 and the P V product after it, so the tensor cores work while the softmax runs (FlashAttention-3's
 intra-warpgroup overlap); the two consumers share each K/V tile, and the hardware interleaves one's
 softmax with the other's MMAs. PERSISTENT: one program per SM walks tiles, so the next tile's Q, K and
 V load while this one's output is stored (0.91-0.99x cuDNN's time against 1.02-1.08x with one program
-per tile at Llama-2's long shapes; H200, docs/perf.md, session 22).
+per tile at Llama-2's long shapes; H200, docs/perf.md).
 
 Bytes per key block: the TMA unit moves BLOCK_N x D x 2 bytes of K and as much of V into a ring slot,
 read by both consumers (128 query rows); Q (128 x D x 2 bytes) once per tile.
@@ -24,7 +24,7 @@ read by both consumers (128 query rows); Q (128 x D x 2 bytes) once per tile.
 Contract (`supports`): Hopper, fp16/bf16, head dim 128, Q/K/V/O with unit stride along the head dim and
 16-byte aligned base and strides (TMA), and from the caller: no mask, no dropout, more than 16 queries
 (decode has its own split-KV kernel). Causal is top-left aligned (key j visible to query i iff j <= i),
-as in attention.py. Descriptors are 4-d over [B, H, S, D] with the tensors' own strides, so Hugging
+as in sdpa.py. Descriptors are 4-d over [B, H, S, D] with the tensors' own strides, so Hugging
 Face's [B, S, H, D] layout and GQA (K/V head h // group) need no copy; rows past the sequence are
 zero-filled by TMA on loads and clipped on the output's store. Head dim 64 ran 1.27-1.38x cuDNN's time
 here against the Triton kernel's 1.09-1.34x, so it stays there.
@@ -360,14 +360,14 @@ def _tma_ok(t) -> bool:
 
 
 # (BLOCK_N, STAGES, OVERLAP, PERSISTENT: one program per SM, else one per tile) by head dim, from a sweep
-# at Llama-2's shapes on an H200 (docs/perf.md, session 22); up to SHORT_KEYS keys a tile has at most 4
+# at Llama-2's shapes on an H200 (docs/perf.md); up to SHORT_KEYS keys a tile has at most 4
 # key blocks, most of them in the overlapped loop's prologue and epilogue: without the overlap B8 x 512
 # causal took 1.05x cuDNN's time, with it 1.18x (at 2048 keys: 0.87x and 0.79x). Except when every tile
 # has a program of its own (one round): B1 x 512 causal (128 tiles, 132 SMs) took 12.4 us with the overlap
-# and 13.1 without (cuDNN 11.8 with its memset), B2 x 512 (two rounds) 20.0 and 17.1 (session 26, H200).
-# Session 28 (H200, kernel time, out/causal28.py): since the first warpgroup skips its masked last block of
+# and 13.1 without (cuDNN 11.8 with its memset), B2 x 512 (two rounds) 20.0 and 17.1 (H200).
+# On an H200 (kernel time): since the first warpgroup skips its masked last block of
 # 64 keys, key blocks of 64 without the overlap are the best of 12 configs at B1 x 512 (one round): 12.02 us
-# against cuDNN's 11.85, where 128 x 2 without the overlap took 12.25 and session 27's table config 12.5-12.6;
+# against cuDNN's 11.85, where 128 x 2 without the overlap took 12.25 and the previous table config 12.5-12.6;
 # at B2/B4/B8 x 512 it took 0.80 / 0.94 / 1.04 of cuDNN's time against _SHORT's 0.82 / 0.94 / 1.00.
 # A third ring slot with one Q buffer (one round has one tile per program) was slower at every shape.
 # `set_config` overrides.
@@ -397,7 +397,7 @@ def config(head_dim: int, keys: int, one_round: bool = False):
     return (_ONE_ROUND_SHORT if one_round else _SHORT)[head_dim]
 
 
-# False: every call takes attention.py's Triton kernels (benchmarks compare the two)
+# False: every call takes sdpa.py's Triton kernels (benchmarks compare the two)
 enabled = True
 
 

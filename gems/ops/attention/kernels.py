@@ -1,4 +1,4 @@
-"""Triton kernels of Gems' fused attention (no `register` here: gems/ops/attention.py wraps them).
+"""Triton kernels of Gems' fused attention (no `register` here: sdpa.py wraps them).
 
 Notation: q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] (Hq = GROUP * Hkv; query head h reads KV head
 h // GROUP, so grouped-query attention never materializes repeated K/V), an optional bias broadcast
@@ -34,7 +34,7 @@ LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))
-# a stored dropout mask's bytes per 128 keys of a query pair (a bit per score); attention.py sizes the
+# a stored dropout mask's bytes per 128 keys of a query pair (a bit per score); sdpa.py sizes the
 # state tensor with it
 MASK_BYTES_PER_128 = tl.constexpr(32)
 
@@ -147,7 +147,7 @@ def _bits_row(Sk):
 # 8Jl + 2q + s (Jl = 0..3) at bits 4 (2Jl + s). So the forward stores one 32-bit word per query pair
 # and 64 keys from each thread, and the backward loads 32-bit words, which Triton's pipeliner
 # prefetches (cp.async); a byte per 2 x 2 scores stored from those registers (uncoalesced byte stores)
-# and read back by byte loads (not pipelined) cost more than regenerating Philox (session 25).
+# and read back by byte loads (not pipelined) cost more than regenerating Philox.
 
 @triton.jit
 def _word_shifts(start_n, BN: tl.constexpr):

@@ -48,14 +48,14 @@ Left to ATen (counted in `gems.stats()` with the reason): dropout_p > 0 in the f
 value head dim != query head dim, varlen (cum_seq) backward, debug masks, a bias that needs its
 gradient, empty sequences, inputs that are not 4-d.
 
-Kernels and the math of each: gems/ops/_attention_kernels.py (forward: online softmax in base 2,
+Kernels and the math of each: gems/ops/attention/kernels.py (forward: online softmax in base 2,
 unmasked key blocks below the causal diagonal, masked diagonal/ragged blocks; backward: delta, dK/dV
 per key block, dQ per query block, deterministic). Head dims that are not a power of two (80, 96)
 run in a padded BLOCK_D with masks; fp32 inputs (efficient attention on CUDA) use full-precision dots.
 Decode (<= 16 queries): GQA groups are packed into one program per KV head, and when that still
 leaves SMs idle the keys are split over programs (flash-decoding) and merged by a combine kernel that
 reads every split of a row in one tile; on Hopper K and V arrive by TMA (DECODE_TMA). Device time
-0.73-1.06x cuDNN's over 15 decode shapes, geomean 0.975 (H200, session 24).
+0.73-1.06x cuDNN's over 15 decode shapes, geomean 0.975 (H200).
 Dropout: the forward's keep mask is stored (a bit per score, in words packed from the MMA's registers,
 after [seed, offset] in the state tensor the overloads return as philox_seed) where it is no larger
 than Q (Sk <= 16 * head dim, `dropout_bits_words`), so the backward kernels read it instead of
@@ -68,23 +68,22 @@ Hopper forward, head dim 128, no mask or dropout (prefill and training of Llama-
 warp-specialized Gluon kernel of gems/ops/attention/gluon_fwd.py (a TMA loader warp, two consumer
 warpgroups, FlashAttention-3's overlap of the next Q K^T with the softmax, one program per SM). cuDNN
 runs a FlashAttention-3-class kernel on Hopper (500-620 TFLOP/s); the Triton kernel's structure took
-1.19-1.36x its time there, and TMA loads or Triton's `warp_specialize` did not move it (docs/perf.md,
-session 19); the Gluon kernel takes 0.79-0.99x at 2048-8192 tokens (session 22). The backward on the
+1.19-1.36x its time there, and TMA loads or Triton's `warp_specialize` did not move it (docs/perf.md);
+the Gluon kernel takes 0.79-0.99x at 2048-8192 tokens. The backward on the
 same calls: gems/ops/attention/gluon_bwd.py (one program per 128 keys, dQ accumulated across programs
 by TMA reduce-adds, so nothing is recomputed: 5 GEMMs per block pair where the Triton kernels' dK/dV
-and dQ passes take 7; 1.02-1.09x cuDNN's backward against the Triton kernels' 1.19-1.52x, session 23).
+and dQ passes take 7; 1.02-1.09x cuDNN's backward against the Triton kernels' 1.19-1.52x).
 Everything else (masks, dropout, decode, other head dims, fp32, other GPUs, operands TMA cannot
 address) takes the Triton kernels.
 
-Served by default (since session 26; opt-in before): `gems.enable()` serves these overloads; they form the
-group "attention", so `gems.enable(exclude=("attention",))` leaves SDPA to ATen (`opt_in=("attention",)`
-and GEMS_OPT_IN=attention are still accepted and add nothing). On an H200: forward 0.79-0.99x cuDNN's
-time at Llama-2's prefill shapes, backward 1.02-1.09x, decode 0.73-1.06x (geomean 0.975, session 24),
-BERT's attention dropout 0.90-0.95x forward+backward (session 25); the four models' `gems-coverage
-parity` passes with these kernels in the path (session 26, docs/perf.md).
+Served by default: `gems.enable()` serves these overloads; they form the group "attention", so
+`gems.enable(exclude=("attention",))` leaves SDPA to ATen. On an H200: forward 0.79-0.99x cuDNN's
+time at Llama-2's prefill shapes, backward 1.02-1.09x, decode 0.73-1.06x (geomean 0.975),
+BERT's attention dropout 0.90-0.95x forward+backward; the four models' `gems-coverage
+parity` passes with these kernels in the path (docs/perf.md).
 
 Call plans: every overload gets plans. The cuDNN and flash forwards return SymInts (max_q, max_k):
-sizes, replayed as the recorded constants (before session 19 they kept the Python path, 70-140 us of
+sizes, replayed as the recorded constants (without plans these calls took the Python path, 70-140 us of
 host per call on an H100, as much as BERT's whole attention kernel).
 
 Bias tiles: a mask shared by every query of a block (a padding mask [B, 1, 1, Sk] has stride 0 along
@@ -148,25 +147,25 @@ def _config(kind: str, block_d: int, ieee: bool, interp: bool):
         return {"fwd": (64, 32, 4, 2), "fwd_bias": (64, 32, 4, 2),
                 "fwd_dropout": (64, 32, 4, 2), "fwd_causal": (64, 32, 4, 2),
                 "decode": (16, 32, 4, 2), "dkdv": (32, 32, 4, 2), "dq": (32, 32, 4, 2)}[kind]
-    # sm90, fp16/bf16: the fastest of `python -m benchmarks.attention --sweep` on an H100 (session 19,
-    # docs/perf.md) at Llama-2's [B, 32, S, 128] (causal and not) and BERT's [32, 12, 512, 64] with its
+    # sm90, fp16/bf16: the fastest of `python -m benchmarks.attention --sweep` on an H100
+    # (docs/perf.md) at Llama-2's [B, 32, S, 128] (causal and not) and BERT's [32, 12, 512, 64] with its
     # padding mask. A mask's tiles are pipelined through shared memory too: 128 x 128 x 3 stages with a
     # bias tile needs 256 KiB at head dim 128 (sm_90 has 227), hence fwd_bias.
     # fwd_dropout (not causal): Philox's registers on top of the scores': 128 x 64 x 4 warps spills. At head
     # dim <= 64, 64 x 32 x 4 x 2 was the best of 36 over BERT's [32, 12, S, 64] with its padding mask, S = 128,
-    # 256, 512: 0.92 / 1.02 / 1.06 of cuDNN's forward where session 25's 64 x 64 x 4 x 2 took 1.05 / 1.24 /
-    # 1.20 (session 27, H200, kernel time; the backward is the larger part of the pair).
-    # fwd at head dim <= 64: 64 x 64 x 4 x 2 on an H200 (H100, session 19: 128 x 64 x 4 x 4). At BERT's
+    # 256, 512: 0.92 / 1.02 / 1.06 of cuDNN's forward where the previous 64 x 64 x 4 x 2 took 1.05 / 1.24 /
+    # 1.20 (H200, kernel time; the backward is the larger part of the pair).
+    # fwd at head dim <= 64: 64 x 64 x 4 x 2 on an H200 (on an H100: 128 x 64 x 4 x 4). At BERT's
     # [32, 12, S, 64] with its padding mask it took 11.4 / 31.8 us at S128 / S256 against 14.4 / 37.9 for
-    # 128 x 64 x 4 x 4 and cuDNN's 12.2 / 34.0 (session 26); at S512 it was the best of the sweep's 36
-    # configs, 108 us against 123 (session 27)
+    # 128 x 64 x 4 x 4 and cuDNN's 12.2 / 34.0; at S512 it was the best of the sweep's 36
+    # configs, 108 us against 123
     if block_d <= 64:
         return {"fwd": (64, 64, 4, 2), "fwd_bias": (128, 64, 4, 4),
                 "fwd_dropout": (64, 32, 4, 2), "fwd_causal": (64, 64, 4, 3),
                 "decode": (16, 64, 4, 3), "dkdv": (32, 64, 4, 3), "dq": (64, 32, 4, 3)}[kind]
     if block_d <= 128:
         # decode: K/V by TMA (DECODE_TMA), 128 keys x 2 stages, from a sweep of 15 decode shapes on an H200
-        # (session 24: geomean 0.975 of cuDNN's device time; 64 x 3 stages: 1.008)
+        # (geomean 0.975 of cuDNN's device time; 64 x 3 stages: 1.008)
         return {"fwd": (128, 128, 8, 3), "fwd_bias": (64, 64, 4, 3),
                 "fwd_dropout": (64, 64, 4, 3), "fwd_causal": (64, 64, 4, 3),
                 "decode": (16, 128, 4, 2), "dkdv": (64, 64, 4, 2), "dq": (128, 64, 8, 3)}[kind]
@@ -305,14 +304,14 @@ def _strides4(t):
 
 
 # split-KV decode: aim at this many programs per SM, each with at least this many keys (GPU). From
-# sweeps of 15 decode shapes (KV 512-32768, batch 1-16, GQA 32/4 and 32/8) on an H200 (session 24,
-# docs/perf.md): 2 and 128 with the TMA decode config (geomean 0.975 of cuDNN's device time; 4 and
+# sweeps of 15 decode shapes (KV 512-32768, batch 1-16, GQA 32/4 and 32/8) on an H200
+# (docs/perf.md): 2 and 128 with the TMA decode config (geomean 0.975 of cuDNN's device time; 4 and
 # 256 with the old one-split-at-a-time combine: 1.043); more, shorter programs pay the pipeline's
 # prologue more often
 SPLIT_PROGRAMS_PER_SM = 2
 SPLIT_MIN_KEYS = 128
 # and no split below this many keys (GPU): a split call is two dependent launches, and at 256 keys the
-# second one's start costs more than the idle SMs (H200, session 30, B1 x 32 heads and GQA 32/4, 32/8:
+# second one's start costs more than the idle SMs (H200, B1 x 32 heads and GQA 32/4, 32/8:
 # 2 splits 1.04-1.08x cuDNN's time per call, one program per head 0.95-0.99x; kernel time 0.81-0.90x
 # either way); from 384 keys the split wins (3 splits: kernel 0.80-0.88x, one program 0.97-1.07x)
 SPLIT_FROM_KEYS = 384
@@ -349,7 +348,7 @@ def num_splits(B, Hq, Sq, Sk, D, dtype, causal, device, Hkv=None) -> int:
 
 
 # decode (<= 16 queries) on Hopper reads K and V by TMA where their layout allows (see DECODE_TMA's
-# measurement in docs/perf.md, session 24); False: pointer loads everywhere
+# measurement in docs/perf.md); False: pointer loads everywhere
 DECODE_TMA = True
 
 
@@ -383,7 +382,7 @@ def dropout_bits_words(B, Hq, Sq, Sk, D) -> int:
     """int64 words of the stored dropout mask of these shapes (0: the mask is regenerated)."""
     if not DROPOUT_BITS or Sk > 16 * D:
         return 0
-    # query pairs (i, i ^ 8; rows padded to 16) x keys padded to 128: _attention_kernels._query_pairs, _bits_row
+    # query pairs (i, i ^ 8; rows padded to 16) x keys padded to 128: kernels._query_pairs, _bits_row
     return B * Hq * cdiv(Sq, 16) * 8 * cdiv(Sk, 128) * K.MASK_BYTES_PER_128.value // 8
 
 

@@ -5,12 +5,12 @@ output tile leaves by a TMA store that overlaps the next tile's MMAs.
 
 C = alpha * (A @ B) + beta * Bias        (A: M x K, B: K x N, C: M x N row-major; one matrix, no batch)
 
-Why a second TMA kernel: Triton's compiler (gemm_tma.py) schedules one instruction stream for loads and
+Why a second TMA kernel: Triton's compiler (tma.py) schedules one instruction stream for loads and
 MMAs, and ran the models' large GEMMs at 1.00-1.08x cuBLAS's device time. cuBLAS's Hopper kernels split
 producer and consumer warps; written out here the same way, the models' 39 GEMMs of >= 2**33
 multiply-adds ran at a geometric mean of 1.045x cuBLAS's device time (0.92-1.04x on the large ones),
 against 1.097x for the same kernel software-pipelined in one partition (H200, bf16, CUDA-graph timing
-after an L2 flush, 2026-11-28). Per K step the TMA unit moves (BM + BN) x BK x 2 bytes into a slot.
+after an L2 flush). Per K step the TMA unit moves (BM + BN) x BK x 2 bytes into a slot.
 
 Same contract as gemm_tma: Hopper, 16-bit operands with one unit stride and 16-byte aligned base and
 leading strides (`gemm_tma.layout`), a row-major 16-bit result, and at most a bias row. Host descriptors,
@@ -275,7 +275,7 @@ def matmul_gluon_wide_kernel(a_desc, b_desc, b2_desc, c_desc, c2_desc, Bias, M, 
     Why: wave quantization on 132 SMs. BERT's 4096 x 768 outputs (its layers and their gradients) make
     192 tiles of 128 x 128, 1.45 rounds; 128 x 192 tiles make 128, one round, at (128 + 192) x 64 operand
     bytes per 128 x 192 x 64 step. A prototype ran 4096 x 768 x 3072 at 1.05x cuBLAS's kernel time (the
-    tuned choice then: 1.29x) and 576 x 4096 x 4096 at 1.22x (1.54x) (H200, docs/perf.md, session 28)."""
+    tuned choice then: 1.29x) and 576 x 4096 x 4096 at 1.22x (1.54x) (H200, docs/perf.md)."""
     _matmul(a_desc, b_desc, b2_desc, c_desc, c2_desc, Bias, M, N, K, alpha, beta, s_xn, 1, 0, 0, A_T, B_T, HAS_BIAS,
             GROUP_M, NUM_BUF, True, False)
 
@@ -308,7 +308,7 @@ _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.floa
 
 def descriptor(t, shape, strides, block):
     """gemm_tma's unvalidated host descriptor, as Gluon's class with its shared-memory layout (16-bit or fp32
-    `t`; attention_gluon's descriptors too)."""
+    `t`; attention/gluon_fwd.py's descriptors too)."""
     d = gemm_tma.descriptor(t, shape, strides, block, TensorDescriptor)
     d.layout = _smem_layout(tuple(block), t.dtype)
     return d

@@ -12,7 +12,7 @@ Program order is grouped ("swizzled"): GROUP_M row-tiles are swept for each colu
 row-panels and B column-panels a wave of programs reads stay in L2. Launch configs are autotuned per
 bucket (M, N, K rounded up to powers of two, dtype, precision, the layouts of A and B, batch, bias) and
 cached on disk; the interpreter takes the first (small) config. ATen's own GEMM (cuBLAS) is timed as
-one more candidate of each tuned bucket (design decision 12): where it beats every Triton config (by
+one more candidate of each tuned bucket (docs/design.md, decision 12): where it beats every Triton config (by
 10 us, its extra host cost, when it takes under 50 us: _ATEN_HOST_MS), the bucket's calls run ATen (an
 ATen plan per signature, replayed from C++), counted in `gems.stats()` as fallbacks "aten faster".
 `GEMS_GEMM=triton` keeps Triton for every bucket. Skinny (decode, M <= 16) and small GEMMs are not
@@ -162,7 +162,7 @@ def _gluon(bm, bn, bk, warps, buffers, group=8, maxnreg=160, fill_k=False):
 # 64x256); 3-4 stages of (128 + 256) x 64 x 2 B = 48 KiB fit in 228 KiB of shared memory. Smaller tiles
 # win for skinny or small problems (more programs than SMs), and a K split where even those leave SMs
 # idle (M = 256-577 with N <= 2048: BERT/CLIP-sized layers, weight gradients). The list is every config
-# that was fastest for at least one of the models' 85 GEMM shapes in a sweep of 30 (H200, 2026-11-28).
+# that was fastest for at least one of the models' 85 GEMM shapes in a sweep of 30 (H200).
 _CONFIGS_16 = [
     _cfg(128, 256, 64, 8, 3),
     _cfg(128, 256, 64, 8, 4),
@@ -177,52 +177,52 @@ _CONFIGS_16 = [
     _cfg(64, 64, 64, 4, 4),
     _cfg(64, 128, 64, 4, 4, split=2),
     _cfg(64, 128, 64, 4, 4, split=4),
-    # the persistent TMA kernel (gemm_tma.py; Hopper, 16-bit, aligned layouts, large problems only):
+    # the persistent TMA kernel (tma.py; Hopper, 16-bit, aligned layouts, large problems only):
     # the configs that beat the pointer kernel on the most model shapes in a sweep of 11. 128x256
     # takes 3 stages, unflattened: 4 stages (192 KiB) plus the 64 KiB epilogue tile, or the flattened
     # loop with a bias, exceed shared memory
     dict(_cfg(128, 256, 64, 8, 3), TMA=True, FLAT=False),
     dict(_cfg(128, 128, 64, 8, 5), TMA=True, FLAT=True),
-    # the warp-specialized Gluon kernel (gemm_gluon.py: the same operands and gate as TMA, a bias row at
-    # most): the configs that won a model shape of >= 2**33 multiply-adds in a sweep of 5 (H200,
-    # 2026-11-28); NUM_BUF ring slots of (BM + BN) x 64 x 2 bytes plus the BM x BN output tile fit 227 KiB
+    # the warp-specialized Gluon kernel (gluon.py: the same operands and gate as TMA, a bias row at
+    # most): the configs that won a model shape of >= 2**33 multiply-adds in a sweep of 5 (H200);
+    # NUM_BUF ring slots of (BM + BN) x 64 x 2 bytes plus the BM x BN output tile fit 227 KiB
     _gluon(128, 256, 64, 8, 3),
     _gluon(128, 256, 64, 8, 3, group=16),
     _gluon(128, 128, 64, 4, 5, maxnreg=224),
     # one warpgroup on 64 x 128 tiles: the mid-size winner (2**31-2**33 multiply-adds: weight gradients,
     # BERT/CLIP layers, 7 of the 85 shapes) of 5 candidates tried once Gluon calls were planned; 128x128
-    # with 8 warps, 128x64, 64x256 and 128x128x128 won none (H200, 2026-11-28)
+    # with 8 warps, 128x64, 64x256 and 128x128x128 won none (H200)
     _gluon(64, 128, 64, 4, 6, maxnreg=224),
 ]
 # Gluon tiles 192 columns wide (gemm_gluon.matmul_gluon_wide_kernel: 128 + 64, two accumulators; 4 ring
 # slots of (128 + 192) x 64 x 2 bytes plus the 128 x 192 output tile: 208 KiB). For the 768-wide outputs
 # of BERT/CLIP (4096 x 768: 128 tiles, one round on 132 SMs, against 192 of 128 x 128) and 576-row shapes.
-# In the tuned benchmark's 64 shapes of >= 2^30 multiply-adds (H200, session 30) the tuner chose them for 4,
+# In the tuned benchmark's 64 shapes of >= 2^30 multiply-adds (H200) the tuner chose them for 4,
 # 3 of them 9-11% faster (576 x 4096 x 4096 1.36 -> 1.20x cuBLAS, 4096 x 768 x 768 1.19 -> 1.07, 4096 x
 # 768 x 3072 1.20 -> 1.10); GEMM time per step fell 0-3% for every training and prefill source, decode moved
 # within 1% (geomean 1.092 -> 1.079).
 _GLUON_WIDE = [_gluon(128, 192, 64, 8, 4)]
 # Tiles sized so that the mid-size shapes make about one round of programs on 132 SMs, as cuBLAS's kernels
-# there do (H200, session 30, profiler names: 192x96 tiles for 576 x 4096 x 4096 (129 tiles, Gems 1.42x
+# there do (H200, profiler names: 192x96 tiles for 576 x 4096 x 4096 (129 tiles, Gems 1.42x
 # with 128x256's 80), 128x160 for 768 x 3072 x 4096 (120; Gems 1.18x), 128x152 for 577 x 4096 x 1024,
 # 64x64 for 256 x 2048 x 4096 (128; Gems 1.70x), 96x128 for 512 x 3072 x 768): 128 x 160 (128 + 32) makes
 # 130 tiles of 576 x 4096 and 120 of 768 x 3072; 128 x 96 (64 + 32) 128 of 512 x 3072; 64 x 64 with a
-# deep ring 128 of 256 x 2048. Offered by default since session 31: on the same 64 shapes (H200, tuned from
+# deep ring 128 of 256 x 2048. Offered by default because on the same 64 shapes (H200, tuned from
 # an empty cache, one run each) the geomean went 1.070 -> 1.054x cuBLAS and the GEMM time per step of every
 # Llama-family training and prefill source fell 2-4% (llama2 train 1.063 -> 1.023), decode within 0.5%;
 # the tuner chose a wave tile for 576 x 4096 x 4096 (1.44 -> 1.24), 577 x 1024 x 4096 (1.52 -> 1.19) and
-# 768 x 3072 x 4096 (1.41 -> 1.18) among others (docs/perf.md, session 31)
+# 768 x 3072 x 4096 (1.41 -> 1.18) among others (docs/perf.md)
 _GLUON_WAVE = [_gluon(128, 160, 64, 8, 4), _gluon(128, 96, 64, 8, 6), _gluon(64, 64, 64, 4, 8, maxnreg=224)]
 # Small tiles with deep rings for the mid-size GEMMs whose K is 4-16x their M or N (8-40 us; 1.2-1.6x cuBLAS
-# in session 31, the worst rows of the model table). cuBLAS runs them with 64x64 / 64x80 / 96x64 tiles and
+# without these tiles, the worst rows of the model table). cuBLAS runs them with 64x64 / 64x80 / 96x64 tiles and
 # 8-13 stages in about one round of programs: 64 x 64 with 12 ring slots (192 KiB), 64 x 80 (64 + 16) with
 # 10 (180 KiB), and 64 x 128 with two consumer warpgroups (8 warps, each a 64 x 64 half, as cuBLAS's
 # cooperative kernels split a tile).
-# Offered by default since session 32: on the GPU they match float64 for every layout
+# Offered by default because on the GPU they match float64 for every layout
 # (tests/ops/test_gemm_gluon.py), and on the 64 shapes of >= 2^30 multiply-adds (H200, each side tuned from
 # an empty cache in one run) the geomean went 1.042 -> 1.015x cuBLAS; the tuner chose 64 x 64 x 12 slots
 # for 256 x 2048 x 4096 (1.63 -> 1.07) and 512 x 768 x 3072 (1.60 -> 1.14), and BERT prefill's GEMM time
-# per step fell 1.15 -> 0.99x (docs/perf.md, session 32)
+# per step fell 1.15 -> 0.99x (docs/perf.md)
 _GLUON_DEEP = [_gluon(64, 64, 64, 4, 12, maxnreg=224), _gluon(64, 80, 64, 4, 10, maxnreg=224),
                _gluon(64, 128, 64, 8, 6)]
 # Large tiles split over K for the same shapes (gemm_gluon.matmul_gluon_splitk_kernel; 128 x 128 makes 40
@@ -230,7 +230,7 @@ _GLUON_DEEP = [_gluon(64, 64, 64, 4, 12, maxnreg=224), _gluon(64, 80, 64, 4, 10,
 # unsplit 128 x 128 tile, half as often as by 64 x 64 tiles. They only take calls that split
 # (the tuner skips them elsewhere); the fp32 output tile takes the shared memory of one or two ring
 # slots (128 x 128: 4 slots of 32 KiB and 64 KiB of output). Not offered: correct on the GPU
-# (tests/ops/test_gemm_gluon.py), but slower on the device where it splits (H200, session 33, device time
+# (tests/ops/test_gemm_gluon.py), but slower on the device where it splits (H200, device time
 # alone: 577 x 1024 x 4096 split 3 ways 1.42x cuBLAS against 1.28x unsplit; 512 x 768 x 3072 1.37-1.43x
 # against 1.15x), and never chosen in an A/B on the 64 large model shapes. The fp32 partials' round trip
 # costs more than the L2 reads it saves. Kept as a candidate group (benchmarks.gemm --candidates ...,ksplit)
@@ -286,15 +286,14 @@ _SMALL = {16: _cfg(64, 64, 64, 4, 3), 32: _cfg(64, 64, 32, 4, 3)}
 def _skinny(N, K, itemsize, sms):
     """Decode GEMMs (M <= 16, one batch): the weight stream is the whole cost, so a 16-row tile, deep K
     steps with 4 stages in flight, and N tiles narrow enough that every SM gets a program (4096 / 32 =
-    128 on 132 SMs) but, for wide N (vocab projections), 128 wide. H200 sweep, 2026-11-28 (bf16, M = 1 /
+    128 on 132 SMs) but, for wide N (vocab projections), 128 wide. H200 sweep (bf16, M = 1 /
     4 / 16, time / cuBLAS's): N = 4096: 0.96 / 0.97 / 0.91 (16x32x256); N = 11008: 1.00 / 1.00 / 0.98
     and N = 32000: 0.98 / 0.98 / 0.98 (16x128x128, was 1.05 with 16x64x128). Where N gives at most a
     quarter as many tiles as SMs (GQA k/v projections, N <= 1024) K is split so that about one program
     runs per SM: M = 1, N x K = 512 x 4096 1.38 -> 1.02 (split 8), 256 x 5632 1.87 -> 1.13, 1024 x 4096
     1.32 -> 1.09 (split 5); at N = 2048 (64 tiles) a split of 3 lost (1.03 -> 1.17).
-    Narrow N takes 6 stages (H200, 2026-11-28, session 28: kernel time with a cold L2 over 162 configs,
-    out/skinny27.py): 1 x 4096 x 4096 14.8 -> 14.3 us, 1 x 4096 x 11008 32.8 -> 30.9, M = 4 15.2 -> 14.2,
-    M = 16 15.8 -> 14.4 (cuBLAS 15.3-33.2); wide N is already the best config seen (1 x 32000 x 4096 69.9,
+    Narrow N takes 6 stages (H200, kernel time with a cold L2 over 162 configs): 1 x 4096 x 4096
+    14.8 -> 14.3 us, 1 x 4096 x 11008 32.8 -> 30.9, M = 4 15.2 -> 14.2, M = 16 15.8 -> 14.4 (cuBLAS 15.3-33.2); wide N is already the best config seen (1 x 32000 x 4096 69.9,
     cuBLAS 71.1). That is 57% of the 4.19 TB/s copy roof at 4096 x 4096 and 70-90% at the larger weights."""
     wide = N >= 8192
     bn = 128 if wide else 32
@@ -310,7 +309,7 @@ TUNE_MIN_MACS = 2**27
 # (weight gradients of 2048-4096 x 256-2048) in the tuned benchmark, and below 2**30 the tuner would
 # only time more configs. Their calls are planned like any launch (runtime/plan.py rebuilds the host
 # descriptors per call, the C++ recipe encodes them once and puts in each call's addresses: 8-12 us of
-# host per call, against cuBLAS's 19-22). Before that (session 20) they ran the Python path, 80-150 us
+# host per call, against cuBLAS's 19-22). Without plans they ran the Python path, 80-150 us
 # of host per call, and the gate was 2**36.
 _TMA_MIN_MACS = 2**30
 # the split-K epilogue's tile: 32 rows x 128 contiguous fp32 columns (512-byte row segments)
@@ -334,14 +333,14 @@ def small_config(macs, itemsize):
         return None
     return _SMALL[16 if itemsize <= 2 else 32]
 
-# ATen's own kernel (cuBLAS) as one more candidate of a tuned bucket (design decision 12): where it
+# ATen's own kernel (cuBLAS) as one more candidate of a tuned bucket (docs/design.md, decision 12): where it
 # beats every Triton config, the bucket records {"aten": True} and its calls run ATen, counted as
 # fallbacks with reason "aten faster". GEMS_GEMM=triton keeps Triton for every bucket (its own cache).
 _ATEN = {"aten": True}
 ATEN_FASTER = "aten faster"
 # ATen's candidate is timed on the device, but a cuBLAS call also costs more host time than a Triton
 # launch replayed from the C++ fast path, and a training step's mid-size GEMMs are host-bound: in
-# BERT-base's backward (M = 4096, N, K = 768 / 3072, bf16; H100, 2026-11-23) cuBLAS took 27 us on the
+# BERT-base's backward (M = 4096, N, K = 768 / 3072, bf16; H100) cuBLAS took 27 us on the
 # device and 31-83 us of host per call, Triton 33 us and 16 us; the step ran 1.13x ATen with Triton
 # there and 0.90-0.96x with cuBLAS. So where ATen's device time is below _HOST_BOUND_MS (comparable
 # to a call's host time) it must win by _ATEN_HOST_MS to be chosen; larger GEMMs, whose device time
@@ -399,8 +398,8 @@ def _tuner(itemsize, triton_only=False):
     triton_only = triton_only or gemm_policy() == "triton"
     # separate tuning caches: a bucket tuned without the ATen candidate must not answer for 'auto'
     # ("-auto2": decisions since ATen's candidate carries _ATEN_HOST_MS; older caches decided without it)
-    # ("v2": the search space of 2026-11-28, K splits included; older caches chose from the previous one)
-    # ("v3": with the Gluon kernel's configs, 2026-11-28)
+    # ("v2": the search space with K splits; older caches chose from the previous one)
+    # ("v3": with the Gluon kernel's configs)
     # ("v4": TMA and Gluon calls planned, offered from 2**33 multiply-adds without a host handicap)
     # (a letter per candidate group offered: "w" the Gluon wide tiles, "q" the one-round tiles, "d" the deep rings)
     key = (itemsize <= 2, triton_only, tuple(CANDIDATES))     # a call's full path: one lookup

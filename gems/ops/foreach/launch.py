@@ -43,9 +43,9 @@ below: the same checks and table in C++ passes (`foreach_lists`, `foreach_empty`
 the table's device copy kept by content (_TABLES); without the module (GEMS_FAST=0) all in Python,
 launches kept by the lists' addresses and shapes (_LAUNCHES). A ScalarList holding one nonzero
 value for every tensor (Adam's step sizes) becomes a kernel argument, so that its table does not
-change with the step. Measured on BERT-base's AdamW on an H100: session 8 (address-keyed plans) 12.4
-ms of host per step against ATen's 6.0; since the C++ path, the foreach rows of benchmarks.host run
-at 0.63-0.91x ATen (docs/perf.md).
+change with the step. Measured on BERT-base's AdamW on an H100: with address-keyed launch plans in
+Python alone a step took 12.4 ms of host time against ATen's 6.0; with the C++ path the foreach rows
+of benchmarks.host run at 0.63-0.91x ATen (docs/perf.md).
 
 Served: contiguous tensors, one dtype (fp32/fp16, bf16 on the GPU) and one device across all lists.
 Anything else (mixed dtypes, which ATen promotes; non-contiguous tensors; different shapes, which
@@ -211,7 +211,7 @@ def foreach_kernel(Base, Tab, N, TOP, LOGN, B0, s, alpha, S, S0,
 
 # BLOCK: elements per unrolled step; CHUNK: elements per program (the interpreter pays per program and
 # per op, not per element: few wide programs). cuda: from a sweep on an H200 over TinyLlama-1.1B's 201
-# bf16 parameters (out-of-tree, 2026-11-27): one 2048-element block per program, 4 warps, moved 3.9
+# bf16 parameters (out-of-tree): one 2048-element block per program, 4 warps, moved 3.9
 # TB/s in place over one list and 4.4 over three (ATen's multi_tensor_apply: 2.9 and 3.6); chunks of
 # 4096-65536 in one program, looping over blocks, were slower. The tests shrink the interpreter's so
 # that their small tensors span several chunks.

@@ -19,7 +19,7 @@ writes them once to a workspace [2, programs, N]; one column-sum launch (reading
 N) gives dw and db. No atomics: deterministic. The workspace is programs * N * 4 bytes per gradient
 (a few % of the traffic of dy + x + dx for LLM shapes). Two launches in all: at decode and BERT
 sizes each launch is host time (a separate column sum per gradient made it 1.17x ATen's per-call
-time on an H100, 2026-11-24).
+time on an H100).
 
 Mean and rstd follow ATen's dtypes: the input dtype on CPU, fp32 for fp16/bf16 inputs on CUDA;
 shape input.shape[:axis] + (1,) * len(normalized_shape).

@@ -32,7 +32,7 @@ _TAN_PI_8 = tl.constexpr(0.41421356237309503)
 
 
 # --------------------------------------------------------------------------------------------
-# scalar helpers (fp32 in, fp32 out), also used by gems/ops/activation_more.py
+# scalar helpers (fp32 in, fp32 out), also used by activation.py
 # --------------------------------------------------------------------------------------------
 
 @triton.jit

@@ -73,12 +73,12 @@ _PAD = tl.constexpr(2 ** 63 - 1)   # the key of a padding slot: after every real
 # exceed an H100's 227 KiB per block; 16384 take 128 KiB. run=512, probes=32 (the merge search's
 # candidates per step), one warp per program: a sort of [16, 32000] fp32 (TopPLogitsWarper) takes
 # 60 us of device time against ATen's 77 and 86-111 us with runs of 1024 or 2048 at 1-4 warps; 0.075 ms
-# per call through the dispatcher against ATen's 0.110 (H200, 2026-11-27; runs of 1024 with the
+# per call through the dispatcher against ATen's 0.110 (H200; runs of 1024 with the
 # scalar binary search, the earlier default: 0.140). Short runs sort in registers quickly, the extra
 # merge passes are cheap at this size, and one warp per program keeps the most programs per SM.
 # chunk_warps: topk's stage 1 (one program per 4096 elements of a row), 8 warps: k=50 of [16, 32000]
 # fp32 in 30.1 us of device time against ATen's 49.0 (4 warps: 39.7; chunks of 1024 or 2048 at 1-8
-# warps: 37-66; H200, 2026-11-27, out-of-tree sweep of profiler sums).
+# warps: 37-66; H200, out-of-tree sweep of profiler sums).
 _CONFIGS = {
     "cuda": dict(sort_max=16384, tile=4096, chunk=4096, chunk_warps=8, run=512, probes=32, merge_warps=1),
     # the interpreter runs programs one by one in Python (a few wide ones are fastest); the GPU's
