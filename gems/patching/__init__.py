@@ -52,10 +52,11 @@ report's notes.
 Patching a patched model with the same options is a no-op returning the existing report; with other
 options it raises (``unpatch`` first). ``patched()`` unpatches on exit only what it patched itself.
 
-The package, by job: `api.py` (patch / unpatch / patched: options, model types, the report's life),
-`walk.py` (the walk over a model's modules that finds what to replace), `modules.py` (the replacement
-modules and forwards), `losses.py` (the causal-LM and masked-LM losses), `bert_layer.py` (BERT's encoder
-layer as one function), `report.py` (what was replaced, and how to undo it).
+The package, by job: `api.py` (patch / unpatch / patched: the options, which parts of the walk run for
+which model type, the report's life), `walk.py` (the model types' transformers classes and the walk over
+a model's modules that finds what to replace), `modules.py` (the replacement modules and forwards),
+`losses.py` (the causal-LM and masked-LM losses), `bert_layer.py` (BERT's encoder layer as one
+function), `report.py` (what was replaced, and how to undo it).
 """
 from .api import OPTIONS, SUPPORTED, patch, patched, unpatch
 from .report import PatchReport
