@@ -4,6 +4,7 @@ kernel (the formulas and what is served are in launch.py's docstring).
 from __future__ import annotations
 
 from ...registry import FLOATS, Unsupported, register
+from ...runtime.abi import FOREACH_NO_SCALAR, FOREACH_SCALAR, FOREACH_SCALARLIST, FOREACH_TENSOR
 from ..reduce.vector_norm import vector_norm
 from .launch import S_TABLE, S_TENSOR, S_TENSORS, launch, scalar_value
 
@@ -88,12 +89,9 @@ def _names(base, kind, inplace=True):
     return [f"_foreach_{base}{sfx}"] + ([f"_foreach_{base}_{sfx}"] if inplace else [])
 
 
-# how the C++ fast path reads a call (fastpath.cpp ForeachSpec): the schema positions of the kernel's
-# input lists, of its number and the number's kind, of alpha
-_SCALAR, _SCALARLIST, _TENSOR = 1, 2, 3
-
-
-def _spec(lists, scalar=-1, skind=0, alpha=-1):
+# how the C++ fast path reads a call (csrc/foreach_serve.h ForeachSpec): the schema positions of the
+# kernel's input lists, of its number and the number's kind (abi.FOREACH_*), of alpha
+def _spec(lists, scalar=-1, skind=FOREACH_NO_SCALAR, alpha=-1):
     return dict(lists=lists, scalar=scalar, skind=skind, alpha=alpha)
 
 
@@ -114,10 +112,10 @@ for _op, _kinds in (("add", ("Scalar", "List", "ScalarList", "Tensor")), ("sub",
                  "ScalarList": lambda ip, o=_op: _scalarlist_variant(o, ip),
                  "Tensor": lambda ip, o=_op, a=_with_alpha: _tensor_variant(o, ip, a)}[_k]
         _alpha_at = 2 if _with_alpha else -1
-        _reg(_names(_op, _k), _make, spec={"Scalar": _spec([0], 1, _SCALAR),
+        _reg(_names(_op, _k), _make, spec={"Scalar": _spec([0], 1, FOREACH_SCALAR),
                                            "List": _spec([0, 1], alpha=_alpha_at),
-                                           "ScalarList": _spec([0], 1, _SCALARLIST),
-                                           "Tensor": _spec([0], 1, _TENSOR, _alpha_at)}[_k])
+                                           "ScalarList": _spec([0], 1, FOREACH_SCALARLIST),
+                                           "Tensor": _spec([0], 1, FOREACH_TENSOR, _alpha_at)}[_k])
 
 for _op in ("sqrt", "neg", "reciprocal"):
     _reg(_names(_op, "default"), lambda ip, o=_op: _unary_variant(o, ip), spec=_spec([0]))
@@ -130,7 +128,7 @@ def foreach_zero_(self):
 
 
 @register("_foreach_pow.ScalarAndTensor", category="pointwise", dtypes=FLOATS, plan=False,
-          foreach=_spec([1], 0, _SCALAR))
+          foreach=_spec([1], 0, FOREACH_SCALAR))
 def foreach_pow_scalar_and_tensor(self, exponent):
     """A Scalar to the power of every tensor: one launch"""
     return launch("rpow", [exponent], False, s=scalar_value(self, exponent[0].dtype if exponent else None, "self"))
@@ -149,8 +147,8 @@ def _lerp_variant(kind, inplace):
     return _doc(fn, "lerp of two tensor lists (weights per element, one Scalar or one per tensor): one launch")
 
 
-for _k, _sp in (("List", _spec([0, 1, 2])), ("Scalar", _spec([0, 1], 2, _SCALAR)),
-                ("ScalarList", _spec([0, 1], 2, _SCALARLIST))):
+for _k, _sp in (("List", _spec([0, 1, 2])), ("Scalar", _spec([0, 1], 2, FOREACH_SCALAR)),
+                ("ScalarList", _spec([0, 1], 2, FOREACH_SCALARLIST))):
     _reg(_names("lerp", _k), lambda ip, k=_k: _lerp_variant(k, ip), spec=_sp)
 
 
@@ -178,7 +176,7 @@ for _op in ("addcmul", "addcdiv"):
         # (.Tensor: ATen's packed scalars read on the host stay on the Python path)
         _reg(_names(_op, _k), lambda ip, o=_op, k=_k: _pointwise_variant(o, k, ip),
              host_args=("scalars",) if _k == "Tensor" else (),
-             spec={"Scalar": _spec([0, 1, 2], 3, _SCALAR), "ScalarList": _spec([0, 1, 2], 3, _SCALARLIST),
+             spec={"Scalar": _spec([0, 1, 2], 3, FOREACH_SCALAR), "ScalarList": _spec([0, 1, 2], 3, FOREACH_SCALARLIST),
                    "Tensor": None}[_k])
 
 
