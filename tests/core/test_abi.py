@@ -145,3 +145,12 @@ def test_cpp_builds_no_key_for_tensors_it_cannot_replay(ext):
     assert ext.signature_key("add.Tensor", (z.conj(), z), {}, flags) is None
     assert ext.signature_key("add.Tensor", (z, 1j), {}, flags) is None
     assert ext.signature_key("add.Tensor", (z, z), {}, flags) is not None
+
+
+def test_foreach_roles_are_the_kernels_parameters():
+    # the C++ side fills a published foreach binary's parameters by role: the kernel's runtime
+    # parameters, in order (ops/foreach/launch.py publishes each by its index)
+    from gems.ops.foreach.launch import foreach_kernel
+    fn = foreach_kernel.fn
+    runtime = tuple(name for i, name in enumerate(fn.arg_names) if i not in fn.constexprs)
+    assert runtime == abi.FOREACH_ROLES
