@@ -35,7 +35,10 @@ from .codegen.numbers import call_with_numbers, tensor_positions
 from .registry import AtenError, Unsupported
 from .runtime import backends as _backends
 from .runtime import fast as _fastmod
-from .runtime import plan as _plan
+from .runtime import reentry
+from .runtime.plan import build as plan_build
+from .runtime.plan import cache as plan_cache
+from .runtime.plan.signature import make_signature, named_args
 from .runtime import settings
 from .runtime.backends import backend
 
@@ -46,7 +49,6 @@ _strided = torch.strided
 
 
 class _ThreadState(threading.local):
-    depth = 0          # > 0 while a Gems implementation runs on this thread
     scoped = False     # this thread is inside use_gems()
     cfg = None         # its active op set (frozenset) while scoped
 
@@ -81,20 +83,6 @@ def _fast_sync_scopes():
         _fast.set_top_scope(_cfg_id(_scopes[-1].cfg) if _scopes else -1)
 
 
-class _Reentry:
-    """The re-entry guard (see _make_kernel) around the interpreter launches the C++ side calls back."""
-
-    def __enter__(self):
-        _TLS.depth += 1
-
-    def __exit__(self, *exc):
-        _TLS.depth -= 1
-        return False
-
-
-_plan.reentry_guard = _Reentry
-
-
 def _graph_task_active() -> bool:
     return torch._C._current_graph_task_id() != -1
 
@@ -119,6 +107,7 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     call_orig = _boxed_with_numbers(impl.name, orig.call_boxed)
     on_cuda = be.device_type == "cuda"
     tls = _TLS
+    guard = reentry.THREAD
     get_device = torch._C._cuda_getDevice if on_cuda else None
     schema = registry._aten_overload(name)._schema
     # ATen calls some ops on a wrapped number alone (`_to_copy(2)`): with no tensor there is nothing to
@@ -126,14 +115,14 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
     tensor_slots = bool(tensor_positions(schema))
     host_pos = tuple(i for i, a in enumerate(schema.arguments) if a.name in impl.host_args)
     broken = impl.broken
-    sig = _plan.make_signature(schema, impl.dynamic, on_cuda) if impl.plan and settings.PLANS else None
+    sig = make_signature(schema, impl.dynamic, on_cuda) if impl.plan and settings.PLANS else None
     # plans outlive a registration: disable() followed by enable() finds them again
     if sig is not None and impl.plans is None:
-        impl.plans = _plan.PlanCache()
+        impl.plans = plan_cache.PlanCache()
     cache = impl.plans if sig is not None else None
     plans = cache.plans if cache is not None else None
     extra_key = impl.plan_key
-    MISS, NO_PLAN, AtenPlan, SEEN = _plan.MISS, _plan.NO_PLAN, _plan.AtenPlan, _plan.SEEN
+    MISS, NO_PLAN, AtenPlan, SEEN = plan_cache.MISS, plan_cache.NO_PLAN, plan_cache.AtenPlan, plan_cache.SEEN
     record_later = settings.PLAN_AFTER > 1
     fast_op = impl.fast if _fast is not None and sig is not None else None
     # under the interpreter a launch copies storages with ops Gems may serve: keep the re-entry
@@ -157,7 +146,7 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
         return fallback(reason, args, kwargs)
 
     def kernel(*args, **kwargs):
-        if tls.depth:
+        if guard.depth:
             return call_orig(keyset, *args, **kwargs)
         cfg = tls.cfg if tls.scoped else _config_for_unscoped_thread()
         if cfg is None or name not in cfg:
@@ -182,11 +171,11 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
             if p is not None and p is not NO_PLAN and p is not SEEN:
                 # (a LazyPlan compiles on its first run here and puts the function in its place)
                 if guard_plan:
-                    tls.depth += 1
+                    guard.depth += 1
                     try:
                         out = p(*args, **kwargs)
                     finally:
-                        tls.depth -= 1
+                        guard.depth -= 1
                 else:
                     out = p(*args, **kwargs)
                 if out is not MISS:
@@ -234,7 +223,7 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
             reason = check(*args, **kwargs)
             if reason is not None:
                 return fallback(reason, args, kwargs)
-        tls.depth += 1
+        guard.depth += 1
         try:
             if key is not None and not unseen:
                 out = _record(impl, cache, key, schema, on_cuda, args, kwargs)
@@ -243,10 +232,10 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
                 if unseen and key is not None:
                     cache.put_seen(key)
         except AtenError as e:
-            tls.depth -= 1
+            guard.depth -= 1
             raise e.error from None
         except Unsupported as e:
-            tls.depth -= 1
+            guard.depth -= 1
             reason = str(e) or "unsupported arguments"
             if key is not None:
                 if e.signature:
@@ -257,14 +246,14 @@ def _make_kernel(impl: registry.OpImpl, orig, keyset, be):
                     cache.put(key, None, f"unsupported: {e}")
             return fallback(reason, args, kwargs)
         except Exception as e:  # noqa: BLE001 - see module docstring, step 3
-            tls.depth -= 1
+            guard.depth -= 1
             return _after_error(impl, e, call_orig, keyset, args, kwargs)
         except BaseException:
             # KeyboardInterrupt, a test's timeout: the thread's depth must not stay raised (every
             # later call would go to ATen)
-            tls.depth -= 1
+            guard.depth -= 1
             raise
-        tls.depth -= 1
+        guard.depth -= 1
         counts[0] += 1
         return out
 
@@ -280,13 +269,13 @@ def _record(impl, cache, key, schema, on_cuda, args, kwargs):
     for an overload's first N plans: written arguments are restored to their values before the call,
     and the plan runs it again, so the op tests also test the plans."""
     fn = impl.fn
-    values = _plan.named_args(schema, args, kwargs)
+    values = named_args(schema, args, kwargs)
     saved = _snapshot(schema, values) if cache.built < settings.PLAN_CHECK else None
     # the plan's answer must draw the random numbers the recorded run drew (plan.philox): the CUDA
     # generators' offsets go back to where they were before the plan runs the call again
     gens = [(g, g.get_offset()) for g in torch.cuda.default_generators] if saved is not None and on_cuda else ()
     # lazy: the C++ fast path replays the recipe; the Python function is compiled if it ever runs
-    out, p, rec = _plan.record(fn, schema, args, kwargs, on_cuda, values, lazy=impl.fast is not None)
+    out, p, rec = plan_build.record(fn, schema, args, kwargs, on_cuda, values, lazy=impl.fast is not None)
     if impl.fn is not fn:   # replaced meanwhile (a test double, a disabled overload): keep nothing
         return out
     if p is not None or not rec.transient:
@@ -307,7 +296,7 @@ def _record(impl, cache, key, schema, on_cuda, args, kwargs):
         for g, off in gens:
             g.set_offset(off)
         again = p(*args, **kwargs)
-        if again is not _plan.MISS:
+        if again is not plan_cache.MISS:
             return again
         for t, copy in saved:   # the plan declined: the recorded run's answer stands
             t.copy_(copy)

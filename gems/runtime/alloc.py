@@ -7,11 +7,10 @@ forgets to write can never pass as a right answer -- in plans too.
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from . import plan as _plan
+from . import reentry
+from .plan import recording
 from .settings import POISON
 
 
@@ -19,7 +18,7 @@ def poison(t):
     """Fill a fresh output with NaN (-1, True): ATen's fill, not Gems' (a re-entered call goes to ATen),
     here and in plan replays: the poison is a test aid, not a launch of the op under test (tests count
     launches)."""
-    with (_plan.reentry_guard or contextlib.nullcontext)():
+    with reentry.guard():
         t.fill_(float("nan") if t.is_floating_point() or t.is_complex() else (True if t.dtype == torch.bool else -1))
 
 
@@ -31,14 +30,14 @@ def _new(shape, dtype, device, like_strides):
 
 def empty(shape, dtype, device, like_strides=None):
     """torch.empty / empty_strided (poisoned under GEMS_POISON=1), noted by a recording plan."""
-    rec = _plan.active()
+    rec = recording.active()
     if rec is None:
         t = _new(shape, dtype, device, like_strides)
     else:
-        with _plan.quiet():     # noted below: not an op for the recording's watch to judge
+        with recording.quiet():     # noted below: not an op for the recording's watch to judge
             t = _new(shape, dtype, device, like_strides)
     if POISON:
-        with _plan.quiet():
+        with recording.quiet():
             poison(t)
     if rec is not None:
         rec.alloc(t, False, POISON)
@@ -47,8 +46,8 @@ def empty(shape, dtype, device, like_strides=None):
 
 def zeros(shape, dtype, device):
     """torch.zeros (a workspace accumulated into), noted by a recording plan."""
-    rec = _plan.active()
-    with _plan.quiet():
+    rec = recording.active()
+    with recording.quiet():
         t = torch.zeros(shape, dtype=dtype, device=device)
     if rec is not None:
         rec.alloc(t, True, False)

@@ -74,7 +74,7 @@ class Autotuner:
         if cfg is not None:
             return cfg
         from .backends import backend
-        from .plan import suspended, taint
+        from .plan.recording import suspended, taint
         if not backend().can_benchmark or len(self.configs) == 1:
             cfg = self.configs[0]
             best[k] = cfg

@@ -18,7 +18,9 @@ from __future__ import annotations
 import torch
 import triton
 
-from . import plan as _plan
+from .plan import recording
+from .plan.launchers import hooks_active
+from .source import compile_source
 
 _Tensor = torch.Tensor
 try:
@@ -82,7 +84,7 @@ def _make_key_fn(nargs: int, constexpr_pos):
     names = ", ".join(f"a{i}" for i in range(nargs))
     src = f"def key({names}{',' if nargs == 1 else ''}):\n    return ({', '.join(parts)}{',' if nargs == 1 else ''})\n"
     ns = {"T": _Tensor, "one": lambda a: binary_key((a,))}
-    return _plan.compile_source(src, f"<gems launch key, {nargs} args>", ns)["key"]
+    return compile_source(src, f"<gems launch key, {nargs} args>", ns)["key"]
 
 
 class LaunchCache:
@@ -111,7 +113,7 @@ class LaunchCache:
     def run(self, grid, args, num_warps=4, num_stages=3, maxnreg=None):
         """`maxnreg`: the per-thread register cap (warp-specialized Gluon kernels rebalance registers
         between partitions under it); part of the binary's key."""
-        rec = _plan.active()
+        rec = recording.active()
         if rec is not None:
             return self._run_recorded(rec, grid, args, num_warps, num_stages, maxnreg)
         if self.interpreted:
@@ -132,7 +134,7 @@ class LaunchCache:
         g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
         kernel, launch, function, coop, pdl, meta = entry
         stream = _get_stream(dev)
-        if launch is not None and not _plan.hooks_active():
+        if launch is not None and not hooks_active():
             # the C launcher itself: CudaLauncher.__call__ only adds scratch allocation, and this
             # kernel needs none
             # (grid, stream, function, cooperative, pdl, global/profile scratch, packed metadata,
@@ -152,16 +154,13 @@ class LaunchCache:
         """A launch while a call plan is recorded: run it (the interpreter's own storage copies are
         not the op's and must not taint the recording), then note it with its binary (a register
         cap is compiled into the binary: a replay launches that function and needs nothing more)."""
-        with _plan.quiet():
+        with recording.quiet():
             if self.interpreted:
                 out = self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
                 entry = None
             else:
-                _plan._STATE.rec = None     # the plain path below, without recording itself again
-                try:
+                with recording.suspended():     # the plain path, without recording itself again
                     out = self.run(grid, args, num_warps, num_stages, maxnreg)
-                finally:
-                    _plan._STATE.rec = rec
                 entry = self.entry(args, num_warps, num_stages, maxnreg)
         rec.launch(self, entry, grid, args, num_warps, num_stages, maxnreg)
         return out

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import torch
 
-from . import plan as _plan
 from .backends import backend
+from .plan.build import record
+from .plan.cache import MISS, NO_PLAN, PlanCache
+from .plan.signature import make_signature
 from .settings import PLAN_CHECK, PLANS
 
 _ALL: dict = {}     # name -> Planned, for plan_stats()
@@ -47,7 +49,7 @@ class Planned:
             if a.alias_info is not None and a.alias_info.is_write:
                 raise ValueError(f"planned {self.name}: argument {a.name} is written; planned functions may "
                                  "only write tensors they allocate")
-        self.cache = _plan.PlanCache()
+        self.cache = PlanCache()
         self._sig = None     # built on first use: the backend (CUDA or the interpreter) decides its form
 
     def __call__(self, *args):
@@ -55,27 +57,27 @@ class Planned:
             return self.fn(*args)
         sig = self._sig
         if sig is None:
-            sig = self._sig = _plan.make_signature(self.schema, frozenset(), backend().device_type == "cuda")
+            sig = self._sig = make_signature(self.schema, frozenset(), backend().device_type == "cuda")
         try:
             key = sig(*args)
             p = self.cache.plans.get(key)
         except Exception:  # noqa: BLE001 - an argument the signature cannot key: the function decides
             return self.fn(*args)
         if p is not None:
-            if p is not _plan.NO_PLAN:
+            if p is not NO_PLAN:
                 out = p(*args)
-                if out is not _plan.MISS:      # MISS: a profiler listens to launches (the full path tells it)
+                if out is not MISS:      # MISS: a profiler listens to launches (the full path tells it)
                     return out
             return self.fn(*args)
         return self._record(key, args)
 
     def _record(self, key, args):
-        out, p, rec = _plan.record(self.fn, self.schema, args, {}, backend().device_type == "cuda")
+        out, p, rec = record(self.fn, self.schema, args, {}, backend().device_type == "cuda")
         if p is not None or not rec.transient:
             self.cache.put(key, p, rec.tainted)
         if p is not None and PLAN_CHECK:
             again = p(*args)         # no argument is written: running it again is harmless
-            if again is not _plan.MISS:
+            if again is not MISS:
                 return again
         return out
 

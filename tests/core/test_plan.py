@@ -1,4 +1,4 @@
-"""Call plans (gems/runtime/plan.py): repeat calls of a signature run a recorded plan, and the plan
+"""Call plans (gems/runtime/plan/): repeat calls of a signature run a recorded plan, and the plan
 gives the same answers as the full path -- on new data, new scalar values, aliasing, overlap, and
 the layouts models use (size-1 dims, broadcasts, transposed views)."""
 import json
@@ -14,6 +14,9 @@ import torch.nn.functional as F
 import gems
 from gems import registry
 from gems.runtime import plan as plan_mod
+from gems.runtime.plan import build as plan_build
+from gems.runtime.plan import recipe as plan_recipe
+from gems.runtime.plan import signature as plan_signature
 from harness import DEVICE, assert_close, make, to_ref
 
 
@@ -371,7 +374,7 @@ def test_symint_results_are_constants_of_the_signature():
     # The CUDA overload's implementation runs here on CPU tensors too (through the interpreter).
     from gems.ops.attention import sdpa as attention
     schema = torch.ops.aten._scaled_dot_product_cudnn_attention.default._schema
-    assert plan_mod._symint_returns(schema) == [False] * 4 + [True, True] + [False] * 3
+    assert plan_signature.symint_returns(schema) == [False] * 4 + [True, True] + [False] * 3
 
     def args(i):
         g = torch.Generator().manual_seed(i)
@@ -379,7 +382,7 @@ def test_symint_results_are_constants_of_the_signature():
         return q, k, v, None, True, 0.0, True
 
     a0 = args(0)
-    out, p, rec = plan_mod.record(attention.sdpa_cudnn, schema, a0, {}, direct=False)
+    out, p, rec = plan_build.record(attention.sdpa_cudnn, schema, a0, {}, direct=False)
     assert p is not None, rec.tainted
     assert out[4:6] == (24, 24)
     assert p.__gems_recipe__[3][4:6] == ((4, 24, None), (4, 24, None))
@@ -393,7 +396,7 @@ def test_symint_results_are_constants_of_the_signature():
 def test_int_results_not_declared_symint_keep_the_full_path():
     # an int result the schema does not declare a size (it could depend on the data): no plan
     schema = torch.ops.aten._local_scalar_dense.default._schema
-    assert plan_mod._symint_returns(schema) == [False]
+    assert plan_signature.symint_returns(schema) == [False]
 
 
 @pytest.mark.parametrize("case", ["fp16 2-D", "nan padding", "fp8 dtype code", "fp4 padded", "3-D"])
@@ -431,7 +434,7 @@ def test_tma_recipe_passes_what_tritons_launcher_passes(monkeypatch, case):
     want = nv.make_tensordesc_arg(d, meta)
     (ptr, swizzle, size, dtype, box, dims, st, fill), = seen
     rank = len(dims)
-    tmap, got_shape, got_strides = plan_mod._tensor_map(d, meta)
+    tmap, got_shape, got_strides = plan_recipe.tensor_map(d, meta)
     assert tmap == (ptr, dtype, tuple(reversed(dims)), tuple(size * st[i] for i in reversed(range(rank - 1))),
                     tuple(reversed(box)), swizzle, fill)
     assert ["map", *got_shape, *got_strides] == want
@@ -442,13 +445,13 @@ def test_tma_recipe_passes_what_tritons_launcher_passes(monkeypatch, case):
 def test_tma_recipe_refuses_a_kernel_lowered_without_tma_metadata():
     from triton.tools.tensor_descriptor import TensorDescriptor
     d = TensorDescriptor(torch.empty(64, dtype=torch.float16), [8, 8], [8, 1], [8, 8])
-    with pytest.raises(plan_mod._NoRecipe):
-        plan_mod._tensor_map(d, None)
+    with pytest.raises(plan_recipe.NoRecipe):
+        plan_recipe.tensor_map(d, None)
 
 
 @pytest.mark.parametrize("which", ["triton", "gluon"])
 def test_a_rebuilt_descriptor_does_not_keep_the_recorded_tensor(which):
-    # a plan rebuilds each TMA descriptor per call over the call's tensor (plan._rebase); holding the
+    # a plan rebuilds each TMA descriptor per call over the call's tensor (plan/build.py); holding the
     # recording's descriptor would keep the recorded tensor alive as long as the plan is cached
     import gc
     import weakref
@@ -461,7 +464,7 @@ def test_a_rebuilt_descriptor_does_not_keep_the_recorded_tensor(which):
         layout = gl.NVMMASharedLayout.get_default_for([8, 8], gl.float16)
         d = TensorDescriptor(torch.empty(64, dtype=torch.float16), [8, 8], [8, 1], [8, 8], layout)
     recorded = weakref.ref(d.base)
-    rebuild = plan_mod._rebase(d)
+    rebuild = plan_build.descriptor_rebuilder(d)
     fields = {k: v for k, v in d.__dict__.items() if k != "base"}
     del d
     gc.collect()
