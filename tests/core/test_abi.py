@@ -5,6 +5,7 @@ group calls into plans exactly as Python's make_signature does: a recipe Python 
 signature is replayed by C++ for every call with the same key, so a key coarser than Python's
 signature would replay a plan for a call it was not recorded for, and a finer one would record it
 again on every call."""
+import inspect
 import math
 import os
 import shutil
@@ -151,6 +152,6 @@ def test_foreach_roles_are_the_kernels_parameters():
     # the C++ side fills a published foreach binary's parameters by role: the kernel's runtime
     # parameters, in order (ops/foreach/launch.py publishes each by its index)
     from gems.ops.foreach.launch import foreach_kernel
-    fn = foreach_kernel.fn
-    runtime = tuple(name for i, name in enumerate(fn.arg_names) if i not in fn.constexprs)
+    params = inspect.signature(foreach_kernel.fn.fn).parameters.values()     # the Python function
+    runtime = tuple(p.name for p in params if "constexpr" not in str(p.annotation))
     assert runtime == abi.FOREACH_ROLES
