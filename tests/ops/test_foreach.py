@@ -14,6 +14,7 @@ import gems
 from gems import registry
 from harness import DEVICE, ON_GPU, assert_close, count_launches, dtype_params, make, served, to_ref, optimizer_steps
 from gems.ops.foreach import launch as foreach
+from gems.runtime.abi import FOREACH_MAX_TABLES
 
 A = torch.ops.aten
 # 0-dim, empty, odd sizes, and (the interpreter's chunks are 32 elements) one to three chunks with a
@@ -475,7 +476,7 @@ def test_cpp_table_cache():
         assert fast.foreach_tables() == n
         ys = _list(torch.float32)
         torch._foreach_mul_(ys, 1.0)
-        assert fast.foreach_tables() == min(n + 1, foreach._MAX_TABLES)
+        assert fast.foreach_tables() == min(n + 1, FOREACH_MAX_TABLES)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the table's device copy and its cache exist on the GPU only")
@@ -488,7 +489,7 @@ def test_table_cache_on_gpu(monkeypatch):
         torch._foreach_mul_(xs, 1.0)
         assert len(foreach._TABLES) == n              # the same tensors: the cached copy
         torch._foreach_mul_(_list(torch.float32), 1.0)
-        assert len(foreach._TABLES) == min(n + 1, foreach._MAX_TABLES)
+        assert len(foreach._TABLES) == min(n + 1, FOREACH_MAX_TABLES)
     # a CPU 0-dim tensor next to GPU lists: read on the host, served
     check("_foreach_mul.Tensor", [xs, torch.tensor(2.5)], {}, torch.float32)
 

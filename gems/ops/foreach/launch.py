@@ -68,6 +68,7 @@ from ...codegen.generator import number_misfit
 from ...codegen.tlmath import GPU
 from ...registry import FLOATS, Unsupported
 from ...runtime import alloc, backend, kernel, plan, reentry
+from ...runtime.abi import FOREACH_MAX_TABLES
 from ...runtime.utils import empty
 from ..pointwise.arith import add_f, div_f, mul_f, neg_f, sub_f
 from ..pointwise.binary import maximum_f, minimum_f, pow_f
@@ -224,7 +225,6 @@ _dtype, _shape = operator.attrgetter("dtype"), operator.attrgetter("shape")
 
 # device copies of tables by (device, stream, content): optimizers pass the same tensors every step
 _TABLES: dict = {}
-_MAX_TABLES = 64
 
 
 def _device_table(tab, device: torch.device):
@@ -241,7 +241,7 @@ def _device_table(tab, device: torch.device):
         # allocator keeps the pinned block until the copy has run. The cache is per stream so that a
         # table evicted here is freed in the order of the stream that used it.
         t = torch.frombuffer(bytearray(raw), dtype=torch.int64).pin_memory().to(device, non_blocking=True)
-        if len(_TABLES) >= _MAX_TABLES:
+        if len(_TABLES) >= FOREACH_MAX_TABLES:   # the C++ side keeps as many (abi)
             _TABLES.pop(next(iter(_TABLES)))
         _TABLES[key] = t
     return t
