@@ -7,7 +7,9 @@ from typing import Optional
 
 import torch
 
-from ..abi import CONVERSIONS, LIST_REF, MAX_PARAMS, PTR_TYPE, PTYPES
+from ..abi import (CONVERSIONS, FILL_NONE, FILL_POISON, FILL_ZEROS, LAUNCH_CUDA, LAUNCH_INTERPRETER,
+                   LIST_ELEMENT_BITS, LIST_REF, MAX_PARAMS, PARAM_CONST, PARAM_DYN, PARAM_PHILOX, PARAM_TENSOR,
+                   PARAM_TMA, PTR_TYPE, PTYPES, SRC_ALLOC, SRC_ARG, SRC_CONST_INT, SRC_LIST_ELEMENT, SRC_UNDEFINED)
 from .launchers import interpreter_launch
 
 
@@ -36,31 +38,33 @@ def _pack(value, ty: str) -> int:
 
 
 def make_recipe(schema, rec, guards, launches, refs, direct):
-    """The plan as data for the C++ fast path (the layout fastpath.cpp's parse_recipe reads):
-    (guards, allocations, launches, results), every tensor named by (0, schema argument index) or
-    (1, allocation index), or (3, argument index << 20 | element index) for a tensor-list element
-    (`tensors[2]`); a guard's other tensor is an argument index, or LIST_REF + that code. A result
-    may also be (2, 0, None): undefined, or (4, value, None): a constant int."""
+    """The plan as data for the C++ fast path (the layout csrc/recipe.h's parse_recipe reads):
+    (guards, allocations, launches, results), every tensor named by (SRC_ARG, schema argument index)
+    or (SRC_ALLOC, allocation index), or (SRC_LIST_ELEMENT, argument index << LIST_ELEMENT_BITS |
+    element index) for a tensor-list element (`tensors[2]`); a guard's other tensor is an argument
+    index, or LIST_REF + that code. A result may also be (SRC_UNDEFINED, 0, None): undefined, or
+    (SRC_CONST_INT, value, None): a constant int."""
     index = {a.name: i for i, a in enumerate(schema.arguments)}
 
     def src(name):
         if name in index:
-            return 0, index[name]
+            return SRC_ARG, index[name]
         if name.endswith("]"):
             arg, _, elem = name[:-1].partition("[")
-            if int(elem) >= 1 << 20:
+            if int(elem) >= 1 << LIST_ELEMENT_BITS:
                 raise NoRecipe
-            return 3, index[arg] << 20 | int(elem)
-        return 1, int(name[1:])
+            return SRC_LIST_ELEMENT, index[arg] << LIST_ELEMENT_BITS | int(elem)
+        return SRC_ALLOC, int(name[1:])
 
     def other(name):
         kind, i = src(name)
-        return i if kind == 0 else LIST_REF + i
+        return i if kind == SRC_ARG else LIST_REF + i
 
     g = tuple((index[m], other(n), em, ev) for m, n, em, ev in guards)
     allocs = []
     for t, zero, poison in rec.allocs:
-        allocs.append((tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device), 1 if zero else 2 if poison else 0))
+        fill = FILL_ZEROS if zero else FILL_POISON if poison else FILL_NONE
+        allocs.append((tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device), fill))
     ls = []
     for lc, entry, grid, parts, (nw, ns_, maxnreg), dev_index in launches:
         params = []
@@ -84,30 +88,30 @@ def make_recipe(schema, rec, guards, launches, refs, direct):
                 if kind == "desc":
                     r, d = v
                     tmap, shape, strides = tensor_map(d, next(metas, None))
-                    params.append((4, *src(r.name), r.off, tmap))
-                    params += [(1, PTYPES["i32"], _pack(x, "i32")) for x in shape]
-                    params += [(1, PTYPES["i64"], _pack(x, "i64")) for x in strides]
+                    params.append((PARAM_TMA, *src(r.name), r.off, tmap))
+                    params += [(PARAM_CONST, PTYPES["i32"], _pack(x, "i32")) for x in shape]
+                    params += [(PARAM_CONST, PTYPES["i64"], _pack(x, "i64")) for x in strides]
                 elif kind == "tensor":
                     if not ty.startswith("*"):
                         raise NoRecipe
-                    params.append((0, *src(v.name), v.off, None))
+                    params.append((PARAM_TENSOR, *src(v.name), v.off, None))
                 elif ty not in PTYPES:
                     raise NoRecipe
                 elif kind == "dyn":
                     name, conv = v
-                    params.append((2, index[name], CONVERSIONS[conv], PTYPES[ty]))
+                    params.append((PARAM_DYN, index[name], CONVERSIONS[conv], PTYPES[ty]))
                 elif kind == "philox":
                     if ty != "i64":
                         raise NoRecipe
                     which, increment = v
-                    params.append((3, which, increment, dev_index))
+                    params.append((PARAM_PHILOX, which, increment, dev_index))
                 else:
                     if v is None:
                         raise NoRecipe
-                    params.append((1, PTYPES[ty], _pack(v, ty)))
+                    params.append((PARAM_CONST, PTYPES[ty], _pack(v, ty)))
             if len(params) > MAX_PARAMS:
                 raise NoRecipe     # the C++ replay's parameter array; the Python plan still serves
-            ls.append((0, int(function), grid, 32 * md.num_warps, int(md.shared), dev_index, tuple(params)))
+            ls.append((LAUNCH_CUDA, int(function), grid, 32 * md.num_warps, int(md.shared), dev_index, tuple(params)))
         else:
             for kind, v in parts:
                 if kind == "desc":
@@ -115,20 +119,21 @@ def make_recipe(schema, rec, guards, launches, refs, direct):
                 if kind == "tensor":
                     if v.view is False:
                         raise NoRecipe
-                    params.append((0, *src(v.name), 0, v.view))
+                    params.append((PARAM_TENSOR, *src(v.name), 0, v.view))
                 elif kind == "dyn":
                     name, conv = v
-                    params.append((2, index[name], CONVERSIONS[conv], 0))
+                    params.append((PARAM_DYN, index[name], CONVERSIONS[conv], 0))
                 else:
-                    params.append((1, None, v))
-            ls.append((1, interpreter_launch(lc.fn, grid, nw, ns_, maxnreg), None, None, None, None, tuple(params)))
+                    params.append((PARAM_CONST, None, v))
+            ls.append((LAUNCH_INTERPRETER, interpreter_launch(lc.fn, grid, nw, ns_, maxnreg), None, None, None, None,
+                       tuple(params)))
     res = []
     for r in refs:
         if r is None:
-            res.append((2, 0, None))
+            res.append((SRC_UNDEFINED, 0, None))
             continue
         if r.__class__ is int:
-            res.append((4, r, None))     # a constant int result
+            res.append((SRC_CONST_INT, r, None))     # a constant int result
             continue
         if r.view is False:
             raise NoRecipe
