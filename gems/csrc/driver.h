@@ -60,7 +60,7 @@ typedef void* (*stream_fn)(const c10::Stream*);
 stream_fn g_stream_ptr = nullptr;
 int g_stream_mode = 0;   // 0: not initialized / none, 1: native_handle, 2: CUDAStream::stream
 
-// plan.philox_state in C++: (seed, offset) for a launch drawing `increment` Philox counters from the
+// runtime/plan/rng.py's philox_state in C++: (seed, offset) for a launch drawing `increment` Philox counters from the
 // default CUDA generator of `dev`, its offset advanced under the generator's lock; the same bases as
 // Python's (abi.PHILOX_SEED_BIT, PHILOX_OFFSET_BASE) so that both paths give the kernel the same values
 void philox_state(int dev, uint64_t increment, uint64_t* seed, uint64_t* offset) {

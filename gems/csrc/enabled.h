@@ -1,4 +1,4 @@
-// Whether Gems serves a call on this thread: a mirror of dispatch.py's enabled state.
+// Whether Gems serves a call on this thread: a mirror of gems.dispatch's enabled state.
 //
 // enable() sets the global config, use_gems() a thread's own; autograd's device threads follow the
 // innermost active scope while a backward pass runs. Python keeps these in sync through the module's

@@ -1,15 +1,17 @@
-// _foreach_* calls served whole from C++ (Op::fe): an optimizer's step makes about ten such calls
-// over hundreds of tensors, and the Python path pays, per call, the lists' conversion to Python,
-// the Python kernel, two C++ passes and Triton's launcher (about 50 us on an H100's host against ATen's
-// 47 for a one-list call; docs/perf.md). Here, per call: the checks of foreach_lists on the stack's
-// lists, the numbers' checks (foreach._number, _number_list), results, the overlap check, the table
-// and its device copy (kept by content, as foreach._TABLES), one cuLaunchKernel. The binary is the
-// one the Python path compiled for the same *binary facts* (dtype, device, scalar mode, table width,
-// vector width, alignments, which ints need 64 bits: all that selects foreach_kernel's binary and its
-// parameter list); a call whose facts have none yet runs the Python kernel, which publishes its
-// launch (foreach_publish) only if its own facts are these: a disagreement between the two paths
-// costs speed, never a wrong binary. Anything this code does not serve goes to the Python kernel,
-// which decides as always (ATen fallbacks, their counts, errors).
+// _foreach_* calls served whole from C++ (Op::fe; the Python side is gems/ops/foreach/launch.py).
+//
+// An optimizer's step makes about ten such calls over hundreds of tensors, and the Python path pays,
+// per call, the lists' conversion to Python, the Python kernel, two C++ passes and Triton's launcher
+// (about 50 us on an H100's host against ATen's 47 for a one-list call; docs/perf.md). Here, per
+// call: the checks of foreach_lists on the stack's lists, the numbers' checks (launch.scalar_value,
+// launch._number_list), results, the overlap check, the table and its device copy (kept by content,
+// as launch._TABLES), one cuLaunchKernel. The binary is the one the Python path compiled for the
+// same *binary facts* (dtype, device, scalar mode, table width, vector width, alignments, which ints
+// need 64 bits: all that selects foreach_kernel's binary and its parameter list); a call whose facts
+// have none yet runs the Python kernel, which publishes its launch (foreach_publish) only if its own
+// facts are these: a disagreement between the two paths costs speed, never a wrong binary. Anything
+// this code does not serve goes to the Python kernel, which decides as always (ATen fallbacks, their
+// counts, errors).
 #pragma once
 
 #include "common.h"
@@ -22,11 +24,11 @@
 namespace {
 
 // a _foreach_* overload served whole from here: where its tensor lists and its number are on the
-// stack (set from ops/foreach.py's registrations through Op.set_foreach)
+// stack (set from ops/foreach/overloads.py's registrations through Op.set_foreach)
 struct ForeachDtype {
   at::ScalarType dtype;
   int64_t range_limit;   // the widest number range class that fits (generator.number_misfit)
-  double max_finite;     // a ScalarList's values must lie within +-this (foreach._number_list)
+  double max_finite;     // a ScalarList's values must lie within +-this (launch._number_list)
 };
 struct ForeachSpec {
   std::vector<int> lists;   // schema argument indices of the kernel's input lists, in order
@@ -91,7 +93,7 @@ struct TableCache {
 } g_tables;
 
 // A table's device copy on `dev` (a GPU) kept by the key `tb.bytes`: a header naming the device, the
-// stream and what else the call's overlap verdict depends on, then the table's content (foreach._TABLES'
+// stream and what else the call's overlap verdict depends on, then the table's content (launch._TABLES'
 // rule: an optimizer passes the same tensors every step, and the caching allocator hands gradients
 // the same addresses from step to step). Only tables that passed the overlap check are kept, so a hit
 // also stands for that check. Undefined when there is none.
@@ -135,7 +137,7 @@ at::Tensor upload_table(const ForeachTable& tb, const c10::Device& dev) {
   return t;
 }
 
-// a Scalar argument as the kernel's number, false where foreach._number would not take it
+// a Scalar argument as the kernel's number, false where launch.scalar_value would not take it
 // (complex; a number generator.number_misfit sends to ATen: -0.0, out of the dtype's range)
 bool fits_number(const IValue& v, int64_t range_limit, double& out) {
   if (v.isDouble()) {
@@ -215,7 +217,7 @@ bool foreach_serve(const ForeachSpec& sp, ForeachLaunches& launches, const std::
       return false;
     }
     stream = cuda_stream(device.index());
-    if (stream_capturing(stream)) return false;   // the table's upload would be captured (foreach._first_checks)
+    if (stream_capturing(stream)) return false;   // the table's upload would be captured (launch._first_checks)
   } else if (!device.is_cpu()) {
     return false;
   }

@@ -1,9 +1,10 @@
-// The C++ passes over a _foreach_* call's tensor lists that the Python path calls (ops/foreach.py).
+// The C++ passes over a _foreach_* call's tensor lists that the Python path calls
+// (ops/foreach/launch.py).
 //
 // Python would do this work at about 1 us per tensor and list: `foreach_lists` checks that one launch
 // serves the lists (list 0's dtype and device throughout, contiguous tensors, list 0's shapes; the
-// reasons and their order are foreach.uniform_lists'); `foreach_table` checks in-place operands for
-// overlaps (foreach._overlap) and writes the launch's table (foreach.table) as bytes;
+// reasons and their order are launch.uniform_lists'); `foreach_table` checks in-place operands for
+// overlaps (launch.lists_overlap) and writes the launch's table (launch.table) as bytes;
 // `foreach_empty` allocates a functional variant's results. foreach_serve.h reuses the overlap check
 // and the table for the calls it serves whole.
 #pragma once
@@ -46,7 +47,7 @@ py::object foreach_lists(const py::list& lists) {
   return py::none();
 }
 
-// Whether in-place operands race (foreach._overlap, the same rules): list 0 is written; lists
+// Whether in-place operands race (launch.lists_overlap, the same rules): list 0 is written; lists
 // 1..n_in-1 and `own` (address_i, size) are read at position i only, so the same memory at the same
 // position is safe; `shared` (address, bytes) is read by every program.
 bool foreach_overlap(const std::vector<std::vector<int64_t>>& ptr, size_t n_in, const std::vector<int64_t>& nbytes,
@@ -77,7 +78,7 @@ bool foreach_overlap(const std::vector<std::vector<int64_t>>& ptr, size_t n_in, 
   return false;
 }
 
-// The launch's table (ops/foreach.py): [S_0 .. S_{N-1} | row_i = (n_i, address_i in each column of
+// The launch's table (ops/foreach/launch.py): [S_0 .. S_{N-1} | row_i = (n_i, address_i in each column of
 // ptr, extra_i ..)] as int64 bytes. ptr: per column (the input lists, then the results' list of a
 // functional variant) the N addresses; numel: list 0's element counts; extra: further columns of N
 // int64 (a ScalarList's float64 bits, the addresses of per-tensor 0-dim tensors).

@@ -1,5 +1,5 @@
 // The extension module: Python's handle on the fast path (gems/runtime/fast.py loads it,
-// dispatch.py drives it) and the dispatcher registrations.
+// gems.dispatch drives it) and the dispatcher registrations.
 //
 // Why a C++ fast path: a Python kernel behind the dispatcher costs ~1.3x ATen's host time per call
 // even when all it does is look up a plan (GIL, IValue -> PyObject conversion of every argument, the
@@ -14,7 +14,7 @@
 // The parts, in the order they build on each other (one translation unit, see common.h):
 //   common.h         includes; gems_abi.h, generated from gems/runtime/abi.py (the shared codes)
 //   driver.h         the CUDA driver looked up at run time, streams, Philox state, the allocator
-//   enabled.h        whether Gems serves a call on this thread (dispatch.py's enabled state)
+//   enabled.h        whether Gems serves a call on this thread (gems.dispatch's enabled state)
 //   signature.h      a call's key
 //   recipe.h         recorded plans as data, parsed from Python's tuples
 //   replay.h         running a recipe for a call
@@ -24,6 +24,8 @@
 //   python_kernel.h  handing a call to the Python kernel, and what it publishes back
 //   kernel.h         the boxed kernel the dispatcher calls
 //   module.cpp       the Python bindings and registrations (this file)
+
+#include <ATen/ScalarOps.h>
 
 #include "common.h"
 #include "driver.h"
@@ -177,7 +179,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return o;
            }))
       .def("set_kernel", [](Op& o, py::object k) { o.py_kernel = std::move(k); })
-      // a _foreach_* overload (ops/foreach.py's registrations): served whole by foreach_serve.
+      // a _foreach_* overload (ops/foreach/overloads.py's registrations): served whole by foreach_serve.
       // dtypes: (dtype, widest number range class, largest finite value) per served dtype
       .def("set_foreach", [](Op& o, std::vector<int> lists, int scalar, int skind, int alpha, bool inplace,
                              bool poison, py::list dtypes) {

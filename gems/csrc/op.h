@@ -6,7 +6,7 @@
 //   Membership  which configs (enable() / use_gems() selections) serve it (enabled.h)
 //   foreach     for a _foreach_* overload: how to read its calls and the binaries published for them
 //
-// Python creates one Op per overload (dispatch.py) and registers it at the backend key (module.cpp).
+// Python creates one Op per overload (gems.dispatch) and registers it at the backend key (module.cpp).
 #pragma once
 
 #include "common.h"
@@ -99,7 +99,7 @@ struct AtenRoute {
 
 struct Op : std::enable_shared_from_this<Op> {
   std::string name;
-  py::object py_kernel;            // dispatch.py's Python kernel for this overload
+  py::object py_kernel;            // gems.dispatch's Python kernel for this overload
   std::vector<uint8_t> dynamic;    // per schema argument: numbers keyed by class
   bool precision_key = false;      // GEMM: the key includes the fp32 matmul precision
   Membership member;

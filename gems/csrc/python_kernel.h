@@ -1,4 +1,4 @@
-// Handing a call to the overload's Python kernel (dispatch.py), and what it may publish back.
+// Handing a call to the overload's Python kernel (gems.dispatch), and what it may publish back.
 //
 // The Python kernel keeps every behaviour the C++ side does not mirror: support checks, fallbacks,
 // errors, recording. While it serves a call the C++ side holds that call's key (t_pending), so that

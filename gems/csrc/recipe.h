@@ -1,6 +1,6 @@
 // Recipes: a recorded plan as data the C++ replay runs (replay.h), and their parsing.
 //
-// runtime/plan.py builds a recipe from a recorded call and hands it to Op.publish as nested tuples:
+// runtime/plan/recipe.py builds a recipe from a recorded call and hands it to Op.publish as nested tuples:
 // (guards, allocations, launches, results). A guard names a written argument and another tensor whose
 // memory must not meet it; an allocation is an output or workspace (sizes, strides, dtype, device,
 // fill); a launch is a CUDA binary (CUfunction, grid, block, shared bytes, device) or the
@@ -94,7 +94,7 @@ View parse_view(py::handle h) {
 // TMA descriptors one replayed launch may pass (a GEMM passes 3)
 constexpr int kMaxTma = 8;
 
-// A TMA descriptor as Triton's launcher encodes it (driver.c fillTMADescriptor), from plan.py's
+// A TMA descriptor as Triton's launcher encodes it (driver.c fillTMADescriptor), from recipe.py's
 // (address, data type, dims, byte strides (rank - 1), box, swizzle, out-of-bounds fill), dims, strides
 // and box innermost first; no interleave, unit element strides, 128-byte L2 promotion. A replay
 // copies it and puts in the call's address: the rest is a function of the call's signature.

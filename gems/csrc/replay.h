@@ -143,7 +143,7 @@ void launch_cuda(const Launch& L, const IValue* args, const c10::SmallVector<at:
   uint64_t storage[kMaxParams];
   void* params[kMaxParams + 2];
   size_t np = L.params.size();
-  TORCH_CHECK(np <= kMaxParams, "gems fast path: too many kernel parameters");   // plan.py keeps such plans in Python
+  TORCH_CHECK(np <= kMaxParams, "gems fast path: too many kernel parameters");   // such plans keep their Python replay
   uint64_t philox_seed = 0, philox_offset = 0;
   TensorMap maps[kMaxTma];
   int n_maps = 0;

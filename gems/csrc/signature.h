@@ -3,7 +3,7 @@
 // Per tensor: dtype, device, sizes, strides, 16-byte alignment; numbers by value (or, for arguments
 // the op declared dynamic, by class, sign, range class, NaN-ness and what Triton specializes ints
 // on); lists, strings, devices by value; which tensor arguments are the same tensor; the current
-// device; torch's default dtype. It is at least as fine as runtime/plan.py's make_signature, so a
+// device; torch's default dtype. It is at least as fine as runtime/plan/signature.py's make_signature, so a
 // recipe recorded for a Python plan is valid for every call with this key (tests/core/test_abi.py
 // checks that the two group calls alike). Codes and ranges come from gems_abi.h.
 #pragma once
@@ -35,7 +35,7 @@ int64_t bits(double d) {
   return b;
 }
 
-// the range class of a per-call number (abi.NUMBER_RANGES, plan.number_range): the index of the
+// the range class of a per-call number (abi.NUMBER_RANGES, plan/signature.py's number_range): the index of the
 // narrowest of nested dtype ranges holding it, kBeyondRange beyond, kInfRange for +-inf, so that an
 // op's "does it fit the dtype" check decides alike for every call of a key. An int64 always fits one
 // of the leading int-bounded ranges (the int64 range is among them).
@@ -56,13 +56,13 @@ int64_t float_range(double d) {
 }
 
 // a number's part of the key; `dynamic`: by class, sign, range class and NaN-ness (ints: also what
-// Triton specializes), else by value -- the facts runtime/plan.py's _dyn_sig keys
+// Triton specializes), else by value -- the facts plan/signature.py's _dyn_sig keys
 void key_number(std::vector<int64_t>& w, const IValue& v, bool dynamic) {
   if (v.isDouble()) {
     double d = v.toDouble();
     w.push_back(10);
     // per-call floats key NaN-ness, sign and range (an op's check may send such numbers to ATen)
-    // (signbit: -0.0 keys apart from +0.0, like plan.py's _dyn_sig)
+    // (signbit: -0.0 keys apart from +0.0, like _dyn_sig)
     w.push_back(!dynamic ? bits(d) : std::isnan(d) ? -1 : int64_t(std::signbit(d)) | float_range(d) << 1);
   } else if (v.isBool()) {
     w.push_back(11);
@@ -133,7 +133,7 @@ bool make_key(const Stack& stack, size_t n, const std::vector<uint8_t>& dynamic,
       if (!key_tensor(w, t, impls, n_impls)) return false;
     } else if (v.isTensorList()) {
       // a tensor list (cat's `tensors`): its length, then each element as a tensor argument; the
-      // elements join the aliasing pattern after the tensors before them (dispatch.py's order:
+      // elements join the aliasing pattern after the tensors before them (Python's order:
       // top-level tensors first, then list elements — the pattern only needs to be a function of
       // the call, and this one is finer than or equal to Python's)
       auto l = v.toListRef();
