@@ -1,7 +1,7 @@
 """The contract between the Python side and the C++ fast path (gems/csrc/), defined once.
 
 The C++ fast path replays plans that Python recorded and keys calls the way Python's signatures do
-(gems/csrc/signature.cpp beside runtime/plan.py's make_signature). Both read the codes and limits
+(gems/csrc/signature.h beside runtime/plan/signature.py's make_signature). Both read the codes and limits
 below: Python imports them from here, and runtime/fast.py generates the C++ header `gems_abi.h`
 from this module (`header()`) into the build directory before it compiles the extension, so the
 C++ sources hold no copy of any of these values. A change here rebuilds the extension (the header
@@ -129,8 +129,9 @@ def header() -> str:
         "// Generated from gems/runtime/abi.py by gems/runtime/fast.py: edit abi.py, not this file.",
         "// The meaning of every value is documented there.",
         "#pragma once",
-        "#include <cstdint>",
         "#include <cmath>",
+        "#include <cstddef>",
+        "#include <cstdint>",
         "",
         "namespace gems_abi {",
         f"constexpr int kNumberRanges = {len(NUMBER_RANGES)};",
