@@ -91,8 +91,11 @@ def _offset_view(shape, elements):
 
 
 def _numbers():
-    return [2.0, 3.0, 0.5, 200.0, 1e10, -1.0, -0.0, 0.0, math.nan, math.inf, -math.inf, 1e39, 2, 3, 1, 0, -1,
-            16, 32, 300, 2 ** 40, -2 ** 40, True, False]
+    """Numbers of every range class (abi.NUMBER_RANGES), both signs, and the values keyed apart."""
+    per_range = [100, 200, 1000, 40000, 10 ** 6, 2 ** 40]
+    floats = [float(v) for v in per_range] + [1e20, 3.3950e38, 1e300]
+    return ([2.0, 3.0, 0.5, -1.0, -0.0, 0.0, math.nan, math.inf, -math.inf] + floats + [-v for v in floats]
+            + [2, 3, 1, 0, -1, 16, 32] + per_range + [-v for v in per_range] + [True, False])
 
 
 @pytest.mark.parametrize("dynamic", [(), ("other", "alpha")], ids=["by_value", "dynamic"])
@@ -111,6 +114,13 @@ def test_tensor_and_number_calls_group_alike(ext, dynamic):
         ((x, y), {"alpha": 2}), ((x, y), {"alpha": 3}), ((x, y), {"alpha": 2.5}), ((x, y), {"alpha": -0.0}),
     ] + [((x, v), {}) for v in _numbers()] + [((x, y), {"alpha": v}) for v in _numbers()]
     _groups_agree(ext, "add.Tensor", dynamic, calls)
+
+
+@pytest.mark.xfail(strict=True, reason="a NaN's sign: Python keys a float by value with float.hex(), which is "
+                   "'nan' for both signs, while C++ keys its bits (finer: a recording more, never a wrong replay)")
+def test_nan_signs_by_value_group_alike(ext):
+    x = torch.randn(4, 8)
+    _groups_agree(ext, "add.Tensor", (), [((x, math.nan), {}), ((x, -math.nan), {})])
 
 
 def test_three_tensors_alias_alike(ext):
