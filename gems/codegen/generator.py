@@ -37,7 +37,7 @@ _TL = {
 # dtypes a kernel may compute in (fp16/bf16 are computed in fp32 by the promotion's opmath rule)
 _COMPUTE_OK = frozenset([torch.float32, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool])
 _NUMBERS = (bool, int, float)
-_LIM = layout.INT32_MAX
+
 
 class _Overload:
     """One ATen overload of an op: how its schema's arguments map to operands/scalars/outputs."""

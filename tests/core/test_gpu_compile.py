@@ -234,7 +234,7 @@ def test_decode_gemm_configs_fit_sm90(tmp_path):
     # tile: each one the models' decode shapes pick (narrow, wide, K split) compiles for sm_90 and fits
     # its stages in shared memory, in 16-bit and fp32 (K halves the stride-1 tile: twice the bytes)
     from gems.ops.blas import matmul as blas
-    base = next(r for r in _records() if (r["module"], r["name"]) == ("gems.ops.blas.matmul", "matmul_kernel"))
+    base = next(r for r in _records() if (r["module"], r["name"]) == ("gems.ops.blas.kernels", "matmul_kernel"))
     recs = []
     for dtype, size in (("bf16", 2), ("fp32", 4)):
         for N, K in ((4096, 4096), (4096, 11008), (32000, 4096), (512, 4096)):

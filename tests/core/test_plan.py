@@ -372,7 +372,7 @@ def test_symint_results_are_constants_of_the_signature():
     # SDPA's cuDNN/flash forwards return max_q / max_k (SymInt: sizes, so functions of the keyed shapes).
     # Their plans return the recorded ints; the C++ recipe carries them as constants (result kind 4).
     # The CUDA overload's implementation runs here on CPU tensors too (through the interpreter).
-    from gems.ops.attention import sdpa as attention
+    from gems.ops.attention import overloads as attention
     schema = torch.ops.aten._scaled_dot_product_cudnn_attention.default._schema
     assert plan_signature.symint_returns(schema) == [False] * 4 + [True, True] + [False] * 3
 

@@ -16,13 +16,8 @@ PKG = ROOT / "gems"
 # Private names still used across modules in the core (gems/dispatch.py, gems/runtime/): being made
 # public there. These lists are to be emptied, never extended (an entry whose use is gone is harmless:
 # delete it when you see it).
-PENDING_CORE = {
-    ("gems/dispatch.py", "gems.registry._aten_overload"),
-    ("gems/runtime/launch.py", "gems.runtime.plan._STATE"),
-    # an ops module reading the core's private handle on the C++ fast path: needs a public accessor there
-    ("gems/ops/foreach/launch.py", "gems.dispatch._fast"),
-}
-# The same for the fused ops and the model patching (gems/fused/, gems/patch.py).
+PENDING_CORE = set()
+# The same for the fused ops and the model patching (gems/fused/, gems/patching/).
 PENDING_FUSED = set()
 
 MAX_LINES = 600
@@ -32,12 +27,7 @@ SINGLE_KERNEL = {
     "gems/ops/attention/kernels.py",     # the flash-attention forward, split-KV combine and backward kernels
 }
 # Over MAX_LINES and not one kernel: to be split by job; this list is to be emptied, never extended.
-PENDING_SPLIT = {
-    "gems/dispatch.py",
-    "gems/runtime/plan.py",
-    "gems/ops/attention/sdpa.py",
-    "gems/ops/blas/matmul.py",
-}
+PENDING_SPLIT = set()
 
 
 def _modules():

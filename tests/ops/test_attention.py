@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import gems
+from gems.ops.attention import overloads as AO
 from gems.ops.attention import sdpa as A
 from harness import DEVICE, DTYPES, ON_GPU, assert_close, dtype_params, make
 
@@ -234,8 +235,8 @@ def test_split_decode_replays_its_plan(monkeypatch):
     name = aten_choice(lambda: F.scaled_dot_product_attention(q, k, v))
     if name is None:
         pytest.skip("ATen runs SDPA's math path for this input here")
-    entered, forward = [], A._forward
-    monkeypatch.setattr(A, "_forward", lambda *a, **kw: entered.append(1) or forward(*a, **kw))
+    entered, forward = [], A.forward
+    monkeypatch.setattr(A, "forward", lambda *a, **kw: entered.append(1) or forward(*a, **kw))
     impl = gems.registry.get(name)
     for i in range(3):
         q, k, v = qkv(1, 2, 2, 1, Sk, D, dtype)
@@ -341,14 +342,14 @@ def test_cuda_overload_contracts(which, layout):
     bias = make_mask("add_pad", B, H, Sq, Sk, dtype) if which != "flash" else None
     scale = 0.3
     if which == "cudnn":
-        op, fwd, bwd = torch.ops.aten._scaled_dot_product_cudnn_attention, A.sdpa_cudnn, A.sdpa_cudnn_backward
+        op, fwd, bwd = torch.ops.aten._scaled_dot_product_cudnn_attention, AO.sdpa_cudnn, AO.sdpa_cudnn_backward
         args = (q, k, v, bias, True, 0.0, False, False)
     elif which == "flash":
-        op, fwd, bwd = torch.ops.aten._scaled_dot_product_flash_attention, A.sdpa_flash, A.sdpa_flash_backward
+        op, fwd, bwd = torch.ops.aten._scaled_dot_product_flash_attention, AO.sdpa_flash, AO.sdpa_flash_backward
         args = (q, k, v, 0.0, False, False)
     else:
-        op, fwd, bwd = (torch.ops.aten._scaled_dot_product_efficient_attention, A.sdpa_efficient,
-                        A.sdpa_efficient_backward)
+        op, fwd, bwd = (torch.ops.aten._scaled_dot_product_efficient_attention, AO.sdpa_efficient,
+                        AO.sdpa_efficient_backward)
         args = (q, k, v, bias, True, 0.0, False)
     res = fwd(*args, scale=scale)
     meta = _meta(op, *args, scale=scale)
@@ -390,9 +391,9 @@ def test_inference_forward_leaves_the_logsumexp_out(monkeypatch, which):
     lse result as ATen's kernel gives it (test_results_are_shaped_as_atens_kernel_returns_them checks that
     on a GPU): none from cuDNN (an undefined tensor), [B, H, 0] from the efficient kernel."""
     q, k, v = qkv(1, 2, 2, 19, 33, 32, torch.float32)
-    asked, forward = [], A._forward
-    monkeypatch.setattr(A, "_forward", lambda *a, **kw: asked.append(a[7]) or forward(*a, **kw))
-    fwd = A.sdpa_cudnn if which == "cudnn" else A.sdpa_efficient
+    asked, forward = [], A.forward
+    monkeypatch.setattr(A, "forward", lambda *a, **kw: asked.append(a[7]) or forward(*a, **kw))
+    fwd = AO.sdpa_cudnn if which == "cudnn" else AO.sdpa_efficient
     with_lse, without = fwd(q, k, v, None, True, 0.0, True), fwd(q, k, v, None, False, 0.0, True)
     assert asked[0] is not None and asked[1] is None
     assert torch.equal(with_lse[0], without[0])
@@ -414,9 +415,9 @@ def test_results_are_shaped_as_atens_kernel_returns_them(which, lse):
     q, k, v = qkv(1, 2, 2, 40, 40, 64, torch.bfloat16)
     op = getattr(torch.ops.aten, f"_scaled_dot_product_{which}_attention")
     if which == "flash":
-        fwd, args = A.sdpa_flash, (q, k, v, 0.0, True, False)
+        fwd, args = AO.sdpa_flash, (q, k, v, 0.0, True, False)
     else:
-        fwd = A.sdpa_cudnn if which == "cudnn" else A.sdpa_efficient
+        fwd = AO.sdpa_cudnn if which == "cudnn" else AO.sdpa_efficient
         args = (q, k, v, None, lse, 0.0, True) + ((False,) if which == "cudnn" else ())
     with gems.use_gems(include=[]):
         try:
@@ -464,16 +465,16 @@ def test_operands_past_32_bit_offsets_go_to_aten():
     assert q.numel() < 2**31
     kv = meta((1, H, 128, D), (128 * H * D, 128 * D, D, 1))
     with pytest.raises(Unsupported, match=r"2\*\*31"):
-        A._validate(q, kv, kv, None, 0.0)
+        A.validate(q, kv, kv, None, 0.0)
     # a full [Sq, Sk] mask of 46341 x 46341 with small Q/K/V strides
     n = 46341
     q = meta((1, 1, n, 64), (n * 64, n * 64, 64, 1))
     mask = meta((1, 1, n, n), (n * n, n * n, n, 1)).bool()
     with pytest.raises(Unsupported, match=r"2\*\*31"):
-        A._validate(q, q, q, mask, 0.0)
+        A.validate(q, q, q, mask, 0.0)
     # just under: accepted
     q = meta((1, 1, 4096, 64), (4096 * 64, 4096 * 64, 64, 1))
-    assert A._validate(q, q, q, meta((1, 1, 4096, 4096), (0, 0, 4096, 1)), 0.0) == (1, 1, 1, 4096, 4096, 64)
+    assert A.validate(q, q, q, meta((1, 1, 4096, 4096), (0, 0, 4096, 1)), 0.0) == (1, 1, 1, 4096, 4096, 64)
     A._offsets_fit(meta((2**15, 2**16 - 1), (2**16 - 1, 1)))
 
 
@@ -557,7 +558,7 @@ def _seeded(seed):
 
 def _dropout_forward(q, k, v, mask, causal, p, seed):
     _seeded(seed)
-    out, lse, _, _, _, _, state, offset, _ = A.sdpa_cudnn(q, k, v, mask, True, p, causal)
+    out, lse, _, _, _, _, state, offset, _ = AO.sdpa_cudnn(q, k, v, mask, True, p, causal)
     return out, lse, state, offset
 
 
@@ -630,7 +631,7 @@ def _check_dropout(case, dtype):
     assert_close(out, ref, dtype, atol=ATOL[dtype], msg="dropout forward")
     g = make((B, Hq, S, D), dtype)
     ref.backward(g.cpu().double())
-    dq, dk, dv = A.sdpa_cudnn_backward(g, q, k, v, out, lse, state, offset, mask, None, None, S, S, p, causal)
+    dq, dk, dv = AO.sdpa_cudnn_backward(g, q, k, v, out, lse, state, offset, mask, None, None, S, S, p, causal)
     for name, got, want in (("dq", dq, rq.grad), ("dk", dk, rk.grad), ("dv", dv, rv.grad)):
         assert_close(got, want, dtype, atol=10 * ATOL[dtype], msg=f"dropout {name}")
 
@@ -657,10 +658,10 @@ def test_dropout_backward_refuses_another_forwards_state():
     for bad in (torch.zeros(1, dtype=torch.int64, device=DEVICE), torch.zeros((), dtype=torch.int64, device=DEVICE),
                 torch.zeros(state.shape[0] + 2, dtype=torch.int64, device=DEVICE)):
         with pytest.raises(gems.Unsupported, match="dropout state"):
-            A.sdpa_cudnn_backward(out, q, k, v, out, lse, bad, offset, None, None, None, 16, 16, 0.2, False)
+            AO.sdpa_cudnn_backward(out, q, k, v, out, lse, bad, offset, None, None, None, 16, 16, 0.2, False)
     # and overloads without a state to carry (flash, the CPU kernel) leave dropout to ATen
     with pytest.raises(gems.Unsupported, match="dropout"):
-        A._validate(q, k, v, None, 0.2)
+        A.validate(q, k, v, None, 0.2)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="SDPA takes its math path for dropout on the CPU")

@@ -2,15 +2,15 @@
 
 How SDPA reaches Gems. `scaled_dot_product_attention` is a composite op: it asks `_fused_sdp_choice`
 for a backend and calls that backend's overload, whose autograd formula calls the matching
-`_backward` overload. Gems registers those overloads at the backend key, below Autograd, so SDPA's
+`backward` overload. Gems registers those overloads at the backend key, below Autograd, so SDPA's
 own backend choice is untouched (with Gems off, or for an input Gems leaves to ATen, SDPA runs
 exactly what it runs without Gems) and ATen's derivative formulas call Gems' backward:
 
-  CUDA        `_scaled_dot_product_cudnn_attention` (+ `_backward`): what torch 2.11 picks on H100/H200
-              `_scaled_dot_product_flash_attention` (+ `_backward`)
-              `_scaled_dot_product_efficient_attention` (+ `_backward`): masks, fp32
+  CUDA        `_scaled_dot_product_cudnn_attention` (+ `backward`): what torch 2.11 picks on H100/H200
+              `_scaled_dot_product_flash_attention` (+ `backward`)
+              `_scaled_dot_product_efficient_attention` (+ `backward`): masks, fp32
   CPU (the Triton interpreter backend)
-              `_scaled_dot_product_flash_attention_for_cpu` (+ `_backward`)
+              `_scaled_dot_product_flash_attention_for_cpu` (+ `backward`)
 
 The math fallback (`_scaled_dot_product_attention_math`: what SDPA picks for dropout on CPU, nested
 tensors, ...) is not a fused op and stays ATen's (its pieces, bmm / softmax, are Gems ops).
@@ -97,7 +97,7 @@ import math
 
 import torch
 
-from ...registry import FLOATS, Unsupported, register
+from ...registry import FLOATS, Unsupported
 from ...runtime import kernel, plan
 from ...runtime.alloc import empty
 from ...runtime.utils import cdiv, next_pow2, sm_count, span
@@ -203,11 +203,11 @@ def _matching_strides(shape, ref):
     return tuple(strides)
 
 
-def _alloc_like(shape, ref, dtype=None):
+def alloc_like(shape, ref, dtype=None):
     return empty(tuple(shape), dtype or ref.dtype, ref.device, _matching_strides(shape, ref))
 
 
-def _alloc_permuted(shape, perm, dtype, device):
+def alloc_permuted(shape, perm, dtype, device):
     """torch.empty_permuted: memory in `perm` order, logical `shape`."""
     phys = [shape[p] for p in perm]
     strides_phys = [0] * len(phys)
@@ -221,7 +221,7 @@ def _alloc_permuted(shape, perm, dtype, device):
     return empty(tuple(shape), dtype, device, tuple(strides))
 
 
-def _validate(q, k, v, bias, dropout_p, allow_dropout=False):
+def validate(q, k, v, bias, dropout_p, allow_dropout=False):
     """Raise Unsupported for inputs the kernels leave to ATen; returns (B, Hq, Hkv, Sq, Sk, D).
     allow_dropout: the overload carries Philox state from its forward to its backward (cuDNN's and the
     efficient kernel's); the others leave dropout to ATen."""
@@ -290,7 +290,7 @@ def _bias_row(has_bias, bst, Sq, pack=False) -> bool:
     return has_bias and (bst[2] == 0 or Sq == 1) and (not pack or bst[1] == 0)
 
 
-def _scale(q, scale):
+def softmax_scale(q, scale):
     if scale is None:
         return 1.0 / math.sqrt(q.shape[-1])
     scale = float(scale)
@@ -390,11 +390,11 @@ def new_dropout_state(device, words=0):
     """The tensor a dropout forward writes and its backward reads: [seed, offset], then `words` int64 of
     the keep mask's bits (`dropout_bits_words`). Shape (2 + words,) int64: none of ATen's fused overloads
     returns its Philox state so (cuDNN (1,), efficient (), flash uint64), so a backward handed ATen's
-    state never passes `_dropout_state` and goes to ATen."""
+    state never passes `dropout_state` and goes to ATen."""
     return empty((2 + words,), torch.int64, device)
 
 
-def _dropout_state(philox_seed, q, k):
+def dropout_state(philox_seed, q, k):
     """(state, DROPOUT mode of the backward kernels: 1 regenerate, 2 read the stored bits)."""
     if not (isinstance(philox_seed, torch.Tensor) and philox_seed.dtype == torch.int64 and
             philox_seed.dim() == 1 and philox_seed.device == q.device):
@@ -408,7 +408,7 @@ def _dropout_state(philox_seed, q, k):
     raise Unsupported("dropout state not from Gems' forward")
 
 
-def _forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None):
+def forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None):
     """o [B, Hq, Sq, D] and lse [B, Hq, Sq] (or None) are written; any strides. dropout_p > 0: P's entries
     are dropped (Philox), the output scaled by 1 / (1 - p); (seed, offset) are written to `seed_out`
     (`new_dropout_state`) for the backward, and the mask's bits after them where it has room."""
@@ -480,9 +480,9 @@ def _forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None)
               bool(causal) and nm > 1 and not pack, pack, bias_row, mode, tma), W, ST)
 
 
-def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv, dropout_p=0.0, state=None):
-    """dq, dk, dv are written. dropout_p > 0: state is `_dropout_state` of the forward's state tensor."""
-    _offsets_fit(do, o)    # (q, k, v and the bias were checked by _validate)
+def backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv, dropout_p=0.0, state=None):
+    """dq, dk, dv are written. dropout_p > 0: state is `dropout_state` of the forward's state tensor."""
+    _offsets_fit(do, o)    # (q, k, v and the bias were checked by validate)
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     group = Hq // Hkv
@@ -537,160 +537,8 @@ def _backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv, dropout_p=0.
             W2, S2)
 
 
-def _grads_like(q, k, v, perm=None):
+def grads_like(q, k, v, perm=None):
     if perm is not None:
-        return (_alloc_permuted(q.shape, perm, q.dtype, q.device), _alloc_permuted(k.shape, perm, k.dtype, k.device),
-                _alloc_permuted(v.shape, perm, v.dtype, v.device))
-    return _alloc_like(q.shape, q), _alloc_like(k.shape, k), _alloc_like(v.shape, v)
-
-
-# ---------------------------------------------------------------------------------------------------
-# CPU (interpreter backend): the overload SDPA picks on CPU
-
-@register("_scaled_dot_product_flash_attention_for_cpu", category="other", dtypes=FLOATS,
-          backends=("interpreter",),
-          group="attention")
-def sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    """Fused attention forward (SDPA on CPU): causal, masks, GQA, online softmax."""
-    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_mask, dropout_p)
-    if is_causal and attn_mask is not None:
-        raise Unsupported("is_causal with attn_mask")
-    out = _alloc_like(query.shape, query)
-    lse = _alloc_permuted((B, Hq, Sq), (0, 2, 1), torch.float32, query.device)
-    _forward(query, key, value, attn_mask, bool(is_causal), _scale(query, scale), out, lse)
-    return out, lse
-
-
-@register("_scaled_dot_product_flash_attention_for_cpu_backward", category="other", dtypes=FLOATS, backward=True,
-          backends=("interpreter",),
-          group="attention")
-def sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None,
-                            scale=None):
-    """Fused attention backward (dQ, dK, dV; deterministic, no atomics)."""
-    _validate(query, key, value, attn_mask, dropout_p)
-    if is_causal and attn_mask is not None:
-        raise Unsupported("is_causal with attn_mask")
-    if logsumexp.dtype != torch.float32:
-        raise Unsupported("logsumexp dtype")
-    dq, dk, dv = _grads_like(query, key, value, (0, 2, 1, 3))
-    _backward(grad_out, query, key, value, out, logsumexp, attn_mask, bool(is_causal), _scale(query, scale),
-              dq, dk, dv)
-    return dq, dk, dv
-
-
-# ---------------------------------------------------------------------------------------------------
-# CUDA: the three fused overloads SDPA may pick
-
-def _seed_offset_for(q, Sk, dropout_p):
-    """(philox_seed, philox_offset) outputs: with dropout, the state tensor (filled by the forward
-    kernel: [seed, offset] and the mask's bits) and a view of its offset; without, empty placeholders."""
-    if dropout_p > 0.0:
-        B, Hq, Sq, D = q.shape
-        state = new_dropout_state(q.device, dropout_bits_words(B, Hq, Sq, Sk, D))
-        return state, state[1]
-    return _seed_offset(q.device)
-
-
-def _seed_offset(device, dtype=torch.int64, seed_shape=()):
-    # philox state: never read (dropout is not served, and with dropout_p = 0 no backward reads it);
-    # empty rather than zeros: no fill kernels per call
-    return empty(seed_shape, dtype, device), empty((), dtype, device)
-
-
-@register("_scaled_dot_product_cudnn_attention", category="other", dtypes=FLOATS, backends=("cuda",),
-          group="attention")
-def sdpa_cudnn(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
-               return_debug_mask=False, *, scale=None):
-    """Fused attention forward in place of cuDNN's (SDPA's choice on H100/H200 with torch 2.11); dropout too."""
-    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p, allow_dropout=True)
-    if return_debug_mask:
-        raise Unsupported("debug mask")
-    out = _alloc_like((B, Hq, Sq, D), query)
-    # cuDNN computes the logsumexp only when asked (training: SDPA asks when an input requires grad) and
-    # otherwise returns none (an undefined tensor: None here; the meta kernel's [B, H, S, 1] is only a
-    # shape), and so does Gems: inference skips the store in every tile's epilogue
-    lse = empty((B, Hq, Sq, 1), torch.float32, query.device) if compute_log_sumexp else None
-    seed, offset = _seed_offset_for(query, Sk, dropout_p)
-    _forward(query, key, value, attn_bias, bool(is_causal), _scale(query, scale), out,
-             None if lse is None else lse[..., 0], dropout_p, seed)
-    return out, lse, None, None, Sq, Sk, seed, offset, None
-
-
-@register("_scaled_dot_product_cudnn_attention_backward", category="other", dtypes=FLOATS, backward=True,
-          backends=("cuda",),
-          group="attention")
-def sdpa_cudnn_backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias,
-                        cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *, scale=None):
-    """Fused attention backward in place of cuDNN's."""
-    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p, allow_dropout=True)
-    if cum_seq_q is not None and cum_seq_q.numel() or cum_seq_k is not None and cum_seq_k.numel():
-        raise Unsupported("varlen")
-    lse = logsumexp.reshape(B, Hq, Sq) if logsumexp.dim() == 4 else logsumexp
-    if lse.dtype != torch.float32 or tuple(lse.shape) != (B, Hq, Sq):
-        raise Unsupported("logsumexp layout")
-    state = _dropout_state(philox_seed, query, key) if dropout_p > 0.0 else None
-    dq, dk, dv = _grads_like(query, key, value)
-    _backward(grad_out, query, key, value, out, lse, attn_bias, bool(is_causal), _scale(query, scale), dq, dk, dv,
-              dropout_p, state)
-    return dq, dk, dv
-
-
-@register("_scaled_dot_product_flash_attention", category="other", dtypes=FLOATS, backends=("cuda",),
-          group="attention")
-def sdpa_flash(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
-    """Fused attention forward in place of FlashAttention's."""
-    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, None, dropout_p)
-    if return_debug_mask:
-        raise Unsupported("debug mask")
-    out = _alloc_like((B, Hq, Sq, D), query)
-    lse = empty((B, Hq, Sq), torch.float32, query.device)
-    _forward(query, key, value, None, bool(is_causal), _scale(query, scale), out, lse)
-    rng, unused = _seed_offset(query.device, torch.uint64, (2,))
-    return out, lse, None, None, Sq, Sk, rng, unused, empty((0,), query.dtype, query.device)
-
-
-@register("_scaled_dot_product_flash_attention_backward", category="other", dtypes=FLOATS, backward=True,
-          backends=("cuda",),
-          group="attention")
-def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
-                        is_causal, philox_seed, philox_offset, *, scale=None):
-    """Fused attention backward in place of FlashAttention's."""
-    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, None, dropout_p)
-    if cum_seq_q is not None and cum_seq_q.numel() or cum_seq_k is not None and cum_seq_k.numel():
-        raise Unsupported("varlen")
-    if logsumexp.dtype != torch.float32 or tuple(logsumexp.shape) != (B, Hq, Sq):
-        raise Unsupported("logsumexp layout")
-    dq, dk, dv = _grads_like(query, key, value)
-    _backward(grad_out, query, key, value, out, logsumexp, None, bool(is_causal), _scale(query, scale), dq, dk, dv)
-    return dq, dk, dv
-
-
-@register("_scaled_dot_product_efficient_attention", category="other", dtypes=FLOATS, backends=("cuda",),
-          group="attention")
-def sdpa_efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
-    """Fused attention forward in place of the memory-efficient kernel's (masks, fp32); dropout too."""
-    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p, allow_dropout=True)
-    out = _alloc_permuted((B, Hq, Sq, D), (0, 2, 1, 3), query.dtype, query.device)
-    lse = empty((B, Hq, cdiv(Sq, 32) * 32 if compute_log_sumexp else 0), torch.float32, query.device)
-    seed, offset = _seed_offset_for(query, Sk, dropout_p)
-    _forward(query, key, value, attn_bias, bool(is_causal), _scale(query, scale), out,
-             lse[:, :, :Sq] if compute_log_sumexp else None, dropout_p, seed)
-    return out, lse, seed, offset
-
-
-@register("_scaled_dot_product_efficient_attention_backward", category="other", dtypes=FLOATS, backward=True,
-          backends=("cuda",),
-          group="attention")
-def sdpa_efficient_backward(grad_out_, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset,
-                            dropout_p, grad_input_mask, is_causal=False, *, scale=None):
-    """Fused attention backward in place of the memory-efficient kernel's."""
-    B, Hq, Hkv, Sq, Sk, D = _validate(query, key, value, attn_bias, dropout_p, allow_dropout=True)
-    if attn_bias is not None and len(grad_input_mask) > 3 and grad_input_mask[3]:
-        raise Unsupported("attn_bias gradient")
-    if logsumexp.dtype != torch.float32 or logsumexp.dim() != 3 or logsumexp.shape[2] < Sq:
-        raise Unsupported("logsumexp layout")
-    state = _dropout_state(philox_seed, query, key) if dropout_p > 0.0 else None
-    dq, dk, dv = _grads_like(query, key, value)
-    _backward(grad_out_, query, key, value, out, logsumexp[:, :, :Sq], attn_bias, bool(is_causal),
-              _scale(query, scale), dq, dk, dv, dropout_p, state)
-    return dq, dk, dv, None
+        return (alloc_permuted(q.shape, perm, q.dtype, q.device), alloc_permuted(k.shape, perm, k.dtype, k.device),
+                alloc_permuted(v.shape, perm, v.dtype, v.device))
+    return alloc_like(q.shape, q), alloc_like(k.shape, k), alloc_like(v.shape, v)

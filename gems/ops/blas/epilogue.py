@@ -1,5 +1,5 @@
-"""The epilogue every GEMM kernel here ends with (blas.matmul_kernel, blas.splitk_reduce_kernel,
-gemm_tma.matmul_tma_kernel): one definition, inlined by Triton into each."""
+"""The epilogue every GEMM kernel here ends with (kernels.matmul_kernel, kernels.splitk_reduce_kernel,
+tma.matmul_tma_kernel): one definition, inlined by Triton into each."""
 import triton
 import triton.language as tl
 

@@ -79,7 +79,7 @@ def _issue_load(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, bars, count, o
 
 @gluon.jit
 def _tile_offsets(tile, grid_m, grid_n, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Grouped tile order (as blas.matmul_kernel): GROUP_M row-tiles per column-tile, for L2 reuse."""
+    """Grouped tile order (as kernels.matmul_kernel): GROUP_M row-tiles per column-tile, for L2 reuse."""
     per_group = GROUP_M * grid_n
     first_m = (tile // per_group) * GROUP_M
     group_m = gl.minimum(grid_m - first_m, GROUP_M)
@@ -287,7 +287,7 @@ def matmul_gluon_splitk_kernel(a_desc, b_desc, w_desc, M, N, K, splits, k_per, w
     """matmul_gluon_kernel over tiles x `splits` K ranges of k_per steps: item (tile, r) stores
     W[r * ws_rows + m, n] = sum over its K range of A[m, k] B[k, n] in fp32 (w_desc: the workspace
     [splits * ws_rows, N], ws_rows = M rounded up to BLOCK_M so a tile's rows never reach the next
-    range's); blas.splitk_reduce_kernel adds the ranges in fixed order with alpha, the bias and the cast.
+    range's); kernels.splitk_reduce_kernel adds the ranges in fixed order with alpha, the bias and the cast.
 
     Why: the mid-size GEMMs whose K is 4-16x M or N (577 x 1024 x 4096: 40 tiles of 128 x 128 for 132
     SMs) either leave SMs idle with large tiles or, with small ones, read each operand from L2 more

@@ -1,4 +1,5 @@
-"""mm / addmm / bmm: one tiled matmul kernel with a batch axis and a fused bias epilogue.
+"""The GEMM launch behind mm / addmm / bmm (overloads.py): one tiled matmul kernel (kernels.py) with a batch
+axis and a fused bias epilogue, its configs (tuned per bucket) and the TMA / Gluon kernels it may pick.
 
 C[b] = alpha * (A[b] @ B[b]) + beta * bias        (bias broadcast to (M, N) by its strides)
 
@@ -12,134 +13,25 @@ Program order is grouped ("swizzled"): GROUP_M row-tiles are swept for each colu
 row-panels and B column-panels a wave of programs reads stay in L2. Launch configs are autotuned per
 bucket (M, N, K rounded up to powers of two, dtype, precision, the layouts of A and B, batch, bias) and
 cached on disk; the interpreter takes the first (small) config. ATen's own GEMM (cuBLAS) is timed as
-one more candidate of each tuned bucket (docs/design.md, decision 12): where it beats every Triton config (by
-10 us, its extra host cost, when it takes under 50 us: _ATEN_HOST_MS), the bucket's calls run ATen (an
+one more candidate of each tuned bucket (docs/design.md, decision 12): where it beats every Triton config
+(by 10 us, its extra host cost, when it takes under 50 us: _ATEN_HOST_MS), the bucket's calls run ATen (an
 ATen plan per signature, replayed from C++), counted in `gems.stats()` as fallbacks "aten faster".
 `GEMS_GEMM=triton` keeps Triton for every bucket. Skinny (decode, M <= 16) and small GEMMs are not
 tuned and always run Triton.
-
-ATen semantics kept here: beta == 0 ignores bias entirely (NaN/inf in it do not propagate), alpha == 0
-ignores A @ B (CPU BLAS convention), K == 0 gives beta * bias (or zeros), empty M/N gives an empty
-result, shape and dtype mismatches raise RuntimeError (ATen's own kernel raises them: we hand such
-calls to it).
 """
 import os
 
 import torch
-import triton
-import triton.language as tl
 
-from ...codegen.generator import number_misfit
-from ...registry import FLOATS, Unsupported, register
-from ...runtime import backend, kernel
+from ...registry import Unsupported
+from ...runtime import backend
 from ...runtime.autotune import Autotuner, bench_ms
-from ...runtime.utils import cdiv, empty, next_pow2, prepare_out, sm_count, span
+from ...runtime.utils import cdiv, empty, next_pow2, sm_count, span
 from . import gluon as gemm_gluon
 from . import tma as gemm_tma
-from .epilogue import scale_add_bias
+from .kernels import matmul_kernel, splitk_reduce_kernel
 
 I32_MAX = 2**31 - 1
-
-
-@kernel
-@triton.jit
-def matmul_kernel(A, B, C, Bias, M, N, K, k_per, alpha, beta,
-                  s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cs, s_cb, s_cm, s_cn, s_xb, s_xm, s_xn,
-                  HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr, I64: tl.constexpr,
-                  SPLIT_K: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """C[b, m, n] = alpha * sum_k A[b, m, k] * B[b, k, n] + beta * Bias[b, m, n]   (fp32 accumulation).
-
-    Program id 0 -> (batch, tile); tiles of one batch are ordered in groups of GROUP_M tile-rows so
-    that consecutive programs share B column-panels and A row-panels in L2. Program id 1 -> the K
-    split: with SPLIT_K > 1 split s sums k in [s * k_per, (s + 1) * k_per) and stores its raw fp32
-    partial at C + s * s_cs (a workspace; `splitk_reduce_kernel` adds the splits and the epilogue).
-    """
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    tiles = grid_m * grid_n
-    batch = pid // tiles
-    t = pid % tiles
-    per_group = GROUP_M * grid_n
-    first_m = (t // per_group) * GROUP_M
-    group_m = tl.minimum(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (t % per_group) % group_m
-    pid_n = (t % per_group) // group_m
-
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    if I64:  # some operand spans >= 2**31 elements: element offsets need 64 bits
-        rm = rm.to(tl.int64)
-        rn = rn.to(tl.int64)
-        rk = rk.to(tl.int64)
-    b64 = batch.to(tl.int64)
-    mask_m = rm < M
-    mask_n = rn < N
-    k0 = split * k_per          # k_per == K without a split; a multiple of BLOCK_K with one
-    k_len = tl.minimum(K - k0, k_per)
-    a_ptrs = A + b64 * s_ab + (rm[:, None] * s_am + (k0 + rk[None, :]) * s_ak)
-    b_ptrs = B + b64 * s_bb + ((k0 + rk[:, None]) * s_bk + rn[None, :] * s_bn)
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # whole K tiles without a K mask: a mask along K (the contiguous axis of a row-major A) would cost
-    # the 16-byte vector loads in every iteration (K = 100008, Aquila's vocab, ran 2.5x cuBLAS's time)
-    for k in range(0, k_len // BLOCK_K):
-        a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
-        b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        a_ptrs += BLOCK_K * s_ak
-        b_ptrs += BLOCK_K * s_bk
-    if not EVEN_K:
-        # the K tail, peeled: the only masked iteration (only the last split has one)
-        k_left = k_len % BLOCK_K
-        if k_left > 0:
-            a = tl.load(a_ptrs, mask=mask_m[:, None] & (rk[None, :] < k_left), other=0.0)
-            b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & mask_n[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
-
-    mask = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K > 1:
-        w_ptrs = C + split * s_cs + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn)
-        tl.store(w_ptrs, acc, mask=mask)
-    else:
-        acc = scale_add_bias(acc, alpha, beta, Bias + b64 * s_xb + (rm[:, None] * s_xm + rn[None, :] * s_xn),
-                             mask, HAS_BIAS)
-        c_ptrs = C + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn)
-        tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
-
-
-@kernel
-@triton.jit
-def splitk_reduce_kernel(W, C, Bias, M, N, alpha, beta, s_ws, s_wm, s_cb, s_cm, s_cn, s_xb, s_xm, s_xn,
-                         HAS_BIAS: tl.constexpr, I64: tl.constexpr, SPLIT_K: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """C[b, m, n] = alpha * sum_s W[s, b, m, n] + beta * Bias[b, m, n]: the split-K epilogue.
-
-    W is the fp32 workspace [SPLIT_K, batch, M, N] with split stride s_ws and row stride s_wm (N for
-    matmul_kernel's; the Gluon kernel's rows are padded to 16 bytes and its splits to whole tiles).
-    Bytes: 4 * SPLIT_K read + one result written per element, against the GEMM's K / SPLIT_K operand
-    reads per element.
-    """
-    pid = tl.program_id(0)
-    batch = tl.program_id(1)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    rm = (pid // grid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = (pid % grid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if I64:
-        rm = rm.to(tl.int64)
-        rn = rn.to(tl.int64)
-    b64 = batch.to(tl.int64)
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    w_ptrs = W + b64 * M * s_wm + (rm[:, None] * s_wm + rn[None, :])
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):   # fixed order: the sum is deterministic
-        acc += tl.load(w_ptrs + s * s_ws, mask=mask, other=0.0)
-    acc = scale_add_bias(acc, alpha, beta, Bias + b64 * s_xb + (rm[:, None] * s_xm + rn[None, :] * s_xn),
-                         mask, HAS_BIAS)
-    tl.store(C + b64 * s_cb + (rm[:, None] * s_cm + rn[None, :] * s_cn), acc.to(C.dtype.element_ty), mask=mask)
 
 
 def _cfg(bm, bn, bk, warps, stages, group=8, split=1):
@@ -428,10 +320,6 @@ def _aten_gemm(a, b, bias, alpha, beta, out):
     return torch.addmm(out if bias is None else bias, a, b, beta=0 if bias is None else beta, alpha=alpha, out=out)
 
 
-# fp32 GEMMs read torch's matmul precision setting: it is part of every GEMM call plan's signature
-_precision_key = torch.get_float32_matmul_precision
-
-
 def _precision(dtype):
     if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
         return "tf32"
@@ -595,134 +483,3 @@ def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision
         raise Unsupported(ATEN_FASTER, signature=True)
     run(cfg, c)
     return c
-
-
-def _check_mats(a, b, batched):
-    want = 3 if batched else 2
-    if a.dim() != want or b.dim() != want:
-        what = "batch1" if batched else "self"
-        bad = a if a.dim() != want else b
-        raise RuntimeError(f"{what} must be a {want}D tensor" if batched else
-                           f"{'self' if bad is a else 'mat2'} must be a matrix")
-    if a.dtype != b.dtype:
-        raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {a.dtype} != {b.dtype}")
-    if batched and a.shape[0] != b.shape[0]:
-        raise RuntimeError(f"batch1 and batch2 must have same number of batches, got {a.shape[0]} and {b.shape[0]}")
-    if a.shape[-1] != b.shape[-2]:
-        if batched:
-            raise RuntimeError(f"Expected size for first two dimensions of batch2 tensor to be: "
-                               f"[{b.shape[0]}, {a.shape[-1]}] but got: [{b.shape[0]}, {b.shape[1]}].")
-        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({a.shape[0]}x{a.shape[1]} and "
-                           f"{b.shape[0]}x{b.shape[1]})")
-    if b.device != a.device:
-        raise Unsupported("operands on different devices")
-
-
-def _result_dtype(a, out_dtype):
-    if out_dtype is None or out_dtype == a.dtype:
-        return a.dtype
-    if out_dtype == torch.float32 and a.dtype in (torch.float16, torch.bfloat16):
-        return torch.float32
-    raise Unsupported(f"out_dtype {out_dtype} for {a.dtype} inputs")
-
-
-def _mm(a, b, out=None, out_dtype=None):
-    _check_mats(a, b, False)
-    c = prepare_out(out, (a.shape[0], b.shape[1]), _result_dtype(a, out_dtype), a.device)
-    launch(a, b, c, None, 1.0, 0.0)
-    return c
-
-
-def _bmm(a, b, out=None, out_dtype=None):
-    _check_mats(a, b, True)
-    c = prepare_out(out, (a.shape[0], a.shape[1], b.shape[2]), _result_dtype(a, out_dtype), a.device)
-    launch(a, b, c, None, 1.0, 0.0)
-    return c
-
-
-def _scalar(v, name):
-    if isinstance(v, complex):
-        raise Unsupported(f"complex {name}")
-    return float(v)
-
-
-def _addmm(bias, a, b, beta, alpha, out=None, out_dtype=None, inplace=False):
-    _check_mats(a, b, False)
-    beta, alpha = _scalar(beta, "beta"), _scalar(alpha, "alpha")
-    M, N = a.shape[0], b.shape[1]
-    dtype = _result_dtype(a, out_dtype)
-    if bias.dtype != dtype:
-        raise Unsupported(f"bias dtype {bias.dtype} differs from the result dtype {dtype}")
-    if bias.device != a.device:
-        raise Unsupported("bias on another device")
-    if inplace:
-        if tuple(bias.shape) != (M, N):
-            raise RuntimeError(f"The input tensor must have the shape of the result: expected {[M, N]}, "
-                               f"got {list(bias.shape)}")
-        if torch._debug_has_internal_overlap(bias) == 1:
-            raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers "
-                               "to a single memory location. Please clone() the tensor before performing the "
-                               "operation.")
-        c = bias
-    else:
-        if bias.dim() > 2:
-            raise RuntimeError(f"addmm: self must be at most 2-D (broadcastable to [{M}, {N}]), got "
-                               f"{list(bias.shape)}")
-        bias = bias.expand(M, N)  # raises RuntimeError when not broadcastable, like ATen; no copy
-        c = prepare_out(out, (M, N), dtype, a.device)
-    launch(a, b, c, bias, alpha, beta)
-    return c
-
-
-@register("mm", "mm.out", category="blas", dtypes=FLOATS, plan_key=_precision_key)
-def mm(self, mat2, *, out=None):
-    """Matrix product (tiled Triton GEMM, fp32 accumulation, strided operands)."""
-    return _mm(self, mat2, out)
-
-
-@register("mm.dtype", "mm.dtype_out", category="blas", dtypes=FLOATS, plan_key=_precision_key, backends=("cuda",))
-def mm_dtype(self, mat2, out_dtype, *, out=None):
-    """Matrix product with an fp32 result for 16-bit inputs (CUDA only, like ATen)."""
-    return _mm(self, mat2, out, out_dtype)
-
-
-def _addmm_numbers(self, mat1, mat2, *args, beta=1, alpha=1, **kwargs):
-    # ATen converts alpha/beta with an overflow check (1e40 into fp32 raises): a number that does
-    # not fit goes to ATen, which raises or answers; numbers key plans by value here, so this runs
-    # once per value
-    for v in (beta, alpha):
-        why = number_misfit(v, mat1.dtype)
-        if why is not None:
-            return f"alpha/beta {why}"
-    return None
-
-
-@register("addmm", "addmm.out", category="blas", dtypes=FLOATS, plan_key=_precision_key, check=_addmm_numbers)
-def addmm(self, mat1, mat2, *, beta=1, alpha=1, out=None):
-    """beta * self + alpha * (mat1 @ mat2), bias broadcast and scaling fused in the epilogue."""
-    return _addmm(self, mat1, mat2, beta, alpha, out)
-
-
-@register("addmm_", category="blas", dtypes=FLOATS, plan_key=_precision_key, check=_addmm_numbers)
-def addmm_(self, mat1, mat2, *, beta=1, alpha=1):
-    """In-place addmm: self = beta * self + alpha * (mat1 @ mat2)."""
-    return _addmm(self, mat1, mat2, beta, alpha, inplace=True)
-
-
-@register("addmm.dtype", "addmm.dtype_out", category="blas", dtypes=FLOATS, plan_key=_precision_key, backends=("cuda",),
-          check=_addmm_numbers)
-def addmm_dtype(self, mat1, mat2, out_dtype, *, beta=1, alpha=1, out=None):
-    """addmm with an fp32 result for 16-bit inputs (CUDA only, like ATen)."""
-    return _addmm(self, mat1, mat2, beta, alpha, out, out_dtype)
-
-
-@register("bmm", "bmm.out", category="blas", dtypes=FLOATS, plan_key=_precision_key)
-def bmm(self, mat2, *, out=None):
-    """Batched matrix product (the GEMM kernel with a batch axis and batch strides)."""
-    return _bmm(self, mat2, out)
-
-
-@register("bmm.dtype", "bmm.dtype_out", category="blas", dtypes=FLOATS, plan_key=_precision_key, backends=("cuda",))
-def bmm_dtype(self, mat2, out_dtype, *, out=None):
-    """Batched matrix product with an fp32 result for 16-bit inputs (CUDA only, like ATen)."""
-    return _bmm(self, mat2, out, out_dtype)

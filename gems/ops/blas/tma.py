@@ -3,7 +3,7 @@ GEMM tuner (matmul.py).
 
 C = alpha * (A @ B) + beta * Bias        (A: M x K, B: K x N, C: M x N row-major; one matrix, no batch)
 
-Why: the pointer kernel (blas.matmul_kernel) computes every tile's addresses in registers and issues
+Why: the pointer kernel (kernels.matmul_kernel) computes every tile's addresses in registers and issues
 cp.async copies; on an H200 it ran the models' large GEMMs (prefill, training, vocab projections)
 at 1.04-1.26x cuBLAS's time, and 2.4-2.9x where a row stride is not a multiple of 16 elements (Aquila's
 vocab of 100008: Triton then cannot prove 16-byte alignment and loads element by element). Here one
