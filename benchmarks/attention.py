@@ -9,7 +9,7 @@
                                                         # --sweep-head-dim 64: BERT's shapes)
     python -m benchmarks.attention --device cpu         # tiny shapes through the Triton interpreter (smoke run)
 
-Cases (issue 10): Llama-2-7B (32 heads x 128, causal; batch 1-8, sequence 512-4096), BERT (batch 32,
+Cases (the attention the supported models call): Llama-2-7B (32 heads x 128, causal; batch 1-8, sequence 512-4096), BERT (batch 32,
 12 x 64, sequence 128-512, boolean padding mask [B, 1, 1, S] with a quarter of the keys masked in
 half the batch), GQA 32/4 (sequence 2048, causal, enable_gqa), decode (one query, KV 128-8192,
 32 x 128, batch 1; and GQA 32/4). Forward, and forward+backward and the backward alone where training uses
@@ -20,7 +20,7 @@ and Gems alternate `--rounds` times and each takes the median of its rounds), TF
 (forward 4*B*H*Sq*Sk*D, half of it under a square causal mask; backward 2.5x the forward), Gems/ATen
 ratio, Gems' max abs difference to ATen, and whether Gems served the call (gems.stats()). ATen runs
 with Gems unregistered (`gems.disable()`), i.e. exactly what users without Gems run; Gems runs with
-`gems.enable()` (attention is in its default selection since session 26). On the GPU a second table
+`gems.enable()` (attention is in its default selection). On the GPU a second table
 follows, after every timing: each side's kernel time per call from the profiler (no host time or launch
 gaps, L2 warm), which decides the rows of a few microseconds.
 """

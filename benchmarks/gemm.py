@@ -17,7 +17,7 @@ is reported per case and in total. Per source (model/workload), the cases' time 
 gives the step's GEMM time with each library. Each row names the kernel Gems' tuner chose (pointer
 or TMA kernel, tile, warps, stages, K split: `blas.describe_config`) and, on the GPU, the kernel cuBLAS
 ran (`aten_kernel`, from one profiled call after every timing; the table shows its tile: cuBLAS sizes
-mid-size tiles so that about one round of programs fills the SMs). `GEMS_GEMM=triton` is set (design
+mid-size tiles so that about one round of programs fills the SMs). `GEMS_GEMM=triton` is set (docs/design.md,
 decision 12) so that Gems' own kernel is measured even where its tuning cache would pick ATen.
 """
 from __future__ import annotations

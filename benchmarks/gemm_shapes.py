@@ -22,7 +22,7 @@ cuDNN / flash kernels), and the math backward hands q/k/v gradients over transpo
 layouts of the q/k/v projections' backward GEMMs where no rotary embedding sits in between (CLIP,
 BERT). So on meta, `scaled_dot_product_attention` is replaced by a stand-in with a fused kernel's
 interface: no GEMM, the output and the gradients allocated like the inputs (`empty_like`, as the
-flash and cuDNN kernels do). Checked on an H100 (torch 2.11, transformers 5.17, 2026-11-23):
+flash and cuDNN kernels do). Checked on an H100 (torch 2.11, transformers 5.17):
 `--compare cuda` found every source's GEMMs (shapes, layouts, roles, counts) identical. Against CPU
 only BERT's training differs: CPU's SDPA takes the math path when dropout is on.
 """
@@ -254,7 +254,7 @@ def trace_gemms(bundle, workload: str) -> tuple[list, dict]:
     """([GEMM record + role + count per step], {other product op: calls}) of one workload on a built
     gems_models.ModelBundle; on the meta device attention runs through the fused-kernel stand-in."""
     from gems_coverage import runner
-    from gems_coverage.bench import _mark_prompt
+    from gems_coverage.bench import mark_prompt
     from gems_coverage.tracer import OpRecorder
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r} ({', '.join(WORKLOADS)})")
@@ -281,7 +281,7 @@ def trace_gemms(bundle, workload: str) -> tuple[list, dict]:
         if workload == "prefill":
             runner.run_inference(bundle)
         elif workload == "decode":
-            with _mark_prompt(bundle.model, after=start):
+            with mark_prompt(bundle.model, after=start):
                 runner.run_generate(bundle, new_tokens=2)     # the prompt, then one decode step
         else:
             runner.run_training(bundle)

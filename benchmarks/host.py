@@ -110,7 +110,7 @@ CASES = [
      lambda e, g1, g2, flip: torch._foreach_addcmul_(e, *((g1, g1) if flip() else (g2, g2)), value=0.001)),
     ("foreach sqrt x202", lambda d, t, s: _adam_lists(d, t, s)[:1], torch._foreach_sqrt),
     ("foreach mul_ x202", lambda d, t, s: _adam_lists(d, t, s)[:1], lambda e: torch._foreach_mul_(e, 0.999)),
-    # generate's sampling on one row of logits (fp32: transformers casts them) and BERT's dropout (issue 9)
+    # generate's sampling on one row of logits (fp32: transformers casts them) and BERT's dropout (the models call them)
     ("argmax(logits, -1) [1,V] fp32", lambda d, t, s: (_logits(d, s),), lambda x: x.argmax(-1)),
     ("topk(logits, 50) [1,V] fp32", lambda d, t, s: (_logits(d, s),), lambda x: torch.topk(x, 50)),
     ("sort(logits) [1,V] fp32", lambda d, t, s: (_logits(d, s),), lambda x: torch.sort(x, descending=True)),

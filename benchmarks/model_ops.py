@@ -1,4 +1,4 @@
-"""The ops the models call beyond the core set (issue 9), at the shapes the models call them: ATen vs Gems
+"""The ops the models call beyond the core set, at the shapes the models call them: ATen vs Gems
 side by side in one process, with the same table as `benchmarks.run`.
 
     python -m benchmarks.model_ops                 # every case (GPU)

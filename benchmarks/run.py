@@ -43,7 +43,7 @@ def _t(shape, dtype=BF, grad=False):
 
 
 N64M = 64 * 1024 * 1024
-# ---- core issue targets (ratio = Gems time / ATen time) ----
+# ---- core targets (ratio = Gems time / ATen time) ----
 S = (32768, 4096)
 NS = S[0] * S[1]
 
@@ -139,7 +139,7 @@ def _():
     return lambda: torch.ops.aten.embedding_dense_backward(g, idx, 32000, -1, False)
 
 
-# ---- pointwise (issue 3 targets) ----
+# ---- pointwise (bandwidth-bound: the targets are ratios to ATen) ----
 @case("add bf16 64M", bytes_=3 * 2 * N64M, target=1.03)
 def _():
     x, y = _t(N64M), _t(N64M)

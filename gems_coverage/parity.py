@@ -210,7 +210,7 @@ class ShadowMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         with aten:
             ref = func(*ref_args, **ref_kwargs)
-            self._compare(idx, name, inputs, _drop_rng_state(func, out), _drop_rng_state(func, ref))
+            self._compare(idx, name, inputs, drop_rng_state(func, out), drop_rng_state(func, ref))
         return out
 
     def _compare(self, idx, name, inputs, out, ref):
@@ -241,7 +241,7 @@ class ShadowMode(TorchDispatchMode):
 _RNG_STATE_RESULTS = frozenset(["philox_seed", "philox_offset", "rng_state", "unused", "seed", "offset"])
 
 
-def _drop_rng_state(func, out):
+def drop_rng_state(func, out):
     """`out` without the results the schema names as generator state (replaced by None)."""
     rets = func._schema.returns
     if not isinstance(out, tuple) or len(out) != len(rets):
@@ -359,20 +359,20 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
         if lowp:
             say("inference: ATen in float32 (reference for the low-precision rule) ...")
             hb = hi_copy()
-            hi_logits = _main_output(aten_run(lambda: runner.run_inference(hb)))
+            hi_logits = main_output(aten_run(lambda: runner.run_inference(hb)))
             del hb
         say("inference: ATen ...")
         ref_b, gem_b = copy.deepcopy(base), gems_copy()
-        ref_logits = _main_output(aten_run(lambda: runner.run_inference(ref_b)))
+        ref_logits = main_output(aten_run(lambda: runner.run_inference(ref_b)))
         say("inference: Gems ...")
-        gem_logits = _main_output(gems_run("inference", lambda: runner.run_inference(gem_b)))
-        res.checks.append(_check("inference", "logits", gem_logits, ref_logits, hi_logits))
+        gem_logits = main_output(gems_run("inference", lambda: runner.run_inference(gem_b)))
+        res.checks.append(e2e_check("inference", "logits", gem_logits, ref_logits, hi_logits))
         if base.kind in ("causal_lm", "llava"):
             say(f"generate ({new_tokens} greedy tokens): ATen, Gems ...")
             ref_steps, gem_steps = [], []
-            ref_tok = aten_run(lambda: _generate(ref_b, new_tokens, ref_steps))
-            gem_tok = gems_run("generate", lambda: _generate(gem_b, new_tokens, gem_steps))
-            res.checks.append(_token_check(gem_tok, ref_tok, ref_steps))
+            ref_tok = aten_run(lambda: generate_greedy(ref_b, new_tokens, ref_steps))
+            gem_tok = gems_run("generate", lambda: generate_greedy(gem_b, new_tokens, gem_steps))
+            res.checks.append(token_check(gem_tok, ref_tok, ref_steps))
         del ref_b, gem_b
     if "training" in modes:
         hi = None
@@ -390,7 +390,7 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
         say("training step: Gems ...")
         gem_loss = gems_run("training", lambda: runner.run_training(gem_b, optimizer, lr,
                                                                     after_backward=_grab(gem_grads)))
-        res.checks.append(_check("training", "loss", gem_loss, ref_loss, hi[0] if hi else None))
+        res.checks.append(e2e_check("training", "loss", gem_loss, ref_loss, hi[0] if hi else None))
         res.checks.append(_many("training", "gradients", gem_grads, ref_grads, hi[1] if hi else None))
         res.checks.append(_many("training", f"params after {optimizer} step",
                                 dict(gem_b.model.named_parameters()), dict(ref_b.model.named_parameters()),
@@ -436,7 +436,7 @@ def no_dropout(model):
                 zero(c)
 
 
-def _main_output(out):
+def main_output(out):
     """The logits of a transformers output, else the first tensor of whatever the model returned."""
     logits = getattr(out, "logits", None)
     if isinstance(logits, torch.Tensor):
@@ -453,7 +453,7 @@ def _grab(store: dict):
     return f
 
 
-def _generate(bundle, n, steps: list):
+def generate_greedy(bundle, n, steps: list):
     from . import runner
     orig = bundle.model.forward
 
@@ -474,7 +474,7 @@ def _generate(bundle, n, steps: list):
 LOWP_FLOOR = 1e-4
 
 
-def _lowp_rule(g, a, hi, floor: float = 0.0):
+def lowp_rule(g, a, hi, floor: float = 0.0):
     """(ok, err_gems, err_aten) of the low-precision rule: Gems' error against the fp32 run is at most
     twice ATen's own (plus a small floor)."""
     eg = compare_e2e(g, hi, floor)[1]
@@ -482,11 +482,11 @@ def _lowp_rule(g, a, hi, floor: float = 0.0):
     return eg <= 2 * ea + LOWP_FLOOR, eg, ea
 
 
-def _check(phase, name, g, a, hi=None) -> Check:
+def e2e_check(phase, name, g, a, hi=None) -> Check:
     ok, rel, mx, tol = compare_e2e(g, a)
     detail = f"rel err {rel:.2e}, max abs {mx:.2e} (tol {tol:.0e})"
     if hi is not None and g is not None and g.is_floating_point():
-        ok2, eg, ea = _lowp_rule(g, a, hi)
+        ok2, eg, ea = lowp_rule(g, a, hi)
         detail += f"; vs fp32: Gems {eg:.2e}, ATen {ea:.2e}"
         ok = ok or ok2
     return Check(phase, name, ok, detail, rel, mx, tol)
@@ -509,7 +509,7 @@ def _many(phase, name, g: dict, a: dict, hi: Optional[dict] = None) -> Check:
     for k in a:
         ok, rel, mx, t = compare_e2e(g.get(k), a[k], floor=rms)
         if not ok and hi is not None and hi.get(k) is not None and g.get(k) is not None:
-            ok = _lowp_rule(g[k], a[k], hi[k], floor=rms)[0]
+            ok = lowp_rule(g[k], a[k], hi[k], floor=rms)[0]
         tol = max(tol, t)
         mx_all = max(mx_all, mx)
         if not ok:
@@ -523,7 +523,7 @@ def _many(phase, name, g: dict, a: dict, hi: Optional[dict] = None) -> Check:
     return Check(phase, f"{name} ({n})", not bad, detail, worst, mx_all, tol)
 
 
-def _token_check(g: torch.Tensor, a: torch.Tensor, ref_steps: list) -> Check:
+def token_check(g: torch.Tensor, a: torch.Tensor, ref_steps: list) -> Check:
     n = a.numel()
     if torch.equal(g, a):
         return Check("inference", "greedy tokens", True, f"{n}/{n} equal")

@@ -57,12 +57,12 @@ def tune(model: str, *, workloads=("prefill", "train"), device: str = "cuda", si
     from gems.runtime.autotune import cache_dir
     from gems.runtime.backends import backend
 
-    from .bench import WORKLOADS, _validate, _Workload
+    from .bench import WORKLOADS, validate, Workload
     from .runner import patch_options, patched
     if not workloads:
         raise M.ModelError(f"tune: no workload given ({', '.join(WORKLOADS)})")
     popts, patch = patch_options(patch), patched(patch)
-    checked = [(w, _validate(model, w, device, optimizer, new_tokens, None, None, command="tune")) for w in workloads]
+    checked = [(w, validate(model, w, device, optimizer, new_tokens, None, None, command="tune")) for w in workloads]
     recipe, on_cuda = checked[0][1]
     size, dtype_name, _, seq_len = M.run_defaults("cuda" if on_cuda else "cpu", size, dtype, seq_len)
     be = backend()
@@ -83,7 +83,7 @@ def tune(model: str, *, workloads=("prefill", "train"), device: str = "cuda", si
             progress(f"{w}: one run with Gems on")
             before = _snapshot(root)
             # no agreement run: the starting weights are not copied (a 7B model's would be 13 GiB)
-            wl = _Workload(bundle, w, new_tokens, optimizer, None, None, patch, popts, keep_start=False)
+            wl = Workload(bundle, w, new_tokens, optimizer, None, None, patch, popts, keep_start=False)
             t0 = time.perf_counter()
             wl.first(True)
             seconds = time.perf_counter() - t0

@@ -5,7 +5,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .config import _transformers, load_config
+from .config import import_transformers, load_config
 from .inputs import make_inputs
 from .recipes import ModelError, Recipe, resolve
 
@@ -57,7 +57,7 @@ def parse_dtype(name):
 
 
 def _model_class(recipe: Recipe, config):
-    transformers = _transformers()
+    transformers = import_transformers()
     if recipe.kind == "llava":
         return transformers.LlavaForConditionalGeneration
     archs = getattr(config, "architectures", None) or []

@@ -5,12 +5,12 @@ import copy
 from pathlib import Path
 from typing import Optional
 
-from .recipes import ModelError, Recipe, _read_json
+from .recipes import ModelError, Recipe, read_json
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
-def _transformers():
+def import_transformers():
     try:
         import transformers
     except ImportError as e:
@@ -31,7 +31,7 @@ def load_config(recipe: Recipe, size: str = "full"):
     if size not in ("full", "tiny"):
         raise ModelError(f"unknown size '{size}' (full or tiny)")
     d = copy.deepcopy(recipe.config_dict) if recipe.config_dict is not None else \
-        _read_json(CONFIG_DIR / recipe.config_file)
+        read_json(CONFIG_DIR / recipe.config_file)
     if size == "tiny":
         d = _merge(d, recipe.tiny) if recipe.tiny else tiny_config(d)
     return _config_from_dict(d, recipe.name)
@@ -99,7 +99,7 @@ def tiny_config(d: dict) -> dict:
 
 
 def _config_from_dict(d: dict, name: str):
-    CONFIG_MAPPING = _transformers().CONFIG_MAPPING
+    CONFIG_MAPPING = import_transformers().CONFIG_MAPPING
     d = copy.deepcopy(d)
     mt = d.get("model_type")
     if mt in _LLAMA_LIKE:

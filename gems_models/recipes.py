@@ -119,7 +119,7 @@ def resolve(name: str) -> Recipe:
                      f"folder, or module:function")
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as e:
@@ -146,7 +146,7 @@ def _kind_of(cfg: dict) -> str:
 
 
 def _recipe_from_config(key: str, path: Path) -> Recipe:
-    cfg = _read_json(path)
+    cfg = read_json(path)
     if "model_type" not in cfg:
         raise ModelError(f"{path}: malformed config: no 'model_type'")
     return Recipe(name=key, kind=_kind_of(cfg), config_dict=cfg, source="config",

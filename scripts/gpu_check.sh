@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One command for the GPU machine: the GPU test suite, the kernel benchmarks and the model benchmark,
-# with a short summary printed last. Run it before resolving any issue.
+# with a short summary printed last. Run it before calling a change done on the GPU.
 #
 #   bash scripts/gpu_check.sh                    # everything (about 15-20 min on an H100)
 #   bash scripts/gpu_check.sh suite models       # only some parts
 #
 # Parts: suite (GEMS_TEST_DEVICE=cuda pytest; suite1 and suite2: each half of it, third1-third3: each a
-# third, for runs under a time limit: on an H100 with 16 workers a half took over 330 s on 2026-11-27), kernels (benchmarks.run and benchmarks.model_ops), gemm (benchmarks.gemm on the
+# third, for runs under a time limit: on an H100 with 16 workers a half takes over 330 s), kernels (benchmarks.run and benchmarks.model_ops), gemm (benchmarks.gemm on the
 # model GEMMs), host (per-call host cost), fused (gems.fused vs ATen and Liger, when those modules
 # exist), attention (benchmarks.attention, when it exists), parity (gems-coverage parity of the four
 # models with Gems' default selection, attention included), models (gems-coverage bench: Llama-2-7B
@@ -105,8 +105,8 @@ if want attention && [ -f benchmarks/attention.py ]; then
   note "attention (rc $?): see $OUTDIR/attention.txt"; tail -25 "$OUTDIR/attention.txt" >> "$SUMMARY"
 fi
 if want parity; then
-  # end-to-end parity of the four models with Gems' default selection (attention is in it: issue 10 asks
-  # for parity with the attention kernels in the path)
+  # end-to-end parity of the four models with Gems' default selection (attention is in it: parity
+  # must hold with the attention kernels in the path)
   for m in bert llama2 llava aquila; do
     step "parity $m"
     $PY -m gems_coverage.cli parity "$m" --device cuda --size tiny --mode all --format json \
@@ -116,7 +116,7 @@ print(d['verdict'], [s for s in d['served'] if 'dot_product' in s])" "$OUTDIR/pa
   done
 fi
 
-# the model benchmark at the sizes of docs/perf.md (issue 7's)
+# the model benchmark at the sizes of docs/perf.md
 bench() {  # tag model workload args...
   local tag=$1 m=$2 w=$3; shift 3
   step "bench $tag"
@@ -128,7 +128,7 @@ workloads() {  # suffix extra-args...
   bench "llama2_prefill$s" llama2 prefill --seq-len 2048 --steps 3 "$@"
   bench "llama2_decode$s" llama2 decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 "$@"
   # a server's case: every token's KV length new to the plan caches (and to cuDNN's graph cache: ATen's
-  # decode ran 10x slower so on a 4-layer Llama-2-7B, session 28)
+  # decode runs 10x slower so on a 4-layer Llama-2-7B)
   bench "llama2_decode_fresh$s" llama2 decode --seq-len 512 --new-tokens 64 --steps 2 --warmup 1 --fresh-lengths "$@"
   bench "llama1b_train$s" llama-1.1b train --batch 4 --seq-len 1024 --steps 5 "$@"
   # BERT's 20-40 ms steps are host-bound and vary by 30% on these hosts: many steps (cheap) for a stable median
@@ -139,10 +139,10 @@ workloads() {  # suffix extra-args...
 want models && workloads ""
 if want patched && $PY -c "import gems; gems.patch" 2>/dev/null; then
   workloads "_patched" --patch
-  # issue 11's loss rule: 20 training steps of the patched model against unpatched ATen, fp32 reference
+  # the fused ops' loss rule: 20 training steps of the patched model against unpatched ATen, fp32 reference
   # BERT at lr 1e-4 (its usual peak rate): at the tool's default 3e-4 without warmup its bf16 loss spikes
   # (12.1 at step 4; the fp32 run's spike comes at step 10), the runs turn chaotic, and on an H200 the
-  # patched run's loss left the rule at 1 of 20 steps (docs/perf.md, 2026-11-27); at 1e-4 all 20 agree
+  # patched run's loss left the rule at 1 of 20 steps (docs/perf.md); at 1e-4 all 20 agree
   for spec in "llama1b llama-1.1b --batch 4 --seq-len 1024" "bert bert --batch 32 --seq-len 128 --lr 1e-4"; do
     set -- $spec
     tag=$1; shift

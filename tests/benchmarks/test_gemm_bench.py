@@ -167,7 +167,7 @@ def test_benchmark_inputs_have_the_recorded_layouts(table):
 # ------------------------------------------------------------------------------ the benchmark's smoke run
 @pytest.fixture(autouse=True)
 def _gemm_policy_env(monkeypatch):
-    # gemm.main sets GEMS_GEMM=triton for its own process (design decision 12): undone after each test
+    # gemm.main sets GEMS_GEMM=triton for its own process (docs/design.md, decision 12): undone after each test
     monkeypatch.setenv("GEMS_GEMM", os.environ.get("GEMS_GEMM", "triton"))
 
 

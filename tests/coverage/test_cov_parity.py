@@ -4,7 +4,6 @@ import pytest
 import torch
 
 import gems
-from gems_coverage import classify as C
 from gems_coverage import parity as P
 from gems_coverage.cli import main
 
@@ -90,10 +89,10 @@ def test_low_precision_rule():
     aten = (hi + 0.01 * torch.randn(1000)).to(torch.bfloat16)
     close = (hi + 0.012 * torch.randn(1000)).to(torch.bfloat16)    # as far from fp32 as ATen is
     far = (hi + 0.2 * torch.randn(1000)).to(torch.bfloat16)
-    assert P._lowp_rule(close, aten, hi)[0]
-    assert not P._lowp_rule(far, aten, hi)[0]
-    assert P._check("inference", "logits", close, aten, hi).ok
-    assert not P._check("inference", "logits", far, aten, hi).ok
+    assert P.lowp_rule(close, aten, hi)[0]
+    assert not P.lowp_rule(far, aten, hi)[0]
+    assert P.e2e_check("inference", "logits", close, aten, hi).ok
+    assert not P.e2e_check("inference", "logits", far, aten, hi).ok
 
 
 def test_parity_bad_input(capsys):
@@ -164,13 +163,13 @@ def test_shadow_ignores_generator_state_results():
     # SDPA's fused overloads return their Philox seed/offset (placeholders without dropout): generator state,
     # not a computed value, so the op-by-op comparison leaves them out and compares the rest
     import torch
-    from gems_coverage.parity import _drop_rng_state
+    from gems_coverage.parity import drop_rng_state
     op = torch.ops.aten._scaled_dot_product_cudnn_attention.default
     out = tuple(torch.full((), float(i)) for i in range(9))
-    kept = _drop_rng_state(op, out)
+    kept = drop_rng_state(op, out)
     assert [i for i, t in enumerate(kept) if t is None] == [6, 7]
     assert all(kept[i] is out[i] for i in range(6)) and kept[8] is out[8]
     flash = torch.ops.aten._scaled_dot_product_flash_attention.default
-    assert [i for i, t in enumerate(_drop_rng_state(flash, out)) if t is None] == [6, 7]
+    assert [i for i, t in enumerate(drop_rng_state(flash, out)) if t is None] == [6, 7]
     x = torch.ones(2)
-    assert _drop_rng_state(torch.ops.aten.exp.default, x) is x
+    assert drop_rng_state(torch.ops.aten.exp.default, x) is x

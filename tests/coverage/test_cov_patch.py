@@ -1,7 +1,6 @@
 """gems-coverage bench/parity --patch: the Gems run uses gems.patch(model), the ATen run the unpatched model,
 and the result records it. gems.fused is bound to PyTorch stand-ins here (fast, and independent of the
 kernels); tests/fused/test_patch.py covers the patch itself."""
-import contextlib
 import json
 
 import pytest

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gems_coverage import distributed as D
+from gems_coverage.distributed.data import Data
+from gems_coverage.distributed.launch import launch_main, main
+from gems_coverage.distributed.training import RunResult
+from gems_coverage.distributed.verdict import agreement
 
 ROOT = Path(__file__).resolve().parents[2]
 INCLUDE = ("rsqrt.default,silu.default,silu_backward.default,_log_softmax.default,"
@@ -154,7 +157,7 @@ def fake_rank(monkeypatch):
     (["--seq-len", "4096"], "takes at most 256 positions"),
 ])
 def test_bad_input_is_one_line_before_any_process_group(fake_rank, capsys, args, message):
-    assert D.main(["aquila", "--device", "cpu", *args]) == 2
+    assert main(["aquila", "--device", "cpu", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 
@@ -163,16 +166,16 @@ def test_cuda_without_gpu_or_nccl_is_bad_input(fake_rank, capsys):
     import torch
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    assert D.main(["aquila", "--device", "cuda"]) == 2
+    assert main(["aquila", "--device", "cuda"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
 
 
 def test_synthetic_data_is_the_same_global_batch_on_every_rank():
-    rows = [D.Data(256, 4, 2, 16, r, seed=0).rows(3) for r in range(2)]
-    both = D.Data(256, 4, 4, 16, 0, seed=0).rows(3)
+    rows = [Data(256, 4, 2, 16, r, seed=0).rows(3) for r in range(2)]
+    both = Data(256, 4, 4, 16, 0, seed=0).rows(3)
     assert rows[0].shape == (2, 16) and bool((both[:2] == rows[0]).all()) and bool((both[2:] == rows[1]).all())
     assert int(both.min()) >= 3 and int(both.max()) < 256
-    assert not bool((D.Data(256, 4, 4, 16, 0, seed=0).rows(4) == both).all())
+    assert not bool((Data(256, 4, 4, 16, 0, seed=0).rows(4) == both).all())
 
 
 def test_loss_agreement_is_parity_rule_per_step():
@@ -180,20 +183,20 @@ def test_loss_agreement_is_parity_rule_per_step():
     from gems_coverage import parity as P
 
     def run(losses):
-        return D.RunResult("x", losses=list(losses), grad_norms=[1.0] * len(losses))
+        return RunResult("x", losses=list(losses), grad_norms=[1.0] * len(losses))
     aten = run([10.0, 10.0, 10.0, float("nan")])
     gems = run([10.0 * (1 + P.E2E_TOL[torch.bfloat16] / 2), 10.0 * 1.1, 10.0, float("nan")])
-    ag = D.agreement(aten, gems, torch.bfloat16, None)
+    ag = agreement(aten, gems, torch.bfloat16, None)
     assert [s["ok"] for s in ag["steps"]] == [True, False, True, False]
     assert ag["first_failing_step"] == 1 and "ATen diverged too" in ag["steps"][3]["detail"]
     # the low-precision rule: Gems no further from the fp32 run than 2x ATen's own error passes
     ref = run([11.0, 11.05, 10.0, 10.0])
-    ag = D.agreement(aten, gems, torch.bfloat16, ref)
+    ag = agreement(aten, gems, torch.bfloat16, ref)
     assert [s["ok"] for s in ag["steps"]] == [True, True, True, False] and "vs fp32" in ag["steps"][1]["detail"]
 
 
 def test_launcher_checks_the_options_before_starting_processes(capsys):
-    assert D.launch_main(["--nproc", "2", "aquila", "--device", "cpu", "--batch", "3"]) == 2
+    assert launch_main(["--nproc", "2", "aquila", "--device", "cpu", "--batch", "3"]) == 2
     assert "--batch 3 does not divide over 2 ranks" in capsys.readouterr().err
     assert "RANK" not in os.environ and "WORLD_SIZE" not in os.environ
-    assert D.launch_main(["--nproc", "x", "aquila"]) == 2
+    assert launch_main(["--nproc", "x", "aquila"]) == 2
