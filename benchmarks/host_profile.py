@@ -81,16 +81,17 @@ def main():
 def python_path():
     os.environ["GEMS_FAST"] = "0"            # read when gems.enable() first registers
     from gems import dispatch, registry
+    from gems.dispatch import registration
     from gems.runtime import plan as plan_mod
     kernels = {}
-    make = dispatch._make_kernel
+    make = registration.make_kernel
 
-    def keep(impl, *a):                      # the Python kernel of each overload, to call it directly
-        k = make(impl, *a)
+    def keep(state, impl, *a):               # the Python kernel of each overload, to call it directly
+        k = make(state, impl, *a)
         kernels[impl.name] = k
         return k
 
-    dispatch._make_kernel = keep
+    registration.make_kernel = keep
     x = torch.randn(1, 1, 4096, device="cuda", dtype=torch.bfloat16)
     held = torch.empty_like(x)
     r = {"aten x + x": us(lambda: x + x),
@@ -110,15 +111,15 @@ def python_path():
     impl = registry.get("add.Tensor")
     k = kernels["add.Tensor"]
     r["gems kernel, no dispatcher hop"] = us(lambda: k(x, x))
-    sig = plan_mod.make_signature(registry._aten_overload("add.Tensor")._schema, impl.dynamic, True)
-    plans = impl.plans.plans
+    sig = plan_mod.make_signature(registry.aten_overload("add.Tensor")._schema, impl.dynamic, True)
+    plans = dispatch.op_runtime(impl.name).plans.plans
     p = plans[sig(x, x)]
     r["signature"] = us(lambda: sig(x, x))
     r["signature + lookup"] = us(lambda: plans.get(sig(x, x)))
     r["plan alone (allocate, launch)"] = us(lambda: p(x, x))
     r["launch-hook check"] = us(plan_mod.hooks_active)
     gems.disable()
-    dispatch._make_kernel = make
+    registration.make_kernel = make
     for name, v in r.items():
         print(f"{name:40s} {v:7.2f} us")
     print(f"\nfloor of any Python kernel (hop + empty_like + launcher) ~ "

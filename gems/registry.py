@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 import torch
@@ -45,7 +45,7 @@ class AtenError(Exception):
     RuntimeError with ATen's message) where ATen itself must not run the call to raise it: ATen's CUDA
     kernel would report it with a device-side assert, which ends the process's CUDA context. The
     dispatcher raises `error` as is (any other exception from an implementation makes ATen run the
-    call, see dispatch.py)."""
+    call, see gems/dispatch/fallback.py)."""
 
     def __init__(self, error: Exception):
         super().__init__(str(error))
@@ -68,7 +68,7 @@ class OpImpl:
     check: Optional[Callable] = None
     backends: tuple = ("cuda", "interpreter")
     doc: str = ""
-    # call plans (runtime/plan.py): False for an op whose kernels take per-call values a plan cannot
+    # call plans (runtime/plan/): False for an op whose kernels take per-call values a plan cannot
     # see (random seeds); `dynamic` names the arguments whose numbers are per-call kernel arguments
     plan: bool = True
     dynamic: frozenset = frozenset()
@@ -78,44 +78,16 @@ class OpImpl:
     # Tensor arguments ATen takes on the host whatever the device (the packed scalars of
     # _foreach_addcmul.Tensor): a CPU tensor there does not send a GPU call to ATen
     host_args: frozenset = frozenset()
-    # a _foreach_* overload the C++ fast path serves whole (ops/foreach/overloads.py: where its lists and its
-    # number are among the arguments); None for every other op
+    # a _foreach_* overload the C++ fast path serves whole (ops/foreach/overloads.py: where its lists and
+    # its number are among the arguments, and the numbers each dtype takes); None for every other op
     foreach: Optional[dict] = None
-    plans: object = None           # its runtime.plan.PlanCache once registered with the dispatcher
-    fast: object = None            # its C++ fast-path op (runtime/fast.py) once registered there
-    # [served, fell back]; a plain list keeps the hot-path increment cheap.
-    counts: list = field(default_factory=lambda: [0, 0])
-    reasons: dict = field(default_factory=dict)
-    # call signatures the implementation raised on where ATen did not (dispatch._after_error) -> reason
-    broken: dict = field(default_factory=dict)
 
     def set_fn(self, fn: Callable):
-        """Replace the implementation; plans recorded from the old one, and the signatures it failed
-        on, are dropped."""
+        """Replace the implementation; whatever was learnt from the old one at run time (its call
+        plans, the signatures it failed on) is dropped by the listeners of `on_replace`."""
         self.fn = fn
-        self.broken.clear()
-        if self.plans is not None:
-            self.plans.plans.clear()
-        if self.fast is not None:
-            self.fast.clear()
-
-    @property
-    def served(self) -> int:
-        """Calls Gems served: on the Python path plus C++ fast-path plan replays."""
-        return self.counts[0] + (self.fast.hits if self.fast is not None else 0)
-
-    @property
-    def fell_back(self) -> int:
-        """Calls that ran ATen: on the Python path plus C++ fast-path replays of recorded fallbacks."""
-        return self.counts[1] + (sum(self.fast.aten_counts().values()) if self.fast is not None else 0)
-
-    def all_reasons(self) -> dict:
-        """Fallback reason -> calls, the Python path's and the C++ fast path's together."""
-        out = dict(self.reasons)
-        if self.fast is not None:
-            for why, n in self.fast.aten_counts().items():
-                out[why] = out.get(why, 0) + n
-        return out
+        for listener in _REPLACE_LISTENERS:
+            listener(self.name)
 
     @property
     def base(self) -> str:
@@ -128,6 +100,13 @@ class OpImpl:
 
 _IMPLS: dict[str, OpImpl] = {}
 _LOCK = threading.Lock()
+_REPLACE_LISTENERS: list = []
+
+
+def on_replace(listener: Callable[[str], None]):
+    """Call `listener(name)` whenever an overload's implementation is replaced (`OpImpl.set_fn`): the
+    dispatcher drops what it recorded from the old implementation."""
+    _REPLACE_LISTENERS.append(listener)
 
 
 def canonical(name: str) -> str:
@@ -144,7 +123,7 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
     Names are ATen overload names as `torch.ops.aten.<base>.<overload>` spells them; a name without
     a dot means the `.default` overload. The function receives exactly ATen's arguments.
 
-    Repeat calls run a cached plan (runtime/plan.py) when the recorded call of a signature only
+    Repeat calls run a cached plan (runtime/plan/) when the recorded call of a signature only
     allocated through `runtime.alloc`, launched `LaunchCache` kernels and took views; `plan=False`
     opts out (kernels seeded per call), `dynamic` names arguments whose Python numbers are passed to
     the kernel per call (the op reports where with `runtime.plan.dynamic`); `plan_key()` returns
@@ -160,7 +139,7 @@ def register(*names: str, category: str, dtypes: Iterable = FLOATS, backward: bo
     def deco(fn):
         for raw in names:
             name = canonical(raw)
-            _aten_overload(name)  # fails early on a typo
+            aten_overload(name)  # fails early on a typo
             with _LOCK:
                 if name in _IMPLS:
                     raise ValueError(f"{name} is registered twice ({_IMPLS[name].fn.__module__} and {fn.__module__})")
@@ -179,7 +158,8 @@ def restrict_backends(name: str, backends: Iterable[str]):
         _IMPLS[canonical(name)].backends = tuple(backends)
 
 
-def _aten_overload(name: str):
+def aten_overload(name: str):
+    """torch.ops.aten's OpOverload of canonical name `name` ("add.Tensor"); ValueError if there is none."""
     base, overload = name.split(".", 1)
     try:
         return getattr(getattr(torch.ops.aten, base), overload)
@@ -238,7 +218,7 @@ def resolve(names: Optional[Iterable[str]], backend: Optional[str] = None, unkno
             out.update(i.name for i in impls if i.group == n)
             continue
         if "." in n:
-            _aten_overload(n)
+            aten_overload(n)
             found = {i.name for i in impls if i.name == n}
         else:
             if not hasattr(torch.ops.aten, n):

@@ -127,10 +127,10 @@ def assert_close(out, ref, dtype, aten=None, rtol=None, atol=None, msg=""):
 def served(*names, at_least=1):
     """Assert Gems served each overload at least `at_least` times inside the block."""
     names = [gems.registry.canonical(n) for n in names]
-    before = {n: gems.registry.get(n).served for n in names}
+    before = {n: gems.dispatch.op_runtime(n).served for n in names}
     yield
     for n in names:
-        got = gems.registry.get(n).served - before[n]
+        got = gems.dispatch.op_runtime(n).served - before[n]
         assert got >= at_least, f"Gems served aten::{n} {got} times (expected >= {at_least}); stats: {gems.stats().get(n)}"
 
 
@@ -280,22 +280,22 @@ def check_planned_gemm(monkeypatch, cfg, launcher, shape, dtype, atol, entry="la
     entered, launch = [], getattr(launcher, entry)
     monkeypatch.setattr(launcher, entry, lambda *a, **k: entered.append(1) or launch(*a, **k))
     impl = registry.get("mm.default")
-    hits = impl.fast.hits if impl.fast is not None else 0
+    hits = gems.dispatch.op_runtime(impl.name).fast.hits if gems.dispatch.op_runtime(impl.name).fast is not None else 0
     M, N, K = shape
     for i in range(3):
         a, b = make((M, K), dtype), make((N, K), dtype).t()     # x @ W.t(), as a linear layer
         with gems.use_gems():
             out = torch.mm(a, b)
         assert_close(out, (a.double() @ b.double()).cpu(), dtype, atol=atol, msg=f"call {i}")
-    assert len(entered) == 1, f"the Python path ran {len(entered)} times: {impl.plans.reasons}"
+    assert len(entered) == 1, f"the Python path ran {len(entered)} times: {gems.dispatch.op_runtime(impl.name).plans.reasons}"
     return check_descriptor_plan(impl, hits, descriptors)
 
 
 def check_descriptor_plan(impl, hits_before, descriptors=None):
     """The op's call plan that rebuilds host TMA descriptors per call (asserted to exist); on the GPU its
     C++ recipe holds descriptor parameters (`descriptors` of them, when given) and the C++ fast path
-    replayed it at least twice since `impl.fast.hits` was `hits_before`. Returns the plan."""
-    plans = [p for p in impl.plans.plans.values()
+    replayed it at least twice since `gems.dispatch.op_runtime(impl.name).fast.hits` was `hits_before`. Returns the plan."""
+    plans = [p for p in gems.dispatch.op_runtime(impl.name).plans.plans.values()
              if any(getattr(v, "__name__", "") == "rebased" for v in getattr(p, "__globals__", {}).values())]
     assert plans, "no plan rebuilds a descriptor"
     if ON_GPU:
@@ -303,5 +303,5 @@ def check_descriptor_plan(impl, hits_before, descriptors=None):
         assert recipe is not None, "the plan has no C++ recipe"
         n = sum(p[0] == 4 for launch_ in recipe[2] for p in launch_[6])      # P_TMA parameters
         assert n >= 1 if descriptors is None else n == descriptors, recipe
-        assert impl.fast is not None and impl.fast.hits - hits_before >= 2
+        assert gems.dispatch.op_runtime(impl.name).fast is not None and gems.dispatch.op_runtime(impl.name).fast.hits - hits_before >= 2
     return plans[-1]

@@ -142,6 +142,12 @@ def load():
     return _module
 
 
+def loaded():
+    """The extension module if `load()` has loaded it (the dispatcher's first registration does, with
+    call plans on), else None; never builds it."""
+    return _module
+
+
 def note_stream_mode(mode: int):
     """How the C++ side reads the current CUDA stream (0: it cannot, so it replays no CUDA plan)."""
     global _status

@@ -1,6 +1,6 @@
 """Call plans for launch functions that are not ATen overloads (gems.fused's forward and backward).
 
-An ATen op served by Gems gets its call plans from the dispatcher kernel (gems/dispatch.py); the fused
+An ATen op served by Gems gets its call plans from the dispatcher's kernel (gems/dispatch/kernel.py); the fused
 ops of `gems.fused` are plain Python functions called from their autograd Functions, and without plans
 they redo per call everything the call's signature decides: argument checks, row layouts, tile and
 grid choice, the launch key. On a 1.1B Llama training step that was ~100-250 us of host time per
@@ -10,7 +10,7 @@ fused call (measured on the H200 host), more than the fused kernels saved on the
 function with a schema (parsed only, never registered with the dispatcher). Its calls then work like
 an ATen op's on Gems' Python path: the first call of a signature (dtypes, shapes, strides, 16-byte
 alignment, device, the values of the non-tensor arguments) runs the function under a
-`runtime.plan.Recording`; if it only allocated (`runtime.alloc.empty/zeros`), launched
+`runtime.plan.Recording` (runtime/plan/publish.py, as for ATen ops); if it only allocated (`runtime.alloc.empty/zeros`), launched
 (`runtime.kernel`) and took views, the recording becomes a plan, and later calls of that signature
 run the plan: the allocations and the direct launches, nothing else. A function that does anything
 else for a signature (an ATen op such as a copy, a host read) keeps running in full for it.
@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 
 from .backends import backend
-from .plan.build import record
 from .plan.cache import MISS, NO_PLAN, PlanCache
+from .plan.publish import record_and_publish
 from .plan.signature import make_signature
 from .settings import PLAN_CHECK, PLANS
 
@@ -69,17 +69,9 @@ class Planned:
                 if out is not MISS:      # MISS: a profiler listens to launches (the full path tells it)
                     return out
             return self.fn(*args)
-        return self._record(key, args)
-
-    def _record(self, key, args):
-        out, p, rec = record(self.fn, self.schema, args, {}, backend().device_type == "cuda")
-        if p is not None or not rec.transient:
-            self.cache.put(key, p, rec.tainted)
-        if p is not None and PLAN_CHECK:
-            again = p(*args)         # no argument is written: running it again is harmless
-            if again is not MISS:
-                return again
-        return out
+        # no argument is written: with the check, running the new plan again is harmless
+        return record_and_publish(self, self.schema, self.cache, key, args, {}, backend().device_type == "cuda",
+                                  bool(PLAN_CHECK))
 
 
 def planned(schema: str):

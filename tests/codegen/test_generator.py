@@ -105,7 +105,7 @@ def test_kernel_cache_is_per_layout_class_not_shape():
         bwd(make((3, 6, 2)), make((3, 2, 6)).transpose(1, 2))   # rank 3
         assert _n_kernels(op) == m + 1
         # and repeat calls of a signature run its call plan
-        assert gems.registry.get("silu_backward").plans.info()["plans"] >= 1
+        assert gems.dispatch.op_runtime("silu_backward").plans.info()["plans"] >= 1
 
 
 @triton.jit
@@ -140,7 +140,7 @@ def test_call_plan_source_has_no_analysis():
     with gems.use_gems():
         for _ in range(2):
             torch.ops.aten.silu_backward(g, x)
-    plans = [p for p in gems.registry.get("silu_backward").plans.plans.values() if p is not NO_PLAN]
+    plans = [p for p in gems.dispatch.op_runtime("silu_backward").plans.plans.values() if p is not NO_PLAN]
     src = plans[-1].__gems_source__
     # allocate, launch, return: promotion, broadcasting and layout planning happened when it was built
     assert "broadcast" not in src and "promot" not in src and src.count("\n") <= 8, src

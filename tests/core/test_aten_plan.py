@@ -173,4 +173,4 @@ def test_dispatcher_checks_record_aten_plans():
     assert ps["aten"] >= 1, ps
     if _FAST:
         # the first call went through the Python kernel, the two repeats were replayed from C++
-        assert impl.counts[1] == 1 and ps["fast_plans"] >= 1, (impl.counts, ps)
+        assert gems.dispatch.op_runtime(impl.name).counts[1] == 1 and ps["fast_plans"] >= 1, (gems.dispatch.op_runtime(impl.name).counts, ps)

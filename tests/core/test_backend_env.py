@@ -29,7 +29,7 @@ else:
     raise SystemExit("enable() must raise")
 # nothing was left half registered
 from gems import dispatch
-assert dispatch._lib is None and not gems.is_enabled()
+assert not dispatch.is_registered() and not gems.is_enabled()
 """
 
 

@@ -9,13 +9,13 @@ import torch
 import gems
 from gems import registry
 from gems.runtime import settings
-from harness import DEVICE, assert_close, make, served, to_ref
+from harness import DEVICE, assert_close, make, served
 
 SOFTMAX = "_softmax.default"
 
 
 def _served(name=SOFTMAX):
-    return registry.get(name).served
+    return gems.dispatch.op_runtime(name).served
 
 
 def test_import_changes_nothing_and_registry_is_queryable():
@@ -44,7 +44,7 @@ def test_enable_disable_restores_aten():
     assert _served() == n + 1
     # with no scope active, disable() removes the registrations altogether
     from gems import dispatch
-    assert dispatch._lib is None
+    assert not dispatch.is_registered()
 
 
 def test_use_gems_nests_and_restores():
@@ -195,9 +195,9 @@ def test_gems_bug_never_returns_a_wrong_answer(monkeypatch):
 
 
 def test_gems_bug_on_many_signatures_switches_the_op_off(monkeypatch):
-    from gems import dispatch
+    from gems.dispatch import fallback
     monkeypatch.setattr(settings, "STRICT", False)
-    monkeypatch.setattr(dispatch, "MAX_BROKEN_SIGNATURES", 2)
+    monkeypatch.setattr(fallback, "MAX_BROKEN_SIGNATURES", 2)
 
     def broken(*a, **k):
         raise ZeroDivisionError("bug")
@@ -256,9 +256,9 @@ def test_python_number_as_the_only_tensor_goes_to_aten():
         got = torch.gt(t, 2, out=torch.empty(3, device=DEVICE))
         with pytest.raises(NotImplementedError) as gems_err:
             make((3,)) << 1
-        served = registry.get("_to_copy").served
+        served = gems.dispatch.op_runtime("_to_copy").served
         h = t.to(torch.float16)
-        assert registry.get("_to_copy").served == served + 1, gems.stats().get("_to_copy.default")
+        assert gems.dispatch.op_runtime("_to_copy").served == served + 1, gems.stats().get("_to_copy.default")
     torch.testing.assert_close(got, torch.gt(t, 2).float())
     with pytest.raises(NotImplementedError) as aten_err:
         make((3,)) << 1
@@ -300,9 +300,9 @@ def test_stats_cover_backward_ops_in_autograd():
 def test_python_numbers_reach_aten_as_tensors():
     """ATen hands Python kernels wrapped numbers (`x * 2.0`) as Python numbers; the way back to ATen's
     kernel (fallback, or Gems off for this op) must turn them back into tensors with the same result."""
-    from gems.dispatch import _boxed_with_numbers
+    from gems.dispatch.fallback import boxed_with_numbers
     orig = torch.library.get_kernel("aten::mul.Tensor", gems.backend().dispatch_key)
-    call = _boxed_with_numbers("mul.Tensor", orig.call_boxed)
+    call = boxed_with_numbers("mul.Tensor", orig.call_boxed)
     ks = torch._C.DispatchKeySet(gems.backend().dispatch_key)
     for x in [make((5,), torch.float16), make((5,), torch.int32), make((), torch.float16)]:
         for v in (2.5, 3, True):
@@ -313,9 +313,9 @@ def test_python_numbers_reach_aten_as_tensors():
 
 def test_lone_python_number_reaches_aten_as_tensor():
     """ATen calls e.g. _to_copy on a wrapped number; the Python kernel receives a float as `self`."""
-    from gems.dispatch import _boxed_with_numbers
+    from gems.dispatch.fallback import boxed_with_numbers
     key = gems.backend().dispatch_key
-    call = _boxed_with_numbers("_to_copy.default", torch.library.get_kernel("aten::_to_copy", key).call_boxed)
+    call = boxed_with_numbers("_to_copy.default", torch.library.get_kernel("aten::_to_copy", key).call_boxed)
     got = call(torch._C.DispatchKeySet(key), 2.5, dtype=torch.float16)
     assert got.dtype == torch.float16 and got.item() == 2.5
 

@@ -21,7 +21,7 @@ from harness import DEVICE, assert_close, make, to_ref
 
 
 def _plans(name):
-    return registry.get(name).plans
+    return gems.dispatch.op_runtime(name).plans
 
 
 def _twice(fn, make_args, name, dtype=torch.float32, n=3):
@@ -156,9 +156,9 @@ def test_a_plan_the_fast_path_replays_is_compiled_only_when_python_runs_it():
     x = make((7, 5))
     with gems.use_gems():
         torch.sigmoid(x)
-    key = next(k for k in reversed(impl.plans.plans) if impl.plans.plans[k] is not plan_mod.NO_PLAN)
-    p = impl.plans.plans[key]
-    if impl.fast is None:
+    key = next(k for k in reversed(gems.dispatch.op_runtime(impl.name).plans.plans) if gems.dispatch.op_runtime(impl.name).plans.plans[k] is not plan_mod.NO_PLAN)
+    p = gems.dispatch.op_runtime(impl.name).plans.plans[key]
+    if gems.dispatch.op_runtime(impl.name).fast is None:
         assert callable(p) and not isinstance(p, plan_mod.LazyPlan)    # Python plans only: compiled at once
         return
     assert isinstance(p, plan_mod.LazyPlan) and p._fn is None
@@ -168,12 +168,12 @@ def test_a_plan_the_fast_path_replays_is_compiled_only_when_python_runs_it():
     with gems.use_gems():
         for _ in range(3):
             assert_close(torch.sigmoid(x), torch.sigmoid(to_ref(x)), torch.float32)
-    assert impl.plans.plans[key] is p and p._fn is None, "the C++ replay compiled or replaced the plan"
+    assert gems.dispatch.op_runtime(impl.name).plans.plans[key] is p and p._fn is None, "the C++ replay compiled or replaced the plan"
     # a call the C++ side misses (its plans dropped) reaches the Python plan: compiled once, swapped in
-    impl.fast.clear()
+    gems.dispatch.op_runtime(impl.name).fast.clear()
     with gems.use_gems():
         assert_close(torch.sigmoid(x), torch.sigmoid(to_ref(x)), torch.float32)
-    fn = impl.plans.plans[key]
+    fn = gems.dispatch.op_runtime(impl.name).plans.plans[key]
     assert fn is p._fn and not isinstance(fn, plan_mod.LazyPlan) and p.compiled() is fn
     assert fn.__gems_recipe__ is p.__gems_recipe__ and fn.__gems_source__ == p.__gems_source__
     assert fn.__code__.co_filename.startswith("<gems plan sigmoid.default")
@@ -186,9 +186,9 @@ from gems.runtime import plan
 dev = "cuda" if os.environ.get("GEMS_TEST_DEVICE") == "cuda" else "cpu"
 impl = registry.get("sigmoid.default")
 def state():
-    ps = impl.plans.plans.values() if impl.plans is not None else ()
-    return {"seen": sum(p is plan.SEEN for p in ps), "built": impl.plans.built if impl.plans else 0,
-            "served": impl.served}
+    ps = gems.dispatch.op_runtime(impl.name).plans.plans.values() if gems.dispatch.op_runtime(impl.name).plans is not None else ()
+    return {"seen": sum(p is plan.SEEN for p in ps), "built": gems.dispatch.op_runtime(impl.name).plans.built if gems.dispatch.op_runtime(impl.name).plans else 0,
+            "served": gems.dispatch.op_runtime(impl.name).served}
 x = torch.randn(5, 7, device=dev)
 ref = torch.sigmoid(x.double()).float()
 out = []

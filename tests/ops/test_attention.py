@@ -68,10 +68,10 @@ def served_attention(fn, backward=False):
     if name is None:
         pytest.skip("ATen runs SDPA's math path for this input here: no fused overload to serve")
     names = [name] + ([name + "_backward"] if backward else [])
-    before = {n: gems.registry.get(n).served for n in names}
+    before = {n: gems.dispatch.op_runtime(n).served for n in names}
     yield name
     for n in names:
-        got = gems.registry.get(n).served
+        got = gems.dispatch.op_runtime(n).served
         assert got > before[n], f"Gems did not serve aten::{n}: {gems.stats().get(n + '.default')}"
 
 
@@ -245,7 +245,7 @@ def test_split_decode_replays_its_plan(monkeypatch):
         ref = ref_attention(*(t.cpu().double() for t in (q, k, v)))
         aten = F.scaled_dot_product_attention(q, k, v) if dtype != torch.float32 else None
         assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg=f"call {i}")
-    assert len(entered) == 1, f"the Python path ran {len(entered)} times: {impl.plans.reasons}"
+    assert len(entered) == 1, f"the Python path ran {len(entered)} times: {gems.dispatch.op_runtime(impl.name).plans.reasons}"
 
 
 def test_fully_masked_rows_match_aten():
@@ -278,7 +278,7 @@ def test_dropout_falls_back_with_reason_where_no_state_reaches_the_backward():
     q, k, v = qkv(1, 2, 2, 16, 16, HEAD_DIMS[0], DTYPES[-1] if ON_GPU else torch.float32)
     name = "_scaled_dot_product_flash_attention" if ON_GPU else "_scaled_dot_product_flash_attention_for_cpu"
     impl = gems.registry.get(name)
-    before = impl.all_reasons().get("dropout", 0)
+    before = gems.dispatch.op_runtime(impl.name).all_reasons().get("dropout", 0)
     with gems_on():
         try:
             if ON_GPU:
@@ -287,7 +287,7 @@ def test_dropout_falls_back_with_reason_where_no_state_reaches_the_backward():
                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.2)
         except RuntimeError:
             pass    # ATen's own answer to the call (whatever it is) is what the user gets
-    assert impl.all_reasons().get("dropout", 0) == before + 1
+    assert gems.dispatch.op_runtime(impl.name).all_reasons().get("dropout", 0) == before + 1
     with gems_on():
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
     assert y.shape == q.shape
@@ -442,12 +442,12 @@ def test_unsupported_inputs_fall_back():
     q = make((1, 1, 4, 272), torch.float32)
     with gems_on():
         y = F.scaled_dot_product_attention(q, q, q)
-    assert impl.all_reasons().get("head dim > 256", 0) >= 1
+    assert gems.dispatch.op_runtime(impl.name).all_reasons().get("head dim > 256", 0) >= 1
     assert_close(y, ref_attention(*(q.double(),) * 3), torch.float32)
     q = make((1, 2, 8, 16), torch.float32)
     with gems_on():
         y = F.scaled_dot_product_attention(q, q, q, scale=-0.5)
-    assert impl.all_reasons().get("scale <= 0 or not finite", 0) >= 1
+    assert gems.dispatch.op_runtime(impl.name).all_reasons().get("scale <= 0 or not finite", 0) >= 1
     assert_close(y, ref_attention(*(q.double(),) * 3, scale=-0.5), torch.float32)
 
 
@@ -508,10 +508,10 @@ def test_attention_is_served_by_default_and_is_a_group():
     impl = gems.registry.get(name)
     assert impl.group == "attention"
     assert "attention" in gems.registry.groups()
-    before = impl.served
+    before = gems.dispatch.op_runtime(impl.name).served
     with gems.use_gems(exclude=("attention",)):
         out = fn()
-    assert impl.served == before
+    assert gems.dispatch.op_runtime(impl.name).served == before
     assert torch.equal(out, fn())
     with served_attention(fn), gems.use_gems():
         fn()

@@ -177,13 +177,13 @@ def test_backward_repeat_calls_replay_a_plan_with_descriptors(entered_bwd):
     C++ path."""
     name = "_scaled_dot_product_cudnn_attention_backward.default"
     impl = gems.registry.get(name)
-    hits = impl.fast.hits if impl.fast is not None else 0
+    hits = gems.dispatch.op_runtime(impl.name).fast.hits if gems.dispatch.op_runtime(impl.name).fast is not None else 0
     for i in range(3):
         q, k, v = qkv(1, 8, 2, 333, 333, 128, torch.bfloat16, "bshd", requires_grad=True)
         g = make((1, 8, 333, 128), torch.bfloat16)
         got, refg, aten = grads(q, k, v, g, True)
         assert_close(got, refg, torch.bfloat16, aten, atol=ATOL[torch.bfloat16], msg=f"call {i}")
-    assert len(entered_bwd) == 1, f"the Python path ran {len(entered_bwd)} times: {impl.plans.reasons}"
+    assert len(entered_bwd) == 1, f"the Python path ran {len(entered_bwd)} times: {gems.dispatch.op_runtime(impl.name).plans.reasons}"
     check_descriptor_plan(impl, hits, descriptors=7)
 
 
@@ -214,7 +214,7 @@ def test_repeat_calls_replay_a_plan_with_descriptors(entered):
     rebuilds the four descriptors per call, and the C++ fast path replays it (descriptor parameters)."""
     name = "_scaled_dot_product_cudnn_attention.default"
     impl = gems.registry.get(name)
-    hits = impl.fast.hits if impl.fast is not None else 0
+    hits = gems.dispatch.op_runtime(impl.name).fast.hits if gems.dispatch.op_runtime(impl.name).fast is not None else 0
     for i in range(3):
         q, k, v = qkv(2, 4, 4, 384, 384, 128, torch.bfloat16, "bshd")
         with gems.use_gems():
@@ -222,7 +222,7 @@ def test_repeat_calls_replay_a_plan_with_descriptors(entered):
         ref, _ = reference(q, k, v, True, 1 / math.sqrt(128))
         assert_close(out, ref, torch.bfloat16, F.scaled_dot_product_attention(q, k, v, is_causal=True),
                      atol=ATOL[torch.bfloat16], msg=f"call {i}")
-    assert len(entered) == 1, f"the Python path ran {len(entered)} times: {impl.plans.reasons}"
+    assert len(entered) == 1, f"the Python path ran {len(entered)} times: {gems.dispatch.op_runtime(impl.name).plans.reasons}"
     check_descriptor_plan(impl, hits, descriptors=4)
 
 
@@ -242,10 +242,10 @@ def test_left_to_the_triton_kernel(entered, monkeypatch):
     fused = [gems.registry.get(n) for n in ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention",
                                             "_scaled_dot_product_efficient_attention")]
     for i, fn in enumerate(calls):
-        served = sum(f.served for f in fused)
+        served = sum(gems.dispatch.op_runtime(f.name).served for f in fused)
         with gems.use_gems():
             out = fn()
-        assert sum(f.served for f in fused) > served, f"call {i} was not served by Gems"
+        assert sum(gems.dispatch.op_runtime(f.name).served for f in fused) > served, f"call {i} was not served by Gems"
         assert torch.isfinite(out).all()     # (its values: tests/ops/test_attention.py)
     assert not entered
     monkeypatch.setattr(G, "enabled", False)

@@ -168,7 +168,7 @@ def test_planned_dropout_draws_fresh_state_per_call():
     torch.manual_seed(7)
     assert torch.equal(_run(x, 0.3)[1], planned[1])
     # the Python plan (what runs without the C++ fast path) draws the same state the same way
-    plans = [q for q in gems.registry.get("native_dropout.default").plans.plans.values()
+    plans = [q for q in gems.dispatch.op_runtime("native_dropout.default").plans.plans.values()
              if "_philox(" in (getattr(q, "__gems_source__", None) or "")
              and "_empty_strided((3, 5000)," in q.__gems_source__]        # this test's signature
     assert plans, "no Python plan reads the generator per call"

@@ -181,7 +181,7 @@ def test_dense_backward_sorts_in_a_kernel_and_plans(int32, monkeypatch):
     impl.set_fn(impl.fn)                        # no plan recorded on that path for this signature
     ref = op(g.double().cpu(), i.cpu(), V, 4, True)
     # plan statistics are per process (other tests' signatures count too): compare before and after
-    before = impl.plans.info() if impl.plans is not None else {"plans": 0, "reasons": {}}
+    before = gems.dispatch.op_runtime(impl.name).plans.info() if gems.dispatch.op_runtime(impl.name).plans is not None else {"plans": 0, "reasons": {}}
     with gems.use_gems():
         for _ in range(3):
             assert_close(op(g, i, V, 4, True), ref, torch.float32)

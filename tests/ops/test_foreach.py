@@ -196,8 +196,8 @@ def _python_path(monkeypatch, cpp_lists=True):
     with and gets no new ones (with `cpp_lists=False` Python's own C++ passes are off too)."""
     monkeypatch.setattr(foreach, "_publish", lambda *a: None)
     for i in registry.all_impls():
-        if i.foreach is not None and i.fast is not None:
-            i.fast.clear()
+        if i.foreach is not None and gems.dispatch.op_runtime(i.name).fast is not None:
+            gems.dispatch.op_runtime(i.name).fast.clear()
     if not cpp_lists:
         monkeypatch.setattr(foreach, "_fast_lists", lambda: None)
 
@@ -561,7 +561,7 @@ def test_launch_cache_follows_addresses_and_shapes(path, monkeypatch):
 def test_cpp_list_check_agrees_with_python():
     # the C++ fast path's pass over the lists (csrc/fastpath.cpp foreach_lists) must decide as
     # uniform_lists does, with its reasons
-    from gems import dispatch
+    from gems.runtime import fast as fastpath
     with gems.use_gems():
         fast = foreach._fast_lists()
     if fast is None:
@@ -585,7 +585,7 @@ def test_cpp_list_check_agrees_with_python():
     assert [(o.shape, o.dtype, o.device, o.is_contiguous()) for o in outs] == \
         [(t.shape, t.dtype, t.device, True) for t in a]
     assert not {o.data_ptr() for o in outs if o.numel()} & {t.data_ptr() for t in a}
-    assert dispatch._fast is not None
+    assert fastpath.loaded() is not None
 
 
 def test_cpp_table_agrees_with_python():

@@ -86,9 +86,9 @@ def test_layouts_and_broadcast():
 def test_too_many_dims_go_to_aten():
     x = make((2, 3, 2, 3, 2, 3)).permute(5, 4, 3, 2, 1, 0)   # six dims that do not merge
     impl = gems.registry.get("masked_scatter")
-    before = impl.fell_back
+    before = gems.dispatch.op_runtime(impl.name).fell_back
     check_op(_ms, (x, _mask(x.shape), make((216,))), dtype=torch.float32, **EXACT)
-    assert impl.fell_back == before + 1
+    assert gems.dispatch.op_runtime(impl.name).fell_back == before + 1
 
 
 def test_out_variant():
@@ -104,14 +104,14 @@ def test_out_variant():
             op(x, m, src, out=wrong)
         assert torch.equal(wrong, want)
     impl = gems.registry.get("masked_scatter.out")
-    before = impl.served, impl.fell_back
+    before = gems.dispatch.op_runtime(impl.name).served, gems.dispatch.op_runtime(impl.name).fell_back
     big = make((80,))
     want_big = torch.masked_scatter(x, m, big[40:75].clone())
     with gems.use_gems():
         op(x, m, big[40:75], out=big[:35].view(5, 7))        # same storage, no overlap: served
         src2 = src.clone()
         op(x, m, src2, out=src2.view(5, 7))                   # out is the source: ATen decides
-    assert (impl.served, impl.fell_back) == (before[0] + 1, before[1] + 1)
+    assert (gems.dispatch.op_runtime(impl.name).served, gems.dispatch.op_runtime(impl.name).fell_back) == (before[0] + 1, before[1] + 1)
     assert torch.equal(big[:35].view(5, 7), want_big) and torch.equal(src2.view(5, 7), want)
 
 
@@ -128,7 +128,7 @@ def test_inplace(dtype):
         with gems.use_gems():
             ret = y.masked_scatter_(mask, src)
         assert ret is y and torch.equal(parent, ref_parent)   # the view's elements and nothing else
-    assert gems.registry.get("masked_scatter_").served >= 3
+    assert gems.dispatch.op_runtime("masked_scatter_").served >= 3
     # ATen rejects these, and so must Gems (same exception type)
     with gems.use_gems():
         with pytest.raises(RuntimeError):   # an expanded self: overlapping written elements
@@ -186,7 +186,7 @@ m = torch.ones(4, 5, dtype=torch.bool, device="cuda")
 src = torch.randn(19, device="cuda")      # one element short of the mask's 20 True positions
 with gems.use_gems() if {on} else contextlib.nullcontext():
     y = x.masked_scatter(m, src)
-print("served", gems.registry.get("masked_scatter").served, flush=True)
+print("served", gems.dispatch.op_runtime("masked_scatter").served, flush=True)
 torch.cuda.synchronize()
 print("no error", flush=True)
 """

@@ -68,6 +68,7 @@ from ...codegen.generator import number_misfit
 from ...codegen.tlmath import GPU
 from ...registry import FLOATS, Unsupported
 from ...runtime import alloc, backend, kernel, plan, reentry
+from ...runtime import fast as fastpath
 from ...runtime.abi import FOREACH_MAX_TABLES
 from ...runtime.utils import empty
 from ..pointwise.arith import add_f, div_f, mul_f, neg_f, sub_f
@@ -501,8 +502,7 @@ def _launch_plan(first, lists, inplace, ptr_cols, svals, smode, S, skey, ses):
 def _fast_lists():
     """The C++ fast path's module (its foreach_lists, foreach_empty and foreach_table) when it is loaded
     (gems.enable() loads it), else None."""
-    from ... import dispatch    # imported by then: a lookup in sys.modules
-    return dispatch._fast
+    return fastpath.loaded()
 
 
 def _first_checks(t0):

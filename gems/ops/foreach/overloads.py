@@ -3,10 +3,11 @@ kernel (the formulas and what is served are in launch.py's docstring).
 """
 from __future__ import annotations
 
+from ...codegen.generator import range_limit
 from ...registry import FLOATS, Unsupported, register
 from ...runtime.abi import FOREACH_NO_SCALAR, FOREACH_SCALAR, FOREACH_SCALARLIST, FOREACH_TENSOR
 from ..reduce.vector_norm import vector_norm
-from .launch import S_TABLE, S_TENSOR, S_TENSORS, launch, scalar_value
+from .launch import LIMITS, S_TABLE, S_TENSOR, S_TENSORS, launch, scalar_value
 
 
 def _doc(fn, text):
@@ -92,7 +93,10 @@ def _names(base, kind, inplace=True):
 # how the C++ fast path reads a call (csrc/foreach_serve.h ForeachSpec): the schema positions of the
 # kernel's input lists, of its number and the number's kind (abi.FOREACH_*), of alpha
 def _spec(lists, scalar=-1, skind=FOREACH_NO_SCALAR, alpha=-1):
-    return dict(lists=lists, scalar=scalar, skind=skind, alpha=alpha)
+    # limits: per dtype the C++ fast path may serve whole, the numbers that fit it (range class, largest
+    # finite value)
+    return dict(lists=lists, scalar=scalar, skind=skind, alpha=alpha,
+                limits={d: (range_limit(d), lim) for d, lim in LIMITS.items()})
 
 
 def _reg(names, make, host_args=(), spec=None):
