@@ -1,4 +1,4 @@
-"""``gems-coverage``: trace, report, roadmap, parity, bench, bench-plot, ops.
+"""``gems-coverage``: trace, report, roadmap, parity, bench, bench-plot, tune, ops, distributed.
 
 Results go to stdout (or ``--output FILE``), progress to stderr. Exit codes: 0 ok, 1 a gate failed
 (``--fail-under``, parity mismatch), 2 bad input (unknown model, malformed config, bad option; one line on
