@@ -10,7 +10,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ...codegen import pointwise
-from ...codegen.tlmath import GPU as _GPU, fmod_f, int_div0
+from ...codegen.tlmath import GPU, fmod_f, int_div0
 from ...registry import FLOATS, INTS, restrict_backends
 from ...runtime import backend
 
@@ -53,7 +53,7 @@ def _fmod(a, b):
 def _pow_float(a, b):
     """C's pow, which ATen computes for a tensor exponent on both devices (and for a scalar one but
     the special exponents of pow_f)"""
-    if _GPU:
+    if GPU:
         return libdevice.pow(a, b)
     else:
         # the interpreter: exp2(b * log2|a|) in fp64 (numpy), C pow's special cases by hand
