@@ -19,6 +19,8 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
+from .runtime.backends import BACKENDS
+
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 ALL = FLOATS + INTS + (torch.bool, torch.float64)
@@ -183,7 +185,6 @@ def dtypes_on(impl: OpImpl, backend: Optional[str] = None) -> tuple:
     to ATen (bfloat16 on the interpreter, see runtime/backends.py). All declared ones without a backend."""
     if backend is None:
         return impl.dtypes
-    from .runtime.backends import BACKENDS
     be = BACKENDS.get(backend)
     skip = set(be.unserved_dtypes) if be is not None else set()
     return tuple(d for d in impl.dtypes if str(d).replace("torch.", "") not in skip)

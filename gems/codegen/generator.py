@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch._prims_common as pc
 
-from ..registry import Unsupported, register
+from ..registry import FLOATS, Unsupported, register
 from ..runtime import alloc
 from ..runtime import plan as _plan
 from ..runtime.backends import backend
@@ -572,7 +572,6 @@ def pointwise(*names, body, promotion="default", operands=("self", "other"), sca
               category="pointwise", backward=False, check=None, doc=None, divisor=None,
               round_numbers=False) -> PointwiseOp:
     """Declare a pointwise op; see the package docstring."""
-    from ..registry import FLOATS
     return PointwiseOp(names, body, promotion, operands, scalars, constexprs, promote,
                        dtypes if dtypes is not None else FLOATS, operand_dtypes, outputs, defaults, result_dtype,
                        category, backward, check, doc, divisor, round_numbers)

@@ -120,6 +120,7 @@ class Patcher:
         forward would, and runs that forward otherwise."""
         from transformers.activations import GELUActivation
 
+        # deferred like transformers above: only patching a BERT model needs the fused BERT layer
         from .bert_layer import make_bert_layer_forward
         layer_cls, self_cls = self._cls(modeling, "BertLayer"), self._cls(modeling, "BertSelfAttention")
         if layer_cls is None or self_cls is None:

@@ -19,6 +19,9 @@ import threading
 from pathlib import Path
 from typing import Callable, Sequence
 
+from . import backends
+from .plan.recording import suspended, taint
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - non-POSIX
@@ -36,7 +39,7 @@ def cache_dir() -> Path:
 # Confirmation rounds: after one timing of every config, the CONFIRM_TOP fastest are timed CONFIRM_ROUNDS
 # more times, taking turns (clocks and neighbours drift while a bucket is tuned), and the lowest median of
 # each one's timings wins. Why: one timing each picked a GEMM config that the benchmark then timed 17%
-# slower than the one it displaced (2048 x 100008 x 4096, H200, session 30). 0: off, the default until a
+# slower than the one it displaced (2048 x 100008 x 4096 on an H200). 0: off, the default until a
 # GPU A/B has measured it (benchmarks.gemm --confirm-rounds, with a fresh GEMS_CACHE_DIR per side).
 CONFIRM_ROUNDS = 0
 CONFIRM_TOP = 3
@@ -50,10 +53,9 @@ class Autotuner:
         self._lock = threading.Lock()
 
     def _path(self) -> Path:
-        from .backends import backend
         # (picks made under another TIMING are another file: "do_bench" keeps the name it always had)
         suffix = "" if TIMING == "do_bench" else f"-{TIMING}"
-        return cache_dir() / "autotune" / backend().arch / f"{self.name}{suffix}.json"
+        return cache_dir() / "autotune" / backends.backend().arch / f"{self.name}{suffix}.json"
 
     def _load(self) -> dict:
         try:
@@ -73,9 +75,7 @@ class Autotuner:
         cfg = best.get(k)
         if cfg is not None:
             return cfg
-        from .backends import backend
-        from .plan.recording import suspended, taint
-        if not backend().can_benchmark or len(self.configs) == 1:
+        if not backends.backend().can_benchmark or len(self.configs) == 1:
             cfg = self.configs[0]
             best[k] = cfg
             return cfg
@@ -134,13 +134,13 @@ def _confirm(top, bench: Callable[[dict], float]) -> dict:
 # launch, so the GPU waits while the host enqueues the run and the events see the run's kernels alone.
 # "do_bench" (triton.testing.do_bench) has only its L2 clear (~75 us of GPU work) in front of the run: a
 # config whose Python launch takes longer (a Gluon GEMM builds its TMA descriptors per launch: 40-130 us)
-# is charged part of its host time, by an amount that varies from run to run. Measured on an H200 (session
-# 33, out/tune33.py): on the 20 model GEMMs above 1.10x cuBLAS, do_bench timed some Gluon configs at up to
-# 2.9x what the held timing measured, and its picks differed on 8 of the 20 (geomean device time of the
-# picks 1.177 vs 1.146x cuBLAS; worst addmm 512 x 768 x 3072: 1.60 vs 1.15x); tuning all 85 model GEMMs
-# with "hold" cut Gems' GEMM time by 1.3% (geomean; two calls of one session, whose run-to-run spread is
-# about as large) against a do_bench tuning, mm 768 x 3072 x 4096 by 17%. Session 32's
-# A/B on 63 shapes had found no difference in the geomean (1.018 vs 1.017). In a model the planned C++ path
+# is charged part of its host time, by an amount that varies from run to run. Measured on an H200: on the
+# 20 model GEMMs above 1.10x cuBLAS, do_bench timed some Gluon configs at up to 2.9x what the held timing
+# measured, and its picks differed on 8 of the 20 (geomean device time of the picks 1.177 vs 1.146x
+# cuBLAS; worst addmm 512 x 768 x 3072: 1.60 vs 1.15x); tuning all 85 model GEMMs with "hold" cut Gems'
+# GEMM time by 1.3% (geomean; two tuning runs, whose run-to-run spread is about as large) against a
+# do_bench tuning, mm 768 x 3072 x 4096 by 17%. An earlier A/B on 63 shapes had found no difference in
+# the geomean (1.018 vs 1.017). In a model the planned C++ path
 # launches these configs, so the tuner's Python launch cost is not what the call pays. $GEMS_TUNE_TIMING
 # sets it; each timing keeps its own cache file (`Autotuner._path`), so picks made one way are not served
 # for the other.

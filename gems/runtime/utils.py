@@ -51,7 +51,7 @@ def sm_count(device) -> int:
 @functools.lru_cache(maxsize=None)
 def promote_types(a, b):
     """torch.promote_types, computed once per dtype pair: a function of the dtypes alone, and an ATen op
-    that a plan's recording watches like any other (6 us per call under its mode, CPU, session 27)."""
+    that a plan's recording watches like any other (6 us per call under its mode on a CPU host)."""
     return torch.promote_types(a, b)
 
 

@@ -1,7 +1,7 @@
 """Signature-level decisions for ATen (`Unsupported(reason, signature=True)`): recorded as the
 signature's plan, so repeat calls go straight to ATen's kernel (from C++ on the fast path), counted as
 fallbacks with the reason. The GEMM uses it for buckets where cuBLAS was measured faster than every
-Triton config (design decision 12); GEMS_GEMM=triton turns that off."""
+Triton config (docs/design.md, decision 12); GEMS_GEMM=triton turns that off."""
 import os
 
 import pytest

@@ -59,7 +59,7 @@ def test_a_config_failing_in_a_confirmation_round_loses(timing_backend, monkeypa
 
 def test_picks_are_kept_per_timing(timing_backend, monkeypatch, tmp_path):
     # a bucket tuned under one timing is not answered for the other: do_bench charged some configs their
-    # Python launch (session 33), so its stored picks must not stand for held timings, nor the reverse
+    # Python launch, so its stored picks must not stand for held timings, nor the reverse
     monkeypatch.setattr(autotune, "CONFIRM_ROUNDS", 0)
     monkeypatch.setattr(autotune, "TIMING", "hold")           # the default
     calls = []

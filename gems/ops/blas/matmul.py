@@ -23,7 +23,7 @@ import os
 
 import torch
 
-from ...registry import Unsupported
+from ...registry import Unsupported, all_impls
 from ...runtime import backend
 from ...runtime.autotune import Autotuner, bench_ms
 from ...runtime.utils import cdiv, empty, next_pow2, sm_count, span
@@ -277,7 +277,6 @@ def set_gemm_policy(policy: str):
     decisions included, are dropped so every signature decides again under the new policy."""
     global _POLICY
     _POLICY = _parse_policy(policy)
-    from ...registry import all_impls
     for impl in all_impls():
         if impl.category == "blas":
             impl.set_fn(impl.fn)

@@ -38,7 +38,7 @@ def _pack(value, ty: str) -> int:
 
 
 def make_recipe(schema, rec, guards, launches, refs, direct):
-    """The plan as data for the C++ fast path (the layout csrc/recipe.h's parse_recipe reads):
+    """The plan as data for the C++ fast path (the layout the C++ side parses; its codes: runtime/abi.py):
     (guards, allocations, launches, results), every tensor named by (SRC_ARG, schema argument index)
     or (SRC_ALLOC, allocation index), or (SRC_LIST_ELEMENT, argument index << LIST_ELEMENT_BITS |
     element index) for a tensor-list element (`tensors[2]`); a guard's other tensor is an argument

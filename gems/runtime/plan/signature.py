@@ -27,7 +27,7 @@ _SCHEMA_PARTS: dict = {}    # id(schema) -> (schema, parts): some schemas do not
 
 def _schema_parts(schema):
     """_params' parts and, per argument, (name, has a default, the default): a function of the
-    overload alone, computed once (it was 35 us of each recording, CPU, session 27). Do not mutate."""
+    overload alone, computed once (35 us of each recording on a CPU host). Do not mutate."""
     hit = _SCHEMA_PARTS.get(id(schema))
     if hit is not None and hit[0] is schema:
         return hit[1]
@@ -73,7 +73,7 @@ def _dyn_sig(v):
     the 32/64-bit range, which the range class holds), so a plan's binary is always the one Triton
     would pick for the value, and every check that reads a number's sign, zero-ness, NaN-ness or
     whether it fits a dtype (ATen's overflow check: gems.codegen.generator.number_misfit) decides
-    the same for every call of the signature. csrc/fastpath.cpp's key_number keys the same facts."""
+    the same for every call of the signature. The C++ fast path keys the same facts (the number classes: runtime/abi.py)."""
     c = v.__class__
     if c is float:
         if 0.0 < v <= 127.0 or (v == 0.0 and _copysign(1.0, v) > 0):
