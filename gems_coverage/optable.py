@@ -20,9 +20,8 @@ def render() -> str:
              "Generated from the registry by `python -m gems_coverage.optable > docs/ops.md`; do not edit by hand.", "",
              f"{len(impls)} ATen overloads, {len({i.base for i in impls})} ops. "
              "`dtypes`: what Gems serves for the first tensor argument; other inputs run ATen's kernel "
-             "and are counted in `gems.stats()`. Overloads marked *opt-in* are correct but not yet faster than "
-             "ATen on the models: `gems.enable(opt_in=(\"group\",))` or `GEMS_OPT_IN=group` adds them (none at "
-             "present). A *group*'s name selects all its overloads: `gems.enable(exclude=(\"attention\",))`.", "",
+             "and are counted in `gems.stats()`. A *group*'s name selects all its overloads: "
+             "`gems.enable(exclude=(\"attention\",))`.", "",
              "| overload | category | dtypes | kind | backends | note |",
              "| --- | --- | --- | --- | --- | --- |"]
     for i in impls:
