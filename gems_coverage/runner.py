@@ -31,7 +31,7 @@ def patch_options(patch) -> dict:
     names checked against gems.patch.OPTIONS; an unknown one is bad input: gems_models.ModelError)."""
     if isinstance(patch, bool) or patch is None:
         return {}
-    from gems.patch import OPTIONS
+    from gems.patching import OPTIONS
     from gems_models import ModelError
     bad = sorted(set(patch) - set(OPTIONS))
     if bad:
