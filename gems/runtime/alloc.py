@@ -1,7 +1,7 @@
 """Output and workspace allocation for kernels, in one place so call plans can repeat it.
 
 `empty` / `zeros` are what every op uses for tensors its kernels write: a plan being recorded
-(runtime.plan) notes each one and allocates the same shape, strides and dtype on later calls.
+(runtime/plan/recording.py) notes each one and allocates the same shape, strides and dtype on later calls.
 Test aid: with GEMS_POISON=1 fresh outputs start as NaN (or -1 for integers), so an element a kernel
 forgets to write can never pass as a right answer -- in plans too.
 """

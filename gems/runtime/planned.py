@@ -1,19 +1,19 @@
 """Call plans for launch functions that are not ATen overloads (gems.fused's forward and backward).
 
-An ATen op served by Gems gets its call plans from the dispatcher's kernel (gems/dispatch/kernel.py); the fused
-ops of `gems.fused` are plain Python functions called from their autograd Functions, and without plans
-they redo per call everything the call's signature decides: argument checks, row layouts, tile and
-grid choice, the launch key. On a 1.1B Llama training step that was ~100-250 us of host time per
+An ATen op served by Gems gets its call plans from the dispatcher's kernel (gems/dispatch/kernel.py);
+the fused ops of `gems.fused` are plain Python functions called from their autograd Functions, and
+without plans they redo per call everything the call's signature decides: argument checks, row
+layouts, tile and grid choice, the launch key. On a 1.1B Llama training step that was ~100-250 us of host time per
 fused call (measured on the H200 host), more than the fused kernels saved on the device.
 
 `@planned("name(Tensor x, Tensor? r, float eps, bool flag) -> (Tensor, Tensor?)")` declares such a
 function with a schema (parsed only, never registered with the dispatcher). Its calls then work like
 an ATen op's on Gems' Python path: the first call of a signature (dtypes, shapes, strides, 16-byte
-alignment, device, the values of the non-tensor arguments) runs the function under a
-`runtime.plan.Recording` (runtime/plan/publish.py, as for ATen ops); if it only allocated (`runtime.alloc.empty/zeros`), launched
-(`runtime.kernel`) and took views, the recording becomes a plan, and later calls of that signature
-run the plan: the allocations and the direct launches, nothing else. A function that does anything
-else for a signature (an ATen op such as a copy, a host read) keeps running in full for it.
+alignment, device, the values of the non-tensor arguments) runs the function under a recording
+(runtime/plan/publish.py, as for ATen ops); if it only allocated (`runtime.alloc.empty/zeros`),
+launched (`runtime.kernel`) and took views, the recording becomes a plan, and later calls of that
+signature run the plan: the allocations and the direct launches, nothing else. A function that does
+anything else for a signature (an ATen op such as a copy, a host read) keeps running in full for it.
 
 Rules for a planned function: positional arguments in schema order; tensor results only (or None in
 a result tuple); it writes only tensors it allocated (no in-place argument: the schema must not

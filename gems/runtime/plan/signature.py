@@ -73,7 +73,8 @@ def _dyn_sig(v):
     the 32/64-bit range, which the range class holds), so a plan's binary is always the one Triton
     would pick for the value, and every check that reads a number's sign, zero-ness, NaN-ness or
     whether it fits a dtype (ATen's overflow check: gems.codegen.generator.number_misfit) decides
-    the same for every call of the signature. The C++ fast path keys the same facts (the number classes: runtime/abi.py)."""
+    the same for every call of the signature. The C++ fast path keys the same facts (the number
+    classes: runtime/abi.py)."""
     c = v.__class__
     if c is float:
         if 0.0 < v <= 127.0 or (v == 0.0 and _copysign(1.0, v) > 0):
