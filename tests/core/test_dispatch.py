@@ -320,6 +320,20 @@ def test_lone_python_number_reaches_aten_as_tensor():
     assert got.dtype == torch.float16 and got.item() == 2.5
 
 
+def test_the_declaration_holds_no_run_time_state():
+    """registry.OpImpl declares an overload; what the dispatcher learns while serving it (plans, counts,
+    reasons, failed signatures, its C++ op) is the dispatcher's OpRuntime."""
+    impl = registry.get("add.Tensor")
+    assert not any(hasattr(impl, a) for a in ("plans", "fast", "counts", "reasons", "broken", "served"))
+    op = gems.dispatch.op_runtime("add.Tensor")
+    assert gems.dispatch.op_runtime("add.Tensor") is op
+    x = make((3,))
+    before = op.served
+    with gems.use_gems():
+        x + x
+    assert op.served == before + 1
+
+
 def test_stats_count_python_path_calls():
     """gems.stats()[op]['python']: served calls that ran the Python kernel. With the C++ fast path, a
     signature's first call records the plan there and the repeats are replayed from C++."""
