@@ -63,7 +63,8 @@ _TENSOR_SIG = "({0}.dtype, {0}.shape, {0}.stride(), {0}.data_ptr() & 15, {0}.get
 def _num_sig(v):
     c = v.__class__
     if c is float:
-        return (c, v.hex())          # -0.0 and nan key exactly
+        # -0.0 keys apart from 0.0 by its hex; a NaN's hex has no sign, so the sign is added
+        return (c, v.hex()) if v == v else (c, "nan", _copysign(1.0, v))
     return (c, v)
 
 
