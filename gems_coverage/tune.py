@@ -1,6 +1,6 @@
 """`gems-coverage tune MODEL`: tune a model's GEMMs once, before serving or training.
 
-Gems tunes a GEMM bucket (M, N, K rounded up to powers of two, dtype, layouts, batch, bias: gems/ops/blas.py)
+Gems tunes a GEMM bucket (M, N, K rounded up to powers of two, dtype, layouts, batch, bias: gems/ops/blas/matmul.py)
 the first time a call of that bucket arrives: every Triton config and cuBLAS are timed, and the choice is
 stored in the on-disk autotune cache (`$GEMS_CACHE_DIR/autotune/<arch>/`, default ~/.cache/gems). A model's
 first step therefore pays the tuning, and a server would pay it on its first requests. `tune` runs each
