@@ -29,7 +29,7 @@ BEYOND_RANGE = len(NUMBER_RANGES)
 INF_RANGE = len(NUMBER_RANGES) + 1
 
 # ----------------------------------------------------------------------------------------------
-# recipes: a recorded plan as data for the C++ replay (runtime/plan.py builds them, the C++ side's
+# recipes: a recorded plan as data for the C++ replay (runtime/plan/recipe.py builds them, the C++ side's
 # parse_recipe reads them)
 # ----------------------------------------------------------------------------------------------
 # where a recipe's tensor comes from: a schema argument, an allocation of the plan, an undefined
