@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -117,13 +118,26 @@ def build(name_or_recipe, *, size: str = "full", device="meta", dtype="float32",
     return bundle
 
 
-def _set_dropout(config, p: float):
-    for c in (config, getattr(config, "text_config", None), getattr(config, "vision_config", None)):
-        if c is None:
-            continue
-        for k in list(vars(c)):
-            if ("dropout" in k and isinstance(getattr(c, k), float)) or k in ("attention_dropout",):
-                setattr(c, k, p)
+# A config key holds a dropout probability when its name says so: `*dropout*` (attention_dropout,
+# hidden_dropout_prob, summary_first_dropout, classifier_dropout, ...), GPT-2's `*_pdrop`, `layerdrop`,
+# `drop_path_rate`. Only float values in [0, 1] are probabilities; other values under such names
+# (None, a bool switch, a count) are left alone.
+_DROPOUT_KEY = re.compile(r"dropout|pdrop|layerdrop|drop_path|drop_prob|drop_rate", re.IGNORECASE)
+
+
+def _set_dropout(config, p: float, _seen=None):
+    """Set every dropout probability of a config, and of every config nested in it (text, vision,
+    encoder, decoder, ...), to ``p``."""
+    PretrainedConfig = import_transformers().PretrainedConfig
+    seen = set() if _seen is None else _seen
+    if id(config) in seen:
+        return
+    seen.add(id(config))
+    for k, v in list(vars(config).items()):
+        if isinstance(v, PretrainedConfig):
+            _set_dropout(v, p, seen)
+        elif (isinstance(v, float) and 0.0 <= v <= 1.0 and _DROPOUT_KEY.search(k)):
+            setattr(config, k, p)
 
 
 def _build_custom(recipe: Recipe, *, size, device, dtype, batch, seq_len) -> ModelBundle:

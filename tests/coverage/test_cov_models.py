@@ -122,3 +122,39 @@ def test_malformed_configs(tmp_path):
         gems_models.build(str(unknown), device="meta")
     with pytest.raises(ModelError, match="unknown dtype"):
         gems_models.parse_dtype("float13")
+
+
+def _gpt2_folder(tmp_path):
+    """A GPT-2 config folder (as `cfgs/gpt2` would be): GPT2Config's own keys, dropouts named *_pdrop and
+    summary_first_dropout, small dims."""
+    import transformers
+    d = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                                bos_token_id=1, eos_token_id=2, architectures=["GPT2LMHeadModel"]).to_dict()
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(d))
+    return folder
+
+
+def test_dropout_zero_reaches_every_dropout_probability(tmp_path):
+    """build(dropout=0.0) zeroes every dropout probability, whatever the architecture names it (GPT-2's
+    attn_pdrop / resid_pdrop / embd_pdrop, summary_first_dropout; BERT's *_dropout_prob): no active
+    dropout in the model, and training-mode forwards repeat exactly."""
+    import transformers
+    folder = _gpt2_folder(tmp_path)
+    b = gems_models.build(str(folder), size="full", device="cpu", dtype="float32", seq_len=8, dropout=0.0)
+    c = b.model.config
+    assert (c.attn_pdrop, c.resid_pdrop, c.embd_pdrop, c.summary_first_dropout) == (0.0, 0.0, 0.0, 0.0)
+    drops = [m for m in b.model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert drops and all(m.p == 0 for m in drops), [m.p for m in drops]
+    b.model.train()
+    x = b.train_inputs["input_ids"]
+    torch.testing.assert_close(b.model(x).logits, b.model(x).logits, rtol=0, atol=0)
+    # without dropout= the model's own values stay
+    kept = gems_models.build(str(folder), size="full", device="meta", seq_len=8)
+    assert kept.model.config.attn_pdrop == 0.1
+    # BERT: *_dropout_prob zeroed; classifier_dropout (None) and non-dropout floats left alone
+    cfg = transformers.BertConfig(layer_norm_eps=0.5)
+    gems_models.builder._set_dropout(cfg, 0.0)
+    assert (cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob) == (0.0, 0.0)
+    assert cfg.classifier_dropout is None and cfg.layer_norm_eps == 0.5
