@@ -2,9 +2,10 @@
 fails where ATen does not.
 
 An implementation that raises where ATen succeeds stops serving that call signature (dtypes, shapes,
-strides, argument kinds) for the rest of the process; other signatures keep being served. After
-MAX_BROKEN_SIGNATURES distinct failing signatures the overload is switched off altogether (a kernel
-that does not compile on this GPU at all would otherwise fail once for every new shape).
+strides, argument kinds); other signatures keep being served, so one bad layout never switches the
+overload off for the process. Each failing signature is counted and warned about once. The table of
+failing signatures is bounded per overload (MAX_BROKEN_SIGNATURES, the oldest dropped first): a
+dropped signature is tried again, and fails, warns and goes to ATen again.
 `GEMS_STRICT=1` re-raises instead (the test suite sets it).
 
 ATen hands a Python kernel wrapped-number tensors (`x * 2.0`) as Python numbers; every path back to
@@ -18,13 +19,12 @@ import torch
 
 from .. import registry
 from ..codegen.numbers import call_with_numbers, tensor_positions
-from ..registry import Unsupported
 from ..runtime import settings
 
 _Tensor = torch.Tensor
 _strided = torch.strided
 
-MAX_BROKEN_SIGNATURES = 16
+MAX_BROKEN_SIGNATURES = 256
 
 _NUMBER_DTYPES = {float: torch.float64, int: torch.int64, bool: torch.bool, complex: torch.complex128}
 
@@ -101,16 +101,12 @@ def after_error(impl, op, exc, call_orig, keyset, args, kwargs):
     op.reasons[reason] = op.reasons.get(reason, 0) + 1
     call = describe_call(impl.name, args, kwargs)
     what = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
-    if len(op.broken) < MAX_BROKEN_SIGNATURES:
-        op.broken[call_signature(args, kwargs)] = f"gems error earlier for this signature ({type(exc).__name__})"
-        scope = "calls with this signature go to ATen from now on"
-    else:
-        disabled = f"disabled after {MAX_BROKEN_SIGNATURES} failing signatures"
-
-        def _disabled(*_a, **_k):
-            raise Unsupported(disabled)
-        impl.set_fn(_disabled)
-        scope = f"after {MAX_BROKEN_SIGNATURES} failing signatures ATen serves aten::{impl.name} from now on"
+    broken = op.broken
+    if len(broken) >= MAX_BROKEN_SIGNATURES:
+        # bounded: the oldest failing signature makes room (dicts keep insertion order)
+        broken.pop(next(iter(broken), None), None)
+    broken[call_signature(args, kwargs)] = f"gems error earlier for this signature ({type(exc).__name__})"
+    scope = "calls with this signature go to ATen from now on"
     warnings.warn(f"gems: {call} raised {what}; ATen served the call and {scope} (counted in gems.stats()). "
                   f"Please report this.", RuntimeWarning, stacklevel=3)
     return out
