@@ -293,7 +293,7 @@ def sweep(dtype, device, kinds=(), head_dim=128):
             _fresh_attention()
             base = bench(fn, device)
             results.sort()
-            print(f"{kind:10s} on {name} (head dim {D}): table config {A._config(kind, block_d, False, device == 'cpu')} "
+            print(f"{kind:10s} on {name} (head dim {D}): table config {A.launch_config(kind, block_d, False, device == 'cpu')} "
                   f"{base:.3f} ms; best " + ", ".join(f"{cfg} {t:.3f} ms" for t, cfg in results[:4]))
     finally:
         AG.enabled = gluon_was

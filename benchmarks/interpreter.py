@@ -11,11 +11,11 @@ def use_interpreter_for(device: str) -> None:
     triton is already imported without it; a no-op for other devices."""
     if device != "cpu":
         return
-    if "triton.language.standard" not in sys.modules:   # what _triton_interprets reads: nothing chosen yet
+    if "triton.language.standard" not in sys.modules:   # what triton_interprets reads: nothing chosen yet
         os.environ.setdefault("TRITON_INTERPRET", "1")
         return
-    from gems.runtime.backends import _triton_interprets   # triton is in already: importing gems chooses nothing
-    if not _triton_interprets():
+    from gems.runtime.backends import triton_interprets   # triton is in already: importing gems chooses nothing
+    if not triton_interprets():
         raise SystemExit("--device cpu runs Gems under the Triton interpreter, which must be chosen before triton "
                          "is imported; this process imported triton for the GPU: run the CPU benchmark in its own "
                          "process (or with TRITON_INTERPRET=1 set from the start)")

@@ -78,7 +78,7 @@ def interpreting() -> bool:
 _TRUE = ("1", "true", "on", "yes")
 
 
-def _triton_interprets():
+def triton_interprets():
     """Whether the imported triton defines kernels for its interpreter: triton reads TRITON_INTERPRET
     when a `@triton.jit` function is defined, and its own library (tl.sum, tl.sigmoid, ...) is defined
     at import. None while triton is not imported."""
@@ -93,7 +93,7 @@ def _triton_interprets():
 def check_environment():
     """Raise RuntimeError (one line) when TRITON_INTERPRET changed after triton was imported: kernels
     defined before and after the change could not call each other (a half-working Gems)."""
-    t = _triton_interprets()
+    t = triton_interprets()
     if t is not None and t != interpreting():
         now = os.environ.get("TRITON_INTERPRET")
         now = "unset" if now is None else f"{now!r}"

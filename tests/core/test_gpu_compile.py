@@ -82,7 +82,7 @@ def test_kernels_compile_for_sm90():
 
 
 def _attention_gpu_records():
-    """Records of the attention kernels at every launch config of attention._config's GPU table, with the
+    """Records of the attention kernels at every launch config of sdpa.launch_config's GPU table, with the
     largest float bias the kind may read (its tiles are pipelined through shared memory too: the most a
     config can need; kind "fwd" reads at most one bias row per key block) and 16-bit
     operands, from the recorded interpreter signatures; each distinct (kernel, config) once."""
@@ -95,7 +95,7 @@ def _attention_gpu_records():
     for block_d in (64, 128, 256):
         for ieee in (False,):    # (fp32's configs are small and run in the GPU suite's fp32 tests)
             for kind, name in kernel_of.items():
-                bm, bn, w, st = A._config(kind, block_d, ieee, False)
+                bm, bn, w, st = A.launch_config(kind, block_d, ieee, False)
                 key = (name, block_d, ieee, bm, bn, w, st, kind in ("decode", "fwd"))
                 if key in seen:
                     continue

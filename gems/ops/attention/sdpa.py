@@ -61,7 +61,7 @@ after [seed, offset] in the state tensor the overloads return as philox_seed) wh
 than Q (Sk <= 16 * head dim, `dropout_bits_words`), so the backward kernels read it instead of
 running Philox twice more; Philox numbers a 2 x 2 block of scores per call (queries i, i ^ 8, keys
 j, j ^ 8), which Hopper's MMA layout keeps in one thread, so no tile goes through shared memory.
-Launch configs: `_config` (per kind, padded head dim, fp32-or-not, GPU or interpreter), cached;
+Launch configs: `launch_config` (per kind, padded head dim, fp32-or-not, GPU or interpreter), cached;
 `set_config` overrides one (benchmarks/attention.py --sweep).
 
 Hopper forward, head dim 128, no mask or dropout (prefill and training of Llama-2-class models): the
@@ -126,11 +126,11 @@ def set_config(kind: str, block_d: int, ieee: bool, cfg):
         _OVERRIDES.pop((kind, block_d, ieee), None)
     else:
         _OVERRIDES[(kind, block_d, ieee)] = tuple(cfg)
-    _config.cache_clear()
+    launch_config.cache_clear()
 
 
 @functools.lru_cache(maxsize=256)
-def _config(kind: str, block_d: int, ieee: bool, interp: bool):
+def launch_config(kind: str, block_d: int, ieee: bool, interp: bool):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of a kernel kind: fwd (no mask, or one shared by the
     queries: BIAS_ROW), fwd_bias (a mask read as tiles, not causal), fwd_dropout (not causal), fwd_causal,
     decode, dkdv, dq. tests/core/test_gpu_compile.py compiles every GPU entry for sm_90 (with a bias: the
@@ -339,7 +339,7 @@ def num_splits(B, Hq, Sq, Sk, D, dtype, causal, device, Hkv=None) -> int:
     interp = device.type != "cuda"
     decode = Sq <= 16
     # (the mask does not change the decode kind, the only one that splits)
-    BM, BN, _, _ = _config(_fwd_kind(decode, causal, False), BD, dtype == torch.float32, interp)
+    BM, BN, _, _ = launch_config(_fwd_kind(decode, causal, False), BD, dtype == torch.float32, interp)
     if decode and Hkv is not None and Hkv != Hq:
         nm, nbh = _packed(B, Hq, Hkv, Sq, BM)
         return _splits(nm * nbh, Sk, min(Sk, Sq) if causal else Sk, BN, interp, device, True)[0]
@@ -430,7 +430,7 @@ def forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None):
         gluon_fwd.launch(q, k, v, o, lse, causal, qk_scale)
         return
     kind = _fwd_kind(decode, causal, has_bias and not bias_row, dropout_p > 0.0)
-    BM, BN, W, ST = _config(kind, BD, ieee, interp)
+    BM, BN, W, ST = launch_config(kind, BD, ieee, interp)
     if pack:
         nm, nbh = _packed(B, Hq, Hkv, Sq, BM)
         sk_eff = min(Sk, Sq) if causal else Sk
@@ -504,7 +504,7 @@ def backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv, dropout_p=0.0
     common = (*_strides4(q), *_strides4(k), *_strides4(v), *bst, *_strides4(do), *lst)
     even = D == BD
     dargs = (state[0], *_keep_args(dropout_p), state[1]) if drop else (do, 0, 1.0, 0)
-    BM1, BN1, W1, S1 = _config("dkdv", BD, ieee, interp)
+    BM1, BN1, W1, S1 = launch_config("dkdv", BD, ieee, interp)
     nkb = cdiv(Sk, BN1)
     # GQA: one program per (key block, KV head) walks all GROUP query heads; with too few such
     # programs to fill the GPU, the group is split over programs writing fp32 partials, summed after
@@ -529,7 +529,7 @@ def backward(do, q, k, v, o, lse, bias, causal, scale, dq, dk, dv, dropout_p=0.0
             _gsum.run((cdiv(Sk, BNs), B * Hkv),
                       (part, out, ng, Hkv, Sk, D, part.stride(0), part.stride(1), part.stride(2), part.stride(3),
                        *_strides4(out), BNs, BD), 4, 1)
-    BM2, BN2, W2, S2 = _config("dq", BD, ieee, interp)
+    BM2, BN2, W2, S2 = launch_config("dq", BD, ieee, interp)
     _dq.run((cdiv(Sq, BM2), B * Hq),
             (q, k, v, bt, do, lse, delta, dq, *common, *_strides4(dq),
              Hq, group, Sq, Sk, D, qk_scale, scale, BM2, BN2, BD, causal, has_bias, bias_bool, even, ieee, bias_row,
