@@ -20,7 +20,12 @@ tensor that ATen treats as it treats the wrapped number:
   both, so `numbers_to_tensors` wraps it and reports that it did; the caller runs the op again with
   the number exact (a tensor of the default float dtype) when the first answer is floating-point
   (`call_with_numbers`);
-* bool: bool.
+* bool: bool;
+* complex (no Gems kernel takes one; every such call reaches ATen here): every number of the call
+  as a 0-dim tensor of the complex dtype ATen's promotion gives the call (`float16 + 1j` is
+  complex32, `float64 + 1j` complex128, `int8 + 1j` the default complex dtype). A 0-dim tensor of
+  the result dtype leaves that dtype unchanged, and ATen reads a wrapped number at the common dtype
+  anyway.
 
 This is for the dispatcher's fallback path (`call_orig`); Gems' own pointwise kernels take numbers
 as kernel scalars and never need it.
@@ -69,8 +74,12 @@ def numbers_to_tensors(args, positions, exact_ints=False, report=False):
     """`args` with Python numbers at `positions` replaced by equivalent 0-dim tensors (see module doc).
     An int out of the range of the integer dtype it takes is wrapped into it, or with `exact_ints`
     kept as a default-float tensor; `report`: return (args, whether such an int was met)."""
-    nums = [i for i in positions if i < len(args) and isinstance(args[i], (bool, int, float))]
+    nums = [i for i in positions if i < len(args) and isinstance(args[i], (bool, int, float, complex))]
     if not nums:
+        return (args, False) if report else args
+    cplx = next((args[i] for i in nums if isinstance(args[i], complex)), None)
+    if cplx is not None:
+        args = _complex_numbers(args, nums, cplx)
         return (args, False) if report else args
     tens = [a for a in args if isinstance(a, torch.Tensor)]
     float_dim = any(t.dim() and (t.is_floating_point() or t.is_complex()) for t in tens)
@@ -105,3 +114,24 @@ def numbers_to_tensors(args, positions, exact_ints=False, report=False):
             dt = max(floats, key=lambda d: _FLOAT_RANK.get(d, 0)) if floats else torch.get_default_dtype()
             args[i] = torch.tensor(v, dtype=dt)
     return (tuple(args), wrapped) if report else tuple(args)
+
+
+def _complex_numbers(args, nums, number):
+    """`args` with the numbers at `nums` as 0-dim tensors of the dtype ATen gives a call with the
+    complex wrapped number `number`: its category rule (c10's combine_categories) put together from
+    torch.result_type on stand-ins, the 0-dim tensors' result with the wrapped number first, then
+    the dimensioned tensors' result with that (a bool stand-in for a missing group changes nothing)."""
+    dim = zero = torch.bool
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.dim():
+                dim = torch.promote_types(dim, a.dtype)
+            else:
+                zero = torch.promote_types(zero, a.dtype)
+    inner = torch.result_type(torch.empty((), dtype=zero), number)
+    dt = torch.result_type(torch.empty((1,), dtype=dim), torch.empty((), dtype=inner))
+    args = list(args)
+    for i in nums:
+        v = args[i]
+        args[i] = torch.tensor(v, dtype=torch.bool if isinstance(v, bool) else dt)
+    return tuple(args)

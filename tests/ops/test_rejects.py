@@ -121,6 +121,8 @@ def _same(want, got):
             # accepted calls compute in floating point (a few ulps apart); rejects raise or wrap exactly
             rtol = 2e-3 if want.dtype in (torch.float16, torch.bfloat16) else 1e-5
             return torch.allclose(got.double(), want.double(), rtol=rtol, atol=1e-6, equal_nan=True)
+        if want.is_complex():   # torch.equal has no complex32 kernel
+            return torch.equal(want.to(torch.complex128), got.to(torch.complex128))
         return torch.equal(want, got)
     return want == got
 
@@ -372,3 +374,46 @@ def test_wrapped_numbers_when_aten_runs_the_call():
         for name, f in exprs.items():
             rows.append((f"{name} {b!r}", None, (lambda f=f, a=a, b=b: f(a(), b))))
     check_table(rows, exclude=list(exprs))
+
+
+# ------------------------------------------------------------------------------------------------
+# Python complex numbers: no Gems kernel takes one; ATen runs the call, counted as a fallback
+# ------------------------------------------------------------------------------------------------
+
+def _complex_number_rows():
+    tensors = {"f32": lambda: _t([0.25, 0.5, 3.0], torch.float32), "f64": lambda: _t([0.1, -2.0, 7.5], torch.float64),
+               "f16": lambda: _t([0.25, 0.5, 3.0], torch.float16), "i64": lambda: _t([1, 44, -3], torch.int64),
+               "i8": lambda: _t([1, 44, -3], torch.int8), "f32 0-dim": lambda: _t(1.5, torch.float32),
+               "bool": lambda: _t([True, False], torch.bool)}
+    exprs = {"add": lambda x, v: x + v, "sub": lambda x, v: x - v, "mul": lambda x, v: x * v,
+             "div": lambda x, v: x / v, "rsub": lambda x, v: v - x, "torch.rsub": lambda x, v: torch.rsub(x, v),
+             "add alpha": lambda x, v: torch.add(x, v, alpha=2), "add_": lambda x, v: x.add_(v),
+             "f64 0-dim +": lambda x, v: x + _t(0.5, torch.float64) + v}
+    return [(f"{e} {k} {v!r}", None, (lambda f=f, t=t, v=v: f(t(), v)))
+            for v in (1j, 2 + 3j, 0.1 - 1e-3j) for e, f in exprs.items() for k, t in tensors.items()
+            if not (k == "f16" and e == "div")]   # complex32 division has no CPU kernel in ATen
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_complex_numbers_go_to_aten():
+    rows = _complex_number_rows()
+    gems.reset_stats()
+    expect = check_table(rows)
+    assert sum(not isinstance(w, Raised) for _, w in expect) > len(rows) // 2   # mostly answered, not raised
+    stats = gems.stats()
+    for name in ("add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor"):
+        reasons = stats[name]["reasons"]
+        assert stats[name]["fallback"] and any("complex" in r for r in reasons), (name, stats[name])
+
+
+def test_complex_number_snippets():
+    # the hand-checked calls, as a user writes them with Gems on for the whole process
+    want = [torch.ones(3) + 1j, torch.ones(3) * (2 + 3j), torch.ones(3) - 1j, torch.arange(3) / 1j, 1j - torch.ones(3)]
+    gems.enable()
+    try:
+        got = [torch.ones(3) + 1j, torch.ones(3) * (2 + 3j), torch.ones(3) - 1j, torch.arange(3) / 1j,
+               1j - torch.ones(3)]
+    finally:
+        gems.disable()
+    for w, g in zip(want, got):
+        assert g.dtype == w.dtype and torch.equal(g, w), (w, g)
