@@ -29,7 +29,9 @@ def as_rows(t, M: int, N: int):
     row stride). Row kernels take the tensor's data pointer and that stride only: passing the argument
     itself rather than a view of it lets a call plan name it (also when two arguments are views of one
     buffer, like `gate, up = gate_up.chunk(2, -1)`)."""
-    if t.dim() == 2 and (N == 1 or t.stride(1) == 1):
+    # a 2-d tensor is read as-is only when its own rows are the M rows: with several trailing dims in
+    # one row (a 2-d normalized shape), its row stride says nothing about the stride within a row
+    if t.dim() == 2 and t.shape[1] == N and (N == 1 or t.stride(1) == 1):
         return t, (t.stride(0) if M > 1 else N)
     try:
         v = t.view(M, N)

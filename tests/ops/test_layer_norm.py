@@ -170,3 +170,36 @@ def test_errors_and_fallbacks():
     assert ye[0].shape == (3, 0)
     st = gems.stats()["native_layer_norm.default"]
     assert st["fallback"] == (3 if DEVICE == "cpu" else 2) and st["served"] == 0
+
+
+def test_multi_dim_normalized_shape_of_strided_inputs():
+    """A 2-d input normalized over both dims is one row of N = M * N' elements: its own row stride is not
+    the stride within that row (sliced, expanded: copied, never read past the storage)."""
+    x = make((7, 12))[:, 6:]
+    w, b = make((7, 6)), make((7, 6))
+    check_op(LN, (x, [7, 6], w, b, 0.1), dtype=torch.float32, served_ops=["native_layer_norm"])
+    check_grad(lambda t, w, b: F.layer_norm(t, (7, 6), w, b), [x, w, b], dtype=torch.float32,
+               served_ops=["native_layer_norm", "native_layer_norm_backward"])
+    xe = make((1, 1)).expand(7, 1)
+    w1, b1 = make((7, 1)), make((7, 1))
+    check_op(F.layer_norm, (xe, (7, 1), w1, b1), dtype=torch.float32, served_ops=["native_layer_norm"])
+    xa = torch.arange(16.0, device=DEVICE)[:8].expand(3, 8)
+    check_op(F.layer_norm, (xa, (3, 8)), dtype=torch.float32, served_ops=["native_layer_norm"])
+    # 3-d: the normalized block is the last two dims of sliced rows, and the whole of a transposed input
+    for t, ns in [(make((4, 5, 12))[:, :, 3:9], (5, 6)), (make((6, 5)).t(), (5, 6))]:
+        check_op(LN, (t, list(ns), None, None, 1e-5), dtype=torch.float32, served_ops=["native_layer_norm"])
+
+
+@pytest.mark.parametrize("n", [3, 7, 100, 300])   # 300: wider than the interpreter's register row
+@pytest.mark.parametrize("value", [0.1, 1.7, -2.3])
+def test_constant_row_normalizes_to_zero(n, value):
+    """An fp32 sum of n copies of a value is not n * value: the statistics of a constant row are still
+    exact (mean == the value, y == bias), as ATen's."""
+    x = torch.full((3, n), value, device=DEVICE)
+    b = make((n,))
+    with served("native_layer_norm"), gems.use_gems():
+        y, mean, rstd = LN(x, [n], None, b, 1e-5)
+    ya, meana, rstda = LN(x, [n], None, b, 1e-5)
+    assert torch.equal(y, ya) and torch.equal(y, b.expand(3, n))
+    assert torch.equal(mean, meana) and torch.equal(mean, torch.full_like(mean, value))
+    torch.testing.assert_close(rstd, rstda)

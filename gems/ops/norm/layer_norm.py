@@ -2,14 +2,16 @@
 add_layer_norm: a residual-add flag in the forward, an added residual gradient in the backward).
 
 The input is read as M rows of N = prod(normalized_shape) elements (row stride taken from the
-tensor when its rows are unit-stride, so sliced batches need no copy).
+tensor when each row is unit-stride, so sliced batches need no copy; `runtime.utils.as_rows` copies
+other layouts, e.g. a sliced or expanded tensor normalized over more than its last dim).
 
 Forward: each program holds BLOCK_M whole rows in registers (N <= max_n; one row of 4096 bf16 on
 the GPU), so x is read once and y written once: 2 passes over memory, the minimum. Mean and
 variance are computed in fp32 from the registers (two-pass variance, no E[x^2] - E[x]^2
-cancellation), dividing by N with IEEE division (Triton's `/` is approximate on the GPU: a
-constant row would not normalize to exactly 0). Wider rows loop over the row three times (mean,
-variance, write).
+cancellation) of the row shifted by its first element (a constant row has mean exactly that element
+and normalizes to exactly 0, as under ATen's Welford; an fp32 sum of N copies of 0.1 is not N * 0.1),
+dividing by N with IEEE division (Triton's `/` is approximate on the GPU). Wider rows loop over the
+row three times (mean, variance, write).
 
 Backward: with xhat = (x - mean) * rstd and wg = dy * w,
     dx = rstd * (wg - mean(wg * xhat) * xhat - mean(wg))          per row, one pass
@@ -74,11 +76,19 @@ def layer_norm_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
     rmask = (rows < M)[:, None]
     cols = tl.arange(0, BLOCK_N)[None, :]
     if BIG:
-        rows_l = rows.to(tl.int64)[:, None]
+        rows_1 = rows.to(tl.int64)
     else:
-        rows_l = rows[:, None]
+        rows_1 = rows
+    rows_l = rows_1[:, None]
     xrow = X + rows_l * sX
     yrow = Y + rows_l * N
+    # the statistics are taken of s - s[0] (shift = the row's first element, rounded as s is): a
+    # constant row then has mean exactly s[0] and normalizes to exactly 0, as ATen's Welford does
+    shift = tl.load(X + rows_1 * sX, mask=rows < M, other=0.0)
+    if HAS_RES:
+        shift = (shift.to(tl.float32)
+                 + tl.load(R + rows_1 * sR, mask=rows < M, other=0.0).to(tl.float32)).to(S.dtype.element_ty)
+    shift = shift.to(tl.float32)[:, None]
     if SINGLE:
         mask = rmask & (cols < N)
         x = tl.load(xrow + cols, mask=mask, other=0.0)
@@ -86,9 +96,9 @@ def layer_norm_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
             x = (x.to(tl.float32) + tl.load(R + rows_l * sR + cols, mask=mask, other=0.0).to(tl.float32))
             x = x.to(S.dtype.element_ty)
             tl.store(S + rows_l * N + cols, x, mask=mask)     # the new residual: contiguous rows
-        x = x.to(tl.float32)
-        mean = tl.div_rn(tl.sum(x, 1), N * 1.0)
-        xc = tl.where(mask, x - mean[:, None], 0.0)
+        xs = tl.where(mask, x.to(tl.float32) - shift, 0.0)
+        mean_s = tl.div_rn(tl.sum(xs, 1), N * 1.0)
+        xc = tl.where(mask, xs - mean_s[:, None], 0.0)
         var = tl.div_rn(tl.sum(xc * xc, 1), N * 1.0)
         rstd = 1.0 / tl.sqrt(var + eps)
         y = xc * rstd[:, None]
@@ -113,15 +123,15 @@ def layer_norm_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
                      + tl.load(R + rows_l * sR + start + cols, mask=mask, other=0.0).to(tl.float32))
                 x = x.to(S.dtype.element_ty)
                 tl.store(src + start + cols, x, mask=mask)
-            acc += x.to(tl.float32)
-        mean = tl.div_rn(tl.sum(acc, 1), N * 1.0)
+            acc += tl.where(mask, x.to(tl.float32) - shift, 0.0)
+        mean_s = tl.div_rn(tl.sum(acc, 1), N * 1.0)
         if HAS_RES:
             tl.debug_barrier()   # the sums stored above are read back below (by the same threads anyway)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for start in range(0, N, BLOCK_N):
             mask = rmask & (cols + start < N)
             x = tl.load(src + start + cols, mask=mask, other=0.0).to(tl.float32)
-            xc = tl.where(mask, x - mean[:, None], 0.0)
+            xc = tl.where(mask, (x - shift) - mean_s[:, None], 0.0)
             acc += xc * xc
         var = tl.div_rn(tl.sum(acc, 1), N * 1.0)
         rstd = 1.0 / tl.sqrt(var + eps)
@@ -129,12 +139,13 @@ def layer_norm_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
             c = cols + start
             mask = rmask & (c < N)
             x = tl.load(src + c, mask=mask, other=0.0).to(tl.float32)
-            y = (x - mean[:, None]) * rstd[:, None]
+            y = ((x - shift) - mean_s[:, None]) * rstd[:, None]
             if HAS_W:
                 y = y * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
             if HAS_B:
                 y = y + tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)
             tl.store(yrow + c, y.to(Y.dtype.element_ty), mask=mask)
+    mean = tl.sum(shift, 1) + mean_s
     tl.store(MEAN + rows, mean.to(MEAN.dtype.element_ty), mask=rows < M)
     tl.store(RSTD + rows, rstd.to(RSTD.dtype.element_ty), mask=rows < M)
 
