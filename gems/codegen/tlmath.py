@@ -53,6 +53,15 @@ _FMOD_DOWN = tl.constexpr(7.888609052210118e-31)     # 2**-100
 
 
 @triton.jit
+def clamp_f(a, lo, hi):
+    """min(max(a, lo), hi) as ATen's clamp (and hardtanh, which is clamp): a NaN a or bound gives NaN,
+    and hi wins where lo > hi"""
+    # nested where, not `|`: a scalar bound's bool cannot be or-ed with a block in the interpreter
+    r = tl.where(lo != lo, lo, tl.where(a < lo, lo, a))
+    return tl.where(hi != hi, hi, tl.where(r > hi, hi, r))
+
+
+@triton.jit
 def fmod_f(a, b):
     """C fmod (sign of the dividend) for floats, C remainder for integers. On the GPU Triton's
     float `%` is not fmod at the edges (inf % inf gives inf, -0.0 % 5 gives +0.0): libdevice's is,

@@ -187,6 +187,33 @@ def test_backward_kinks():
     _check_nan_apart(lambda a, b: A.elu_backward(a, 0.9, 1.2, 0.7, True, b), (g, x), "elu_backward")
 
 
+def test_hardtanh_is_clamp():
+    """ATen's hardtanh is clamp: max_val wins where min_val > max_val (-1 everywhere for (1, -1)), and a
+    NaN bound gives NaN; the .out and in-place overloads too, and clamp with the same bounds. The backward
+    with min_val > max_val is 0 at every number (x <= min_val or x >= max_val)."""
+    nan = float("nan")
+    x = torch.tensor(KINKS).to(DEVICE)
+    xs = x.repeat(3)[::2]                                                   # strided, in place
+    for lo, hi in ((1.0, -1.0), (0.5, 0.5), (3.0, -20.0), (nan, 1.0), (-1.0, nan)):
+        check_op(lambda t: torch._C._nn.hardtanh(t, lo, hi), (x,), dtype=torch.float32, served_ops=["hardtanh"])
+        check_op(lambda t: A.hardtanh.out(t, lo, hi, out=torch.empty_like(t)), (x,), dtype=torch.float32,
+                 served_ops=["hardtanh.out"])
+        check_op(lambda t: torch._C._nn.hardtanh_(t.clone(), lo, hi), (xs,), dtype=torch.float32,
+                 served_ops=["hardtanh_"])
+        check_op(lambda t: torch.clamp(t, lo, hi), (x,), dtype=torch.float32, served_ops=["clamp.default"])
+        check_op(lambda t: t.clone().clamp_(lo, hi), (xs,), dtype=torch.float32, served_ops=["clamp_.default"])
+    with served("hardtanh"), gems.use_gems():
+        y = torch._C._nn.hardtanh(make((5, 4)), 1.0, -1.0)
+    assert torch.equal(y, torch.full_like(y, -1.0))
+    check_op(lambda t: torch.clamp(t, 3, -2), (make((4, 5), torch.int32, low=-9, high=9),), dtype=torch.int32,
+             served_ops=["clamp.default"])
+    lo_t, hi_t = make((6, 1), low=0.5, high=2), make((9,), low=-2, high=-0.5)
+    check_op(torch.clamp, (make((6, 9)), lo_t, hi_t), dtype=torch.float32, served_ops=["clamp.Tensor"])
+    finite = x[~torch.isnan(x)]
+    check_op(lambda g, t: A.hardtanh_backward(g, t, 1.0, -1.0), (make(finite.shape), finite), dtype=torch.float32,
+             served_ops=["hardtanh_backward"])
+
+
 def test_relu_integers_and_fallbacks():
     for dt in (torch.int32, torch.int64, torch.uint8):
         x = make((5, 7), dt, low=0 if dt == torch.uint8 else -5, high=5)

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ...codegen import pointwise
-from ...codegen.tlmath import GPU, exp_f, sigmoid, tanh
+from ...codegen.tlmath import GPU, clamp_f, exp_f, sigmoid, tanh
 from ...registry import FLOATS, INTS
 from .unary import expm1_f, log1p_f
 
@@ -153,8 +153,9 @@ def _leaky_relu_bwd(g, x, slope):
 
 @triton.jit
 def _hardtanh(x, lo, hi):
-    """clamp(self, min_val, max_val); NaN stays NaN"""
-    return tl.where(x < lo, lo, tl.where(x > hi, hi, x))
+    """clamp(self, min_val, max_val), as ATen's hardtanh calls clamp: max_val wins where
+    min_val > max_val, a NaN self or bound gives NaN"""
+    return clamp_f(x, lo, hi)
 
 
 @triton.jit

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from ...codegen import pointwise
-from ...codegen.tlmath import GPU, fma_f
+from ...codegen.tlmath import GPU, clamp_f, fma_f
 from ...registry import FLOATS, INTS, register
 
 NUMERIC = FLOATS + INTS
@@ -44,8 +44,7 @@ def _clamp_max(a, hi):
 @triton.jit
 def _clamp(a, lo, hi):
     """min(max(self, min), max) (max wins when min > max, like ATen)"""
-    r = tl.where(lo != lo, lo, tl.where(a < lo, lo, a))
-    return tl.where(hi != hi, hi, tl.where(r > hi, hi, r))
+    return clamp_f(a, lo, hi)
 
 
 @triton.jit
