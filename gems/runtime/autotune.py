@@ -9,7 +9,8 @@ then one run between two events, behind a sleep kernel that covers the host's la
 The cache dir is `$GEMS_CACHE_DIR`, else `$XDG_CACHE_HOME/gems`, else `~/.cache/gems`. Writes take an
 advisory file lock, merge with what other processes wrote meanwhile, and replace the file atomically,
 so concurrent processes never see a torn file and never lose each other's entries.
-On a backend that cannot time kernels (the interpreter) the first config is used.
+On a backend that cannot time kernels (the interpreter) the first config is used. A bucket's first tuning
+counts towards runtime/progress.py's one-line note.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Sequence
 
-from . import backends
+from . import backends, progress
 from .plan.recording import suspended, taint
 
 try:
@@ -80,6 +81,7 @@ class Autotuner:
             best[k] = cfg
             return cfg
         taint("autotuning", transient=True)   # benchmark launches are not the call's: plan the next call
+        t0 = progress.clock()
         timings = []
         with suspended():
             for c in self.configs:
@@ -96,6 +98,7 @@ class Autotuner:
             cfg = min(timings, key=lambda t: t[0])[1]
         best[k] = cfg
         self._store(k, cfg)
+        progress.tuned(self.name, k, progress.clock() - t0, self._path())
         return cfg
 
     def _store(self, k: str, cfg: dict):
