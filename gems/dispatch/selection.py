@@ -5,24 +5,50 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from .. import registry
-from ..runtime import backends
+from ..runtime import abi, backends
 from .registration import ensure_registered, unregister_if_idle
 from .state import STATE, DispatchState, active_config_of
+
+
+# distinct selections whose op sets are cached (a service may build a selection per request: the
+# cache must not grow with them); an evicted selection is resolved again when it is next used
+MAX_SELECTIONS = 256
+# config ids live at once; an id whose op set no scope and no enable() uses any more is reused
+MAX_CONFIG_IDS = abi.MAX_CONFIGS
 
 
 def cfg_id(state: DispatchState, cfg) -> int:
     """The C++ side's id of an op set (its ops' membership is set there when the id is made); -1 when
     the C++ side has no room for another."""
-    fast = state.fast
     i = state.cfg_ids.get(cfg)
     if i is None:
-        i = len(state.cfg_ids)
-        state.cfg_ids[cfg] = i
-        if fast is not None and i < fast.MAX_CONFIGS:
-            for name, rt in state.ops.items():
-                if rt.fast is not None:
-                    rt.fast.set_member(i, name in cfg)
+        with state.lock:
+            i = _new_cfg_id(state, cfg)
+    fast = state.fast
     return i if fast is None or i < fast.MAX_CONFIGS else -1
+
+
+def _new_cfg_id(state: DispatchState, cfg) -> int:
+    ids = state.cfg_ids
+    i = ids.get(cfg)
+    if i is not None:
+        return i
+    if len(ids) < MAX_CONFIG_IDS:
+        i = len(ids)
+    else:
+        # the oldest op set nothing selects now gives up its id: its ops' membership is rewritten below
+        in_use = {state.global_cfg, *(s.cfg for s in state.scopes)}
+        old = next((c for c in ids if c not in in_use), None)
+        if old is None:
+            return -1   # every id is in use: this op set takes the Python path
+        i = ids.pop(old)
+    ids[cfg] = i
+    fast = state.fast
+    if fast is not None and i < fast.MAX_CONFIGS:
+        for name, rt in state.ops.items():
+            if rt.fast is not None:
+                rt.fast.set_member(i, name in cfg)
+    return i
 
 
 def _sync_top_scope(state: DispatchState):
@@ -33,7 +59,8 @@ def _sync_top_scope(state: DispatchState):
 def config(state: DispatchState, include, exclude) -> frozenset:
     """The op set of a selection: the registered overloads (or the `include`d ones) minus `exclude`."""
     key = (_names_key(include), _names_key(exclude))
-    cfg = state.cfg_cache.get(key)
+    cache = state.cfg_cache
+    cfg = cache.get(key)
     if cfg is None:
         backends.check_environment()
         be = backends.backend().name
@@ -42,7 +69,10 @@ def config(state: DispatchState, include, exclude) -> frozenset:
         else:
             ops = {i.name for i in registry.all_impls(be)}
         cfg = frozenset(ops - registry.resolve(exclude, be, "warn"))
-        state.cfg_cache[key] = cfg
+        with state.lock:
+            if len(cache) >= MAX_SELECTIONS:
+                cache.pop(next(iter(cache), None), None)
+            cache[key] = cfg
     return cfg
 
 

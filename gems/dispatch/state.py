@@ -38,7 +38,7 @@ class OpRuntime:
         failed on, are dropped."""
         self.broken.clear()
         if self.plans is not None:
-            self.plans.plans.clear()
+            self.plans.clear()
         if self.fast is not None:
             self.fast.clear()
 

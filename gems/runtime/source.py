@@ -10,3 +10,9 @@ def compile_source(src, filename, ns):
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     exec(compile(src, filename, "exec"), ns)  # noqa: S102 - generated from a schema and a recording
     return ns
+
+
+def forget_source(filename):
+    """Drop source that `compile_source` put in linecache under `filename` (its code is gone: a plan
+    evicted from its bounded cache), so that linecache stays as bounded as the code it describes."""
+    linecache.cache.pop(filename, None)

@@ -2,11 +2,22 @@
 from __future__ import annotations
 
 from ..abi import MAX_PLANS
-from ..source import compile_source
+from ..source import compile_source, forget_source
 
 MISS = object()            # a plan's answer when it declines this call (the full path runs)
 NO_PLAN = object()         # cache value: this signature keeps the full path
 SEEN = object()            # cache value: called once, unrecorded (the dispatcher's GEMS_PLAN_AFTER=2)
+
+
+def _release(plan):
+    """A plan leaves its cache: its source leaves linecache (each plan's file name is its own)."""
+    if plan.__class__ is LazyPlan:
+        if plan._fn is not None:
+            forget_source(plan._name)
+    else:
+        code = getattr(plan, "__code__", None)
+        if code is not None:
+            forget_source(code.co_filename)
 
 
 def compile_plan(src, name, ns, recipe):
@@ -39,6 +50,10 @@ class LazyPlan:
                 plans, key = self.slot
                 if plans.get(key) is self:
                     plans[key] = fn
+                else:
+                    # already evicted (run through a reference held elsewhere): nothing will
+                    # drop its source later
+                    forget_source(self._name)
         return fn
 
     def __call__(self, *args, **kwargs):
@@ -78,9 +93,19 @@ class PlanCache:
         self.reasons: dict = {}
 
     def _room(self, key):
-        """Evict the oldest signature when a new key would exceed MAX_PLANS (replacing one never does)."""
-        if len(self.plans) >= MAX_PLANS and key not in self.plans:
-            self.plans.pop(next(iter(self.plans)))
+        """Evict the oldest signature when a new key would exceed MAX_PLANS (replacing one never does);
+        a plan that leaves the cache takes its source out of linecache."""
+        plans = self.plans
+        if key in plans:
+            _release(plans[key])
+        elif len(plans) >= MAX_PLANS:
+            _release(plans.pop(next(iter(plans))))
+
+    def clear(self):
+        """Drop every plan (the implementation was replaced)."""
+        for plan in self.plans.values():
+            _release(plan)
+        self.plans.clear()
 
     def put_seen(self, key):
         """The signature ran once without a recording: its next call records."""
