@@ -283,7 +283,7 @@ def _check_inplace(self_t, shape, result, tens):
 
 
 def _check_no_internal_overlap(o):
-    if any(s == 0 and n > 1 for n, s in zip(o.shape, o.stride())):
+    if layout.internal_overlap(o.shape, o.stride()):
         raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
                            "single memory location. Please clone() the tensor before performing the operation.")
 

@@ -9,12 +9,20 @@ Everything here works on (shape, strides) tuples, never on tensor data:
                        size-1 dims dropped, neighbours merged where every operand is contiguous across
                        them, then the two tile dims picked (the output's fastest dim N, and a dim M that
                        some input walks fastest, so a + a.T reads both operands coalesced);
+* `internal_overlap`   whether a written-to tensor has elements that share an address;
 * `needs_int64`        whether any offset the kernel forms can pass 2**31 - 1 (64-bit index math is
                        a compile-time specialization; the common case keeps 32-bit math).
 """
 from __future__ import annotations
 
 INT32_MAX = 2 ** 31 - 1
+
+
+def internal_overlap(shape, strides) -> bool:
+    """Whether two elements share one address (ATen's has_internal_overlap answering YES): a dim of
+    size > 1 with stride 0. An empty tensor has no elements to share one; ATen counts it as
+    non-overlapping and dense and writes nothing to it."""
+    return 0 not in shape and any(st == 0 and n > 1 for n, st in zip(shape, strides))
 
 
 def broadcast_strides(shape, t_shape, t_strides):

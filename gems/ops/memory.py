@@ -1,5 +1,12 @@
 """Where tensors sit in memory: the checks op families make before they write (shared, so each lives once)."""
+from ..codegen.layout import internal_overlap
 from ..runtime.utils import span
+
+
+def has_internal_overlap(t) -> bool:
+    """Whether elements of `t` share an address, so writing it is what ATen rejects (never for an empty
+    tensor: there is nothing to write; the pointwise generator applies the same rule)."""
+    return internal_overlap(t.shape, t.stride())
 
 
 def overlaps(a, b) -> bool:

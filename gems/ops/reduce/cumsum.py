@@ -28,7 +28,7 @@ import triton.language as tl
 from ...registry import FLOATS, INTS, Unsupported, register
 from ...runtime import backend, kernel
 from ...runtime.utils import cdiv, empty, next_pow2, resize_like_aten, wrap_dim
-from ..memory import overlaps
+from ..memory import has_internal_overlap, overlaps
 from .reduction import merge_dims
 
 # float64 goes to ATen (the project serves no float64 compute op); bool inputs sum as int64
@@ -215,9 +215,8 @@ def cumsum_(self, dim, *, dtype=None):
     """In-place prefix sum (the result keeps self's dtype; dtype= must equal it)."""
     if self.dtype == torch.bool:
         raise Unsupported("bool self (ATen's in-place rule)")
-    for s, n in zip(self.stride(), self.shape):
-        if s == 0 and n > 1:
-            raise Unsupported("self has overlapping elements (ATen raises)")
+    if has_internal_overlap(self):
+        raise Unsupported("self has overlapping elements (ATen raises)")
     if dtype is not None and dtype != self.dtype:
         raise RuntimeError(f"Bad in-place call: input tensor dtype {self.dtype} and output tensor dtype {dtype} "
                            f"should match")

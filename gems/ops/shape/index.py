@@ -39,7 +39,7 @@ from ...codegen.generator import number_misfit
 from ...registry import ALL, Unsupported, register
 from ...runtime import backend, kernel
 from ...runtime.utils import cdiv, prepare_out, wrap_dim
-from ..memory import overlaps
+from ..memory import has_internal_overlap, overlaps
 from .copy import copy_fn
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
@@ -163,14 +163,10 @@ def _bounds_error(d, bound):
     return err
 
 
-def _internal_overlap(t) -> bool:
-    return any(s == 0 and n > 1 for n, s in zip(t.shape, t.stride()))
-
-
 def _prepare(out, shape, dtype, device):
     """A fresh contiguous result, or the caller's out (resized like ATen; any strides, no overlap)."""
     y = prepare_out(out, shape, dtype, device, contiguous=False)
-    if out is not None and _internal_overlap(y):
+    if out is not None and has_internal_overlap(y):
         raise Unsupported("out has overlapping elements (ATen raises)")
     return y
 
@@ -274,7 +270,7 @@ def _scatter(self, d, index, src, value, out, inplace):
                                       else ""))
     written = self if inplace else out
     if written is not None:
-        if _internal_overlap(written):
+        if has_internal_overlap(written):
             raise Unsupported("the written tensor has overlapping elements (ATen raises)")
         if overlaps(written, index) or (src is not None and overlaps(written, src)):
             raise Unsupported("the written tensor overlaps the index or src (ATen raises)")

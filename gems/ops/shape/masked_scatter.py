@@ -45,7 +45,7 @@ from ...codegen.layout import broadcast_strides, collapse, contiguous_strides, n
 from ...registry import ALL, Unsupported, register
 from ...runtime import backend, kernel
 from ...runtime.utils import cdiv, empty, prepare_out, zeros
-from ..memory import overlaps
+from ..memory import has_internal_overlap, overlaps
 
 _DIMS = 4
 # block: positions per program (the unit of the counts); scan: chunk of counts per step of the scan.
@@ -196,7 +196,7 @@ def _masked_scatter(self, mask, source, out=None, inplace=False):
         shape = tuple(self.shape)
         if mask.dim() > self.dim() or torch.broadcast_shapes(mask.shape, self.shape) != self.shape:
             raise Unsupported("mask does not expand to self's shape (ATen raises)")
-        if any(s == 0 and n > 1 for n, s in zip(self.shape, self.stride())):
+        if has_internal_overlap(self):
             raise Unsupported("self has overlapping elements (ATen raises)")
         if overlaps(self, source) or overlaps(self, mask):
             raise Unsupported("source or mask shares memory with self")

@@ -21,7 +21,7 @@ from ...codegen.layout import collapse, needs_int64
 from ...registry import ALL, Unsupported, register
 from ...runtime import backend, kernel
 from ...runtime.utils import cdiv, next_pow2, prepare_out
-from ..memory import overlaps
+from ..memory import has_internal_overlap, overlaps
 
 
 @kernel
@@ -75,7 +75,7 @@ def _tri(self, diagonal, lower, out=None, inplace=False):
     k = max(-M, min(int(diagonal), N))
     if inplace:
         y = self
-        if any(s == 0 and n > 1 for n, s in zip(self.shape, self.stride())):
+        if has_internal_overlap(self):
             raise Unsupported("self has overlapping elements (expanded)")
     else:
         if out is not None and overlaps(out, self):
