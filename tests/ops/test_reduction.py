@@ -159,6 +159,34 @@ def test_dtype_kwarg(dtype):
     assert got.dtype == torch.float32 and torch.equal(got, ints.sum(1).float())
 
 
+def test_narrower_dtype_kwarg_casts_first():
+    """sum(x, dtype=d) reads x cast to d (ATen's TensorIterator), then accumulates in fp32: in fp16,
+    [2049, 1, 1] is 2048 + 1 + 1 = 2050 (not 2051 rounded to 2052), and 7e4 is inf, so [7e4, -7e4]
+    sums to NaN (not 0). mean follows ATen's device: CUDA's reads the cast input, the CPU's sums the
+    input as it is in fp32."""
+    f16 = torch.float16
+    ints, big = torch.tensor([2049, 1, 1], device=DEVICE), torch.tensor([7e4, -7e4], device=DEVICE)
+    with served("sum.default"), gems.use_gems():
+        a, b = torch.sum(ints, dtype=f16), torch.sum(big, dtype=f16)
+    assert a.item() == 2050 and a.dtype == f16 and torch.isnan(b)
+    with served("sum.dim_IntList"), gems.use_gems():
+        c, d = torch.sum(ints[None], 1, dtype=f16), torch.sum(big[None], -1, keepdim=True, dtype=f16)
+    assert c.tolist() == [2050] and torch.isnan(d).all() and d.shape == (1, 1)
+    with served("sum.IntList_out"), gems.use_gems():
+        o = torch.sum(ints[None], 1, dtype=f16, out=torch.empty(1, dtype=f16, device=DEVICE))
+    assert o.tolist() == [2050]
+    # many elements that each round in fp16: the reference is the float64 sum of the rounded input
+    x = make((9, 130), low=500, high=3000)
+    with served("sum.dim_IntList"), gems.use_gems():
+        got = torch.sum(x, 1, dtype=f16)
+    want = x.to(f16).double().sum(1).to(f16)
+    assert torch.equal(got.cpu(), want.cpu())
+    for t in (big, ints.float(), x):
+        with served("mean.default"), gems.use_gems():
+            m = torch.mean(t, dtype=f16)
+        torch.testing.assert_close(m, torch.mean(t, dtype=f16), equal_nan=True, rtol=0, atol=0)
+
+
 def test_empty():
     x = make((0, 5))
     with gems.use_gems():

@@ -476,18 +476,32 @@ def _sum_dtype(x, dtype):
 
 
 SUM_DTYPES = FLOATS + INTS + (torch.bool,)
+_HALVES = (torch.float16, torch.bfloat16)
+
+
+def read_as(x, out_dtype):
+    """x as ATen's reduction reads it: cast to the result dtype first. Only an fp16/bf16 result of
+    another input dtype needs the copy: each element rounds to it before the fp32 accumulation
+    (sum([2049, 1, 1], dtype=fp16) is 2048 + 1 + 1 = 2050; 7e4 becomes inf, so [7e4, -7e4] sums to
+    NaN). The kernels' own conversion on load is ATen's cast for every other pair (a widening, fp64 to
+    the fp32 accumulator per element, integers modulo 2^n)."""
+    if out_dtype in _HALVES and x.dtype != out_dtype:
+        return x.to(out_dtype)
+    return x
 
 
 @register("sum.default", "sum.out", category="reduction", dtypes=SUM_DTYPES)
 def sum_all(x, *, dtype=None, out=None):
     """Sum of all elements (fp32/int64 accumulation, two-stage split for large inputs)."""
-    return reduce_dims(x, None, False, _sum_dtype(x, dtype), OP_SUM, out)
+    od = _sum_dtype(x, dtype)
+    return reduce_dims(x if dtype is None else read_as(x, od), None, False, od, OP_SUM, out)
 
 
 @register("sum.dim_IntList", "sum.IntList_out", category="reduction", dtypes=SUM_DTYPES)
 def sum_dim(x, dim, keepdim=False, *, dtype=None, out=None):
     """Sum over a list of dims, any strides, no copies for mergeable layouts."""
-    return reduce_dims(x, dim, keepdim, _sum_dtype(x, dtype), OP_SUM, out)
+    od = _sum_dtype(x, dtype)
+    return reduce_dims(x if dtype is None else read_as(x, od), dim, keepdim, od, OP_SUM, out)
 
 
 def _mean_dtype(x, dtype):
@@ -499,16 +513,24 @@ def _mean_dtype(x, dtype):
     return d
 
 
+def _mean_input(x, od):
+    # ATen's CUDA mean reads the input cast to the result dtype, as sum does; its CPU mean is an fp32
+    # sum of the input as it is (for an fp16/bf16 result), divided, then cast
+    return read_as(x, od) if x.device.type == "cuda" else x
+
+
 @register("mean.default", "mean.dtype_out", category="reduction", dtypes=FLOATS)
 def mean_all(x, *, dtype=None, out=None):
     """Mean of all elements (sum * 1/N in the accumulation dtype)."""
-    return reduce_dims(x, None, False, _mean_dtype(x, dtype), OP_SUM, out, mean=True)
+    od = _mean_dtype(x, dtype)
+    return reduce_dims(x if dtype is None else _mean_input(x, od), None, False, od, OP_SUM, out, mean=True)
 
 
 @register("mean.dim", "mean.out", category="reduction", dtypes=FLOATS)
 def mean_dim(x, dim, keepdim=False, *, dtype=None, out=None):
     """Mean over a list of dims (coalesced tiles over non-innermost dims, split when the grid is small)."""
-    return reduce_dims(x, dim, keepdim, _mean_dtype(x, dtype), OP_SUM, out, mean=True)
+    od = _mean_dtype(x, dtype)
+    return reduce_dims(x if dtype is None else _mean_input(x, od), dim, keepdim, od, OP_SUM, out, mean=True)
 
 
 @register("amax.default", "amax.out", category="reduction", dtypes=FLOATS + INTS)
