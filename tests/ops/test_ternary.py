@@ -345,6 +345,30 @@ def test_addcmul_addcdiv(dtype):
                  served_ops=[name])
 
 
+def test_addcdiv_addcmul_order_near_the_fp32_limit():
+    """Near 3e38 the order of the multiply and the divide decides whether a term overflows. ATen's CPU
+    addcdiv is self + (value * t1) / t2, its CUDA one self + value * (t1 / t2); addcmul is
+    self + (value * t1) * t2 on both. Gems follows each device's: ATen on the same device is the
+    reference, bit for bit, infinities included."""
+    f32 = torch.float32
+    x = torch.tensor([0.0, 0.0, 1e38, -1e38, 0.0, 2.0], device=DEVICE).repeat(3)
+    t1 = torch.tensor([3e38, 3e38, 3e38, 3e38, 1e-30, -7.0], device=DEVICE).repeat(3)
+    t2 = torch.tensor([0.5, 2.0, 1.45, 3.0, 1e-30, 3.0], device=DEVICE).repeat(3)
+    for v in (0.5, 2.0, 0.69, -1.3):
+        for fn, name in ((torch.addcdiv, "addcdiv.default"), (torch.addcmul, "addcmul.default")):
+            with served(name), gems.use_gems():
+                got = fn(x, t1, t2, value=v)
+            assert torch.equal(got, fn(x, t1, t2, value=v)), (name, v, got, fn(x, t1, t2, value=v))
+        with served("addcdiv_.default"), gems.use_gems():
+            got = x.clone().addcdiv_(t1, t2, value=v)
+        assert torch.equal(got, x.clone().addcdiv_(t1, t2, value=v)), v
+    # the hand-checked case: 0.5 * 3e38 / 0.5 is 3e38 on the CPU; 0.5 * (3e38 / 0.5) overflows on CUDA
+    one = [torch.tensor([t], device=DEVICE, dtype=f32) for t in (0.0, 3e38, 0.5)]
+    with served("addcdiv_.default"), gems.use_gems():
+        got = one[0].clone().addcdiv_(one[1], one[2], value=0.5)
+    assert torch.isfinite(got).item() == (DEVICE == "cpu")
+
+
 def test_addcmul_int():
     for dt in (torch.int32, torch.int64):
         x, a, b = make((5, 9), dt, low=-20, high=20), make((5, 9), dt, low=-20, high=20), make((9,), dt, low=-5, high=5)
