@@ -35,6 +35,7 @@ step() { echo "[$(( $(date +%s) - T0 )) s] $*" >&2; }
 
 $PY -c "import torch, sys; assert torch.cuda.is_available(), 'no CUDA device: this script is for the GPU machine'" || exit 2
 note "device: $($PY -c 'import torch; print(torch.cuda.get_device_name())'); torch $($PY -c 'import torch; print(torch.__version__)'); triton $($PY -c 'import triton; print(triton.__version__)'); $(date -u +%F)"
+$PY -m gems.runtime.fast build >&2 || true   # the C++ fast path for this torch (a no-op once built)
 note "fast path: $($PY -c 'import torch, gems; gems.enable(); from gems.runtime import fast; print(fast.status()[:120])' 2>&1 | tail -1)"
 q() { [ "$QUICK" = 1 ] && echo "$1"; }
 

@@ -4,7 +4,11 @@
 #   CPU build first, because a bare `pip install torch` pulls several GB of CUDA packages;
 # - triton 3.6.0 with numpy < 2.3 (newer numpy breaks triton 3.6's CPU interpreter);
 # - transformers 5.17.0 for the model recipes of gems-coverage;
-# - Gems in editable mode with its test extra and its plot extra (matplotlib, for gems-coverage's pictures).
+# - Gems in editable mode with its test extra and its plot extra (matplotlib, for gems-coverage's pictures);
+# - then Gems' C++ fast path, compiled against this torch (35-60 s, once; `python -m gems.runtime.fast
+#   build` again after changing torch or gems/csrc/): pip cannot build it, its build isolation hides the
+#   torch that loads it. Without a compiler Gems runs its Python path (same results), so a failed build
+#   is reported, not fatal.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -16,3 +20,4 @@ if ! $PY -c "import triton" 2>/dev/null; then
 fi
 $PY -m pip install -q "numpy<2.3" transformers==5.17.0
 $PY -m pip install -q -e ".[test,plot]"
+$PY -m gems.runtime.fast build || echo "setup.sh: continuing without the C++ fast path (see above)" >&2

@@ -25,6 +25,17 @@ def _hits(name):
     return 0 if op is None else op.hits
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _built():
+    """The extension for this torch and these sources: scripts/setup.sh builds it; where it has not (a
+    checkout that changed gems/csrc/, a machine set up by hand), the public entry point builds it here,
+    and a build that fails fails these tests instead of skipping them."""
+    if not fast.is_built():
+        fast.build()
+        gems.disable()      # a registration made without the module is redone, loading it
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _registered():
     with gems.use_gems():
@@ -262,3 +273,60 @@ def test_tensor_list_out_overlap_declines_and_raises_like_aten():
         with pytest.raises(RuntimeError, match="unsupported operation"):
             with gems.use_gems():
                 torch.cat([o[:8], y], 0, out=o)
+
+
+@pytest.fixture
+def fresh_loader(monkeypatch, tmp_path):
+    """fast.load() as in a new process, over an empty build directory, with the compiler replaced by a
+    recorder (whatever happens, the module this process loaded stays loaded)."""
+    for name, value in (("_tried", False), ("_module", None), ("_noted", False), ("_status", "not loaded")):
+        monkeypatch.setattr(fast, name, value)
+    monkeypatch.setenv("GEMS_FAST_BUILD_DIR", str(tmp_path))
+    for var in ("GEMS_QUIET", "GEMS_FAST_BUILD"):
+        monkeypatch.delenv(var, raising=False)
+    builds = []
+
+    def compile_fails(out):
+        builds.append(out)
+        raise RuntimeError("no compiler here")
+    monkeypatch.setattr(fast, "_build", compile_fails)
+    return builds
+
+
+def test_loading_never_compiles_and_says_once_how_to_build(fresh_loader, capsys):
+    assert fast.load() is None and fast.load() is None
+    assert fresh_loader == []
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "-m gems.runtime.fast build" in err, err
+    assert fast.status().startswith("not built"), fast.status()
+
+
+def test_a_module_built_for_other_sources_is_named_stale(fresh_loader, capsys, tmp_path):
+    (tmp_path / "fastpath" / "0123456789abcdef").mkdir(parents=True)
+    (tmp_path / "fastpath" / "0123456789abcdef" / "gems_fastpath.so").write_bytes(b"")
+    assert fast.load() is None and fresh_loader == []
+    assert "another torch version or older sources" in capsys.readouterr().err
+
+
+def test_gems_quiet_silences_the_note(fresh_loader, capsys, monkeypatch):
+    monkeypatch.setenv("GEMS_QUIET", "1")
+    assert fast.load() is None
+    assert capsys.readouterr().err == ""
+
+
+def test_gems_fast_build_auto_builds_on_first_use(fresh_loader, monkeypatch):
+    monkeypatch.setenv("GEMS_FAST_BUILD", "auto")
+    with pytest.warns(RuntimeWarning, match="no compiler here"):
+        assert fast.load() is None
+    assert len(fresh_loader) == 1 and fast.status().startswith("unavailable")
+
+
+def test_the_build_command_says_where_and_how_long(fresh_loader, monkeypatch, capsys):
+    monkeypatch.setattr(fast, "_build", lambda out: (fresh_loader.append(out), out.write_bytes(b"")))
+    assert fast.main(["status"]) == 1
+    assert fast.main(["build"]) == 0
+    out = capsys.readouterr().out
+    assert "built the C++ fast path in " in out and str(fast.build_path()) in out, out
+    assert fast.main(["build"]) == 0 and len(fresh_loader) == 1      # built: nothing to do
+    assert fast.main(["build", "--force"]) == 0 and len(fresh_loader) == 2
+    assert fast.main(["status"]) == 0
