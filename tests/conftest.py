@@ -21,6 +21,7 @@ os.environ.setdefault("GEMS_PLAN_AFTER", "1")
 os.environ.setdefault("GEMS_CACHE_DIR", tempfile.mkdtemp(prefix="gems-test-cache-"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("GEMS_FAST_BUILD", "auto")  # the suite tests the C++ layer: build it where set-up did not (or sources changed)
 sys.path.insert(0, os.path.dirname(__file__))
 
 import warnings  # noqa: E402
