@@ -253,7 +253,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("unregister", []() { g_libs.clear(); });
   m.def("set_global", [](int cfg) { g_cfg = cfg; });
-  m.def("set_top_scope", [](int cfg) { g_top_scope = cfg; });
+  m.def("set_any_scope", [](bool on) { g_any_scope = on; });
+  m.def("set_task", [](int64_t task, int cfg) { t_task = task; t_task_cfg = cfg; });
   m.def("set_thread", [](int cfg) { t_cfg = cfg; });
   m.def("get_thread", []() { return t_cfg; });
   m.def("set_check", [](bool on) { g_check = on; });

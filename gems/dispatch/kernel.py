@@ -79,7 +79,7 @@ def make_kernel(state: DispatchState, impl: registry.OpImpl, op: OpRuntime, orig
     guard_plan = not on_cuda
     # what the call reads, bound here so that each is one local lookup
     counts, reasons, broken = op.counts, op.reasons, op.broken
-    tls, guard = state.thread, reentry.THREAD
+    tls, guard, scopes = state.thread, reentry.THREAD, state.scopes
     get_device = torch._C._cuda_getDevice if on_cuda else None
     MISS, NO_PLAN, AtenPlan, SEEN = plan_cache.MISS, plan_cache.NO_PLAN, plan_cache.AtenPlan, plan_cache.SEEN
 
@@ -118,10 +118,11 @@ def make_kernel(state: DispatchState, impl: registry.OpImpl, op: OpRuntime, orig
             return call_orig(keyset, *args, **kwargs)
         if tls.scoped:
             cfg = tls.cfg
+        elif scopes:
+            # a scope is active on some thread: this may be backward work one of them started
+            cfg = config_for_unscoped_thread(state)
         else:
             cfg = state.global_cfg
-            if cfg is None:
-                cfg = config_for_unscoped_thread(state)
         if cfg is None or name not in cfg:
             return call_orig(keyset, *args, **kwargs)
         # 2. the plan lookup

@@ -5,55 +5,18 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from .. import registry
-from ..runtime import abi, backends
+from ..runtime import backends
 from .registration import ensure_registered, unregister_if_idle
-from .state import STATE, DispatchState, active_config_of
-
+from .state import STATE, DispatchState, active_config_of, cfg_id, stash_scope
 
 # distinct selections whose op sets are cached (a service may build a selection per request: the
 # cache must not grow with them); an evicted selection is resolved again when it is next used
 MAX_SELECTIONS = 256
-# config ids live at once; an id whose op set no scope and no enable() uses any more is reused
-MAX_CONFIG_IDS = abi.MAX_CONFIGS
 
 
-def cfg_id(state: DispatchState, cfg) -> int:
-    """The C++ side's id of an op set (its ops' membership is set there when the id is made); -1 when
-    the C++ side has no room for another."""
-    i = state.cfg_ids.get(cfg)
-    if i is None:
-        with state.lock:
-            i = _new_cfg_id(state, cfg)
-    fast = state.fast
-    return i if fast is None or i < fast.MAX_CONFIGS else -1
-
-
-def _new_cfg_id(state: DispatchState, cfg) -> int:
-    ids = state.cfg_ids
-    i = ids.get(cfg)
-    if i is not None:
-        return i
-    if len(ids) < MAX_CONFIG_IDS:
-        i = len(ids)
-    else:
-        # the oldest op set nothing selects now gives up its id: its ops' membership is rewritten below
-        in_use = {state.global_cfg, *(s.cfg for s in state.scopes)}
-        old = next((c for c in ids if c not in in_use), None)
-        if old is None:
-            return -1   # every id is in use: this op set takes the Python path
-        i = ids.pop(old)
-    ids[cfg] = i
-    fast = state.fast
-    if fast is not None and i < fast.MAX_CONFIGS:
-        for name, rt in state.ops.items():
-            if rt.fast is not None:
-                rt.fast.set_member(i, name in cfg)
-    return i
-
-
-def _sync_top_scope(state: DispatchState):
+def _sync_any_scope(state: DispatchState):
     if state.fast is not None:
-        state.fast.set_top_scope(cfg_id(state, state.scopes[-1].cfg) if state.scopes else -1)
+        state.fast.set_any_scope(bool(state.scopes))
 
 
 def config(state: DispatchState, include, exclude) -> frozenset:
@@ -140,9 +103,10 @@ class use_gems:
         tls = state.thread
         self._prev.append((tls.scoped, tls.cfg))
         tls.scoped, tls.cfg = True, self.cfg
+        stash_scope(self.cfg)
         with state.lock:
             state.scopes.append(self)
-            _sync_top_scope(state)
+            _sync_any_scope(state)
         if state.fast is not None:
             state.fast.set_thread(cfg_id(state, self.cfg))
         return self
@@ -151,6 +115,7 @@ class use_gems:
         state = STATE
         tls = state.thread
         tls.scoped, tls.cfg = self._prev.pop()
+        stash_scope(tls.cfg if tls.scoped else None)
         with state.lock:
             # remove this scope's most recent entry (scopes of other threads may sit after it)
             scopes = state.scopes
@@ -158,7 +123,7 @@ class use_gems:
                 if scopes[i] is self:
                     del scopes[i]
                     break
-            _sync_top_scope(state)
+            _sync_any_scope(state)
         if state.fast is not None:
             state.fast.set_thread(cfg_id(state, tls.cfg) if tls.scoped else state.fast.UNSCOPED)
         return False

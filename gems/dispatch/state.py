@@ -7,6 +7,11 @@ reasons, the signatures its implementation failed on). `DispatchState` holds eve
 selection state: what `enable()` chose, the `use_gems()` scopes of all threads, the calling thread's
 own scope, the registrations at the backend key and the C++ fast path's module, which mirrors the
 selection (its config ids stand for op sets).
+
+Backward work autograd runs on threads of its own (CUDA's device threads) follows the selection of
+the thread that started the backward: `use_gems()` also stashes its op set in torch's thread-local
+Python objects, which autograd captures when a backward starts (at::ThreadLocalState) and restores on
+every thread that runs that backward's nodes.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from typing import Optional
 import torch
 
 from .. import registry
+from ..runtime import abi
 
 
 class OpRuntime:
@@ -122,19 +128,75 @@ def active_config_of(state: DispatchState) -> Optional[frozenset]:
     return state.thread.cfg if state.thread.scoped else config_for_unscoped_thread(state)
 
 
+# the calling thread's use_gems() op set (None outside a scope) among torch's thread-local Python objects
+SCOPE_KEY = "gems.use_gems"
+_stash = torch._C._stash_obj_in_tls
+_is_stashed = torch._C._is_key_in_tls
+_stashed = torch._C._get_obj_in_tls
+_graph_task_id = torch._C._current_graph_task_id
+
+
+def stash_scope(cfg):
+    """Record the calling thread's scope (an op set, or None outside any) where autograd finds it."""
+    _stash(SCOPE_KEY, cfg)
+
+
 def config_for_unscoped_thread(state: DispatchState):
-    """The op set of a thread outside any use_gems() scope of its own: enable()'s, or else, on autograd's
-    device threads, the innermost active scope's."""
+    """The op set of a thread outside any use_gems() scope of its own: enable()'s, or, for backward work
+    autograd runs on a thread of its own, the scope of the thread that started the backward (never
+    another thread's: a backward started outside any scope follows enable())."""
     cfg = state.global_cfg
-    if cfg is None and state.scopes and _graph_task_active():
-        # Autograd runs CUDA backward work on its own device threads, which never entered the scope
-        # of the thread that called backward(); they follow the innermost active scope.
-        cfg = state.scopes[-1].cfg
+    if state.scopes:
+        task = _graph_task_id()
+        if task != -1:
+            scoped = _stashed(SCOPE_KEY) if _is_stashed(SCOPE_KEY) else None
+            if scoped is not None:
+                cfg = scoped
+            if state.fast is not None:
+                # the C++ side keys this thread's graph task to its config: the task's later calls
+                # on this thread replay from C++
+                state.fast.set_task(task, state.fast.UNSCOPED if scoped is None else cfg_id(state, scoped))
     return cfg
 
 
-def _graph_task_active() -> bool:
-    return torch._C._current_graph_task_id() != -1
+# config ids live at once (the C++ side's room); an id whose op set no scope and no enable() uses any
+# more is reused
+MAX_CONFIG_IDS = abi.MAX_CONFIGS
+
+
+def cfg_id(state: DispatchState, cfg) -> int:
+    """The C++ side's id of an op set (its ops' membership is set there when the id is made); -1 when
+    the C++ side has no room for another."""
+    i = state.cfg_ids.get(cfg)
+    if i is None:
+        with state.lock:
+            i = _new_cfg_id(state, cfg)
+    fast = state.fast
+    return i if fast is None or i < fast.MAX_CONFIGS else -1
+
+
+def _new_cfg_id(state: DispatchState, cfg) -> int:
+    ids = state.cfg_ids
+    i = ids.get(cfg)
+    if i is not None:
+        return i
+    if len(ids) < MAX_CONFIG_IDS:
+        i = len(ids)
+    else:
+        # the oldest op set nothing selects now gives up its id: its ops' membership is rewritten below
+        # (a running backward's selection is its starting thread's active scope, so it is in use too)
+        in_use = {state.global_cfg, *(s.cfg for s in state.scopes)}
+        old = next((c for c in ids if c not in in_use), None)
+        if old is None:
+            return -1   # every id is in use: this op set takes the Python path
+        i = ids.pop(old)
+    ids[cfg] = i
+    fast = state.fast
+    if fast is not None and i < fast.MAX_CONFIGS:
+        for name, rt in state.ops.items():
+            if rt.fast is not None:
+                rt.fast.set_member(i, name in cfg)
+    return i
 
 
 def is_registered() -> bool:

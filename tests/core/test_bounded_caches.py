@@ -10,6 +10,7 @@ import torch
 
 import gems
 from gems.dispatch import selection
+from gems.dispatch import state
 from gems.dispatch.state import STATE
 from gems.runtime.plan import cache as plan_cache
 from harness import DEVICE, make
@@ -72,7 +73,7 @@ def test_distinct_selections_leave_the_selection_caches_bounded(monkeypatch):
     """1000 distinct include= selections: the op-set cache and the config ids stay bounded, ids are
     reused only when nothing selects their op set, and every selection is still served as it says
     (the C++ fast path's membership of a reused id is rewritten)."""
-    monkeypatch.setattr(selection, "MAX_CONFIG_IDS", 16)
+    monkeypatch.setattr(state, "MAX_CONFIG_IDS", 16)
     ids_before = len(STATE.cfg_ids)
     ops = [n for n in gems.registered_ops() if n not in ("neg.default", "gelu.default")][:50]
     x = make((4, 8))
