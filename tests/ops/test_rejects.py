@@ -417,3 +417,52 @@ def test_complex_number_snippets():
         gems.disable()
     for w, g in zip(want, got):
         assert g.dtype == w.dtype and torch.equal(g, w), (w, g)
+
+
+# ------------------------------------------------------------------------------------------------
+# answers where ATen raises: cropping pads, out= that is an input
+# ------------------------------------------------------------------------------------------------
+
+def test_pad_cropping_past_the_input():
+    # ATen narrows by the negative pads before anything else: narrow() raises even where the padded
+    # size is not negative (F.pad(zeros(4, 2), (1, -3)) has size 2 + 1 - 3 = 0)
+    import torch.nn.functional as F
+    rows = []
+    for shape, ok, bad in (((4, 2), (1, -1), (1, -3)), ((4, 2), (-1, 1), (-3, 1)), ((4, 2), (-1, 0), (-1, -2)),
+                           ((4, 2), (2, -2), (2, -4)), ((4, 2), (-1, -1), (-3, -3)),
+                           ((2, 4, 2), (1, 1, -3, 1), (1, 1, -5, 1)), ((2, 4, 2), (0, 0, -2, -2), (0, 0, -2, -3))):
+        x = lambda shape=shape: _t(torch.arange(float(torch.Size(shape).numel())).reshape(shape).tolist(),
+                                   torch.float32)
+        rows.append((f"pad {shape} {bad}", (lambda x=x, p=ok: F.pad(x(), p)), (lambda x=x, p=bad: F.pad(x(), p))))
+    check_table(rows)
+
+
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+def test_cat_and_stack_into_an_input():
+    # ATen rejects out= being one of cat's inputs even where they are empty; stack resizes out (and so
+    # that input) first, then raises or answers by what the input became
+    rows = []
+    for shape, dim in (((0,), 0), ((0, 3), 0), ((0, 3), -1), ((3, 0), 0), ((2, 0, 2), 1), ((3,), 0)):
+        x, y = (lambda shape=shape: _t(torch.zeros(shape).tolist(), torch.float32)), \
+            (lambda shape=shape: _t(torch.ones(shape).tolist(), torch.float32))
+
+        def into_first(op, x=x, y=y, dim=dim):
+            a = x()
+            return op([a, y()], dim, out=a)
+
+        def into_second(op, x=x, y=y, dim=dim):
+            b = y()
+            return op([x(), b], dim, out=b)
+
+        def fresh(op, x=x, y=y, dim=dim):
+            return op([x(), y()], dim, out=torch.empty(0, device=DEVICE))
+
+        for op in (torch.cat, torch.stack):
+            rows.append((f"{op.__name__} {shape} dim {dim} out=first", (lambda op=op, f=fresh: f(op)),
+                         (lambda op=op, f=into_first: f(op))))
+            rows.append((f"{op.__name__} {shape} dim {dim} out=second", (lambda op=op, f=fresh: f(op)),
+                         (lambda op=op, f=into_second: f(op))))
+    x = lambda: torch.empty(0, device=DEVICE)  # noqa: E731
+    rows.append(("cat snippet", None, lambda: (lambda a: torch.cat([a, _t([1.0, 2.0, 3.0], torch.float32)], 0,
+                                                                    out=a))(x())))
+    check_table(rows)

@@ -278,6 +278,9 @@ def cat(tensors, dim=0, *, out=None):
     tensors = list(tensors)
     if not tensors:
         raise ValueError("torch.cat(): expected a non-empty list of Tensors")
+    if out is not None and any(t is out for t in tensors):
+        # ATen rejects out= being an input even where both are empty (no address is shared)
+        raise Unsupported("out is one of the inputs (ATen raises)")
     t0 = tensors[0]
     if t0.dim() and uniform_inputs(tensors) and not _skipped(t0):
         return cat_uniform(t0, tensors, dim, out)

@@ -158,6 +158,16 @@ def constant_pad_nd(self, pad, value=0):
     if len(pad) // 2 > nd:
         raise RuntimeError(f"Length of pad should be no more than twice the number of dimensions of the input. "
                            f"Pad length is {len(pad)} while the input has {nd} dimensions.")
+    meta = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta")
+    # ATen first narrows the input by the negative pads, outer dims first, left then right: a pad
+    # cropping more than is left raises narrow()'s error even where the output size is not negative
+    view = meta
+    for d in range(nd - len(pad) // 2, nd):
+        left, right = pad[2 * (nd - 1 - d)], pad[2 * (nd - 1 - d) + 1]
+        if left < 0:
+            view = view.narrow(d, -left, view.shape[d] + left)
+        if right < 0:
+            view = view.narrow(d, 0, view.shape[d] + right)
     fill = _fill_value(value, self.dtype)
     lo = [0] * nd
     shape = list(self.shape)
@@ -170,13 +180,8 @@ def constant_pad_nd(self, pad, value=0):
                                f"in a negative output size, which is invalid. Check dimension {d} of your input.")
         lo[d] = left
         shape[d] = n
-    meta = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta")
     if all(p <= 0 for p in pad):
         # ATen returns a clone of the narrowed input: its strides follow clone's preserve_format rule
-        view = meta
-        for d in range(nd):
-            if shape[d] != self.shape[d]:
-                view = view.narrow(d, max(-lo[d], 0), shape[d])
         strides = torch.empty_like(view, memory_format=torch.preserve_format).stride()
     else:
         from torch._prims_common import suggest_memory_format

@@ -26,6 +26,9 @@ def stack(tensors, dim=0, *, out=None):
     tensors = list(tensors)
     if not tensors:
         raise RuntimeError("stack expects a non-empty TensorList")
+    if out is not None and any(t is out for t in tensors):
+        # ATen resizes out, and so that input, before its checks: what it raises or answers follows from that
+        raise Unsupported("out is one of the inputs")
     same = uniform_inputs(tensors)     # one dtype, shape and strides: cat's uniform path, no view per input
     shape = list(tensors[0].shape)
     if not same:
