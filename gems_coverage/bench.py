@@ -22,7 +22,7 @@ import time
 from typing import Callable, Optional
 
 from .bench_result import BenchResult, attribute, totals
-from .runner import OPTIMIZERS
+from .runner import OPTIMIZERS, patch_report
 
 WORKLOADS = ("prefill", "decode", "train")
 # a profiler annotation around the prompt's forward in a decode run: its ops are not decode steps
@@ -422,7 +422,7 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
                      dropout=0.0 if workload == "train" else None)
     if patch:
         res.patched = True
-        res.patch = _patch_report(bundle.model, popts)
+        res.patch = patch_report(bundle.model, popts)
         res.notes.append("Gems turns: gems.patch(model) + Gems' ATen ops; ATen turns: the unpatched model; "
                          "attribution rows fused::<Function> are gems.fused's kernels (forward and Backward)")
     if fresh_lengths:
@@ -478,18 +478,6 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
     finally:
         gems.disable()   # leave the process as it was: nothing registered
     return res
-
-
-def _patch_report(model, options) -> dict:
-    """What gems.patch replaces in this model (patched and unpatched at once; bad input -> ModelError)."""
-    import gems
-    import gems_models as M
-    try:
-        report = gems.patch(model, **options)
-    except (ValueError, TypeError, RuntimeError) as e:
-        raise M.ModelError(f"--patch: {e}") from None
-    gems.unpatch(model)
-    return report.to_dict()
 
 
 def _agreement(wl: Workload, dtype, progress) -> list:

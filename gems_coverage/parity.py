@@ -312,6 +312,8 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
     no_dropout(base.model)
     res = ParityResult(model=base.recipe.name, size=size, device=device, dtype=str(dt).replace("torch.", ""),
                        backend=info.backend, registered_ops=info.registered_ops)
+    if patch:
+        res.patch = runner.patch_report(base.model, popts)   # a model gems.patch refuses: before any run
     names = set(scope.cfg) if shadow else set()
     before = gemsinfo.stats()
 

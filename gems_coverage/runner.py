@@ -26,6 +26,19 @@ def patched(patch) -> bool:
     return patch is True or isinstance(patch, dict)
 
 
+def patch_report(model, options) -> dict:
+    """What gems.patch replaces in this model, patched and unpatched at once: run right after the model
+    is built, a model gems.patch does not take is bad input (gems_models.ModelError) before any run."""
+    import gems
+    from gems_models import ModelError
+    try:
+        report = gems.patch(model, **options)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise ModelError(f"--patch: {e}") from None
+    gems.unpatch(model)
+    return report.to_dict()
+
+
 def patch_options(patch) -> dict:
     """gems.patch's keyword options of a `patch=` argument: {} for True/False, the dict itself else (its
     names checked against gems.patch.OPTIONS; an unknown one is bad input: gems_models.ModelError)."""

@@ -173,3 +173,15 @@ def test_shadow_ignores_generator_state_results():
     assert [i for i, t in enumerate(drop_rng_state(flash, out)) if t is None] == [6, 7]
     x = torch.ones(2)
     assert drop_rng_state(torch.ops.aten.exp.default, x) is x
+
+
+def test_parity_patch_refuses_an_unpatchable_model_before_running(tmp_path, capsys):
+    """gems.patch does not take GPT-2: --patch is bad input, found right after the build, before the
+    ATen run."""
+    import json
+    f = tmp_path / "gpt2.json"
+    f.write_text(json.dumps(GPT2_TINY))
+    rc = main(["parity", str(f), "--mode", "inference", "--patch"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--patch: gems.patch: model type 'gpt2' is not supported" in err, err
+    assert "ATen ..." not in err and "Gems ..." not in err, err
