@@ -420,7 +420,7 @@ def test_complex_number_snippets():
 
 
 # ------------------------------------------------------------------------------------------------
-# answers where ATen raises: cropping pads, out= that is an input
+# answers where ATen raises: cropping pads, masked_fill's value tensor, out= that is an input
 # ------------------------------------------------------------------------------------------------
 
 def test_pad_cropping_past_the_input():
@@ -435,6 +435,39 @@ def test_pad_cropping_past_the_input():
                                    torch.float32)
         rows.append((f"pad {shape} {bad}", (lambda x=x, p=ok: F.pad(x(), p)), (lambda x=x, p=bad: F.pad(x(), p))))
     check_table(rows)
+
+
+def test_masked_fill_value_tensor_out_of_range():
+    # ATen reads the 0-dim value as a Scalar and converts it with an overflow check
+    mask = lambda: _t([True, False, True], torch.bool)  # noqa: E731
+    rows = []
+    for dtype, ok, bad in ((torch.int8, _t(100, torch.int64), _t(300, torch.int64)),
+                           (torch.int8, _t(-100, torch.int64), _t(-300, torch.int64)),
+                           (torch.int16, _t(7, torch.int32), _t(40000, torch.int32)),
+                           (torch.uint8, _t(-1, torch.int64), _t(256, torch.int64)),
+                           (torch.int32, _t(2.5, torch.float32), _t(float("nan"), torch.float32)),
+                           (torch.int64, _t(3.0, torch.float64), _t(1e19, torch.float64)),
+                           (torch.float16, _t(100.0, torch.float32), _t(7e4, torch.float32)),
+                           (torch.float16, _t(100, torch.int32), _t(70000, torch.int32)),
+                           (torch.float32, _t(1.0, torch.float64), _t(1e39, torch.float64)),
+                           (torch.bool, _t(1, torch.int64), _t(5, torch.int64))):
+        x = lambda dtype=dtype: _t([1, 2, 3], dtype)
+        for label, f in (("masked_fill", lambda x, v: x.masked_fill(mask(), v)),
+                         ("masked_fill_", lambda x, v: x.masked_fill_(mask(), v)),
+                         ("masked_fill out", lambda x, v: A.masked_fill.Tensor_out(x, mask(), v, out=torch.empty_like(x)))):
+            rows.append((f"{label} {dtype} {bad.item()!r}", (lambda f=f, x=x, v=ok: f(x(), v)),
+                         (lambda f=f, x=x, v=bad: f(x(), v))))
+    check_table(rows)
+
+
+def test_masked_fill_value_tensor_snippet():
+    def run():
+        return _outcome(lambda: _t([1, 2], torch.int8).masked_fill(_t([True, False], torch.bool), torch.tensor(300)))
+    gems.disable()
+    want = run()
+    with gems.use_gems():
+        got = run()
+    assert isinstance(want, Raised) and "without overflow" in want.msg and got == want, (want, got)
 
 
 @pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")

@@ -3,11 +3,15 @@ clamp_max), lerp, addcmul, addcdiv — declared through gems.codegen.
 
 where's backward stays whole: autograd composes it from where/zeros, which go through here again.
 """
+import functools
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 from ...codegen import pointwise
+from ...codegen.generator import number_misfit
 from ...codegen.tlmath import GPU, clamp_f, fma_f
 from ...registry import FLOATS, INTS, register
 
@@ -93,7 +97,29 @@ where = pointwise("where.self", "where.self_out", body=_where, operands=("condit
 
 def _value_0dim(self, mask, value, *a, **k):
     # ATen requires a 0-dim value (raises otherwise): let it
-    return None if value.dim() == 0 else "value is not 0-dim"
+    if value.dim() != 0:
+        return "value is not 0-dim"
+    return _value_may_overflow(value.dtype, self.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _value_may_overflow(value_dtype, dtype):
+    """ATen reads masked_fill's value tensor as a Scalar and converts it with c10's overflow check
+    (int8 self, value 300: "value cannot be converted to type int8_t without overflow"); the kernel
+    would wrap it. Where some value of `value_dtype` overflows `dtype` by that rule (number_misfit at
+    the dtype's extremes), the call goes to ATen: decided by dtypes, which are part of a plan's
+    signature, with no read of the value."""
+    if value_dtype.is_floating_point:
+        info = torch.finfo(value_dtype)
+        extremes = (info.min, info.max, math.nan)
+    elif value_dtype == torch.bool:
+        return None
+    else:
+        info = torch.iinfo(value_dtype)
+        extremes = (info.min, info.max)
+    if any(number_misfit(v, dtype) is not None for v in extremes):
+        return f"a {value_dtype} value may not fit {dtype} (ATen raises where it does not)"
+    return None
 
 
 masked_fill = pointwise("masked_fill.Scalar", "masked_fill.Scalar_out", "masked_fill_.Scalar", body=_masked_fill,
