@@ -153,8 +153,9 @@ def _leaky_relu_bwd(g, x, slope):
 
 @triton.jit
 def _hardtanh(x, lo, hi):
-    """clamp(self, min_val, max_val), as ATen's hardtanh calls clamp: max_val wins where
-    min_val > max_val, a NaN self or bound gives NaN"""
+    """clamp(self, min_val, max_val), as ATen's (max_val wins where min_val > max_val)
+
+    ATen's hardtanh calls clamp: a NaN self or bound gives NaN too."""
     return clamp_f(x, lo, hi)
 
 

@@ -80,11 +80,12 @@ def _addcmul(a, t1, t2, value):
 
 @triton.jit
 def _addcdiv(a, t1, t2, value):
-    """self + value * tensor1 / tensor2 in each device's ATen order: CUDA's divides first,
-    self + value * (tensor1 / tensor2); the CPU's multiplies first, self + (value * tensor1) / tensor2
-    (near the fp32 limit one overflows where the other does not). The division is IEEE-rounded as
-    ATen's (Triton's `/` is the GPU's approximate division, which differs where the quotient
-    overflows or underflows)."""
+    """self + value * tensor1 / tensor2, in ATen's order on each device (the CPU multiplies first)
+
+    CUDA's kernel divides first, self + value * (tensor1 / tensor2); the CPU's multiplies first,
+    self + (value * tensor1) / tensor2: near the fp32 limit one overflows where the other does not.
+    The division is IEEE-rounded as ATen's (Triton's `/` is the GPU's approximate division, which
+    differs where the quotient overflows or underflows)."""
     if GPU:
         return a + value * tl.math.div_rn(t1, t2)
     else:
