@@ -80,3 +80,25 @@ def test_empty_zero_strided_output_like_aten(label):
             assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
     errors = {n: s["reasons"] for n, s in gems.stats().items() if any("gems error" in r for r in s["reasons"])}
     assert not errors, errors
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 0, 4), (2, 3, 4, 0)], ids=str)
+@pytest.mark.parametrize("label", ["zero_", "neg_", "sin_", "clamp_", "add_ scalar"])
+def test_empty_channels_last_written_like_aten(label, shape):
+    # an empty channels_last tensor has a 0 stride beside its 0-size dim too
+    fn = CALLS[label]
+
+    def outcome():
+        x = torch.empty(shape, device=DEVICE, memory_format=torch.channels_last)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            r = fn(x)
+        return r is x, r.shape, r.stride()
+    gems.disable()
+    want = outcome()
+    gems.reset_stats()
+    with gems.use_gems():
+        got = [outcome() for _ in range(3)]
+    assert got == [want] * 3
+    errors = {n: s["reasons"] for n, s in gems.stats().items() if any("gems error" in r for r in s["reasons"])}
+    assert not errors, errors
