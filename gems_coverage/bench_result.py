@@ -156,7 +156,7 @@ def _place_stats(rows: dict, stats: dict, inner: dict, units: int):
 
 
 # ------------------------------------------------------------------------------------------- output
-def format_result(res: BenchResult, fmt: str = "table", top: int = 25) -> str:
+def format_result(res: BenchResult, fmt: str = "table", top: int = 25, wide: bool = False) -> str:
     import json
     d = res.to_dict()
     if fmt == "json":
@@ -202,7 +202,7 @@ def format_result(res: BenchResult, fmt: str = "table", top: int = 25) -> str:
                      + "; ".join(f"{k}: {', '.join(v)}" for k, v in res.no_plan.items()))
     if res.profiled_units is not None:
         lines += ["", _totals_line(res.totals, u, res.profiled_units), ""]
-        lines.append(_attribution_table(res.ops[:top], u, res.device_timed, tf))
+        lines.append((_attribution_table if wide else _attribution_compact)(res.ops[:top], u, res.device_timed, tf))
         if len(res.ops) > top:
             lines.append(f"({len(res.ops) - top} more rows in --format json)")
     return "\n".join(lines) + "\n"
@@ -230,6 +230,38 @@ def _attribution_table(rows: list, u: str, device: bool, tf: str) -> str:
     if not device:
         headers[5:7] = ["dev us/call A (n/a)", "dev us/call G (n/a)"]
     return tabulate(table, headers=headers, tablefmt=tf, disable_numparse=True)
+
+
+OP_WIDTH = 34   # the compact table's op column; longer names keep their head and tail
+
+
+def _short(name: str) -> str:
+    if len(name) <= OP_WIDTH:
+        return name
+    half = (OP_WIDTH - 1) // 2
+    return name[:half] + "…" + name[-(OP_WIDTH - 1 - half):]
+
+
+def _attribution_compact(rows: list, u: str, device: bool, tf: str) -> str:
+    """The attribution table in ~120 columns: calls as ATen/Gems in one column, the device columns only
+    where there is device time, op names shortened (--wide and --format json have it all)."""
+    from tabulate import tabulate
+    table = []
+    for r in rows:
+        row = [_short(r.op), f"{_fmt(r.aten_calls, 'g')}/{_fmt(r.gems_calls, 'g')}",
+               _fmt(r.aten_host_us_per_call, ".1f"), _fmt(r.gems_host_us_per_call, ".1f")]
+        if device:
+            row += [_fmt(r.aten_device_us_per_call, ".1f"), _fmt(r.gems_device_us_per_call, ".1f")]
+        row.append(f"{r.delta_host_ms:+.3f}")
+        if device:
+            row.append("-" if r.delta_device_ms is None else f"{r.delta_device_ms:+.3f}")
+        row.append(f"{r.served:g}/{r.fallback:g}" if (r.served or r.fallback) else "-")
+        table.append(row)
+    headers = ["op", "calls A/G", "host A", "host G"] + (["dev A", "dev G"] if device else []) \
+        + ["Δhost ms"] + (["Δdev ms"] if device else []) + ["srv/fb"]
+    return (tabulate(table, headers=headers, tablefmt=tf, disable_numparse=True)
+            + f"\n(per {u}; A = ATen, G = Gems; host, dev: us per call; srv/fb: Gems served / fell back; "
+              f"--wide or --format json: all)")
 
 
 def _fmt(x, spec: str) -> str:

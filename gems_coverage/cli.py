@@ -296,7 +296,7 @@ def cmd_bench(a, ctx):
                 seq_len=a.seq_len, new_tokens=new_tokens, steps=a.steps, warmup=a.warmup, optimizer=a.optimizer,
                 include=_split(a.include), exclude=_split(a.exclude), attribution=not a.no_attribution,
                 patch=_patch_arg(a), fresh_lengths=a.fresh_lengths, progress=ctx.say)
-    _emit(format_result(r, a.format, a.top), a.output, ctx)
+    _emit(format_result(r, a.format, a.top, a.wide), a.output, ctx)
     if a.plot:
         _write_bench_plot(a.plot, r.to_dict(), a.top, ctx)
     if not r.agree:
@@ -386,6 +386,17 @@ def cmd_ops(a, ctx):
 
 
 @contextlib.contextmanager
+def _interpreter_warnings():
+    """The Triton interpreter computes every lane of a masked block in numpy, the masked-off ones too:
+    their divide-by-zero and invalid-value RuntimeWarnings say nothing about the results (masked lanes
+    are never stored). Ignored for that module only, while a command runs on the interpreter."""
+    with warnings.catch_warnings():
+        if os.environ.get("TRITON_INTERPRET", "") not in ("", "0"):
+            warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter$")
+        yield
+
+
+@contextlib.contextmanager
 def _quiet_stderr(quiet: bool):
     """-q: nothing on stderr while a command runs (Python warnings; and the lines torch's profiler and
     other native code write to file descriptor 2); the tool's own error line comes after, as usual."""
@@ -442,6 +453,11 @@ def main(argv: Optional[list] = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # torch.profiler's kineto logs each start and stop as "USDT:... profiler_start" on stderr (its
+    # USDT level, 5, sits above ERROR (4), so no level keeps kineto's errors and drops these): every
+    # profiled run would print two such lines. Quiet unless the user sets KINETO_LOG_LEVEL (0-5 shows
+    # kineto's lines, its errors included).
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["distributed"]:   # torchrun launcher; its options go to gems_coverage.distributed
         from .distributed.launch import launch_main
@@ -469,7 +485,7 @@ def main(argv: Optional[list] = None) -> int:
                 ctx.pending = note
                 fmt = getattr(args, "format", None)
                 ctx.lead = {"table": f"{note}\n", "markdown": f"> {note}\n\n"}.get(fmt, "")
-            with _quiet_stderr(args.quiet):
+            with _quiet_stderr(args.quiet), _interpreter_warnings():
                 COMMANDS[args.command](args, ctx)
         except gems_models.ModelError as e:
             raise UsageError(str(e)) from None

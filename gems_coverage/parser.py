@@ -149,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "run it unpatched")
     add_patch_options(b)
     b.add_argument("--top", type=positive_int, default=25, help="attribution rows shown (JSON has all)")
+    b.add_argument("--wide", action="store_true",
+                   help="the attribution table with every column and full op names (the default fits ~120 "
+                        "columns: calls as ATen/Gems, no device columns on CPU, long op names shortened)")
     b.add_argument("--plot", default=None, metavar="FILE",
                    help="also draw the attribution as a bar chart (PNG; needs matplotlib: pip install "
                         "'gems[plot]'); `bench-plot` draws it from a saved JSON")

@@ -195,3 +195,36 @@ def test_llama_1_1b_recipe_is_tinyllama_and_not_a_default_builtin():
     assert 1.0e9 < n < 1.2e9
     t = gems_models.load_config(r, "tiny")
     assert t.num_key_value_heads < t.num_attention_heads   # the tiny variant keeps grouped-query attention
+
+
+def _gpu_like_result():
+    from gems_coverage.bench_result import BenchResult, OpRow
+    rows = [OpRow("fused::FusedLinearCrossEntropyFunctionBackward", 1, 1, 12345.6, 123456.7, 98765.4, 987654.3,
+                  +1234.567, +9876.543, 1, 0),
+            OpRow("_scaled_dot_product_flash_attention_backward", 22, 22, 118.2, 138398.6, 5123.4, 4987.1,
+                  +2378.809, -2.99, 22, 0),
+            OpRow("mm", 180, 180, 6242.5, 38398.6, 512.5, 498.7, +2378.809, -2.52, 170, 10)]
+    return BenchResult("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", "train", "cuda", "NVIDIA H200",
+                       "full", "bfloat16", 8, 2048, 0, 5, 2, "adamw", "step", 8 * 2048, aten_ms=[1.0],
+                       gems_ms=[1.0], ops=rows, profiled_units=1,
+                       totals={"aten_host_ms": 1.0, "gems_host_ms": 1.0, "aten_device_ms": 1.0,
+                               "gems_device_ms": 1.0, "aten_wall_ms": 1.0, "gems_wall_ms": 1.0})
+
+
+def test_attribution_table_fits_120_columns_and_wide_has_every_column():
+    from gems_coverage.bench_result import format_result
+    r = _gpu_like_result()
+    table = format_result(r, "table")
+    rows = table[table.index("\nop "):].splitlines()[1:]
+    assert max(len(x) for x in rows) <= 120, "\n".join(rows)
+    assert "dev A" in table and "Δdev ms" in table and "22/22" in table and "170/10" in table
+    assert "fused::FusedLine…" in table and "--wide" in table
+    wide = format_result(r, "table", wide=True)
+    assert "fused::FusedLinearCrossEntropyFunctionBackward" in wide and "served/fell back" in wide
+    assert max(len(x) for x in wide.splitlines()) > 120
+    r.device, r.gpu = "cpu", "cpu"   # on CPU: no device columns
+    for o in r.ops:
+        o.aten_device_us_per_call = o.gems_device_us_per_call = o.delta_device_ms = None
+    r.totals.update(aten_device_ms=None, gems_device_ms=None)
+    cpu = format_result(r, "table")
+    assert "dev A" not in cpu and "Δdev" not in cpu

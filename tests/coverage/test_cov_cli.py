@@ -282,3 +282,30 @@ def test_cpu_says_first_that_a_users_config_is_built_tiny(capsys, tmp_path):
     assert err.splitlines()[0].startswith(f"[gems-coverage] {note}"), err[:300]
     rc, out, err = run(capsys, "trace", f, "--device", "cpu", "--size", "tiny", "--no-profile", "--seq-len", "4")
     assert rc == 0 and "note:" not in out and "note:" not in err
+
+
+def test_interpreter_runtime_warnings_are_ignored_for_that_module_only(monkeypatch):
+    """Masked-off lanes of an interpreted kernel divide by zero in numpy: noise, ignored while a command
+    runs on the interpreter; the same warning from anywhere else still shows."""
+    import warnings
+    from gems_coverage import cli
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with cli._interpreter_warnings():
+            warnings.warn_explicit("divide by zero encountered in divide", RuntimeWarning, "interpreter.py", 490,
+                                   module="triton.runtime.interpreter")
+            warnings.warn_explicit("divide by zero encountered in divide", RuntimeWarning, "mine.py", 1,
+                                   module="mine")
+    assert [str(w.message) for w in seen] == ["divide by zero encountered in divide"]
+    assert seen[0].filename == "mine.py"
+
+
+def test_profiler_usdt_lines_are_not_printed(tmp_path):
+    """torch.profiler's kineto prints "USDT: ... profiler_start/stop" on stderr for every profiled run."""
+    f = _gpt2_config(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    p = subprocess.run([sys.executable, "-m", "gems_coverage.cli", "trace", f, "--device", "cpu", "--seq-len", "4"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0 and "profiling" in p.stderr, p.stderr[-2000:]
+    assert "USDT" not in p.stderr and "profiler_start" not in p.stderr, p.stderr[-2000:]
