@@ -27,8 +27,8 @@ class _Ctx:
 
     def say(self, msg: str):
         if self.pending:
-            msg, self.pending = self.pending, ""
-            self.say(msg)
+            first, self.pending = self.pending, ""
+            self.say(first)
         if not self.quiet:
             print(f"[{PROG}] {msg}", file=sys.stderr, flush=True)
 

@@ -280,6 +280,7 @@ def test_cpu_says_first_that_a_users_config_is_built_tiny(capsys, tmp_path):
     note = f"note: {f} is built as a tiny variant of its architecture on --device cpu"
     assert rc == 0 and out.splitlines()[0].startswith(note), out[:300]
     assert err.splitlines()[0].startswith(f"[gems-coverage] {note}"), err[:300]
+    assert err.count("note:") == 1 and err.splitlines()[1].startswith("[gems-coverage] building"), err[:600]
     rc, out, err = run(capsys, "trace", f, "--device", "cpu", "--size", "tiny", "--no-profile", "--seq-len", "4")
     assert rc == 0 and "note:" not in out and "note:" not in err
 
