@@ -228,3 +228,19 @@ def test_attribution_table_fits_120_columns_and_wide_has_every_column():
     r.totals.update(aten_device_ms=None, gems_device_ms=None)
     cpu = format_result(r, "table")
     assert "dev A" not in cpu and "Δdev" not in cpu
+
+
+def test_train_agrees_on_a_gpt2_config_folder(tmp_path):
+    """GPT-2 names its dropouts attn_pdrop / resid_pdrop / embd_pdrop: left on, the two modes' dropout
+    masks differed and the training agreement failed (rel err ~3e-3) while parity passed."""
+    import transformers
+    d = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=4, bos_token_id=1,
+                                eos_token_id=2, architectures=["GPT2LMHeadModel"]).to_dict()
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps(d))
+    out = tmp_path / "bench.json"
+    rc = cli.main(["-q", "bench", str(tmp_path / "gpt2"), "--device", "cpu", "--workload", "train", "--steps", "1",
+                   "--warmup", "0", "--seq-len", "6", "--no-attribution", "--include", "native_dropout",
+                   "--format", "json", "-o", str(out)])
+    d = json.loads(out.read_text())
+    assert rc == 0 and d["agree"], d["agreement"]
