@@ -58,7 +58,7 @@ def tune(model: str, *, workloads=("prefill", "train"), device: str = "cuda", si
     from gems.runtime.backends import backend
 
     from .bench import WORKLOADS, validate, Workload
-    from .runner import patch_options, patched
+    from .runner import patch_options, patch_report, patched
     if not workloads:
         raise M.ModelError(f"tune: no workload given ({', '.join(WORKLOADS)})")
     popts, patch = patch_options(patch), patched(patch)
@@ -78,6 +78,8 @@ def tune(model: str, *, workloads=("prefill", "train"), device: str = "cuda", si
     progress(f"building {recipe.name} ({size}, {dtype_name}) on {device}")
     bundle = M.build(recipe, size=size, device=device, dtype=dtype_name, batch=batch, seq_len=seq_len, seed=0,
                      dropout=0.0 if "train" in workloads else None)
+    if patch:
+        patch_report(bundle.model, popts)   # a model gems.patch refuses: bad input, before any run
     try:
         for w, _ in checked:
             progress(f"{w}: one run with Gems on")
