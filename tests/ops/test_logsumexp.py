@@ -53,6 +53,15 @@ def test_special_values_and_edges():
 
 
 @dtype_params()
+def test_rows_of_large_negative_values(dtype):
+    # a row whose maximum is below -88: the running sum is rescaled from its initial shift 0 by
+    # exp(0 - max), which overflows fp32 (found by the differential fuzz: NaN where ATen gives -115.17)
+    x = torch.tensor([[-115.17, -238.64], [1.0, 2.0], [-300.0, -300.0]], device=DEVICE).to(dtype)
+    check_op(torch.logsumexp, (x, 1), dtype=dtype, served_ops=["logsumexp"])
+    check_op(torch.logsumexp, (make((3, 1100), dtype) - 200, 1), dtype=dtype, served_ops=["logsumexp"])
+
+
+@dtype_params()
 def test_backward(dtype):
     check_grad(lambda x: torch.logsumexp(x, -1), [make((5, 37), dtype)], dtype=dtype, served_ops=["logsumexp"])
     check_grad(lambda x: torch.logsumexp(x, [0, 2], keepdim=True), [make((3, 4, 6), dtype)], dtype=dtype)

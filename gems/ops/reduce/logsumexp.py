@@ -50,8 +50,10 @@ def logsumexp_kernel(X, Y, N, K, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
         x = tl.load(X + base + (n + start) * K, mask=mask, other=-float("inf")).to(tl.float32)
         mx = tl.maximum(mx, tl.max(x, 1)[:, None])
         c_new = tl.where(tl.abs(mx) == float("inf"), 0.0, mx)
-        # exp(c - c_new) rescales the sum so far; with s = 0 (all -inf so far) it stays 0
-        s = s * tl.exp(c - c_new) + tl.sum(tl.exp(x - c_new), 1)[:, None]
+        # exp(c - c_new) rescales the sum so far; with s = 0 (nothing yet, or all -inf) it stays 0, and is
+        # not computed: c starts at 0, so a first maximum below -88 would make it 0 * inf = NaN
+        scale = tl.where(s > 0, tl.exp(c - c_new), 0.0)
+        s = s * scale + tl.sum(tl.exp(x - c_new), 1)[:, None]
         c = c_new
     y = tl.log(s) + c
     tl.store(Y + m * K + k, y.to(Y.dtype.element_ty), mask=kmask)
