@@ -15,7 +15,8 @@ API (stable; op-declaration modules in gems/ops/ build on it)
 `pointwise(*names, body, promotion="default", operands=("self", "other"), scalars=(), constexprs=(),
            promote=None, dtypes=FLOATS, operand_dtypes=None, outputs=1, defaults=None,
            result_dtype=None, category="pointwise", backward=False, check=None, doc=None,
-           divisor=None) -> PointwiseOp`
+           divisor=None, round_numbers=False, iter_order=None, number_operands=True,
+           contiguous_results=()) -> PointwiseOp`
 
 names        ATen overloads served, all variants of one op: functional (`.Tensor`, `.Scalar`,
              `.default`), `.out`-style (the schema's mutable kwarg-only args are the outputs) and in-place
@@ -41,6 +42,15 @@ promote      operands taking part in promotion (where: ("self", "other"), not co
              keep their dtype (`operand_dtypes={"condition": (torch.bool,)}` declares theirs).
 dtypes       accepted dtypes of tensor operands; anything else goes to ATen (counted in gems.stats()).
 result_dtype optional `f(compute, result) -> result` override.
+iter_order   the operands in the order ATen's TensorIterator takes them, when it differs from `operands`
+             (threshold_backward: self, then grad_output; rsub: other, then self): the first operand
+             with an opinion decides a fresh output's layout.
+number_operands  whether ATen wraps a number at an operand position as a 0-dim tensor (add.Scalar,
+             where.ScalarOther: True) or hands it to its kernel as a Scalar (pow.Tensor_Scalar's
+             exponent, clamp's bounds: False). A 0-dim operand keeps TensorIterator off its fast setup,
+             which decides the strides of size-1 dims.
+contiguous_results  overloads whose ATen implementation allocates a plain contiguous result instead of
+             TensorIterator's layout (pow.Scalar, masked_fill).
 divisor      the operand ATen's CPU kernels check for an integer zero (remainder, fmod, div with a
              rounding mode): on the CPU backend such calls go to ATen, which raises ZeroDivisionError.
 
@@ -51,7 +61,7 @@ common dtype (`generator.number_misfit`; what decides is part of a call plan's s
 Per call: a generated per-overload wrapper looks up a prebuilt closure keyed by (operand dtypes or
 number types, scalar types, constexpr values, out dtypes) when every tensor operand is contiguous with
 one shape (the flat 1-D kernel); anything else takes `general()` in generator.py: promotion,
-broadcasting, output strides by TensorIterator's rule (layout.output_perm), `out=` resize (with
+broadcasting, output strides by TensorIterator's rule (layout.result_strides), `out=` resize (with
 ATen's warning) / in-place checks (broadcast growing self, overlap), then a launch of the flat kernel
 or the strided nd kernel over the collapsed, stride-ordered dims (layout.plan). Kernels are generated
 as source (source.py), written under `<gems cache dir>/codegen/`, and cached per (flat|nd, rank

@@ -70,7 +70,8 @@ class PointwiseOp:
     """A declared pointwise op; calling it runs the general path (tests use this directly)."""
 
     def __init__(self, names, body, promotion, operands, scalars, constexprs, promote, dtypes, operand_dtypes,
-                 n_out, defaults, result_dtype, category, backward, check, doc, divisor=None, round_numbers=False):
+                 n_out, defaults, result_dtype, category, backward, check, doc, divisor=None, round_numbers=False,
+                 iter_order=None, number_operands=True, contiguous_results=()):
         if not callable(promotion) and promotion not in PROMOTIONS:
             raise ValueError(f"promotion {promotion!r}: expected one of {sorted(PROMOTIONS)} or a callable")
         self.name = names[0] if names else getattr(body, "__name__", "op")
@@ -92,6 +93,10 @@ class PointwiseOp:
         # before the body, as ATen's TensorIterator converts CPU scalars to the common dtype and the
         # comparison kernels then read that value (x_half == 0.1 compares with half(0.1) on CPU and CUDA)
         self.round_numbers = round_numbers
+        # what a fresh output's strides follow ATen's with (see the package docstring)
+        self.iter_order = tuple(self.operands.index(o) for o in (iter_order or self.operands))
+        self.number_operands = number_operands
+        self.contiguous_results = frozenset(contiguous_results)
         self.doc = doc or (getattr(getattr(body, "fn", body), "__doc__", None) or "").strip().split("\n")[0]
         self.ident = f"{getattr(body, '__module__', '?')}.{getattr(getattr(body, 'fn', body), '__qualname__', '?')}"
         self._promo: dict = {}
@@ -288,18 +293,34 @@ def _check_no_internal_overlap(o):
                            "single memory location. Please clone() the tensor before performing the operation.")
 
 
-def _outputs(op, outs, mode, shape, result, device, tens):
+_WRAPPED = ((), (), True, False)
+
+
+def _fresh_strides(op, ovl, operands, shape):
+    """The strides ATen gives a fresh (or resized) output of this call: layout.result_strides over
+    the operands as the op's TensorIterator takes them. Runs once per call signature (a plan repeats
+    the allocation it recorded)."""
+    if ovl is not None and ovl.name in op.contiguous_results:
+        return layout.contiguous_strides(shape)
+    descs = []
+    for i in op.iter_order:
+        a = operands[i]
+        if isinstance(a, _T):
+            descs.append((tuple(a.shape), tuple(a.stride()), a.is_contiguous(),
+                          a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last)))
+        elif a is not None and op.number_operands:
+            descs.append(_WRAPPED)
+    return layout.result_strides(shape, descs)
+
+
+def _outputs(op, ovl, operands, outs, mode, shape, result, device, tens):
     """The tensors the kernel writes: self (in-place), the caller's out= (checked, resized like ATen)
-    or fresh ones laid out by TensorIterator's rule (dense in the inputs' memory order)."""
+    or fresh ones laid out by TensorIterator's rule (_fresh_strides)."""
     if mode == 1:
         return _check_inplace(outs[0], shape, result, tens)
-    if all(v.is_contiguous() and tuple(v.shape) == shape for v in tens):
-        fresh, strided = layout.contiguous_strides(shape), False
-    else:
-        tstrides = [layout.broadcast_strides(shape, tuple(v.shape), tuple(v.stride())) for v in tens]
-        fresh, strided = layout.strides_for_perm(shape, layout.output_perm(shape, tstrides)), True
+    fresh = _fresh_strides(op, ovl, operands, shape)
     if mode == 0:
-        return [alloc.empty(shape, result, device, fresh if strided else None) for _ in range(op.n_out)]
+        return [alloc.empty(shape, result, device, fresh) for _ in range(op.n_out)]
     out_list = []
     for o in outs:
         if o.dtype != result:
@@ -349,7 +370,7 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
             # ATen's CPU kernels raise ZeroDivisionError; its CUDA kernels return what the hardware's
             # division gives, which the bodies reproduce (codegen.tlmath.int_div0)
             raise Unsupported("integer division by zero")
-    out_list = _outputs(op, outs, mode, shape, result, device, tens)
+    out_list = _outputs(op, ovl, operands, outs, mode, shape, result, device, tens)
     if numel == 0:
         return _ret(op, out_list)
     _note_dynamic(op, ovl, operands, scalars, dyn)
@@ -570,8 +591,9 @@ def _has_default(a):
 def pointwise(*names, body, promotion="default", operands=("self", "other"), scalars=(), constexprs=(),
               promote=None, dtypes=None, operand_dtypes=None, outputs=1, defaults=None, result_dtype=None,
               category="pointwise", backward=False, check=None, doc=None, divisor=None,
-              round_numbers=False) -> PointwiseOp:
+              round_numbers=False, iter_order=None, number_operands=True, contiguous_results=()) -> PointwiseOp:
     """Declare a pointwise op; see the package docstring."""
     return PointwiseOp(names, body, promotion, operands, scalars, constexprs, promote,
                        dtypes if dtypes is not None else FLOATS, operand_dtypes, outputs, defaults, result_dtype,
-                       category, backward, check, doc, divisor, round_numbers)
+                       category, backward, check, doc, divisor, round_numbers, iter_order, number_operands,
+                       contiguous_results)

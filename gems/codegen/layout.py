@@ -5,6 +5,8 @@ Everything here works on (shape, strides) tuples, never on tensor data:
 * `broadcast_strides`  a tensor's strides viewed at the broadcast shape (0 where it is broadcast);
 * `output_perm`        TensorIterator's memory-order rule for a fresh output (the order in which the
                        inputs' strides say the dims are laid out), and `strides_for_perm`;
+* `result_strides`     the strides ATen gives a fresh output: TensorIterator's fast setup, else the
+                       memory order of `output_perm` over the operands' strides as TensorIterator sees them;
 * `plan`               the launch geometry: dims ordered by the output's strides (outermost first),
                        size-1 dims dropped, neighbours merged where every operand is contiguous across
                        them, then the two tile dims picked (the output's fastest dim N, and a dim M that
@@ -76,6 +78,85 @@ def output_perm(shape, strides_list):
             elif c < 0:
                 break
     return list(reversed(perm))
+
+
+def non_overlapping_and_dense(shape, strides) -> bool:
+    """c10's compute_non_overlapping_and_dense: dims of size >= 2, sorted by stride, are laid out
+    densely (size-0 and size-1 dims say nothing)."""
+    nd = len(shape)
+    if nd == 1:
+        return shape[0] < 2 or strides[0] == 1
+    perm = sorted(range(nd), key=lambda d: (shape[d] < 2, strides[d] if shape[d] >= 2 else 0))
+    expect = 1
+    for d in perm:
+        if shape[d] < 2:
+            return True
+        if strides[d] != expect:
+            return False
+        expect *= shape[d]
+    return True
+
+
+def channels_last_strides(shape):
+    """c10's get_channels_last_strides_2d (what empty(memory_format=channels_last) gives a 4-d shape)."""
+    n, c, h, w = shape
+    sw = c
+    sh = sw * w
+    return (sh * h, 1, sh, sw)
+
+
+def iterator_strides(shape, t_shape, t_strides):
+    """An operand's strides as TensorIterator's compute_strides sees them at the broadcast `shape`: 0
+    where the operand is broadcast (a size-1 dim of a larger dim, or a missing leading dim); a size-1
+    dim of a size-1 dim keeps its stride, which then takes part in ordering the dims."""
+    pad = len(shape) - len(t_shape)
+    out = [0] * pad
+    for i, (s, st) in enumerate(zip(t_shape, t_strides)):
+        out.append(0 if s == 1 and shape[pad + i] != 1 else st)
+    return tuple(out)
+
+
+def result_strides(shape, operands):
+    """The strides ATen's TensorIterator gives a fresh output of broadcast shape `shape`.
+
+    `operands` are the inputs in the order the op adds them to its TensorIterator, each
+    (shape, strides, contiguous, channels_last): a 0-dim tensor or a number ATen wraps as one is
+    ((), (), True, False). The rule, as TensorIteratorBase::build applies it:
+
+    * fast setup, when every operand has the output's shape (a 0-dim operand beside others breaks
+      it): all contiguous -> contiguous strides; all channels_last -> channels_last strides; all
+      non-overlapping and dense with equal strides -> those very strides (size-1 dims included);
+    * otherwise the dims are ordered by `output_perm` over the operands' `iterator_strides` (a
+      broadcast operand and a 0-dim one vote for nothing; ties keep the logical order), and the
+      output is laid out densely in that order; when the order is the logical one the output is
+      plainly contiguous. The dense strides multiply raw sizes, so dims after a size-0 dim in the
+      memory order get stride 0, as ATen's compatible_stride gives them.
+    """
+    nd = len(shape)
+    if nd == 0:
+        return ()
+    has_scalar = any(len(o[0]) == 0 for o in operands)
+    has_tensor = any(len(o[0]) != 0 for o in operands)
+    if operands and not (has_scalar and has_tensor) and all(tuple(o[0]) == tuple(shape) for o in operands):
+        if all(o[2] for o in operands):
+            return contiguous_strides(shape)
+        if all(o[3] for o in operands):
+            return channels_last_strides(shape)
+        first = tuple(operands[-1][1])
+        if all(tuple(o[1]) == first and (o[2] or o[3] or non_overlapping_and_dense(o[0], o[1]))
+               for o in operands):
+            return first
+    if nd == 1:
+        return contiguous_strides(shape)
+    perm = output_perm(shape, [iterator_strides(shape, tuple(o[0]), tuple(o[1])) for o in operands])
+    if perm == list(range(nd)):
+        return contiguous_strides(shape)
+    st = [0] * nd
+    acc = 1
+    for d in reversed(perm):
+        st[d] = acc
+        acc *= shape[d]
+    return tuple(st)
 
 
 def strides_for_perm(shape, perm):

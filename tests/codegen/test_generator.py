@@ -55,6 +55,25 @@ def test_output_perm_matches_aten_strides():
         got = layout.strides_for_perm(shape, layout.output_perm(shape, sts))
         want = sum(ts[1:], ts[0]).stride() if len(ts) > 1 else (ts[0] + 1).stride()
         assert got == tuple(want), (shape, sts, got, want)
+        descs = [(tuple(t.shape), tuple(t.stride()), t.is_contiguous(), False) for t in ts]
+        if len(ts) == 1:
+            descs.append(((), (), True, False))     # + 1: ATen wraps the number as a 0-dim tensor
+        assert layout.result_strides(shape, descs) == tuple(want), (shape, descs, want)
+
+
+def test_result_strides_follow_tensor_iterator():
+    # size-1 dims: the fast setup keeps an input's strides exactly; a 0-dim operand turns it off, and
+    # then a size-1 dim's stride still votes for the memory order
+    x = torch.empty(5, 1, 4, 3).permute(2, 0, 3, 1)
+    cl = torch.empty(2, 3, 1, 1).to(memory_format=torch.channels_last)
+    zero = torch.empty(4, 0, 3).permute(2, 1, 0)
+    for t in (x, cl, zero):
+        d = (tuple(t.shape), tuple(t.stride()), t.is_contiguous(),
+             t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last))
+        wrapped = ((), (), True, False)
+        assert layout.result_strides(tuple(t.shape), [d]) == torch.exp(t).stride()
+        assert layout.result_strides(tuple(t.shape), [d, wrapped]) == (t + 1).stride()
+        assert layout.result_strides(tuple(t.shape), [d, d]) == (t + t).stride()
 
 
 def test_int64_offsets_only_when_needed():

@@ -272,8 +272,10 @@ gelu_backward = pointwise("gelu_backward", "gelu_backward.grad_input", body=_gel
                           operands=("grad_output", "self"), constexprs={"approximate": _GELU_MODES},
                           backward=True)
 relu = pointwise("relu", "relu_", body=_relu, operands=_UN, dtypes=FLOATS + INTS)
+# threshold_backward and leaky_relu_backward add self to their TensorIterator before grad_output
+_BW_ITER = ("self", "grad_output")
 threshold_backward = pointwise("threshold_backward", "threshold_backward.grad_input", body=_threshold_bwd,
-                               operands=_BW, scalars=("threshold",), backward=True)
+                               operands=_BW, scalars=("threshold",), backward=True, iter_order=_BW_ITER)
 sigmoid_backward = pointwise("sigmoid_backward", "sigmoid_backward.grad_input", body=_sigmoid_bwd,
                              operands=("grad_output", "output"), backward=True)
 tanh_backward = pointwise("tanh_backward", "tanh_backward.grad_input", body=_tanh_bwd,
@@ -288,7 +290,8 @@ elu_backward = pointwise("elu_backward", "elu_backward.grad_input", body=_elu_bw
 leaky_relu = pointwise("leaky_relu", "leaky_relu.out", "leaky_relu_", body=_leaky_relu, operands=_UN,
                        scalars=("negative_slope",))
 leaky_relu_backward = pointwise("leaky_relu_backward", "leaky_relu_backward.grad_input", body=_leaky_relu_bwd,
-                                operands=_BW, scalars=("negative_slope",), backward=True, check=_leaky_bwd_check)
+                                operands=_BW, scalars=("negative_slope",), backward=True, check=_leaky_bwd_check,
+                                iter_order=_BW_ITER)
 hardtanh = pointwise("hardtanh", "hardtanh.out", "hardtanh_", body=_hardtanh, operands=_UN,
                      scalars=("min_val", "max_val"))
 hardtanh_backward = pointwise("hardtanh_backward", "hardtanh_backward.grad_input", body=_hardtanh_bwd,

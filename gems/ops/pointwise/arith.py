@@ -105,7 +105,8 @@ add = pointwise("add.Tensor", "add.Scalar", "add.out", "add.Scalar_out", "add_.T
 sub = pointwise("sub.Tensor", "sub.Scalar", "sub.out", "sub.Scalar_out", "sub_.Tensor", "sub_.Scalar",
                 body=sub_f, promotion="default", scalars=("alpha",), dtypes=NUMERIC, check=_no_bool_sub)
 rsub = pointwise("rsub.Tensor", "rsub.Scalar", "rsub.Tensor_out", "rsub.Scalar_out",
-                 body=_rsub, promotion="default", scalars=("alpha",), dtypes=NUMERIC, check=_no_bool_sub)
+                 body=_rsub, promotion="default", scalars=("alpha",), dtypes=NUMERIC, check=_no_bool_sub,
+                 iter_order=("other", "self"))   # ATen's rsub is sub(other, self)
 mul = pointwise("mul.Tensor", "mul.Scalar", "mul.out", "mul.Scalar_out", "mul_.Tensor", "mul_.Scalar",
                 body=mul_f, promotion="default", dtypes=NUMERIC)
 div = pointwise("div.Tensor", "div.Scalar", "div.out", "div.Scalar_out", "div_.Tensor", "div_.Scalar",

@@ -282,7 +282,8 @@ fmod = pointwise(*_variants("fmod", "Tensor", "Scalar", "Tensor_out", "Scalar_ou
 # pow: floats only (integer pow is served too, but only for integer tensors with integer exponents)
 pow = pointwise(*_variants("pow", "Tensor_Tensor", "Tensor_Scalar", "Scalar", "Tensor_Tensor_out",
                            "Tensor_Scalar_out", "Scalar_out", inplace=("Tensor", "Scalar")),
-                operands=("self", "exponent"), body=pow_f, dtypes=NUMERIC, check=_pow_check)
+                operands=("self", "exponent"), body=pow_f, dtypes=NUMERIC, check=_pow_check,
+                number_operands=False, contiguous_results=("pow.Scalar", "pow.Scalar_out"))
 # ATen's CUDA pow.Scalar (`2.0 ** x`) calls pow.Tensor_Tensor with a *CUDA* wrapped-number tensor,
 # which the dispatcher cannot hand to any Python kernel (INTERNAL ASSERT in pybind_utils), even one
 # that would only pass it on: on CUDA these overloads stay unregistered (Tensor ** Tensor runs ATen).

@@ -125,10 +125,12 @@ def _value_may_overflow(value_dtype, dtype):
 
 masked_fill = pointwise("masked_fill.Scalar", "masked_fill.Scalar_out", "masked_fill_.Scalar", body=_masked_fill,
                         operands=("self", "mask"), scalars=("value",), promote=("self",),
-                        operand_dtypes={"mask": _BOOL}, dtypes=ALL)
+                        operand_dtypes={"mask": _BOOL}, dtypes=ALL,
+                        contiguous_results=("masked_fill.Scalar", "masked_fill.Scalar_out"))
 masked_fill_tensor = pointwise("masked_fill.Tensor", "masked_fill.Tensor_out", "masked_fill_.Tensor",
                                body=_masked_fill, operands=("self", "mask", "value"), promote=("self",),
-                               operand_dtypes={"mask": _BOOL, "value": ALL}, dtypes=ALL, check=_value_0dim)
+                               operand_dtypes={"mask": _BOOL, "value": ALL}, dtypes=ALL, check=_value_0dim,
+                               contiguous_results=("masked_fill.Tensor", "masked_fill.Tensor_out"))
 
 
 def _no_bool(self, *a, **k):
@@ -137,14 +139,14 @@ def _no_bool(self, *a, **k):
 
 clamp_min = pointwise("clamp_min", "clamp_min.out", "clamp_min_", "clamp_min.Tensor", "clamp_min.Tensor_out",
                       "clamp_min_.Tensor", body=_clamp_min, operands=("self", "min"), dtypes=NUMERIC,
-                      check=_no_bool)
+                      check=_no_bool, number_operands=False)
 clamp_max = pointwise("clamp_max", "clamp_max.out", "clamp_max_", "clamp_max.Tensor", "clamp_max.Tensor_out",
                       "clamp_max_.Tensor", body=_clamp_max, operands=("self", "max"), dtypes=NUMERIC,
-                      check=_no_bool)
+                      check=_no_bool, number_operands=False)
 
 # clamp's bounds are optional: the two-bound body is generated without registering its overloads;
 # the registered clamp variants below pick clamp_min / clamp_max / both by which bounds are given.
-clamp_both = pointwise(body=_clamp, operands=("self", "min", "max"), dtypes=NUMERIC)
+clamp_both = pointwise(body=_clamp, operands=("self", "min", "max"), dtypes=NUMERIC, number_operands=False)
 for _n in ("clamp", "clamp.out", "clamp_", "clamp.Tensor", "clamp.Tensor_out", "clamp_.Tensor"):
     clamp_both.unregistered_overload(_n)
 
