@@ -1,5 +1,7 @@
 """Where tensors sit in memory: the checks op families make before they write (shared, so each lives once)."""
-from ..codegen.layout import internal_overlap
+import torch
+
+from ..codegen.layout import internal_overlap, non_overlapping_and_dense
 from ..runtime.utils import span
 
 
@@ -28,3 +30,19 @@ def non_overlapping_dense(t) -> bool:
             return False
         expect *= n
     return True
+
+
+def preserved_strides(t):
+    """The strides ATen's preserve_format keeps (clone, _to_copy, empty_like): t's own when c10 flags t
+    non-overlapping and dense (contiguous, channels_last, or dense in some order; every empty tensor is
+    contiguous, zero strides included), else None."""
+    if t.is_contiguous() or _dense_beyond_contiguous(t):
+        return tuple(t.stride())
+    return None
+
+
+def _dense_beyond_contiguous(t) -> bool:
+    """c10's is_non_overlapping_and_dense beyond plain contiguity."""
+    return (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)) or \
+        (t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d)) or \
+        non_overlapping_and_dense(tuple(t.shape), tuple(t.stride()))

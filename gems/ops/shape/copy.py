@@ -11,7 +11,7 @@ import triton.language as tl
 from ...codegen import pointwise
 from ...registry import FLOATS, INTS, Unsupported, register
 from ...runtime import alloc
-from ..memory import non_overlapping_dense
+from ..memory import preserved_strides
 
 ALL = FLOATS + INTS + (torch.bool,)
 
@@ -88,10 +88,10 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
     if dt not in ALL:
         raise Unsupported(f"dtype {dt}")
     strides = None
-    if memory_format in (None, torch.preserve_format) and not self.is_contiguous():
-        if not non_overlapping_dense(self):
+    if memory_format in (None, torch.preserve_format):
+        strides = preserved_strides(self)
+        if strides is None:
             raise Unsupported("preserve_format of an overlapping or non-dense tensor")
-        strides = self.stride()
     out = alloc.empty(self.shape, dt, self.device, strides)
     if self.numel():
         copy_fn(out, self)
@@ -112,10 +112,14 @@ def clone(self, *, memory_format=None):
     if self.is_neg() or self.is_conj():
         raise Unsupported("negative or conjugate view")
     mf = torch.preserve_format if memory_format is None else memory_format
-    # ATen's empty_like decides the strides (dense strides kept, suggested format, channels_last's
-    # rank check raising like ATen); on the meta device it allocates nothing
-    meta = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta")
-    strides = torch.empty_like(meta, memory_format=mf).stride()
+    # preserve_format keeps a non-overlapping, dense tensor's own strides (an empty one's too, zero
+    # strides included, which the meta device's empty_like would not keep); otherwise ATen's
+    # empty_like decides (dense strides inferred, the asked format, channels_last's rank check raising
+    # like ATen), on the meta device, which allocates nothing
+    strides = preserved_strides(self) if mf == torch.preserve_format else None
+    if strides is None:
+        meta = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta")
+        strides = torch.empty_like(meta, memory_format=mf).stride()
     out = alloc.empty(self.shape, self.dtype, self.device, strides)
     if self.numel():
         copy_fn(out, self)
