@@ -16,7 +16,7 @@ API (stable; op-declaration modules in gems/ops/ build on it)
            promote=None, dtypes=FLOATS, operand_dtypes=None, outputs=1, defaults=None,
            result_dtype=None, category="pointwise", backward=False, check=None, doc=None,
            divisor=None, round_numbers=False, iter_order=None, number_operands=True,
-           contiguous_results=()) -> PointwiseOp`
+           result_layouts=None) -> PointwiseOp`
 
 names        ATen overloads served, all variants of one op: functional (`.Tensor`, `.Scalar`,
              `.default`), `.out`-style (the schema's mutable kwarg-only args are the outputs) and in-place
@@ -49,8 +49,10 @@ number_operands  whether ATen wraps a number at an operand position as a 0-dim t
              where.ScalarOther: True) or hands it to its kernel as a Scalar (pow.Tensor_Scalar's
              exponent, clamp's bounds: False). A 0-dim operand keeps TensorIterator off its fast setup,
              which decides the strides of size-1 dims.
-contiguous_results  overloads whose ATen implementation allocates a plain contiguous result instead of
-             TensorIterator's layout (pow.Scalar, masked_fill).
+result_layouts  {overload: "contiguous" | "like_self"} for overloads whose ATen implementation allocates
+             the result itself instead of taking TensorIterator's layout: plainly contiguous (pow.Scalar,
+             masked_fill) or `empty_like(self)` (hardtanh: self's strides when dense, else dense in
+             self's memory order).
 divisor      the operand ATen's CPU kernels check for an integer zero (remainder, fmod, div with a
              rounding mode): on the CPU backend such calls go to ATen, which raises ZeroDivisionError.
 

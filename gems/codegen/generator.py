@@ -71,7 +71,7 @@ class PointwiseOp:
 
     def __init__(self, names, body, promotion, operands, scalars, constexprs, promote, dtypes, operand_dtypes,
                  n_out, defaults, result_dtype, category, backward, check, doc, divisor=None, round_numbers=False,
-                 iter_order=None, number_operands=True, contiguous_results=()):
+                 iter_order=None, number_operands=True, result_layouts=None):
         if not callable(promotion) and promotion not in PROMOTIONS:
             raise ValueError(f"promotion {promotion!r}: expected one of {sorted(PROMOTIONS)} or a callable")
         self.name = names[0] if names else getattr(body, "__name__", "op")
@@ -96,7 +96,7 @@ class PointwiseOp:
         # what a fresh output's strides follow ATen's with (see the package docstring)
         self.iter_order = tuple(self.operands.index(o) for o in (iter_order or self.operands))
         self.number_operands = number_operands
-        self.contiguous_results = frozenset(contiguous_results)
+        self.result_layouts = dict(result_layouts or {})
         self.doc = doc or (getattr(getattr(body, "fn", body), "__doc__", None) or "").strip().split("\n")[0]
         self.ident = f"{getattr(body, '__module__', '?')}.{getattr(getattr(body, 'fn', body), '__qualname__', '?')}"
         self._promo: dict = {}
@@ -293,24 +293,25 @@ def _check_no_internal_overlap(o):
                            "single memory location. Please clone() the tensor before performing the operation.")
 
 
-_WRAPPED = ((), (), True, False)
+_WRAPPED = ((), (), True, False)    # a number ATen wraps as a 0-dim tensor
 
 
 def _fresh_strides(op, ovl, operands, shape):
-    """The strides ATen gives a fresh (or resized) output of this call: layout.result_strides over
-    the operands as the op's TensorIterator takes them. Runs once per call signature (a plan repeats
-    the allocation it recorded)."""
-    if ovl is not None and ovl.name in op.contiguous_results:
+    """The strides ATen gives a fresh (or resized) output of this call; once per call signature (a plan
+    repeats the allocation it recorded)."""
+    rule = op.result_layouts.get(ovl.name) if ovl is not None else None
+    if rule == "contiguous":
         return layout.contiguous_strides(shape)
-    descs = []
-    for i in op.iter_order:
-        a = operands[i]
-        if isinstance(a, _T):
-            descs.append((tuple(a.shape), tuple(a.stride()), a.is_contiguous(),
-                          a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last)))
-        elif a is not None and op.number_operands:
-            descs.append(_WRAPPED)
-    return layout.result_strides(shape, descs)
+    if rule == "like_self":
+        return layout.like_strides(*_layout_desc(operands[0]))
+    ops = [operands[i] for i in op.iter_order]
+    return layout.result_strides(shape, [_layout_desc(a) if isinstance(a, _T) else _WRAPPED for a in ops
+                                         if isinstance(a, _T) or (a is not None and op.number_operands)])
+
+
+def _layout_desc(t):
+    return (tuple(t.shape), tuple(t.stride()), t.is_contiguous(),
+            t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last))
 
 
 def _outputs(op, ovl, operands, outs, mode, shape, result, device, tens):
@@ -591,9 +592,9 @@ def _has_default(a):
 def pointwise(*names, body, promotion="default", operands=("self", "other"), scalars=(), constexprs=(),
               promote=None, dtypes=None, operand_dtypes=None, outputs=1, defaults=None, result_dtype=None,
               category="pointwise", backward=False, check=None, doc=None, divisor=None,
-              round_numbers=False, iter_order=None, number_operands=True, contiguous_results=()) -> PointwiseOp:
+              round_numbers=False, iter_order=None, number_operands=True, result_layouts=None) -> PointwiseOp:
     """Declare a pointwise op; see the package docstring."""
     return PointwiseOp(names, body, promotion, operands, scalars, constexprs, promote,
                        dtypes if dtypes is not None else FLOATS, operand_dtypes, outputs, defaults, result_dtype,
                        category, backward, check, doc, divisor, round_numbers, iter_order, number_operands,
-                       contiguous_results)
+                       result_layouts)

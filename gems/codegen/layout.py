@@ -5,6 +5,7 @@ Everything here works on (shape, strides) tuples, never on tensor data:
 * `broadcast_strides`  a tensor's strides viewed at the broadcast shape (0 where it is broadcast);
 * `output_perm`        TensorIterator's memory-order rule for a fresh output (the order in which the
                        inputs' strides say the dims are laid out), and `strides_for_perm`;
+* `like_strides`       the strides of ATen's empty_like (preserve_format);
 * `result_strides`     the strides ATen gives a fresh output: TensorIterator's fast setup, else the
                        memory order of `output_perm` over the operands' strides as TensorIterator sees them;
 * `plan`               the launch geometry: dims ordered by the output's strides (outermost first),
@@ -157,6 +158,14 @@ def result_strides(shape, operands):
         st[d] = acc
         acc *= shape[d]
     return tuple(st)
+
+
+def like_strides(shape, strides, contiguous, channels_last):
+    """The strides of ATen's empty_like(t) (preserve_format) for t of `shape` / `strides`: t's own when
+    c10 flags t non-overlapping and dense, else dense in t's memory order (infer_dense_strides)."""
+    if contiguous or channels_last or non_overlapping_and_dense(shape, strides):
+        return tuple(strides)
+    return strides_for_perm(shape, output_perm(shape, [tuple(strides)]))
 
 
 def strides_for_perm(shape, perm):

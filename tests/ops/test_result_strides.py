@@ -62,6 +62,12 @@ OPS = [
      "clamp.Tensor"),
     ("clamp_min_number", lambda x: x.clamp_min(0.0), "clamp_min"),
     ("lerp", lambda x: torch.lerp(x, x.contiguous(), 0.3), "lerp.Scalar"),
+    ("hardtanh", torch.nn.functional.hardtanh, "hardtanh"),
+    ("eq_number", lambda x: x == 0.5, "eq.Scalar"),
+    ("remainder_number", lambda x: x % 2.0, "remainder.Scalar"),
+    ("div_floor_number", lambda x: torch.div(x, 3, rounding_mode="floor"), "div.Tensor_mode"),
+    ("where_number_self", lambda x: torch.where(x > 0, 1.0, x), None),
+    ("addcmul_0dim_self", lambda x: torch.addcmul(torch.tensor(1.0, device=x.device), x, x), "addcmul"),
 ]
 INPUTS = list(_inputs())
 

@@ -292,8 +292,9 @@ leaky_relu = pointwise("leaky_relu", "leaky_relu.out", "leaky_relu_", body=_leak
 leaky_relu_backward = pointwise("leaky_relu_backward", "leaky_relu_backward.grad_input", body=_leaky_relu_bwd,
                                 operands=_BW, scalars=("negative_slope",), backward=True, check=_leaky_bwd_check,
                                 iter_order=_BW_ITER)
+# ATen's hardtanh allocates empty_like(self) and clamps into it
 hardtanh = pointwise("hardtanh", "hardtanh.out", "hardtanh_", body=_hardtanh, operands=_UN,
-                     scalars=("min_val", "max_val"))
+                     scalars=("min_val", "max_val"), result_layouts={"hardtanh": "like_self"})
 hardtanh_backward = pointwise("hardtanh_backward", "hardtanh_backward.grad_input", body=_hardtanh_bwd,
                               operands=_BW, scalars=("min_val", "max_val"), backward=True)
 hardsigmoid = pointwise("hardsigmoid", "hardsigmoid.out", "hardsigmoid_", body=_hardsigmoid, operands=_UN)

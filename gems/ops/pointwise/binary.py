@@ -279,11 +279,13 @@ remainder = pointwise(*_variants("remainder", "Tensor", "Scalar", "Scalar_Tensor
                       body=_remainder, dtypes=NUMERIC, check=_no_bool, divisor="other", round_numbers=True)
 fmod = pointwise(*_variants("fmod", "Tensor", "Scalar", "Tensor_out", "Scalar_out", inplace=("Tensor", "Scalar")),
                  body=_fmod, dtypes=NUMERIC, check=_no_bool, divisor="other", round_numbers=True)
-# pow: floats only (integer pow is served too, but only for integer tensors with integer exponents)
+# pow: floats only (integer pow is served too, but only for integer tensors with integer exponents).
+# A number exponent is a Scalar to ATen's kernel (not a 0-dim operand); pow.Scalar's meta function
+# allocates a contiguous result.
 pow = pointwise(*_variants("pow", "Tensor_Tensor", "Tensor_Scalar", "Scalar", "Tensor_Tensor_out",
                            "Tensor_Scalar_out", "Scalar_out", inplace=("Tensor", "Scalar")),
                 operands=("self", "exponent"), body=pow_f, dtypes=NUMERIC, check=_pow_check,
-                number_operands=False, contiguous_results=("pow.Scalar", "pow.Scalar_out"))
+                number_operands=False, result_layouts={"pow.Scalar": "contiguous", "pow.Scalar_out": "contiguous"})
 # ATen's CUDA pow.Scalar (`2.0 ** x`) calls pow.Tensor_Tensor with a *CUDA* wrapped-number tensor,
 # which the dispatcher cannot hand to any Python kernel (INTERNAL ASSERT in pybind_utils), even one
 # that would only pass it on: on CUDA these overloads stay unregistered (Tensor ** Tensor runs ATen).

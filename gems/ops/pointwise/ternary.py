@@ -123,14 +123,16 @@ def _value_may_overflow(value_dtype, dtype):
     return None
 
 
+# ATen's masked_fill clones self as contiguous, then fills that in place
 masked_fill = pointwise("masked_fill.Scalar", "masked_fill.Scalar_out", "masked_fill_.Scalar", body=_masked_fill,
                         operands=("self", "mask"), scalars=("value",), promote=("self",),
                         operand_dtypes={"mask": _BOOL}, dtypes=ALL,
-                        contiguous_results=("masked_fill.Scalar", "masked_fill.Scalar_out"))
+                        result_layouts={"masked_fill.Scalar": "contiguous", "masked_fill.Scalar_out": "contiguous"})
 masked_fill_tensor = pointwise("masked_fill.Tensor", "masked_fill.Tensor_out", "masked_fill_.Tensor",
                                body=_masked_fill, operands=("self", "mask", "value"), promote=("self",),
                                operand_dtypes={"mask": _BOOL, "value": ALL}, dtypes=ALL, check=_value_0dim,
-                               contiguous_results=("masked_fill.Tensor", "masked_fill.Tensor_out"))
+                               result_layouts={"masked_fill.Tensor": "contiguous",
+                                               "masked_fill.Tensor_out": "contiguous"})
 
 
 def _no_bool(self, *a, **k):
