@@ -1,0 +1,332 @@
+"""Differential fuzz: random calls of every registered overload, ATen alone vs Gems (`use_gems(include=[op])`).
+
+Each case (tests/fuzz/fuzz_gen.py) runs twice on copies of the same inputs; the two runs must agree on
+whether they raise (the same exception type, the same message), and otherwise on each result's dtype,
+shape, strides (where the result is not a view: a separate class), values (exact for ints and bool,
+the same NaNs and infinities, finite values within the dtype's tolerance or within 2x ATen's own error
+against float64, tests/harness.py's rule) and on every tensor argument afterwards (in-place and out=).
+
+Bounded in CI: GEMS_FUZZ_SECONDS (default 70) of fuzzing, shared among the categories by their number of
+overloads; GEMS_FUZZ_SEED picks other cases; GEMS_FUZZ_OPS=name,name fuzzes only those overloads and
+GEMS_FUZZ_CASE=i runs only case i of each (a mismatch row names its seed and index). On the GPU:
+`GEMS_TEST_DEVICE=cuda GEMS_FUZZ_SECONDS=1800 python -m pytest tests/fuzz`.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+
+import pytest
+import torch
+
+import gems
+from gems import registry
+from harness import DEVICE, TOL
+
+from fuzz_gen import Case, Skip, clone_args, make_case, skip_reason
+
+SECONDS = float(os.environ.get("GEMS_FUZZ_SECONDS", "70"))
+SEED = int(os.environ.get("GEMS_FUZZ_SEED", "0"))
+ONLY = [registry.canonical(n) for n in os.environ.get("GEMS_FUZZ_OPS", "").split(",") if n]
+CASE = os.environ.get("GEMS_FUZZ_CASE")
+VERBOSE = bool(os.environ.get("GEMS_FUZZ_VERBOSE"))
+BACKEND = "cuda" if DEVICE == "cuda" else "interpreter"
+
+# Documented differences (docs/known-differences.md) the fuzz meets: (op base, class) -> why. Where
+# `special` is True a value difference is accepted only for a case whose inputs hold special values.
+KNOWN_DIFFERENCES = {
+    ("gelu", "value"): (True, "gelu(+inf), gelu of huge inputs: the exact limit"),
+    ("cosh", "value"): (False, "cosh near fp32's limit: ATen's CPU vector path overflows"),
+    ("sinh", "value"): (False, "sinh near fp32's limit: ATen's CPU vector path overflows"),
+    ("fmod", "value"): (True, "fmod of huge quotients: exact in Gems, NaN on ATen's CPU"),
+    ("remainder", "value"): (True, "remainder of huge quotients: exact in Gems, NaN on ATen's CPU"),
+    ("elu_backward", "value"): (True, "a NaN self: ATen's CPU vector path on every element"),
+    ("hardswish_backward", "value"): (True, "a NaN self: ATen's CPU vector path on every element"),
+    ("hardtanh_backward", "value"): (True, "a NaN self: ATen's CPU vector path on every element"),
+    ("logit_backward", "value"): (True, "a NaN self: ATen's CPU vector path on every element"),
+}
+# Bugs the fuzz found that are not fixed yet: (op base or overload, class) -> one line. Printed in the
+# table, not failed: remove an entry with its fix.
+_BITWISE_EMPTY = "a float number with an empty integer tensor: ATen raises 'not implemented for Float', Gems answers"
+KNOWN_BUGS = {
+    **{(b, "exception"): _BITWISE_EMPTY for b in (
+        "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "__lshift__",
+        "__rshift__", "__ilshift__", "__irshift__", "__iand__", "__ior__", "__ixor__", "__and__", "__or__",
+        "__xor__")},
+    ("fill", "exception"): "fill_ of an expanded (self-overlapping) tensor: Gems' overlap check raises, ATen writes",
+    ("masked_fill", "exception"): "masked_fill_ of an expanded tensor: Gems' overlap check raises, ATen writes",
+    ("zero", "exception"): "zero_ of an expanded (self-overlapping) tensor: Gems' overlap check raises, ATen writes",
+    ("elu_backward", "exception"): "is_result=True with a negative alpha or scale: ATen raises, Gems answers",
+    ("leaky_relu_backward", "exception"): "self_is_result=True with a negative slope: ATen raises, Gems answers",
+    ("_foreach_sub", "exception"): "a bool number: ATen raises (subtraction with bool), Gems answers",
+    ("logit", "value"): "fp16 with eps: ATen's CPU rounds 1 - eps to fp16 (inf near 1), Gems computes it in fp32",
+    ("_log_softmax.out", "exception"): "a dim out of range: ATen raises IndexError, Gems answers",
+    ("native_layer_norm", "value"): "inf or huge inputs: ATen's mean/rstd are NaN (its variance overflows), Gems' not",
+    ("_softmax_backward_data", "exception"): "a dim out of range: ATen raises IndexError, Gems answers",
+    # ATen's *.Scalar_out overloads are composites that resize out= contiguous; Gems' follow the input's layout
+    (".Scalar_out", "stride"): "out= resized from empty: ATen's strides are contiguous, Gems' follow the input",
+    (".Scalar_Tensor_out", "stride"): "out= resized from empty: ATen's strides are contiguous, Gems' follow the input",
+    (".Tensor_Scalar_out", "stride"): "out= resized from empty: ATen's strides are contiguous, Gems' follow the input",
+    ("addmm", "value"): "alpha=0 with inf/NaN in mat1 or mat2: ATen gives NaN (0 * inf), Gems drops the product",
+}
+
+# ATen's own failures on a valid call (its message): not Gems' to copy; printed, not failed
+ATEN_FAILURES = {"could not create a primitive descriptor": "oneDNN rejects this layout (gelu_backward)"}
+
+CATEGORIES = sorted({i.category for i in registry.all_impls(BACKEND)})
+
+
+def _impls(category):
+    return [i for i in registry.all_impls(BACKEND) if i.category == category and (not ONLY or i.name in ONLY)]
+
+
+# ----------------------------------------------------------------------------- running and comparing
+def _run(op, case, gems_on):
+    args, kwargs = clone_args(case.args), clone_args(case.kwargs)
+    try:
+        if gems_on:
+            with gems.use_gems(include=[case.name]):
+                out = op(*args, **kwargs)
+        else:
+            out = op(*args, **kwargs)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+    except Exception as e:   # noqa: BLE001
+        return e, args, kwargs
+    return out, args, kwargs
+
+
+def _tensors(v, path="result"):
+    if isinstance(v, torch.Tensor):
+        yield path, v
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            yield from _tensors(x, f"{path}[{i}]")
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            yield from _tensors(x, f"{path}.{k}")
+
+
+def _strides(t):
+    """The strides that matter: those of dims longer than 1 (none for an empty tensor)."""
+    if t.numel() == 0:
+        return ()
+    return tuple(s for s, n in zip(t.stride(), t.shape) if n > 1)
+
+
+def _value_diff(g, a, case, args, kwargs):
+    """None when Gems' `g` agrees with ATen's `a` (same dtype and shape), else a description."""
+    g, a = g.detach().cpu(), a.detach().cpu()
+    if not a.is_floating_point() and not a.is_complex():
+        return None if torch.equal(g, a) else f"{int((g != a).sum())}/{a.numel()} elements differ"
+    g64, a64 = g.double(), a.double()
+    nan_g, nan_a = torch.isnan(g64), torch.isnan(a64)
+    if not torch.equal(nan_g, nan_a):
+        return f"NaN pattern differs ({int(nan_g.sum())} vs {int(nan_a.sum())})"
+    inf = torch.isinf(a64) | torch.isinf(g64)
+    if not torch.equal(g64[inf], a64[inf]):
+        # an accumulation (a GEMM, a sum) near the dtype's limit: ATen's order may overflow where Gems'
+        # does not; accepted where Gems' finite value is the float64 reference's
+        ref = _reference(case) if registry.get(case.name).category in ("blas", "reduction", "norm") else None
+        if ref is None or ref.shape != a.shape or not _near(g64[inf], ref.double()[inf], a.dtype):
+            return "infinities differ"
+        g64, a64 = g64.masked_fill(inf, 0), a64.masked_fill(inf, 0)
+    rtol, atol = TOL.get(a.dtype, TOL[torch.float32])
+    fin = ~(nan_a | inf)
+    err = (g64 - a64).abs()[fin]
+    bad = err > atol + 2 * rtol * a64.abs()[fin]
+    if not bad.any():
+        return None
+    # the suite's rule against a float64 reference: within the tolerance, or 2x ATen's own error
+    ref = _reference(case)
+    if ref is not None and ref.shape == a.shape:
+        r = ref.double()[fin]
+        bound = torch.clamp(atol + rtol * r.abs(), min=2 * (a64[fin] - r).abs().nan_to_num(0).max().item() + atol)
+        if not ((g64[fin] - r).abs() > bound).any():
+            return None
+    j = int(bad.nonzero()[0])
+    return f"{int(bad.sum())}/{a.numel()} off, worst {err.max().item():.3g}: Gems {g64[fin][j].item()}, ATen {a64[fin][j].item()}"
+
+
+def _near(g, r, dtype):
+    rtol, atol = TOL.get(dtype, TOL[torch.float32])
+    return bool(torch.isfinite(r).all() and ((g - r).abs() <= atol + 2 * rtol * r.abs()).all())
+
+
+def _reference(case):
+    """ATen's result on the inputs in float64 (the first tensor result), or None."""
+    def up(v):
+        if isinstance(v, torch.Tensor):
+            return v.detach().cpu().double() if v.is_floating_point() else v.detach().cpu()
+        if isinstance(v, (list, tuple)):
+            return type(v)(up(x) for x in v)
+        return v
+    kwargs = {k: up(v) for k, v in clone_args(case.kwargs).items()}
+    if kwargs.get("dtype") is not None:
+        return None
+    try:
+        out = registry.aten_overload(case.name)(*up(clone_args(case.args)), **kwargs)
+    except Exception:   # noqa: BLE001
+        return None
+    return next((t for _, t in _tensors(out)), None)
+
+
+def _message(e):
+    return str(e).strip().splitlines()[0] if str(e).strip() else ""
+
+
+def compare(case):
+    """[(class, detail)] of the differences between ATen's and Gems' runs of `case`."""
+    op = registry.aten_overload(case.name)
+    a, a_args, a_kwargs = _run(op, case, False)
+    g, g_args, g_kwargs = _run(op, case, True)
+    a_err, g_err = isinstance(a, Exception), isinstance(g, Exception)
+    if a_err and any(m in str(a) for m in ATEN_FAILURES):
+        return [("aten-bug", _message(a))]
+    if a_err or g_err:
+        if a_err != g_err:
+            return [("exception", f"ATen: {_message(a) if a_err else 'answers'}; Gems: "
+                                  f"{type(g).__name__ + ': ' + _message(g) if g_err else 'answers'}")]
+        if type(a) is not type(g):
+            return [("exception", f"ATen {type(a).__name__}, Gems {type(g).__name__}: {_message(g)}")]
+        if _message(a) != _message(g):
+            return [("message", f"ATen {_message(a)!r}, Gems {_message(g)!r}")]
+        return []
+    if case.name.split(".")[0] in ("sort", "topk") and isinstance(a, tuple):
+        return _sort_diff(case, g, a)
+    found = []
+    ours = list(_tensors(g)) + list(_tensors(g_args, "args")) + list(_tensors(g_kwargs, "kwargs"))
+    theirs = list(_tensors(a)) + list(_tensors(a_args, "args")) + list(_tensors(a_kwargs, "kwargs"))
+    if [p for p, _ in ours] != [p for p, _ in theirs] or type(g) is not type(a):
+        return [("shape", f"results differ in structure: {type(g).__name__} vs {type(a).__name__}")]
+    if not isinstance(a, (torch.Tensor, list, tuple)) and a is not None and not (
+            a == g or (isinstance(a, float) and math.isnan(a) and math.isnan(g))):
+        return [("value", f"result {g!r} vs {a!r}")]
+    for (path, gt), (_, at) in zip(ours, theirs):
+        if gt.dtype != at.dtype:
+            found.append(("dtype", f"{path}: {gt.dtype} vs {at.dtype}"))
+        elif tuple(gt.shape) != tuple(at.shape):
+            found.append(("shape", f"{path}: {tuple(gt.shape)} vs {tuple(at.shape)}"))
+        else:
+            d = _value_diff(gt, at, case, g_args, g_kwargs)
+            if d:
+                found.append(("value", f"{path}: {d}"))
+            if _strides(gt) != _strides(at) and not path.startswith("args"):
+                found.append(("stride", f"{path}: {tuple(gt.stride())} vs {tuple(at.stride())}"))
+    return found
+
+
+def _sort_diff(case, g, a):
+    """sort and topk: ties may be ordered either way (and topk(sorted=False) returns its k values in any
+    order): the values must agree (as sorted sets where unordered), and Gems' indices must point at them."""
+    names = [x.name for x in registry.aten_overload(case.name)._schema.arguments]
+    call = dict(zip(names, case.args), **case.kwargs)
+    x, dim = call["self"], call.get("dim", -1)
+    (gv, gi), (av, ai) = g, a
+    for path, gt, at in (("values", gv, av), ("indices", gi, ai)):
+        if gt.dtype != at.dtype or gt.shape != at.shape:
+            return [("dtype" if gt.dtype != at.dtype else "shape", f"{path}: {gt.dtype}{tuple(gt.shape)} vs "
+                                                                       f"{at.dtype}{tuple(at.shape)}")]
+    if av.dim() and call.get("sorted", True) is False:
+        gv, av = gv.sort(dim).values, av.sort(dim).values
+    d = _value_diff(gv, av, case, None, None)
+    if d:
+        return [("value", f"values: {d}")]
+    picked = x.gather(dim, gi) if x.dim() else x.expand_as(gi) if (gi == 0).all() else None
+    if picked is None or _value_diff(picked, g[0], case, None, None) is not None:
+        return [("value", "indices: do not point at the values")]
+    return []
+
+
+def _allowed(case, cls):
+    """'known difference', 'known bug' or None, and the allow-list's key."""
+    base = case.name.split(".")[0]
+    if base.endswith("_") and not base.endswith("__"):   # the in-place overload: its op's entries
+        base = base[:-1]
+    if cls == "aten-bug":
+        return "ATen's failure", None
+    special, _ = KNOWN_DIFFERENCES.get((base, cls), (None, ""))
+    if special is not None and (not special or case.special):
+        return "known difference", (base, cls)
+    for key in ((case.name, cls), (base, cls), ("." + case.name.split(".")[1], cls)):
+        if key in KNOWN_BUGS:
+            return "known bug", key
+    return None, None
+
+
+# ----------------------------------------------------------------------------- the test
+def _budget(category):
+    # by the number of overloads, plus an even share so that the small families get more than one round
+    weight = {c: len(_impls(c)) + 25 * bool(_impls(c)) for c in CATEGORIES}
+    return SECONDS * weight[category] / sum(weight.values())
+
+
+@pytest.mark.parametrize("category", CATEGORIES)
+def test_fuzz_against_aten(category, capsys):
+    impls = _impls(category)
+    if not impls:
+        pytest.skip("no overload of this category selected")
+    deadline = time.monotonic() + _budget(category)
+    skipped, rows, reached, cases, bugs = {}, [], set(), 0, set()
+    live = []
+    for impl in impls:
+        why = skip_reason(impl.name)
+        (skipped.__setitem__(impl.name, why) if why else live.append(impl))
+    index = int(CASE) if CASE is not None else 0
+    while live and (time.monotonic() < deadline or index == 0):
+        for impl in list(live):
+            if time.monotonic() >= deadline and index > 0:
+                break
+            try:
+                case = make_case(impl.name, SEED, index, DEVICE)
+            except Skip as e:
+                skipped[impl.name] = str(e)
+                live.remove(impl)
+                continue
+            if VERBOSE:   # the case about to run, flushed: names the case that ends the process
+                print(f"{SEED}:{index} {case.describe()}", file=sys.__stderr__, flush=True)
+            served = gems.dispatch.op_runtime(impl.name).served
+            for cls, detail in compare(case):
+                allowed, key = _allowed(case, cls)
+                rows.append((impl.name, f"{SEED}:{index}", cls, allowed, detail, case.describe()))
+                if allowed == "known bug":
+                    bugs.add(key)
+            if gems.dispatch.op_runtime(impl.name).served > served:
+                reached.add(impl.name)
+            cases += 1
+        if CASE is not None:
+            break
+        index += 1
+    failing = [r for r in rows if r[3] is None]
+    with capsys.disabled():
+        print(f"\n[fuzz {category}] {cases} cases, {len(reached)}/{len(impls)} overloads served by Gems, "
+              f"{len(skipped)} skipped, {len(rows)} mismatches ({len(failing)} not allow-listed)")
+        if skipped:
+            print("  skipped: " + ", ".join(f"{n} ({w})" for n, w in sorted(skipped.items())))
+        for name, where, cls, allowed, detail, call in rows:
+            print(f"  {name:32} {where:>8} {cls:9} {allowed or 'FAIL':17} {detail[:160]}\n{'':44}{call[:200]}")
+        for key in sorted(bugs):
+            print(f"  KNOWN BUG {key[0]} ({key[1]}): {KNOWN_BUGS[key]}")
+    assert not failing, f"{len(failing)} differences from ATen (table above)"
+
+
+def test_fuzz_finds_a_wrong_implementation():
+    """The comparison itself: a Gems implementation that answers off by one, or raises where ATen
+    answers, is reported (value, then exception); the right one is not."""
+    impl = registry.get("neg.default")
+    right = impl.fn
+    case = Case("neg.default", 0, 0, [torch.randn(5, 7, device=DEVICE).t()], {})
+    assert compare(case) == []
+    try:
+        impl.set_fn(lambda x: right(x) + 1)
+        assert [c for c, _ in compare(case)] == ["value"]
+
+        def raising(x):
+            raise ValueError("boom")
+        impl.set_fn(raising)
+        assert [c for c, _ in compare(case)] == ["exception"]
+    finally:
+        impl.set_fn(right)
+    assert compare(case) == []
