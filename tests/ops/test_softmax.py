@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import gems
-from harness import DEVICE, check_grad, check_op, dtype_params, layouts, make
+from harness import DEVICE, check_grad, check_op, dtype_params, layouts, make, raises_like_aten
 
 SHAPES = [(7, 33), (4, 1), (3, 5, 17), (2, 1100)]   # odd sizes; 1100 > the interpreter's tile: online path
 
@@ -67,6 +67,17 @@ def test_out_variant_and_errors():
         if DEVICE == "cpu":  # ATen rejects half_to_float on CPU; so must Gems
             with pytest.raises(RuntimeError):
                 torch._softmax(x.half(), 1, True)
+
+
+def test_dim_out_of_range_on_empty_tensors_raises_like_aten():
+    # an empty tensor has no row to reduce, but ATen still checks the dim (found by the differential fuzz)
+    aten = torch.ops.aten
+    e, g = make((3, 0)), make((3, 0))
+    raises_like_aten([lambda: aten._softmax(e, 3, False), lambda: aten._log_softmax(e, -3, False),
+                      lambda: aten._log_softmax.out(e, 2, False, out=torch.empty(0, device=DEVICE)),
+                      lambda: aten._safe_softmax(e, 2),
+                      lambda: aten._softmax_backward_data(g, e, 2, torch.float32),
+                      lambda: aten._log_softmax_backward_data(g, e, -3, torch.float32)])
 
 
 @pytest.mark.parametrize("log", [False, True])

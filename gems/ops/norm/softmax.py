@@ -153,6 +153,8 @@ def _offsets_fit(N, K):
 
 
 def _launch_fwd(x, dim, out_dtype, log, out=None, safe=False):
+    if x.numel() == 0:
+        wrap_dim(dim, x.dim())   # ATen's IndexError for a dim out of range (geometry() checks the others)
     y = prepare_out(out, x.shape, out_dtype, x.device)
     if x.numel() == 0:
         return y
@@ -164,6 +166,8 @@ def _launch_fwd(x, dim, out_dtype, log, out=None, safe=False):
 
 
 def _launch_bwd(grad, y, dim, in_dtype, log, out=None):
+    if y.numel() == 0:
+        wrap_dim(dim, y.dim())   # ATen's IndexError for a dim out of range (geometry() checks the others)
     dx = prepare_out(out, y.shape, in_dtype, y.device)
     if y.numel() == 0:
         return dx
