@@ -6,8 +6,9 @@ shape, strides (where the result is not a view: a separate class), values (exact
 the same NaNs and infinities, finite values within the dtype's tolerance or within 2x ATen's own error
 against float64, tests/harness.py's rule) and on every tensor argument afterwards (in-place and out=).
 
-Bounded in CI: GEMS_FUZZ_SECONDS (default 70) of fuzzing, shared among the categories by their number of
-overloads; GEMS_FUZZ_SEED picks other cases; GEMS_FUZZ_OPS=name,name fuzzes only those overloads and
+Bounded in CI: a fixed number of cases per overload (ROUNDS, by category: about 70 s on a CI-class CPU
+through the interpreter; the same cases on every machine); GEMS_FUZZ_SECONDS=N fuzzes for N seconds
+instead, shared among the categories by their number of overloads; GEMS_FUZZ_SEED picks other cases; GEMS_FUZZ_OPS=name,name fuzzes only those overloads and
 GEMS_FUZZ_CASE=i runs only case i of each (a mismatch row names its seed and index). On the GPU:
 `GEMS_TEST_DEVICE=cuda GEMS_FUZZ_SECONDS=1800 python -m pytest tests/fuzz`.
 """
@@ -17,6 +18,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -27,7 +29,9 @@ from harness import DEVICE, TOL
 
 from fuzz_gen import Case, Skip, clone_args, make_case, skip_reason
 
-SECONDS = float(os.environ.get("GEMS_FUZZ_SECONDS", "70"))
+SECONDS = float(os.environ.get("GEMS_FUZZ_SECONDS", "0"))
+# cases per overload without GEMS_FUZZ_SECONDS: the CI run (the overloads of a category take turns)
+ROUNDS = {"blas": 16, "copy": 30, "index": 30, "norm": 50, "other": 100, "pointwise": 24, "reduction": 24}
 SEED = int(os.environ.get("GEMS_FUZZ_SEED", "0"))
 ONLY = [registry.canonical(n) for n in os.environ.get("GEMS_FUZZ_OPS", "").split(",") if n]
 CASE = os.environ.get("GEMS_FUZZ_CASE")
@@ -62,13 +66,27 @@ KNOWN_BUGS = {
     ("leaky_relu_backward", "exception"): "self_is_result=True with a negative slope: ATen raises, Gems answers",
     ("_foreach_sub", "exception"): "a bool number: ATen raises (subtraction with bool), Gems answers",
     ("logit", "value"): "fp16 with eps: ATen's CPU rounds 1 - eps to fp16 (inf near 1), Gems computes it in fp32",
-    ("_log_softmax.out", "exception"): "a dim out of range: ATen raises IndexError, Gems answers",
     ("native_layer_norm", "value"): "inf or huge inputs: ATen's mean/rstd are NaN (its variance overflows), Gems' not",
-    ("_softmax_backward_data", "exception"): "a dim out of range: ATen raises IndexError, Gems answers",
     # ATen's *.Scalar_out overloads are composites that resize out= contiguous; Gems' follow the input's layout
     (".Scalar_out", "stride"): "out= resized from empty: ATen's strides are contiguous, Gems' follow the input",
     (".Scalar_Tensor_out", "stride"): "out= resized from empty: ATen's strides are contiguous, Gems' follow the input",
     (".Tensor_Scalar_out", "stride"): "out= resized from empty: ATen's strides are contiguous, Gems' follow the input",
+    ("pow", "value"): "int64 to a power >= 2**31: Gems gives 0 where ATen's integer power wraps",
+    ("elu", "value"): "input_scale=+-inf: the NaNs differ from ATen's",
+    ("mish_backward", "dtype"): "grad fp32 with self fp16: ATen's result is fp16, Gems' fp32",
+    ("_foreach_norm", "value"): "a value near fp32's limit: ATen's norm is finite, Gems' overflows to inf",
+    ("_foreach_addcdiv", "value"): "results near fp32's limit: Gems gives inf where ATen is finite, or the reverse",
+    (".Scalar_mode_out", "stride"): "out= resized from empty: ATen's strides are contiguous, Gems' follow the input",
+    ("__lshift__.Tensor_out", "stride"): "out= resized from empty: ATen's strides are contiguous, Gems' follow self",
+    ("rsub.Tensor_out", "stride"): "out= resized from empty: the strides differ from ATen's (sub(other, self))",
+    ("ge.Tensor", "stride"): "an expanded bool self with a permuted int other: the strides differ from TensorIterator's",
+    ("clamp.Tensor", "stride"): "a transposed self with broadcast bounds: the strides differ from TensorIterator's",
+    ("logical_and", "stride"): "mixed layouts: the result's strides differ from TensorIterator's",
+    ("out=", "stride"): "an out= resized from empty (bitwise, shifts, hypot, rsub, ...): strides differ from ATen's",
+    ("_foreach_addcmul", "value"): "results near fp32's limit: Gems gives inf where ATen is finite, or the reverse",
+    ("rsub", "value"): "a huge alpha: alpha * self overflows in Gems (inf - inf = NaN), ATen answers inf",
+    ("gelu_backward", "value"): "approximate='tanh' in fp16 near x = -4.4: 2% off the float64 reference, ATen is not",
+    ("mm", "value"): "inf inputs: ATen's result has NaN where Gems' has inf",
     ("addmm", "value"): "alpha=0 with inf/NaN in mat1 or mat2: ATen gives NaN (0 * inf), Gems drops the product",
 }
 
@@ -86,16 +104,21 @@ def _impls(category):
 def _run(op, case, gems_on):
     args, kwargs = clone_args(case.args), clone_args(case.kwargs)
     try:
-        if gems_on:
-            with gems.use_gems(include=[case.name]):
-                out = op(*args, **kwargs)
-        else:
-            out = op(*args, **kwargs)
+        with warnings.catch_warnings():   # ATen's deprecation notes (resized out=, ...) are not results
+            warnings.simplefilter("ignore")
+            out = _call(op, case, args, kwargs, gems_on)
         if DEVICE == "cuda":
             torch.cuda.synchronize()
     except Exception as e:   # noqa: BLE001
         return e, args, kwargs
     return out, args, kwargs
+
+
+def _call(op, case, args, kwargs, gems_on):
+    if gems_on:
+        with gems.use_gems(include=[case.name]):
+            return op(*args, **kwargs)
+    return op(*args, **kwargs)
 
 
 def _tensors(v, path="result"):
@@ -250,7 +273,9 @@ def _allowed(case, cls):
     special, _ = KNOWN_DIFFERENCES.get((base, cls), (None, ""))
     if special is not None and (not special or case.special):
         return "known difference", (base, cls)
-    for key in ((case.name, cls), (base, cls), ("." + case.name.split(".")[1], cls)):
+    resized_out = any(isinstance(v, torch.Tensor) and v.numel() == 0 for v in case.kwargs.values())
+    for key in ((case.name, cls), (base, cls), ("." + case.name.split(".")[1], cls)) + (
+            (("out=", cls),) if resized_out else ()):
         if key in KNOWN_BUGS:
             return "known bug", key
     return None, None
@@ -268,16 +293,20 @@ def test_fuzz_against_aten(category, capsys):
     impls = _impls(category)
     if not impls:
         pytest.skip("no overload of this category selected")
-    deadline = time.monotonic() + _budget(category)
+    deadline = time.monotonic() + _budget(category) if SECONDS else None
+    rounds = ROUNDS.get(category, 20)
+
+    def more(index):
+        return index == 0 or (time.monotonic() < deadline if deadline is not None else index < rounds)
     skipped, rows, reached, cases, bugs = {}, [], set(), 0, set()
     live = []
     for impl in impls:
         why = skip_reason(impl.name)
         (skipped.__setitem__(impl.name, why) if why else live.append(impl))
     index = int(CASE) if CASE is not None else 0
-    while live and (time.monotonic() < deadline or index == 0):
+    while live and more(index):
         for impl in list(live):
-            if time.monotonic() >= deadline and index > 0:
+            if not more(index):
                 break
             try:
                 case = make_case(impl.name, SEED, index, DEVICE)
@@ -309,7 +338,11 @@ def test_fuzz_against_aten(category, capsys):
             print(f"  {name:32} {where:>8} {cls:9} {allowed or 'FAIL':17} {detail[:160]}\n{'':44}{call[:200]}")
         for key in sorted(bugs):
             print(f"  KNOWN BUG {key[0]} ({key[1]}): {KNOWN_BUGS[key]}")
-    assert not failing, f"{len(failing)} differences from ATen (table above)"
+    if bugs:   # a warning reaches the summary under xdist too, where a worker's prints do not
+        warnings.warn(f"fuzz {category}: known bugs met: " + "; ".join(
+            f"{k[0]} ({k[1]}): {KNOWN_BUGS[k]}" for k in sorted(bugs)), UserWarning)
+    assert not failing, f"{len(failing)} differences from ATen:\n" + "\n".join(
+        f"{n} case {w} {c}: {d[:200]}\n    {call[:300]}" for n, w, c, _, d, call in failing)
 
 
 def test_fuzz_finds_a_wrong_implementation():
