@@ -332,11 +332,14 @@ def test_negative_slope_with_inplace_result(dtype):
     for name in _registered("elu_backward"):
         args = {"grad_output": g, "scale": 1.0, "input_scale": 1.0, "is_result": True, "self_or_result": x}
         rows.append((name, call(name, {**args, "alpha": 1.0}, dtype), call(name, {**args, "alpha": -1.0}, dtype)))
+        # ATen requires alpha >= 0, which NaN is not
+        rows.append((name + " nan", None, call(name, {**args, "alpha": float("nan")}, dtype)))
     for name in _registered("leaky_relu_backward"):
         args = {"grad_output": g, "self": x, "self_is_result": True}
         rows.append((name, call(name, {**args, "negative_slope": 0.5}, dtype),
                      call(name, {**args, "negative_slope": -0.5}, dtype)))
-    assert len(rows) == 4
+        rows.append((name + " nan", None, call(name, {**args, "negative_slope": float("nan")}, dtype)))
+    assert len(rows) == 8
     check_table(rows)
 
 

@@ -248,13 +248,13 @@ def _logit_bwd(g, x, EPS: tl.constexpr):
 
 
 def _elu_bwd_check(grad_output, alpha, scale, input_scale, is_result, self_or_result, **kw):
-    if is_result and alpha < 0:
+    if is_result and not alpha >= 0:   # ATen's check: NaN is rejected too
         return "negative alpha with is_result: ATen raises"
     return None
 
 
 def _leaky_bwd_check(grad_output, self, negative_slope, self_is_result, **kw):
-    if self_is_result and negative_slope < 0:
+    if self_is_result and not negative_slope >= 0:   # ATen's check: NaN is rejected too
         return "negative slope with self_is_result: ATen raises"
     return None
 
