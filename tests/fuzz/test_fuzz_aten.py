@@ -62,8 +62,6 @@ KNOWN_BUGS = {
     ("fill", "exception"): "fill_ of an expanded (self-overlapping) tensor: Gems' overlap check raises, ATen writes",
     ("masked_fill", "exception"): "masked_fill_ of an expanded tensor: Gems' overlap check raises, ATen writes",
     ("zero", "exception"): "zero_ of an expanded (self-overlapping) tensor: Gems' overlap check raises, ATen writes",
-    ("elu_backward", "exception"): "is_result=True with a negative alpha or scale: ATen raises, Gems answers",
-    ("leaky_relu_backward", "exception"): "self_is_result=True with a negative slope: ATen raises, Gems answers",
     ("_foreach_sub", "exception"): "a bool number: ATen raises (subtraction with bool), Gems answers",
     ("logit", "value"): "fp16 with eps: ATen's CPU rounds 1 - eps to fp16 (inf near 1), Gems computes it in fp32",
     ("native_layer_norm", "value"): "inf or huge inputs: ATen's mean/rstd are NaN (its variance overflows), Gems' not",
