@@ -288,9 +288,9 @@ def _check_inplace(self_t, shape, result, tens):
 
 
 def _check_no_internal_overlap(o):
+    # ATen decides: most ops raise there, but fill_, zero_ and masked_fill_ write expanded tensors
     if layout.internal_overlap(o.shape, o.stride()):
-        raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
-                           "single memory location. Please clone() the tensor before performing the operation.")
+        raise Unsupported("the written-to tensor has elements that share an address")
 
 
 _WRAPPED = ((), (), True, False)    # a number ATen wraps as a 0-dim tensor

@@ -502,3 +502,39 @@ def test_cat_and_stack_into_an_input():
     rows.append(("cat snippet", None, lambda: (lambda a: torch.cat([a, _t([1.0, 2.0, 3.0], torch.float32)], 0,
                                                                     out=a))(x())))
     check_table(rows)
+
+
+@pytest.mark.parametrize("case", ["fill_", "zero_", "masked_fill_", "add_", "mul_out"])
+def test_written_tensor_that_overlaps_itself_is_atens_call(case):
+    """An expanded written-to tensor: fill_, zero_ and masked_fill_ write it in ATen, most ops raise.
+    Gems hands such calls to ATen (counted), never answering differently nor warning as if it failed."""
+    import warnings
+
+    def run(fn):
+        base = torch.arange(3.0, device=DEVICE).reshape(1, 3)
+        x = base.expand(4, 3)
+        mask = torch.tensor([[True, False, True]], device=DEVICE).expand(4, 3)
+        calls = {"fill_": lambda: x.fill_(2.5), "zero_": lambda: x.zero_(),
+                 "masked_fill_": lambda: x.masked_fill_(mask, -1.0), "add_": lambda: x.add_(1.0),
+                 "mul_out": lambda: torch.mul(torch.ones(4, 3, device=DEVICE), 2.0, out=x)}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")      # ATen's own deprecation warning of masked_fill_
+                calls[case]()
+        except RuntimeError as e:
+            return "raises", str(e).splitlines()[0]
+        return "writes", base.cpu()
+
+    want = run(None)
+    gems.reset_stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a Gems error would warn (and fail under GEMS_STRICT)
+        with gems.use_gems():
+            got = run(None)
+            again = run(None)                        # the signature's second call (its plan, if any)
+    for g in (got, again):
+        assert g[0] == want[0]
+        if want[0] == "raises":
+            assert g[1] == want[1]
+        else:
+            torch.testing.assert_close(g[1], want[1])
