@@ -15,6 +15,8 @@ every thread that runs that backward's nodes.
 """
 from __future__ import annotations
 
+import ctypes
+import sys
 import threading
 from typing import Optional
 
@@ -130,15 +132,36 @@ def active_config_of(state: DispatchState) -> Optional[frozenset]:
 
 # the calling thread's use_gems() op set (None outside a scope) among torch's thread-local Python objects
 SCOPE_KEY = "gems.use_gems"
-_stash = torch._C._stash_obj_in_tls
 _is_stashed = torch._C._is_key_in_tls
 _stashed = torch._C._get_obj_in_tls
 _graph_task_id = torch._C._current_graph_task_id
 
 
+def _stash_takes_a_reference() -> bool:
+    """Whether torch's `_stash_obj_in_tls` takes its own reference to the object. Some torch releases
+    wrap the borrowed pointer in a SafePyObject that releases a reference it never took: the stashed
+    object is then freed while still stashed (a later read returns whatever reuses its memory), so
+    Gems hands such a release the reference it will drop. Probed once, on an object of our own."""
+    probe = object()
+    before = sys.getrefcount(probe)
+    torch._C._stash_obj_in_tls(_PROBE_KEY, probe)
+    takes = sys.getrefcount(probe) > before
+    if not takes:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(probe))   # the reference the stash will release
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(None))
+    torch._C._stash_obj_in_tls(_PROBE_KEY, None)
+    return takes
+
+
+_PROBE_KEY = "gems.stash_probe"
+_STASH_TAKES_A_REFERENCE = _stash_takes_a_reference()
+
+
 def stash_scope(cfg):
     """Record the calling thread's scope (an op set, or None outside any) where autograd finds it."""
-    _stash(SCOPE_KEY, cfg)
+    if not _STASH_TAKES_A_REFERENCE:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(cfg))
+    torch._C._stash_obj_in_tls(SCOPE_KEY, cfg)
 
 
 def config_for_unscoped_thread(state: DispatchState):

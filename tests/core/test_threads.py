@@ -186,3 +186,20 @@ def test_backward_work_on_an_unscoped_thread_follows_its_graph_task():
     # the forward ran outside any selection (ATen); each backward node followed the graph task's
     assert unscoped == {"gelu.default": 0, "gelu_backward.default": 9, "silu.default": 0,
                         "silu_backward.default": 0}, unscoped
+
+
+def test_a_stashed_scope_stays_alive_while_stashed():
+    """Some torch releases' TLS stash releases a reference it never took: the stashed op set would be
+    freed while stashed (reads then returned unrelated objects). Fresh op sets, stashed and replaced
+    many times, must read back intact."""
+    import gc
+
+    from gems.dispatch import state
+
+    for i in range(200):
+        state.stash_scope(frozenset({f"op{i}.default", "add.Tensor"}))
+        gc.collect()
+        got = torch._C._get_obj_in_tls(state.SCOPE_KEY)
+        assert got == frozenset({f"op{i}.default", "add.Tensor"})
+    state.stash_scope(None)
+    assert torch._C._get_obj_in_tls(state.SCOPE_KEY) is None
