@@ -53,7 +53,12 @@ def _compute(lines, ind, n_ops, is_tensor, casts, n_scalars, scalar_cast, n_cons
         c = casts[i]
         if isinstance(c, tuple):
             src, c = f"tl.cast({src}, {c[0]})", c[1]
-        lines.append(f"{ind}v{i} = " + (f"tl.cast({src}, {c})" if c else src))
+        line = f"tl.cast({src}, {c})" if c else src
+        if not is_tensor[i] and c == "tl.int64":
+            # `+ 0`: the interpreter holds an int in [2**31, 2**32) as a uint32 array typed int64 (a cast
+            # to int64 is then a no-op), and its right shift reads that array as signed: -2**31 for 2**31
+            line += " + 0"
+        lines.append(f"{ind}v{i} = " + line)
     for i in range(n_scalars):
         lines.append(f"{ind}w{i} = " + (f"tl.cast(s{i}, {scalar_cast})" if scalar_cast else f"s{i}"))
     args = [f"v{i}" for i in range(n_ops)] + [f"w{i}" for i in range(n_scalars)] + [f"C{i}" for i in range(n_consts)]

@@ -66,7 +66,6 @@ KNOWN_BUGS = {
     (".Scalar_out", "stride"): "out= resized from empty: ATen's strides are contiguous, Gems' follow the input",
     (".Scalar_Tensor_out", "stride"): "out= resized from empty: ATen's strides are contiguous, Gems' follow the input",
     (".Tensor_Scalar_out", "stride"): "out= resized from empty: ATen's strides are contiguous, Gems' follow the input",
-    ("pow", "value"): "int64 to a power >= 2**31: Gems gives 0 where ATen's integer power wraps",
     ("elu", "value"): "input_scale=+-inf: the NaNs differ from ATen's",
     ("mish_backward", "dtype"): "grad fp32 with self fp16: ATen's result is fp16, Gems' fp32",
     ("_foreach_norm", "value"): "a value near fp32's limit: ATen's norm is finite, Gems' overflows to inf",

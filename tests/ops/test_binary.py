@@ -239,3 +239,20 @@ def test_wider_zero_dim_tensor_reads_like_aten(dtype):
             with served(ovl), gems.use_gems():
                 got = f(x, s)
             assert got.dtype == want.dtype and torch.equal(got, want), (ovl, s, x[got != want][:4], got[got != want][:4])
+
+
+def test_int64_pow_of_large_exponents_wraps_like_aten():
+    # exponents in [2**31, 2**32) reach the interpreter as uint32 scalars (its right shift read them as
+    # negative); the reference is Python's exact power reduced mod 2**64, which is what C's wrapping
+    # products give
+    x = torch.tensor([3, -3, 2, 5, 7, -1, 1, 0, -2], dtype=torch.int64, device=DEVICE)
+    for e in (2 ** 31, 2 ** 31 + 1, 2 ** 32 - 1, 2 ** 32 + 3, 2 ** 40 + 5):
+        want = [((pow(v, e, 2 ** 64) + 2 ** 63) % 2 ** 64) - 2 ** 63 for v in x.tolist()]
+        with served("pow.Tensor_Scalar"), gems.use_gems():
+            got = x ** e
+        assert got.tolist() == want, e
+        assert torch.equal(got, x ** e)
+        et = torch.full_like(x, e)
+        with served(*([POW_TT] if POW_TT else [])), gems.use_gems():
+            got = x ** et
+        assert got.tolist() == want, e
