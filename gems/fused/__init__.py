@@ -15,6 +15,7 @@ shadow the function.
     q, k = F.rope(q, k, cos, sin)                     # Hugging Face apply_rotary_pos_emb contract
     loss = F.cross_entropy(logits, target)            # ignore_index, label_smoothing, reduction
     loss = F.fused_linear_cross_entropy(hidden, lm_head_weight, target)   # no full logits in memory
+    y = F.moe_experts(x, topk_ids, topk_weights, gate_up_proj, down_proj)  # MoE experts, grouped GEMMs
 
 The names resolve lazily (importing `gems` compiles nothing); `gems.patch(model)` swaps them into
 Hugging Face models.
@@ -26,6 +27,7 @@ _WHERE = {
     "rms_norm": "norms", "add_rms_norm": "norms", "layer_norm": "norms", "add_layer_norm": "norms",
     "silu_and_mul": "gated", "swiglu": "gated", "gelu_and_mul": "gated",
     "rope": "rotary",
+    "moe_experts": "moe",
     "cross_entropy": "cross_entropy_loss", "fused_linear_cross_entropy": "linear_cross_entropy",
 }
 
