@@ -249,7 +249,8 @@ bool foreach_serve(const ForeachSpec& sp, ForeachLaunches& launches, const std::
   std::vector<int64_t> svals;
   const at::Tensor* S = nullptr;
   if (sp.skind == FS_SCALAR) {
-    if (!fits_number(args[sp.scalar], fd->range_limit, s)) return false;
+    // a bool number goes to the Python kernel, which knows the op (ATen's sub rejects one)
+    if (args[sp.scalar].isBool() || !fits_number(args[sp.scalar], fd->range_limit, s)) return false;
   } else if (sp.skind == FS_LIST) {
     const IValue& v = args[sp.scalar];
     if (!v.isList()) return false;

@@ -22,10 +22,18 @@ def _alpha(alpha, dtype):
     return scalar_value(alpha, dtype, "alpha")
 
 
+def _no_bool_sub(op, numbers):
+    # ATen's sub rejects a bool operand ("Subtraction, the `-` operator, with a bool tensor is not
+    # supported"): let it raise
+    if op == "sub" and any(isinstance(v, bool) for v in numbers):
+        raise Unsupported("sub with a bool number")
+
+
 def _scalar_variant(op, inplace):
     label = "exponent" if op == "pow" else "scalar"
 
     def fn(self, scalar):
+        _no_bool_sub(op, (scalar,))
         return launch(op, [self], inplace, s=scalar_value(scalar, self[0].dtype if self else None, label))
     return _doc(fn, f"{op} of every tensor with a Scalar: one launch")
 
@@ -56,6 +64,7 @@ def _with_list(op, self, other, inplace, alpha):
 
 def _scalarlist_variant(op, inplace):
     def fn(self, scalars):
+        _no_bool_sub(op, scalars)
         return launch(op, [self], inplace, smode=S_TABLE, svals=scalars)
     return _doc(fn, f"{op} of every tensor with its own Scalar: one launch")
 
