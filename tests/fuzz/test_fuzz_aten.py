@@ -78,7 +78,6 @@ KNOWN_BUGS = {
     ("logical_and", "stride"): "mixed layouts: the result's strides differ from TensorIterator's",
     ("out=", "stride"): "an out= resized from empty (bitwise, shifts, hypot, rsub, ...): strides differ from ATen's",
     ("_foreach_addcmul", "value"): "results near fp32's limit: Gems gives inf where ATen is finite, or the reverse",
-    ("rsub", "value"): "a huge alpha: alpha * self overflows in Gems (inf - inf = NaN), ATen answers inf",
     ("gelu_backward", "value"): "approximate='tanh' in fp16 near x = -4.4: 2% off the float64 reference, ATen is not",
     ("mm", "value"): "inf inputs: ATen's result has NaN where Gems' has inf",
     ("_softmax_backward_data", "value"): "an output near fp32's limit (no softmax's): ATen inf, Gems NaN (sum(grad * y))",

@@ -187,6 +187,40 @@ def test_alpha_and_rsub():
     check_op(torch.rsub, (x, 2.0), dtype=torch.float32, served_ops=["rsub.Scalar"])
 
 
+def test_alpha_product_is_fused_like_aten():
+    # ATen computes self + alpha * other as one fused multiply-add (CPU fmadd, CUDA contraction): a
+    # product past fp32's range beside an infinity of its sign is that infinity (unfused: inf - inf =
+    # NaN), and the product's own rounding error survives a cancellation (unfused: exactly 0)
+    inf = float("inf")
+    big = torch.tensor([3.0, 200.0, 1.0], device=DEVICE)
+    far = torch.tensor([inf, -inf, 1e38], device=DEVICE)
+    cases = [(torch.add, (-far, big), -far), (torch.sub, (far, big), far), (torch.rsub, (big, far), far)]
+    for fn, args, want_first2 in cases:
+        name = fn.__name__ + ".Tensor"
+        with served(name), gems.use_gems():
+            got = fn(*args, alpha=3e38)
+        assert got[:2].tolist() == want_first2[:2].tolist(), fn
+        # finite: one rounding of the exact value (alpha read at fp32, ATen's opmath)
+        ref = fn(*(t.double() for t in args), alpha=torch.tensor(3e38).item()).float()
+        assert got[2].item() == ref[2].item(), fn
+        assert torch.equal(got, fn(*args, alpha=3e38))
+    with served("rsub.Scalar"), gems.use_gems():
+        got = torch.rsub(torch.tensor(200, dtype=torch.uint8, device=DEVICE), inf, alpha=3e38)
+    assert got.item() == inf
+    # cancellation: a = -(b * alpha) rounded; b * alpha + a is then the product's rounding error, exact
+    alpha = 1.0000001
+    a32 = torch.tensor(alpha, dtype=torch.float32).item()
+    b = torch.full((7,), 1.0000001, device=DEVICE)
+    a = -(b * a32)
+    err = b[0].double().item() * a32 + a[0].double().item()
+    assert err != 0
+    for fn, args, sign in ((torch.add, (a, b), 1), (torch.sub, (-a, b), -1), (torch.rsub, (b, -a), -1)):
+        with served(fn.__name__ + ".Tensor"), gems.use_gems():
+            got = fn(*args, alpha=alpha)
+        assert got.double().tolist() == [sign * err] * 7, fn
+        assert torch.equal(got, fn(*args, alpha=alpha))
+
+
 @pytest.mark.parametrize("dt", [torch.int32, torch.int64, torch.int8, torch.uint8])
 def test_integer_arithmetic(dt):
     lo = 0 if dt == torch.uint8 else -20

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ...codegen import pointwise
-from ...codegen.tlmath import int_div0, trunc
+from ...codegen.tlmath import fma_f, int_div0, trunc
 from ...registry import FLOATS, INTS
 
 NUMERIC = FLOATS + INTS
@@ -17,20 +17,31 @@ NUMERIC = FLOATS + INTS
 
 @triton.jit
 def add_f(a, b, alpha):
-    """self + alpha * other"""
-    return a + alpha * b
+    """self + alpha * other; floats as one fused multiply-add, as ATen computes it on both devices (its
+    CPU kernel's fmadd, CUDA's contraction): the product is not rounded on its own, so a product past
+    the dtype's range plus an infinity of the same sign is that infinity, and inf - inf never appears"""
+    if a.dtype.is_floating():
+        return fma_f(alpha, b, a)
+    else:
+        return a + alpha * b
 
 
 @triton.jit
 def sub_f(a, b, alpha):
-    """self - alpha * other"""
-    return a - alpha * b
+    """self - alpha * other: ATen's self + (-alpha) * other, fused for floats (add_f)"""
+    if a.dtype.is_floating():
+        return fma_f(alpha * -1.0, b, a)       # not -alpha: Triton's -x is 0 - x (+0.0 for alpha = 0)
+    else:
+        return a - alpha * b
 
 
 @triton.jit
 def _rsub(a, b, alpha):
-    """other - alpha * self"""
-    return b - alpha * a
+    """other - alpha * self: ATen's sub(other, self, alpha), fused for floats (add_f)"""
+    if a.dtype.is_floating():
+        return fma_f(alpha * -1.0, a, b)
+    else:
+        return b - alpha * a
 
 
 @triton.jit
