@@ -7,38 +7,33 @@ import contextlib
 from torch import nn
 
 from .. import fused as F
-from .losses import masked_lm_forward
 from .report import PatchReport
-from .walk import DECODERS, ENCODERS, TOP, VISION, Patcher
+from .walk import TESTED, Patcher
 
-OPTIONS = ("rms_norm", "rope", "swiglu", "cross_entropy", "fused_linear_cross_entropy", "layer_norm", "encoder_layer")
-SUPPORTED = tuple(sorted({*DECODERS, *ENCODERS, *TOP, "clip_vision_model"}))
+OPTIONS = ("rms_norm", "rope", "swiglu", "cross_entropy", "fused_linear_cross_entropy", "layer_norm", "encoder_layer",
+           "moe")
+SUPPORTED = TESTED      # the families checked one by one in the tests; any other model is walked the same way
 _ATTR = "_gems_patch"
+# a report's entry -> the gems.fused ops its replacement calls
+_OPS = {"rms_norm": ("rms_norm",), "add_rms_norm": ("add_rms_norm",), "silu_and_mul": ("silu_and_mul",),
+        "gelu_and_mul": ("gelu_and_mul",), "rope": ("rope",), "cross_entropy": ("cross_entropy",),
+        "fused_linear_cross_entropy": ("fused_linear_cross_entropy",), "layer_norm": ("layer_norm",),
+        "add_layer_norm": ("add_layer_norm",), "encoder_layer": ()}
 
 
 def _model_type(model) -> str:
     cfg = getattr(model, "config", None)
-    mt = getattr(cfg, "model_type", None)
-    if not mt:
-        raise TypeError(f"gems.patch: {type(model).__name__} has no config.model_type; gems.patch takes a "
-                        f"Hugging Face model of a supported type ({', '.join(SUPPORTED)})")
-    return mt
-
-
-def _unsupported(what: str) -> ValueError:
-    return ValueError(f"gems.patch: model type '{what}' is not supported; supported: {', '.join(SUPPORTED)} "
-                      f"(Aquila: build it as LlamaForCausalLM, as gems_models/ does; Llava with a "
-                      f"{'/'.join(DECODERS)} language model and a CLIP vision tower)")
+    return getattr(cfg, "model_type", None) or type(model).__name__
 
 
 def _options(kw: dict) -> dict:
     return {k: bool(kw[k]) for k in OPTIONS}
 
 
-def _check_ops(opts: dict, needed: set):
-    """Every fused op the patch will call must be importable now, not at the first forward."""
+def _check_ops(report: PatchReport):
+    """Every fused op the patched model will call must be importable now, not at the first forward."""
     missing = []
-    for name in sorted(needed):
+    for name in sorted({op for k in report.replaced for op in _OPS.get(k, ())}):
         try:
             getattr(F, name)
         except (AttributeError, ImportError) as e:
@@ -49,9 +44,13 @@ def _check_ops(opts: dict, needed: set):
 
 
 def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = True, cross_entropy: bool = True,
-          fused_linear_cross_entropy: bool = True, layer_norm: bool = False, encoder_layer: bool = True) -> PatchReport:
-    """Replace, in place, the parts of a Hugging Face `model` that `gems.fused` serves (see the package
-    docstring, gems/patching/__init__.py); returns a PatchReport (also kept as ``model._gems_patch`` until `unpatch`).
+          fused_linear_cross_entropy: bool = True, layer_norm: bool = False, encoder_layer: bool = True,
+          moe: bool = True, strict: bool = False) -> PatchReport:
+    """Replace, in place, the parts of a model that `gems.fused` serves and that are proven to compute
+    what the model's own modules compute (see the package docstring, gems/patching/__init__.py); returns
+    a PatchReport (also kept as ``model._gems_patch`` until `unpatch`). Parts recognized but not proven
+    are left as is and listed in ``report.left``; with `strict`, any such part (one a fused op exists
+    for) raises ValueError and the model is left unpatched.
 
     `layer_norm` is off by default: a fused LayerNorm (+ residual add) replaces only two ATen ops and
     saves one elementwise pass, less than the host cost of its autograd Function where the step is
@@ -60,59 +59,30 @@ def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
 
     `encoder_layer` (BERT) runs each BertLayer as one function, with query, key and value as one GEMM,
     for the same reason: the host time of its 16 submodule calls and of the backward's extra launches
-    (gems/patching/bert_layer.py says when it steps aside)."""
+    (gems/patching/bert_layer.py says when it steps aside).
+
+    `moe`: sparse-MoE blocks through gems/patching/moe.py where it is installed and takes the block."""
     opts = _options(dict(rms_norm=rms_norm, rope=rope, swiglu=swiglu, cross_entropy=cross_entropy,
                          fused_linear_cross_entropy=fused_linear_cross_entropy, layer_norm=layer_norm,
-                         encoder_layer=encoder_layer))
+                         encoder_layer=encoder_layer, moe=moe))
     if not isinstance(model, nn.Module):
         raise TypeError(f"gems.patch takes a torch.nn.Module, got {type(model).__name__}")
     prev = model.__dict__.get(_ATTR)
     if prev is not None:
-        if prev.options == opts:
-            return prev
-        raise RuntimeError(f"gems.patch: the model is already patched with other options ({prev.options}); "
-                           f"gems.unpatch(model) first")
-    mt = _model_type(model)
-    report = PatchReport(model_type=mt, options=opts)
+        if prev.options != opts:
+            raise RuntimeError(f"gems.patch: the model is already patched with other options ({prev.options}); "
+                               f"gems.unpatch(model) first")
+        if strict and prev.unproven():
+            raise _strict_error(prev)
+        return prev
+    report = PatchReport(model_type=_model_type(model), options=opts)
     p = Patcher(model, opts, report)
-    cls = type(model).__name__
     try:
-        if mt in DECODERS:
-            _check_ops(opts, _needed(opts, decoder=True, causal=cls.endswith("ForCausalLM")))
-            p.patch_decoder(model, "", mt)
-            if cls.endswith("ForCausalLM"):
-                p.patch_causal_lm_loss(mt, "CausalLMOutputWithPast")
-        elif mt in ENCODERS:
-            masked = cls == "BertForMaskedLM"
-            _check_ops(opts, _needed(opts, bert=True, masked=masked))
-            p.patch_bert(model, "")
-            if masked and opts["cross_entropy"]:
-                from transformers.modeling_outputs import MaskedLMOutput
-                if p.set_forward(model, masked_lm_forward(type(model).forward, MaskedLMOutput), ""):
-                    report.add("cross_entropy", "")
-        elif mt in TOP:
-            text_mt = getattr(getattr(model.config, "text_config", None), "model_type", None)
-            vis_mt = getattr(getattr(model.config, "vision_config", None), "model_type", None)
-            if text_mt not in DECODERS:
-                raise _unsupported(f"llava with a '{text_mt}' language model")
-            causal = cls == "LlavaForConditionalGeneration"
-            _check_ops(opts, _needed(opts, decoder=True, causal=causal, clip=vis_mt in VISION))
-            inner = model.model if hasattr(model, "model") else model
-            lm, vt = getattr(inner, "language_model", None), getattr(inner, "vision_tower", None)
-            if lm is not None:
-                p.patch_decoder(lm, _qual(model, lm), text_mt)
-            if vt is not None:
-                if vis_mt in VISION:
-                    p.patch_clip(vt, _qual(model, vt))
-                else:
-                    report.notes.append(f"vision tower '{vis_mt}' is not supported: left as is")
-            if causal:
-                p.patch_causal_lm_loss(mt, "LlavaCausalLMOutputWithPast")
-        elif mt == "clip_vision_model":     # a CLIP vision tower on its own (Llava's)
-            _check_ops(opts, _needed(opts, clip=True))
-            p.patch_clip(model, "")
-        else:
-            raise _unsupported(mt)
+        p.patch_losses()     # first: its check runs the model's own forward, before anything is replaced
+        p.walk(model)
+        _check_ops(report)
+        if strict and report.unproven():
+            raise _strict_error(report)
     except BaseException:
         report.undo()
         raise
@@ -123,32 +93,12 @@ def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
     return report
 
 
-def _qual(model, sub) -> str:
-    for n, m in model.named_modules():
-        if m is sub:
-            return n
-    return ""
-
-
-def _needed(opts, decoder=False, causal=False, bert=False, masked=False, clip=False) -> set:
-    n = set()
-    if decoder:
-        if opts["rms_norm"]:
-            n |= {"rms_norm", "add_rms_norm"}
-        if opts["swiglu"]:
-            n |= {"silu_and_mul", "gelu_and_mul"}
-        if opts["rope"]:
-            n.add("rope")
-    if causal:
-        if opts["cross_entropy"]:
-            n.add("cross_entropy")
-        if opts["fused_linear_cross_entropy"]:
-            n.add("fused_linear_cross_entropy")
-    if (bert or clip) and opts["layer_norm"]:
-        n |= {"layer_norm", "add_layer_norm"}
-    if masked and opts["cross_entropy"]:
-        n.add("cross_entropy")
-    return n
+def _strict_error(report) -> ValueError:
+    un = report.unproven()
+    return ValueError(f"gems.patch(strict=True): {len(un)} part(s) of this {report.model_type} model were recognized "
+                      f"but not proven equivalent to a fused op: "
+                      + "; ".join(f"{e['module']} ({e['op']}): {e['why']}" for e in un[:8])
+                      + ("; ..." if len(un) > 8 else ""))
 
 
 def unpatch(model):

@@ -74,9 +74,10 @@ def _bind(cls_forward, model, args, kwargs):
     return named, extra
 
 
-def causal_lm_forward(cls_forward, out_cls):
+def causal_lm_forward(cls_forward, out_cls, base_attr="model"):
     """A forward for a causal LM instance: with labels in training mode, the loss from the last hidden state
-    by fused_linear_cross_entropy and logits=None; anything else runs the class's own forward."""
+    of its base model (the attribute `base_attr`) by fused_linear_cross_entropy and logits=None; anything
+    else runs the class's own forward."""
 
     @functools.wraps(cls_forward)
     def forward(self, *args, **kwargs):
@@ -88,7 +89,7 @@ def causal_lm_forward(cls_forward, out_cls):
             return cls_forward(self, *args, **kwargs)
         logits_to_keep = named.pop("logits_to_keep", 0)
         return_dict = _return_dict(self, extra)
-        outputs = self.model(**named, **extra)
+        outputs = getattr(self, base_attr)(**named, **extra)
         hidden = outputs[0]
         sl = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         loss = causal_lm_linear_loss(hidden[:, sl, :], self.lm_head, labels, **extra)

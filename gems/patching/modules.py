@@ -110,53 +110,79 @@ def gelu_tanh_mlp_forward(self, x):
     return self.down_proj(F.gelu_and_mul(self.gate_proj(x), self.up_proj(x), approximate="tanh"))
 
 
-def _gems_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-    """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) through `gems.fused.rope`."""
-    return F.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+# a fused gate_up_proj (Phi-3, GLM4): [gate; up] along the last dim; the halves are row-strided views,
+# which the gated kernels read in place
+def silu_gate_up_forward(self, x):
+    gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+    return self.down_proj(F.silu_and_mul(gate, up))
+
+
+def gelu_gate_up_forward(self, x):
+    gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+    return self.down_proj(F.gelu_and_mul(gate, up, approximate="none"))
+
+
+def gelu_tanh_gate_up_forward(self, x):
+    gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+    return self.down_proj(F.gelu_and_mul(gate, up, approximate="tanh"))
+
+
+# (form, activation kind) -> (forward, fused op), the form and kind as gems/patching/probes.py proves them
+MLP_FORWARDS = {
+    ("split", "silu"): (silu_mlp_forward, "silu_and_mul"),
+    ("split", "gelu"): (gelu_mlp_forward, "gelu_and_mul"),
+    ("split", "gelu_tanh"): (gelu_tanh_mlp_forward, "gelu_and_mul"),
+    ("fused", "silu"): (silu_gate_up_forward, "silu_and_mul"),
+    ("fused", "gelu"): (gelu_gate_up_forward, "gelu_and_mul"),
+    ("fused", "gelu_tanh"): (gelu_tanh_gate_up_forward, "gelu_and_mul"),
+}
+
+
+def gems_rope_for(orig):
+    """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) through `gems.fused.rope`
+    where cos/sin are as wide as the heads; partial rotary (narrower cos/sin, GPT-NeoX / Phi-3 style)
+    runs `orig`, the module's own function (proven equal to the fused op only at full width)."""
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        d = cos.shape[-1]
+        if d != q.shape[-1] or d != k.shape[-1]:
+            return orig(q, k, cos, sin, unsqueeze_dim)
+        return F.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    return apply_rotary_pos_emb
 
 
 _ROPE_SIGNATURE = ("q", "k", "cos", "sin", "unsqueeze_dim")
-_rope_clones: dict = {}   # original attention forward -> its copy with Gems' rope in its globals
+_rope_clones: dict = {}   # original attention forward -> (its copy with Gems' rope in its globals, why not)
 
 
 def rope_forward(fn):
-    """A copy of `fn` (an attention forward) whose global `apply_rotary_pos_emb` is Gems'; None if `fn`
-    calls no compatible apply_rotary_pos_emb. The module's own globals are not touched."""
+    """(a copy of `fn`, an attention forward, whose global `apply_rotary_pos_emb` is Gems', None) or
+    (None, why not): `fn` must call a module-global apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+    that computes the fused op's RoPE (probes.prove_rope). The module's own globals are not touched."""
     if fn in _rope_clones:
         return _rope_clones[fn]
-    clone = None
+    from .probes import prove_rope
     orig = fn.__globals__.get("apply_rotary_pos_emb")
-    if "apply_rotary_pos_emb" in fn.__code__.co_names and callable(orig):
+    if "apply_rotary_pos_emb" not in fn.__code__.co_names or not callable(orig):
+        res = (None, "no module-global apply_rotary_pos_emb in its forward")
+    else:
         try:
             params = tuple(inspect.signature(orig).parameters)
         except (TypeError, ValueError):
             params = ()
+        why = "apply_rotary_pos_emb's signature is not (q, k, cos, sin, unsqueeze_dim)"
         if params == _ROPE_SIGNATURE:
+            why = prove_rope(orig)
+        if why is None:
             g = dict(fn.__globals__)
-            g["apply_rotary_pos_emb"] = _gems_apply_rotary_pos_emb
+            g["apply_rotary_pos_emb"] = gems_rope_for(orig)
             clone = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
             clone.__kwdefaults__ = fn.__kwdefaults__
             clone.__qualname__ = fn.__qualname__
             clone.__doc__ = fn.__doc__
             clone.__module__ = fn.__module__
-    _rope_clones[fn] = clone
-    return clone
-
-
-
-def mlp_forward(mlp):
-    """The fused forward for a gated MLP of this activation (silu, gelu, gelu_tanh), or None."""
-    from transformers import activations as A
-    if not all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
-        return None
-    act = getattr(mlp, "act_fn", None)
-    if type(act) in (A.SiLUActivation, nn.SiLU):
-        return silu_mlp_forward
-    if type(act) is A.GELUActivation and getattr(act, "act", None) is nn.functional.gelu:
-        return gelu_mlp_forward
-    if type(act) is getattr(A, "GELUTanh", ()) or (type(act) is nn.GELU and act.approximate == "tanh"):
-        return gelu_tanh_mlp_forward
-    if type(act) is nn.GELU and act.approximate == "none":
-        return gelu_mlp_forward
-    return None
-
+            res = (clone, None)
+        else:
+            res = (None, why)
+    _rope_clones[fn] = res
+    return res

@@ -12,22 +12,37 @@ class PatchReport:
     options: dict
     replaced: dict = field(default_factory=dict)    # fused op -> [module names]
     notes: list = field(default_factory=list)       # what was left alone, and why
+    # recognized but not replaced: {"module", "op", "why", "strict"}; strict: a fused op exists for it but its
+    # equivalence was not proven (gems.patch(strict=True) raises); not strict: no fused form for that structure
+    left: list = field(default_factory=list)
     _undo: list = field(default_factory=list, repr=False)   # see log_module / log_attr
 
     def add(self, op: str, name: str):
         self.replaced.setdefault(op, []).append(name or "<model>")
+
+    def leave(self, name: str, op: str, why: str, strict: bool = True):
+        self.left.append({"module": name or "<model>", "op": op, "why": why, "strict": strict})
+
+    def unproven(self) -> list:
+        """The left entries that gems.patch(strict=True) refuses."""
+        return [e for e in self.left if e["strict"]]
 
     def counts(self) -> dict:
         return {k: len(v) for k, v in self.replaced.items()}
 
     def to_dict(self) -> dict:
         return {"model_type": self.model_type, "options": dict(self.options), "replaced": self.counts(),
-                "modules": {k: list(v) for k, v in self.replaced.items()}, "notes": list(self.notes)}
+                "modules": {k: list(v) for k, v in self.replaced.items()}, "notes": list(self.notes),
+                "left": [dict(e) for e in self.left]}
 
     def summary(self) -> str:
         parts = [f"{op} x{n}" for op, n in self.counts().items()]
         s = f"gems.patch({self.model_type}): " + (", ".join(parts) if parts else "nothing replaced")
-        return s + "".join(f"; {n}" for n in self.notes)
+        s += "".join(f"; {n}" for n in self.notes)
+        un = self.unproven()
+        if un:
+            s += f"; {len(un)} part(s) not proven equivalent, left as is (first: {un[0]['module']}: {un[0]['why']})"
+        return s
 
     __str__ = summary
 

@@ -1,30 +1,40 @@
-"""The walk over a Hugging Face model that finds what `gems.patch` replaces, by transformers class (per
-model type), and replaces it through the report's undo log."""
+"""The walk over a model that finds what `gems.patch` replaces, by structure, and replaces it through the
+report's undo log.
+
+Each module is recognized by what it holds (a 1-D weight and an eps: an RMSNorm; gate/up/down
+projections and an activation: a gated MLP; a forward calling a module-global apply_rotary_pos_emb:
+rotary attention; `experts` beside a router: a sparse-MoE block) and replaced only where
+gems/patching/probes.py proves the replacement computes what the module's own forward computes.
+What is recognized but not proven goes to the report's `left` list with the reason.
+
+Per-family code only where structure cannot decide: BERT's encoder layer as one function
+(bert_layer.py, its own per-call checks), CLIP's encoder layer with add_layer_norm, and the decoder
+layer whose residual add + norm is fused (its forward must be transformers' Llama decoder layer's own
+code, compared instruction by instruction).
+"""
 from __future__ import annotations
 
 import importlib
 import inspect
-import sys
 import types
 
 from torch import nn
 
-from .losses import causal_lm_forward, causal_lm_loss
-from .modules import (GemsLayerNorm, GemsRMSNorm, bert_output_forward, clip_layer_forward, decoder_layer_forward,
-                      mlp_forward, rope_forward, silu_mlp_forward)
+from . import probes
+from .losses import causal_lm_forward, causal_lm_loss, masked_lm_forward
+from .modules import (MLP_FORWARDS, GemsLayerNorm, GemsRMSNorm, bert_output_forward, clip_layer_forward,
+                      decoder_layer_forward, rope_forward)
 from .report import PatchReport
 
-# model_type -> class-name prefix in its transformers modeling module
-DECODERS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
-ENCODERS = {"bert": "Bert"}
-VISION = {"clip_vision_model": "CLIP", "clip": "CLIP"}
-TOP = {"llava": "Llava"}
+# the model types the tests build and check family by family (tests/fused/test_families.py); any other
+# model is walked the same way
+TESTED = ("bert", "clip_vision_model", "gemma", "gemma2", "gemma3_text", "glm4", "gpt2", "gpt_neox", "granite",
+          "llama", "llava", "mistral", "mixtral", "olmo2", "phi3", "qwen2", "qwen3", "qwen3_moe", "roberta", "vit")
 
 
 class Patcher:
-    """One walk over a model (or a part of it, under a qualified-name prefix): each patch_* method finds
-    the modules of one architecture by their transformers class and replaces them, once each
-    (`done`), logging every change in the report."""
+    """One walk over a model: finds, proves and replaces, once per module (`done`), logging every change
+    in the report (replacements) and every recognized but unproven part (`left`)."""
 
     def __init__(self, model, opts: dict, report: PatchReport):
         self.model, self.opts, self.r = model, opts, report
@@ -55,98 +65,151 @@ class Patcher:
             return True
         return False
 
-    def _cls(self, modeling, name):
-        return getattr(modeling, name, None)
-
-    def patch_decoder(self, root, prefix: str, mt: str):
-        """Llama-architecture decoder modules under `root` (a *Model, *ForCausalLM or Llava's language model)."""
-        modeling = _modeling(mt)
-        P = DECODERS[mt]
-        norm_cls, layer_cls = self._cls(modeling, f"{P}RMSNorm"), self._cls(modeling, f"{P}DecoderLayer")
-        mlp_cls, attn_cls = self._cls(modeling, f"{P}MLP"), self._cls(modeling, f"{P}Attention")
+    # ------------------------------------------------------------------------------------ the walk
+    def walk(self, root, prefix: str = ""):
         o = self.opts
-        for name, mod in list(root.named_modules(prefix=prefix)):
+        mods = [(n, m) for n, m in root.named_modules(prefix=prefix)]
+        if o["moe"]:
+            self.patch_moe(root, prefix)
+            mods = [(n, m) for n, m in root.named_modules(prefix=prefix)]
+        if o["encoder_layer"]:
+            self.patch_bert_layers(mods)
+        if o["layer_norm"]:
+            self.patch_clip_layers(mods)
+            self.patch_dense_add_norms(mods)
+        for name, mod in mods:
             if id(mod) in self.done:
                 continue
-            if o["rms_norm"] and layer_cls is not None and type(mod) is layer_cls:
-                if _signature(layer_cls.forward) == _DECODER_LAYER_PARAMS:
-                    if self.set_forward(mod, decoder_layer_forward, name):
-                        self.r.add("add_rms_norm", name)
-                    self.done.add(id(mod))
-                else:
-                    self.r.notes.append(f"{name}: {layer_cls.__name__}.forward differs from transformers 5.17's; "
-                                        f"residual add + norm left unfused")
-            elif o["swiglu"] and mlp_cls is not None and type(mod) is mlp_cls:
-                fwd = mlp_forward(mod)
-                if fwd is None:
-                    self.r.notes.append(f"{name}: activation {type(getattr(mod, 'act_fn', None)).__name__} has no "
-                                        f"fused gated form; MLP left as is")
-                elif self.set_forward(mod, fwd, name):
-                    self.r.add("silu_and_mul" if fwd is silu_mlp_forward else "gelu_and_mul", name)
-                self.done.add(id(mod))
-            elif o["rope"] and attn_cls is not None and type(mod) is attn_cls:
-                clone = rope_forward(attn_cls.forward)
-                if clone is None:
-                    self.r.notes.append(f"{name}: no apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim) in "
-                                        f"{attn_cls.__name__}.forward; RoPE left as is")
-                elif self.set_forward(mod, clone, name):
-                    self.r.add("rope", name)
-                self.done.add(id(mod))
-        if o["rms_norm"] and norm_cls is not None:
-            self._replace(root, prefix, lambda m: type(m) is norm_cls and _is_rms(m),
-                          lambda m: GemsRMSNorm(m.weight, m.variance_epsilon), "rms_norm")
+            form = probes.gated_mlp_form(mod)
+            if form is not None and o["swiglu"]:
+                self.patch_mlp(mod, name, form)
+            elif form is None and probes.looks_like_plain_mlp(mod):
+                self.r.leave(name, "mlp", "not gated (no gate/up projections): no fused op", strict=False)
+            if o["rope"] and "apply_rotary_pos_emb" in _code_names(type(mod).forward):
+                self.patch_rope(mod, name)
+        if o["rms_norm"]:
+            self._replace(root, prefix, probes.looks_like_rms_norm, self.rms_replacement, "rms_norm")
+            self.patch_decoder_layers(root, prefix)
+        if o["layer_norm"]:
+            self._replace(root, prefix, probes.plain_layer_norm, GemsLayerNorm, "layer_norm")
 
-    def patch_layer_norms(self, root, prefix: str):
-        if self.opts["layer_norm"]:
-            self._replace(root, prefix, _plain_layer_norm, GemsLayerNorm, "layer_norm")
+    def patch_mlp(self, mod, name, form):
+        kind = probes.prove_gated_mlp(mod, form)
+        if kind not in ("silu", "gelu", "gelu_tanh"):
+            self.r.leave(name, "mlp", kind)
+        else:
+            fwd, op = MLP_FORWARDS[(form, kind)]
+            if self.set_forward(mod, fwd, name):
+                self.r.add(op, name)
+        self.done.add(id(mod))
 
-    def patch_bert(self, root, prefix: str):
-        modeling = _modeling("bert")
-        if self.opts["encoder_layer"]:
-            self.patch_bert_layers(root, prefix, modeling)
-        if not self.opts["layer_norm"]:
+    def patch_rope(self, mod, name):
+        clone, why = rope_forward(type(mod).forward)
+        if clone is None:
+            self.r.leave(name, "rope", why)
+        elif self.set_forward(mod, clone, name):
+            self.r.add("rope", name)
+
+    def rms_replacement(self, m):
+        proof = probes.prove_rms_norm(m)
+        if isinstance(proof, str):
+            return proof
+        casting, offset, eps = proof
+        return GemsRMSNorm(m.weight, eps, casting=casting, offset=offset)
+
+    def patch_decoder_layers(self, root, prefix):
+        """A decoder layer whose forward is transformers' Llama decoder layer's own code: its residual
+        add + post-attention norm as one add_rms_norm (the norm must have been replaced above)."""
+        ref = getattr(_modeling("llama"), "LlamaDecoderLayer", None)
+        for name, mod in root.named_modules(prefix=prefix):
+            if id(mod) in self.done or not all(hasattr(mod, a) for a in
+                                               ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")):
+                continue
+            self.done.add(id(mod))
+            if ref is None or not _same_code(type(mod).forward, ref.forward) \
+                    or _signature(type(mod).forward) != _DECODER_LAYER_PARAMS:
+                self.r.leave(name, "add_rms_norm", "its forward is not the Llama decoder layer's: residual add and "
+                             "norm left unfused", strict=False)
+            elif not isinstance(mod.post_attention_layernorm, GemsRMSNorm):
+                self.r.leave(name, "add_rms_norm", "its post-attention norm was not replaced")
+            elif self.set_forward(mod, decoder_layer_forward, name):
+                self.r.add("add_rms_norm", name)
+
+    def patch_moe(self, root, prefix):
+        """Sparse-MoE blocks (experts beside a router) through gems/patching/moe.py's patch_moe_block,
+        imported only when a model has one and tolerated absent."""
+        blocks = [(n, m) for n, m in root.named_modules(prefix=prefix)
+                  if isinstance(getattr(m, "experts", None), nn.Module)
+                  and isinstance(getattr(m, "gate", getattr(m, "router", None)), nn.Module)]
+        if not blocks:
             return
-        classes = tuple(c for c in (self._cls(modeling, "BertSelfOutput"), self._cls(modeling, "BertOutput")) if c)
-        for name, mod in list(root.named_modules(prefix=prefix)):
-            if type(mod) in classes and id(mod) not in self.done and _plain_layer_norm(mod.LayerNorm):
-                if self.set_forward(mod, bert_output_forward, name):
-                    self.r.add("add_layer_norm", name)
-                self.done.add(id(mod))
-        self.patch_layer_norms(root, prefix)
+        try:
+            from .moe import patch_moe_block
+        except ImportError as e:
+            for n, _ in blocks:
+                self.r.leave(n, "moe", f"gems.patching.moe is not available ({e})")
+            return
+        for pname, parent in list(root.named_modules(prefix=prefix)):
+            for cname, child in list(parent._modules.items()):
+                if not any(child is b for _, b in blocks) or id(child) in self.done:
+                    continue
+                qual = f"{pname}.{cname}" if pname else cname
+                self.done.add(id(child))
+                if self.foreign(child, qual):
+                    continue
+                new = patch_moe_block(child)
+                if new is None:
+                    self.r.leave(qual, "moe", "patch_moe_block does not handle this block")
+                    continue
+                self.set_module(parent, cname, new, child)
+                self.done.update(id(m) for m in new.modules())
+                self.r.add("moe", qual)
 
-    def patch_bert_layers(self, root, prefix: str, modeling):
+    # ---------------------------------------------------------------- per-family layers (layer_norm, BERT)
+    def patch_bert_layers(self, mods):
         """Each BertLayer as one function (bert_layer.py): its computation without the 16 submodule
         calls, query/key/value as one GEMM; it checks on every call that it computes what the class's
         forward would, and runs that forward otherwise."""
+        layer_cls = getattr(_modeling("bert"), "BertLayer", None)
+        if layer_cls is None or not any(type(m) is layer_cls for _, m in mods):
+            return
         from transformers.activations import GELUActivation
 
-        # deferred like transformers above: only patching a BERT model needs the fused BERT layer
+        # deferred: only a BERT model needs the fused BERT layer
         from .bert_layer import make_bert_layer_forward
-        layer_cls, self_cls = self._cls(modeling, "BertLayer"), self._cls(modeling, "BertSelfAttention")
-        if layer_cls is None or self_cls is None:
-            return
+        self_cls = getattr(_modeling("bert"), "BertSelfAttention")
         if _signature(layer_cls.forward) != _BERT_LAYER_PARAMS:
-            self.r.notes.append(f"BertLayer.forward differs from transformers 5.17's; encoder layers left as is")
+            self.r.notes.append("BertLayer.forward differs from transformers 5.17's; encoder layers left as is")
             return
         fwd = make_bert_layer_forward((self_cls, GELUActivation, GemsLayerNorm, bert_output_forward))
-        for name, mod in list(root.named_modules(prefix=prefix)):
+        for name, mod in mods:
             if type(mod) is layer_cls and id(mod) not in self.done:
                 if self.set_forward(mod, fwd, name):
                     self.r.add("encoder_layer", name)
                 self.done.add(id(mod))
 
-    def patch_clip(self, root, prefix: str):
-        if not self.opts["layer_norm"]:
-            return
-        layer_cls = self._cls(_modeling("clip"), "CLIPEncoderLayer")
-        for name, mod in list(root.named_modules(prefix=prefix)):
+    def patch_clip_layers(self, mods):
+        layer_cls = getattr(_modeling("clip"), "CLIPEncoderLayer", None)
+        for name, mod in mods:
             if layer_cls is not None and type(mod) is layer_cls and id(mod) not in self.done:
                 if _signature(layer_cls.forward) == ("self", "hidden_states", "attention_mask", "kwargs") \
-                        and _plain_layer_norm(mod.layer_norm2):
+                        and probes.plain_layer_norm(mod.layer_norm2):
                     if self.set_forward(mod, clip_layer_forward, name):
                         self.r.add("add_layer_norm", name)
                 self.done.add(id(mod))
-        self.patch_layer_norms(root, prefix)
+
+    def patch_dense_add_norms(self, mods):
+        """LayerNorm(dropout(dense(h)) + input) modules (BertSelfOutput / BertOutput and their copies):
+        dropout as before, then add_layer_norm."""
+        for name, mod in mods:
+            if id(mod) in self.done or _signature(type(mod).forward) != ("self", "hidden_states", "input_tensor"):
+                continue
+            why = probes.prove_dense_add_norm(mod)
+            self.done.add(id(mod))
+            if why is not None:
+                self.r.leave(name, "add_layer_norm", why, strict=False)
+            elif self.set_forward(mod, bert_output_forward, name):
+                self.r.add("add_layer_norm", name)
 
     def _replace(self, root, prefix, match, make, op):
         for pname, parent in list(root.named_modules(prefix=prefix)):
@@ -154,33 +217,44 @@ class Patcher:
                 if child is None or id(child) in self.done or not match(child):
                     continue
                 qual = f"{pname}.{cname}" if pname else cname
+                self.done.add(id(child))
                 if self.foreign(child, qual):
-                    self.done.add(id(child))
                     continue
                 new = make(child)
+                if isinstance(new, str):
+                    self.r.leave(qual, op, new)
+                    continue
                 self.set_module(parent, cname, new, child)
-                self.done.add(id(child))
                 self.done.add(id(new))
                 self.r.add(op, qual)
 
-    def patch_causal_lm_loss(self, mt: str, out_cls_name: str):
+    # ------------------------------------------------------------------------------------ the losses
+    def patch_losses(self):
         m, o = self.model, self.opts
-        if not (o["cross_entropy"] or o["fused_linear_cross_entropy"]):
-            return
-        if not (hasattr(m, "lm_head") and hasattr(m, "model") and isinstance(m.lm_head, nn.Linear)):
-            self.r.notes.append(f"{type(m).__name__} has no lm_head: loss left as is")
-            return
-        from transformers.loss.loss_utils import ForCausalLMLoss
-        if m.loss_function is not ForCausalLMLoss:
-            self.r.notes.append(f"{type(m).__name__}.loss_function is not ForCausalLMLoss: loss left as is")
-            return
-        if o["cross_entropy"]:
-            self.set_attr(m, "_loss_function", causal_lm_loss)   # transformers' per-instance loss_function
-            self.r.add("cross_entropy", "")
-        if o["fused_linear_cross_entropy"]:
-            out_cls = getattr(sys.modules[type(m).__module__], out_cls_name)
-            if self.set_forward(m, causal_lm_forward(type(m).forward, out_cls), ""):
-                self.r.add("fused_linear_cross_entropy", "")
+        if isinstance(getattr(m, "lm_head", None), nn.Linear) and (o["cross_entropy"] or o["fused_linear_cross_entropy"]):
+            proof = probes.prove_causal_lm(m)
+            if o["cross_entropy"]:
+                if proof["cross_entropy"] is None:
+                    self.set_attr(m, "_loss_function", causal_lm_loss)   # transformers' per-instance loss_function
+                    self.r.add("cross_entropy", "")
+                else:
+                    self.r.leave("<model>", "cross_entropy", proof["cross_entropy"])
+            if o["fused_linear_cross_entropy"]:
+                why = proof["fused_linear_cross_entropy"]
+                base = getattr(m, "base_model_prefix", "") or "model"
+                if why is None and getattr(m, base, None) is not probes.base_model(m):
+                    base = "model"
+                if why is not None:
+                    self.r.leave("<model>", "fused_linear_cross_entropy", why)
+                elif self.set_forward(m, causal_lm_forward(type(m).forward, proof["out_cls"], base), ""):
+                    self.r.add("fused_linear_cross_entropy", "")
+        elif type(m).__name__.endswith("ForMaskedLM") and o["cross_entropy"]:
+            from transformers.modeling_outputs import MaskedLMOutput
+            why = probes.prove_masked_lm(m)
+            if why is not None:
+                self.r.leave("<model>", "cross_entropy", why)
+            elif self.set_forward(m, masked_lm_forward(type(m).forward, MaskedLMOutput), ""):
+                self.r.add("cross_entropy", "")
 
 
 # the forward signatures (transformers 5.17) that the replacement forwards take over
@@ -197,14 +271,24 @@ def _signature(fn) -> tuple:
         return ()
 
 
-def _is_rms(m) -> bool:
-    w = getattr(m, "weight", None)
-    return isinstance(w, nn.Parameter) and w.dim() == 1 and isinstance(getattr(m, "variance_epsilon", None), float)
+def _code_names(fn) -> tuple:
+    code = getattr(fn, "__code__", None)
+    return code.co_names if code is not None else ()
 
 
-def _plain_layer_norm(m) -> bool:
-    return (type(m) is nn.LayerNorm and len(m.normalized_shape) == 1 and m.weight is not None
-            and m.bias is not None)
+def _same_code(a, b) -> bool:
+    """Whether functions a and b run the same instructions on the same names and constants (their
+    docstrings and line numbers aside): a family's copy of a transformers forward."""
+    ca, cb = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    if ca is None or cb is None:
+        return False
+    if ca is cb:
+        return True
+
+    def consts(c):
+        return tuple(k for k in c.co_consts if not (isinstance(k, str) and k == (c.co_consts[0] if c.co_consts else None)))
+    return (ca.co_code == cb.co_code and ca.co_names == cb.co_names and ca.co_varnames == cb.co_varnames
+            and consts(ca) == consts(cb))
 
 
 def _modeling(mt: str):

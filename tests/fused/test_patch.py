@@ -483,16 +483,42 @@ def test_gradient_checkpointing(standins):
     assert standins["add_rms_norm"] == 2 * 3
 
 
-def test_unknown_model_type():
+def test_any_model_is_walked_by_structure():
+    # GPT-2: no model-type list refuses it; its loss is proven and fused, its Conv1D + gelu_new MLP has no
+    # fused op (left, not strict), its LayerNorms are opt-in
     import transformers
     cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
     m = transformers.GPT2LMHeadModel(cfg)
-    with pytest.raises(ValueError, match=r"model type 'gpt2' is not supported; supported: bert, "
-                                         r"clip_vision_model, llama, llava, mistral, qwen2"):
-        gems.patch(m)
-    assert not hasattr(m, "_gems_patch")
-    with pytest.raises(TypeError, match="no config.model_type"):
-        gems.patch(torch.nn.Linear(2, 2))
+    r = gems.patch(m, strict=True)
+    assert r.counts() == {"cross_entropy": 1, "fused_linear_cross_entropy": 1}, r.summary()
+    assert [(e["module"], e["op"], e["strict"]) for e in r.left] == [("transformer.h.0.mlp", "mlp", False)]
+    gems.unpatch(m)
+    # a module without a config: walked too, nothing to replace
+    lin = torch.nn.Linear(2, 2)
+    r = gems.patch(lin)
+    assert r.counts() == {} and r.model_type == "Linear" and not r.left
+    gems.unpatch(lin)
+    with pytest.raises(TypeError, match="takes a torch.nn.Module"):
+        gems.patch(object())
+
+
+def test_strict_refuses_what_is_not_proven(standins):
+    # a Llama whose RMSNorm forward is not any casting rule (an extra scale): recognized, not proven
+    model, _, _ = _build("llama2")
+    norm = model.model.norm
+    base = type(norm)
+
+    def odd(self, x):
+        return base.forward(self, x) * 2
+    norm.__class__ = type("OddRMSNorm", (base,), {"forward": odd})
+    snap = _snapshot(model)
+    with pytest.raises(ValueError, match=r"strict=True.*model.norm \(rms_norm\): its forward matches no RMSNorm"):
+        gems.patch(model, strict=True)
+    _assert_restored(model, snap)
+    r = gems.patch(model)
+    assert [e["module"] for e in r.unproven()] == ["model.norm"] and model.model.norm is norm
+    assert r.counts()["rms_norm"] == 4 and "not proven equivalent" in r.summary()
+    gems.unpatch(model)
 
 
 def test_patch_twice_and_unpatch_twice(standins):
