@@ -41,6 +41,7 @@ import triton.language as tl
 from ..runtime import kernel
 from ..runtime.alloc import empty
 from ..runtime.utils import next_pow2
+from . import library
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)   # served logits dtypes
 REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}             # reduction -> the kernels' MODE
@@ -397,6 +398,63 @@ class _CrossEntropy(torch.autograd.Function):
         return dx, None, None, None, None, None, None, None, None
 
 
+# torch.compile: gems::cross_entropy and its backward (library.py) run _CrossEntropy's bodies. The
+# forward's `Tensor[]` output holds what backward reads: d(logits) for "mean"/"sum", lse for "none"
+# (the logits, target and weight are inputs, saved as such), nothing without grad. Backward scales a
+# copy of the stored d(logits): an operator does not write its saved inputs.
+def _ce_fwd_impl(logits, target, weight, divisor, ignore_index, eps, reduction, out_dtype, need_grad):
+    ctx = library.FunctionContext((need_grad,))
+    out = _CrossEntropy.forward(ctx, logits, target, ignore_index, eps, reduction, out_dtype, divisor, need_grad,
+                                weight)
+    saved = ctx.saved_tensors
+    return out, (list(saved) if ctx.eager else [saved[2]] if need_grad else [])
+
+
+def _ce_fwd_fake(logits, target, weight, divisor, ignore_index, eps, reduction, out_dtype, need_grad):
+    N = logits.shape[0]
+    out = logits.new_empty((N,) if reduction == "none" else (), dtype=out_dtype)
+    if not need_grad:
+        return out, []
+    if reduction == "none":
+        return out, [logits.new_empty((N,), dtype=torch.float32)]
+    return out, [logits.new_empty(logits.shape)]
+
+
+def _ce_bwd_impl(grad, saved, logits, target, weight, ignore_index, eps, reduction):
+    if reduction != "none":
+        ctx = library.FunctionContext(saved=(saved[0].clone(),))
+        ctx.eager, ctx.used = True, False
+    else:
+        w = (weight, weight.sum(dtype=torch.float32).reshape(1)) if weight is not None else ()
+        ctx = library.FunctionContext(saved=(logits, target, saved[0], saved[0], *w))
+        ctx.eager, ctx.args = False, (ignore_index, eps, REDUCTIONS[reduction])
+    return _CrossEntropy.backward(ctx, grad)[0]
+
+
+def _ce_save(ctx, inputs, output):
+    logits, target, weight, _, ctx.ignore_index, ctx.eps, ctx.reduction, _, _ = inputs
+    lazy = ctx.reduction == "none"
+    ctx.save_for_backward(*output[1], *((logits, target, weight) if lazy else ()))
+
+
+def _ce_grads(ctx, grad, _):
+    saved = ctx.saved_tensors
+    logits, target, weight = saved[1:] if ctx.reduction == "none" else (None, None, None)
+    return (_CE_BWD(grad, saved[:1], logits, target, weight, ctx.ignore_index, ctx.eps, ctx.reduction),
+            None, None, None, None, None, None, None, None)
+
+
+_CE_BWD = library.define(
+    "cross_entropy_backward", "(Tensor grad, Tensor[] saved, Tensor? logits, Tensor? target, Tensor? weight, "
+    "int ignore_index, float eps, str reduction) -> Tensor", _ce_bwd_impl,
+    lambda grad, saved, logits, *_: saved[0].new_empty(saved[0].shape) if logits is None else
+    logits.new_empty(logits.shape))
+_CE_OP = library.define(
+    "cross_entropy", "(Tensor logits, Tensor target, Tensor? weight, Tensor? divisor, int ignore_index, float eps, "
+    "str reduction, ScalarType out_dtype, bool need_grad) -> (Tensor, Tensor[])", _ce_fwd_impl, _ce_fwd_fake,
+    backward=_ce_grads, setup_context=_ce_save)
+
+
 def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean",
                   out_dtype=None, divisor=None):
     """torch.nn.functional.cross_entropy(logits, target, ...) for logits [N, V] and class-index targets [N].
@@ -437,6 +495,9 @@ def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoot
         # the kernels' column offsets (cols x stride) are 32-bit; rows are 64-bit: a column-strided view
         # this wide (e.g. a [V, N] buffer's transpose) is read from a contiguous copy instead
         logits = logits.contiguous()
+    if library.compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
+        need = torch.is_grad_enabled() and logits.requires_grad
+        return _CE_OP(logits, target, weight, d, ignore_index, float(label_smoothing), reduction, out_dtype, need)[0]
     return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), reduction, out_dtype, d,
                                torch.is_grad_enabled(), weight)
 

@@ -36,6 +36,8 @@ from ..codegen.tlmath import sigmoid, tanh
 from ..runtime import backend, kernel
 from ..runtime.planned import planned
 from ..runtime.utils import as_rows, cdiv, empty, next_pow2, target_programs
+from . import library
+from .library import first, maybe
 
 _SERVED = (torch.float32, torch.float16, torch.bfloat16)
 # activation codes (the kernels' ACT constexpr): 0 silu, 1 gelu (erf), 2 gelu (tanh)
@@ -174,7 +176,7 @@ def _served(gate, up, what):
     decided from gate's dtype and device; the rest of `_check` runs once per signature in the planned
     forward, and here for every call the kernels do not take."""
     try:
-        if gate.dtype in _SERVED and gate.dim() and gate.device.type == backend().device_type:
+        if gate.dtype in _SERVED and gate.dim() and gate.device.type == library.device_type():
             return True
     except (AttributeError, RuntimeError):
         pass
@@ -234,10 +236,43 @@ class _GatedFn(torch.autograd.Function):
         return _gated_backward(dy, gate, up, ctx.act, ni[0], ni[1]) + (None, None)
 
 
+# torch.compile: gems::gated_and_mul and its backward (library.py)
+def _gated_save(ctx, inputs, output):
+    ctx.act = inputs[2]
+    ctx.save_for_backward(inputs[0], inputs[1])
+
+
+def _gated_grads(ctx, dy):
+    gate, up = ctx.saved_tensors
+    dg, du = _GATED_BWD(dy, gate, up, ctx.act, *ctx.needs_input_grad[:2])
+    return first(dg), first(du), None
+
+
+def _gated_fake(gate, up, act):
+    _check(gate, up, "gated_and_mul")
+    return gate.new_empty(gate.shape)
+
+
+def _gated_bwd_fake(dy, gate, up, act, do_dg, do_du):
+    return maybe(gate.new_empty(gate.shape) if do_dg else None), maybe(up.new_empty(up.shape) if do_du else None)
+
+
+_GATED_BWD = library.define(
+    "gated_and_mul_backward", "(Tensor dy, Tensor gate, Tensor up, int act, bool do_dg, bool do_du) "
+    "-> (Tensor[], Tensor[])", lambda *a: tuple(maybe(t) for t in _gated_backward(*a)), _gated_bwd_fake)
+_GATED_OP = library.define(
+    "gated_and_mul", "(Tensor gate, Tensor up, int act) -> Tensor",
+    lambda gate, up, act: _gated_forward(gate, up, act, "gated_and_mul"),
+    _gated_fake,
+    backward=_gated_grads, setup_context=_gated_save)
+
+
 def silu_and_mul(gate, up):
     """silu(gate) * up in one kernel (forward and backward); gate and up may be row-strided views."""
     if not _served(gate, up, "silu_and_mul"):
         return reference_silu_and_mul(gate, up)
+    if library.compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
+        return _GATED_OP(gate, up, 0)
     if _no_graph(gate, up):
         return _gated_forward(gate, up, 0, "silu_and_mul")
     return _GatedFn.apply(gate, up, 0, "silu_and_mul")
@@ -253,6 +288,8 @@ def gelu_and_mul(gate, up, approximate="none"):
     if not _served(gate, up, "gelu_and_mul"):
         return reference_gelu_and_mul(gate, up, approximate)
     act = 1 if approximate == "none" else 2
+    if library.compiling():
+        return _GATED_OP(gate, up, act)
     if _no_graph(gate, up):
         return _gated_forward(gate, up, act, "gelu_and_mul")
     return _GatedFn.apply(gate, up, act, "gelu_and_mul")

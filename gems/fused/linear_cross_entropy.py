@@ -30,6 +30,7 @@ import torch
 
 from ..runtime.alloc import empty, zeros
 from ..runtime.utils import next_pow2
+from . import library
 from .cross_entropy_loss import (DTYPES, REDUCTIONS, autocast_on, ce_bwd_kernel, ce_count_kernel, ce_fwd_kernel,
                                  ce_reduce_kernel, ce_scale_kernel, check_common, divisor_arg, empty_result,
                                  launch_config)
@@ -214,6 +215,82 @@ class _FusedLinearCE(torch.autograd.Function):
         return gh, gw, None, gb, None, None, None, None, None, None, None
 
 
+# torch.compile: gems::fused_linear_cross_entropy and its backward (library.py) run _FusedLinearCE's
+# bodies. The forward's `Tensor[]` output: [grad_hidden, grad_weight, grad_bias] for "mean"/"sum" (a
+# 0-element placeholder for one not needed), [lse] for "none" with grad (hidden, weight, target and
+# bias are inputs, saved as such), nothing without grad. Backward scales copies of the stored
+# gradients (an operator does not write its saved inputs): under compile, "mean"/"sum" hold one more
+# grad_hidden and grad_weight during backward than in eager mode.
+def _flce_fwd_impl(hidden, weight, target, bias, divisor, ignore_index, eps, reduction, chunk, out_dtype, need_h,
+                   need_w, need_b):
+    ctx = library.FunctionContext((need_h, need_w, False, need_b))
+    out = _FusedLinearCE.forward(ctx, hidden, weight, target, bias, ignore_index, eps, reduction, chunk, out_dtype,
+                                 divisor, True)
+    saved = ctx.saved_tensors
+    if reduction == "none":
+        return out, [saved[4]] if saved else []
+    return out, [library.placeholder(t, hidden) for t in (saved or (None, None, None))]
+
+
+def _flce_fwd_fake(hidden, weight, target, bias, divisor, ignore_index, eps, reduction, chunk, out_dtype, need_h,
+                   need_w, need_b):
+    N = hidden.shape[0]
+    if reduction == "none":
+        out = hidden.new_empty((N,), dtype=out_dtype)
+        return out, [hidden.new_empty((N,), dtype=torch.float32)] if need_h or need_w or need_b else []
+    grads = [t.new_empty(t.shape) if need else hidden.new_empty((0,))
+             for t, need in ((hidden, need_h), (weight, need_w), (bias, need_b))]
+    return hidden.new_empty((), dtype=out_dtype), grads
+
+
+def _flce_bwd_impl(grad, saved, hidden, weight, target, bias, ignore_index, eps, reduction, chunk, need_h, need_w,
+                   need_b):
+    needs = (need_h, need_w, need_b)
+    if reduction == "none":
+        ctx = library.FunctionContext((need_h, need_w, False, need_b), (hidden, weight, target, bias, saved[0]))
+        ctx.lazy, ctx.args = True, (ignore_index, eps, chunk)
+    else:
+        ctx = library.FunctionContext(saved=[t.clone() if need else None for t, need in zip(saved, needs)])
+        ctx.lazy, ctx.used = False, False
+    gh, gw, _, gb = _FusedLinearCE.backward(ctx, grad)[:4]
+    return [library.placeholder(t, grad if reduction == "none" else s) for t, s in zip((gh, gw, gb), saved * 3)]
+
+
+def _flce_bwd_fake(grad, saved, hidden, weight, target, bias, ignore_index, eps, reduction, chunk, need_h, need_w,
+                   need_b):
+    if reduction != "none":
+        return [t.new_empty(t.shape) for t in saved]
+    return [t.new_empty(t.shape) if need else grad.new_empty((0,))
+            for t, need in ((hidden, need_h), (weight, need_w), (bias, need_b))]
+
+
+def _flce_save(ctx, inputs, output):
+    hidden, weight, target, bias, _, ctx.ignore_index, ctx.eps, ctx.reduction, ctx.chunk, _, *ctx.needs = inputs
+    lazy = ctx.reduction == "none"
+    ctx.save_for_backward(*output[1], *((hidden, weight, target, bias) if lazy else ()))
+
+
+def _flce_grads(ctx, grad, _):
+    saved = ctx.saved_tensors
+    lazy = ctx.reduction == "none"
+    inputs = saved[1:] if lazy else (None, None, None, None)
+    gh, gw, gb = _FLCE_BWD(grad, saved[:1] if lazy else saved, *inputs, ctx.ignore_index, ctx.eps, ctx.reduction,
+                           ctx.chunk, *ctx.needs)
+    needs = ctx.needs
+    return (gh if needs[0] else None, gw if needs[1] else None, None, gb if needs[2] else None) + (None,) * 9
+
+
+_FLCE_BWD = library.define(
+    "fused_linear_cross_entropy_backward", "(Tensor grad, Tensor[] saved, Tensor? hidden, Tensor? weight, "
+    "Tensor? target, Tensor? bias, int ignore_index, float eps, str reduction, int chunk, bool need_h, bool need_w, "
+    "bool need_b) -> Tensor[]", _flce_bwd_impl, _flce_bwd_fake)
+_FLCE_OP = library.define(
+    "fused_linear_cross_entropy", "(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, Tensor? divisor, "
+    "int ignore_index, float eps, str reduction, int chunk, ScalarType out_dtype, bool need_h, bool need_w, "
+    "bool need_b) -> (Tensor, Tensor[])", _flce_fwd_impl, _flce_fwd_fake,
+    backward=_flce_grads, setup_context=_flce_save)
+
+
 def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100, label_smoothing=0.0,
                                reduction="mean", chunk_size=None, out_dtype=None, divisor=None):
     """cross_entropy(hidden @ weight.T + bias, target) without the [N, V] logits in memory.
@@ -269,6 +346,11 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_inde
     if chunk < 1:
         raise ValueError(f"fused_linear_cross_entropy: chunk_size must be >= 1, got {chunk_size}")
     d = divisor_arg(divisor, reduction, hidden.device, "fused_linear_cross_entropy")
+    if library.compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
+        g = torch.is_grad_enabled()
+        needs = (g and hidden.requires_grad, g and weight.requires_grad, g and bias is not None and bias.requires_grad)
+        return _FLCE_OP(hidden, weight, target, bias, d, ignore_index, float(label_smoothing), reduction, chunk,
+                        out_dtype, *needs)[0]
     return _FusedLinearCE.apply(hidden, weight, target, bias, ignore_index, float(label_smoothing), reduction,
                                 chunk, out_dtype, d, torch.is_grad_enabled())
 

@@ -1,6 +1,8 @@
 """Fused normalizations: RMSNorm (Llama and Gemma casting), residual add + RMSNorm, LayerNorm and
 residual add + LayerNorm, each a `torch.autograd.Function` over Triton forward and backward kernels,
-with the plain PyTorch reference beside it (`reference_<name>`).
+with the plain PyTorch reference beside it (`reference_<name>`) and, for torch.compile, a custom
+operator (gems::rms_norm, gems::layer_norm and their backwards; library.py). The RMSNorm Triton
+kernels are in rms_norm_kernels.py.
 
 Layout. The input is read as M rows of N = x.shape[-1] elements. Rows may have any stride as long as
 the last dim is contiguous (a view of every second row, a slice of a wider tensor: no copy); other
@@ -45,15 +47,16 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
-import triton.language as tl
 
 from .. import dispatch
 from ..ops.norm import layer_norm as ln
 from ..ops.reduce.reduction import reduce_launch
-from ..runtime import backend, kernel
+from ..runtime import backend
 from ..runtime.planned import planned
 from ..runtime.utils import as_rows, cdiv, empty, next_pow2, promote_types, sm_count, zeros
+from . import library
+from .library import first, maybe
+from .rms_norm_kernels import rms_bwd, rms_fwd
 
 _SERVED = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -67,141 +70,6 @@ _CONFIGS = {
     "interpreter": dict(max_n=128, tile=1024, elems_per_warp=512, bwd_elems_per_warp=512, max_warps=1,
                         programs=3),
 }
-
-
-# ------------------------------------------------------------------------------------------- kernels
-@kernel
-@triton.jit
-def _rms_fwd(X, R, W, Y, S, RSTD, M, N, sX, sR, eps, offset,
-             HAS_RES: tl.constexpr, GEMMA: tl.constexpr, SINGLE: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """s = x + r (rounded to x's dtype; HAS_RES), rstd = 1/sqrt(sum(s^2)/N + eps) (fp32, saved),
-    llama: y = (w + offset) * round_x(s * rstd);  gemma: y = s * rstd * (offset + w).
-    Bytes per element: read x (+ r), write y (+ s); w once per program; 4 bytes of rstd per row."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rmask = (rows < M)[:, None]
-    r64 = rows.to(tl.int64)[:, None]
-    cols = tl.arange(0, BLOCK_N)[None, :]
-    if SINGLE:
-        mask = rmask & (cols < N)
-        x = tl.load(X + r64 * sX + cols, mask=mask, other=0.0)
-        if HAS_RES:
-            x = (x.to(tl.float32) + tl.load(R + r64 * sR + cols, mask=mask, other=0.0).to(tl.float32))
-            x = x.to(S.dtype.element_ty)
-            tl.store(S + r64 * N + cols, x, mask=mask)
-        xf = x.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(xf * xf, 1) / N + eps)
-        h = xf * rstd[:, None]
-        w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset
-        if GEMMA:
-            y = h * w
-        else:
-            y = h.to(X.dtype.element_ty).to(tl.float32) * w
-        tl.store(Y + r64 * N + cols, y.to(Y.dtype.element_ty), mask=mask)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for start in range(0, N, BLOCK_N):
-            c = cols + start
-            mask = rmask & (c < N)
-            x = tl.load(X + r64 * sX + c, mask=mask, other=0.0)
-            if HAS_RES:
-                x = (x.to(tl.float32) + tl.load(R + r64 * sR + c, mask=mask, other=0.0).to(tl.float32))
-                x = x.to(S.dtype.element_ty)
-                tl.store(S + r64 * N + c, x, mask=mask)
-            xf = x.to(tl.float32)
-            acc += xf * xf
-        rstd = tl.rsqrt(tl.sum(acc, 1) / N + eps)
-        if HAS_RES:
-            tl.debug_barrier()   # the sums stored above are read back below (by the same threads anyway)
-        for start in range(0, N, BLOCK_N):
-            c = cols + start
-            mask = rmask & (c < N)
-            if HAS_RES:   # the rounded sum written above
-                xf = tl.load(S + r64 * N + c, mask=mask, other=0.0).to(tl.float32)
-            else:
-                xf = tl.load(X + r64 * sX + c, mask=mask, other=0.0).to(tl.float32)
-            h = xf * rstd[:, None]
-            w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32) + offset
-            if GEMMA:
-                y = h * w
-            else:
-                y = h.to(X.dtype.element_ty).to(tl.float32) * w
-            tl.store(Y + r64 * N + c, y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(RSTD + rows, rstd, mask=rows < M)
-
-
-@kernel
-@triton.jit
-def _rms_bwd(DY, DS, X, W, RSTD, DX, WS, M, N, sDY, sDS, sX, rows_per_prog, offset,
-             GEMMA: tl.constexpr, HAS_DS: tl.constexpr, DO_DX: tl.constexpr, DO_DW: tl.constexpr,
-             SINGLE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """h = x * rstd, dh = dy * (w + offset):  dx = rstd * (dh - h * sum(dh * h) / N) (+ ds, the
-    gradient of the residual output); WS[program] = sum over its rows of dy * hh, hh = round_x(h)
-    (llama) or h (gemma), fp32. Bytes per element: read dy, x (+ ds), write dx; the workspace is
-    programs * N * 4 bytes (zeroed by the caller on the looping path)."""
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    row0 = pid * rows_per_prog
-    row_end = tl.minimum(M, row0 + rows_per_prog)
-    row0_l = row0.to(tl.int64)
-    ws_off = pid.to(tl.int64) * N
-    if SINGLE:
-        cmask = cols < N
-        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32) + offset
-        dw = tl.zeros([BLOCK_N], tl.float32)
-        for row in range(row0, row_end):
-            r = row0_l + (row - row0)   # int64 row index (a loop variable may be a plain int)
-            dy = tl.load(DY + r * sDY + cols, mask=cmask, other=0.0).to(tl.float32)
-            x = tl.load(X + r * sX + cols, mask=cmask, other=0.0)
-            rstd = tl.load(RSTD + row)
-            h = x.to(tl.float32) * rstd
-            if DO_DX:
-                dh = dy * w
-                c = tl.sum(dh * h, 0) / N
-                dx = rstd * (dh - h * c)
-                if HAS_DS:
-                    dx += tl.load(DS + r * sDS + cols, mask=cmask, other=0.0).to(tl.float32)
-                tl.store(DX + r * N + cols, dx.to(DX.dtype.element_ty), mask=cmask)
-            if DO_DW:
-                if GEMMA:
-                    dw += dy * h
-                else:
-                    dw += dy * h.to(X.dtype.element_ty).to(tl.float32)
-        if DO_DW:
-            tl.store(WS + ws_off + cols, dw, mask=cmask)
-    else:
-        for row in range(row0, row_end):
-            r = row0_l + (row - row0)   # int64 row index (a loop variable may be a plain int)
-            rstd = tl.load(RSTD + row)
-            if DO_DX:
-                acc = tl.zeros([BLOCK_N], tl.float32)
-                for start in range(0, N, BLOCK_N):
-                    c = cols + start
-                    cmask = c < N
-                    dy = tl.load(DY + r * sDY + c, mask=cmask, other=0.0).to(tl.float32)
-                    h = tl.load(X + r * sX + c, mask=cmask, other=0.0).to(tl.float32) * rstd
-                    w = tl.load(W + c, mask=cmask, other=0.0).to(tl.float32) + offset
-                    acc += dy * w * h
-                s = tl.sum(acc, 0) / N
-            for start in range(0, N, BLOCK_N):
-                c = cols + start
-                cmask = c < N
-                dy = tl.load(DY + r * sDY + c, mask=cmask, other=0.0).to(tl.float32)
-                x = tl.load(X + r * sX + c, mask=cmask, other=0.0)
-                h = x.to(tl.float32) * rstd
-                if DO_DX:
-                    w = tl.load(W + c, mask=cmask, other=0.0).to(tl.float32) + offset
-                    dx = rstd * (dy * w - h * s)
-                    if HAS_DS:
-                        dx += tl.load(DS + r * sDS + c, mask=cmask, other=0.0).to(tl.float32)
-                    tl.store(DX + r * N + c, dx.to(DX.dtype.element_ty), mask=cmask)
-                if DO_DW:   # this program's own workspace row: read-modify-write, no races
-                    if GEMMA:
-                        g = dy * h
-                    else:
-                        g = dy * h.to(X.dtype.element_ty).to(tl.float32)
-                    p = WS + ws_off + c
-                    tl.store(p, tl.load(p, mask=cmask, other=0.0) + g, mask=cmask)
 
 
 def _col_sum_into(ws, out, P, N):
@@ -257,10 +125,7 @@ def _use_kernels(what, x, residual, weight, bias=None):
     """Whether the Triton kernels serve this call (else the PyTorch reference runs). The common case
     is decided from dtypes and the device alone; shapes and devices are checked by the planned
     forward (once per signature), and here for every call that does not take the kernels."""
-    try:
-        dev_type = backend().device_type
-    except RuntimeError:
-        dev_type = None
+    dev_type = library.device_type()
     T = torch.Tensor
     if (isinstance(x, T) and x.dtype in _SERVED and x.device.type == dev_type and isinstance(weight, (T, type(None)))
             and (weight is None or weight.dtype in _SERVED) and (bias is None or bias.dtype in _SERVED)):
@@ -335,7 +200,7 @@ def _rms_forward(x, residual, weight, eps, offset, gemma, what):
         xv, sx = as_rows(x, M, N)
         rv, sr = as_rows(residual, M, N) if residual is not None else (None, N)
         grid, single, bm, bn, nw = _fwd_config(M, N, backend().name)
-        _rms_fwd[grid](xv, rv, weight.contiguous(), y, s, rstd, M, N, sx, sr, float(eps), float(offset),
+        rms_fwd[grid](xv, rv, weight.contiguous(), y, s, rstd, M, N, sx, sr, float(eps), float(offset),
                        int(residual is not None), int(gemma), single, bm, bn, num_warps=nw)
     return y, s, rstd
 
@@ -356,7 +221,7 @@ def _rms_backward(dy, ds, x, weight, rstd, offset, gemma, need_x, need_w):
     dsv, sds = as_rows(ds, M, N) if ds is not None else (None, N)
     P, rows, single, bn, nw = _bwd_config(M, N, backend().name, x.device.index or 0, bool(need_w))
     ws = (empty if single else zeros)((P, N), torch.float32, x.device) if need_w else None
-    _rms_bwd[(P,)](dyv, dsv, xv, weight.contiguous(), rstd, dx, ws, M, N, sdy, sds, sx, rows, offset,
+    rms_bwd[(P,)](dyv, dsv, xv, weight.contiguous(), rstd, dx, ws, M, N, sdy, sds, sx, rows, offset,
                    int(gemma), int(ds is not None), int(need_x), int(need_w), single, bn, num_warps=nw)
     if need_w:
         _col_sum_into(ws, dw, P, N)
@@ -391,6 +256,44 @@ class _RMSNormFn(torch.autograd.Function):
         return _pair(ctx, dx) + (dw, None, None, None, None)
 
 
+# torch.compile: gems::rms_norm (residual: Tensor? in, Tensor[] out) and its backward (library.py)
+def _rms_fake(x, residual, weight, eps, offset, gemma):
+    _check(x, residual, weight, None, "rms_norm")
+    y = x.new_empty(x.shape, dtype=x.dtype if gemma else promote_types(x.dtype, weight.dtype))
+    s = maybe(None if residual is None else x.new_empty(x.shape))
+    return y, s, x.new_empty((x.numel() // x.shape[-1],), dtype=torch.float32)
+
+
+def _rms_save(ctx, inputs, output):
+    x, residual, weight, _, ctx.offset, ctx.gemma = inputs
+    ctx.has_res = residual is not None
+    ctx.save_for_backward(first(output[1]) if ctx.has_res else x, weight, output[2])
+
+
+def _rms_grads(ctx, dy, ds, _):
+    x, weight, rstd = ctx.saved_tensors
+    ni = ctx.needs_input_grad
+    dx, dw = _RMS_BWD(dy, first(ds) if ctx.has_res else None, x, weight, rstd, ctx.offset, ctx.gemma,
+                      ni[0] or ni[1], ni[2])
+    return _pair(ctx, first(dx)) + (first(dw), None, None, None)
+
+
+def _rms_bwd_fake(dy, ds, x, weight, rstd, offset, gemma, need_x, need_w):
+    return (maybe(x.new_empty(x.shape) if need_x else None), maybe(torch.empty_like(weight) if need_w else None))
+
+
+_RMS_BWD = library.define(
+    "rms_norm_backward", "(Tensor dy, Tensor? ds, Tensor x, Tensor weight, Tensor rstd, float offset, bool gemma, "
+    "bool need_x, bool need_w) -> (Tensor[], Tensor[])",
+    lambda *a: tuple(maybe(t) for t in _rms_backward(*a)), _rms_bwd_fake)
+_RMS_OP = library.define(
+    "rms_norm", "(Tensor x, Tensor? residual, Tensor weight, float eps, float offset, bool gemma) "
+    "-> (Tensor, Tensor[], Tensor)",
+    lambda x, r, w, eps, off, g: library.optional_at(
+        _rms_forward(x, r, w, eps, off, g, "rms_norm" if r is None else "add_rms_norm"), 1),
+    _rms_fake, backward=_rms_grads, setup_context=_rms_save)
+
+
 def _casting(casting):
     if casting not in ("llama", "gemma"):
         raise ValueError(f"casting must be 'llama' or 'gemma', got {casting!r}")
@@ -406,6 +309,8 @@ def rms_norm(x, weight, eps=1e-6, *, offset=0.0, casting="llama"):
     gemma = _casting(casting)
     if not _use_kernels("rms_norm", x, None, weight):
         return reference_rms_norm(x, weight, eps, offset=offset, casting=casting)
+    if library.compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
+        return _RMS_OP(x, None, weight, eps, offset, gemma)[0]
     if _no_graph(x, weight):
         return _rms_forward(x, None, weight, eps, offset, gemma, "rms_norm")[0]
     return _RMSNormFn.apply(x, None, weight, eps, offset, gemma, "rms_norm")
@@ -416,6 +321,9 @@ def add_rms_norm(x, residual, weight, eps=1e-6, *, offset=0.0, casting="llama"):
     gemma = _casting(casting)
     if not _use_kernels("add_rms_norm", x, residual, weight):
         return reference_add_rms_norm(x, residual, weight, eps, offset=offset, casting=casting)
+    if library.compiling():
+        y, s, _ = _RMS_OP(x, residual, weight, eps, offset, gemma)
+        return y, s[0]
     if _no_graph(x, residual, weight):
         return _rms_forward(x, residual, weight, eps, offset, gemma, "add_rms_norm")[:2]
     return _RMSNormFn.apply(x, residual, weight, eps, offset, gemma, "add_rms_norm")
@@ -491,6 +399,45 @@ class _LayerNormFn(torch.autograd.Function):
         return _pair(ctx, dx) + (dw, db, None, None)
 
 
+# torch.compile: gems::layer_norm (residual, weight, bias optional) and its backward (library.py)
+def _ln_fake(x, residual, weight, bias, eps):
+    _check(x, residual, weight, bias, "layer_norm")
+    stat = x.new_empty((x.numel() // x.shape[-1],), dtype=torch.float32)
+    return (x.new_empty(x.shape), maybe(None if residual is None else x.new_empty(x.shape)), stat,
+            torch.empty_like(stat))
+
+
+def _ln_save(ctx, inputs, output):
+    x, residual, weight, bias, _ = inputs
+    ctx.has_res = residual is not None
+    ctx.save_for_backward(first(output[1]) if ctx.has_res else x, weight, bias, output[2], output[3])
+
+
+def _ln_grads(ctx, dy, ds, *_):
+    x, weight, bias, mean, rstd = ctx.saved_tensors
+    ni = ctx.needs_input_grad
+    dx, dw, db = _LN_BWD(dy, first(ds) if ctx.has_res else None, x, weight, bias, mean, rstd, ni[0] or ni[1],
+                         ni[2] and weight is not None, ni[3] and bias is not None)
+    return _pair(ctx, first(dx)) + (first(dw), first(db), None)
+
+
+def _ln_bwd_fake(dy, ds, x, weight, bias, mean, rstd, need_x, need_w, need_b):
+    return tuple(maybe(x.new_empty(t.shape, dtype=t.dtype) if need else None)
+                 for t, need in ((x, need_x), (weight, need_w), (bias, need_b)))
+
+
+_LN_BWD = library.define(
+    "layer_norm_backward", "(Tensor dy, Tensor? ds, Tensor x, Tensor? weight, Tensor? bias, Tensor mean, "
+    "Tensor rstd, bool need_x, bool need_w, bool need_b) -> (Tensor[], Tensor[], Tensor[])",
+    lambda *a: tuple(maybe(t) for t in _ln_backward(*a)), _ln_bwd_fake)
+_LN_OP = library.define(
+    "layer_norm", "(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps) "
+    "-> (Tensor, Tensor[], Tensor, Tensor)",
+    lambda x, r, w, b, eps: library.optional_at(
+        _ln_forward(x, r, w, b, eps, "layer_norm" if r is None else "add_layer_norm"), 1),
+    _ln_fake, backward=_ln_grads, setup_context=_ln_save)
+
+
 # a plain LayerNorm is one ATen op already (native_layer_norm, whose kernels _LayerNormFn launches)
 _NATIVE_LN = ("native_layer_norm.default", "native_layer_norm_backward.default")
 
@@ -510,6 +457,8 @@ def layer_norm(x, weight, bias, eps=1e-5):
     With gems.enable() (native_layer_norm served) it is F.layer_norm itself, on Gems' kernels."""
     if not _use_kernels("layer_norm", x, None, weight, bias):
         return reference_layer_norm(x, weight, bias, eps)
+    if library.compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
+        return _LN_OP(x, None, weight, bias, eps)[0]
     if _native_ln_served():
         return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     if _no_graph(x, weight, bias):
@@ -521,6 +470,9 @@ def add_layer_norm(x, residual, weight, bias, eps=1e-5):
     """(layer_norm(x + residual), x + residual): BERT's `LayerNorm(hidden_states + input_tensor)`."""
     if not _use_kernels("add_layer_norm", x, residual, weight, bias):
         return reference_add_layer_norm(x, residual, weight, bias, eps)
+    if library.compiling():
+        y, s, _, _ = _LN_OP(x, residual, weight, bias, eps)
+        return y, s[0]
     if _no_graph(x, residual, weight, bias):
         return _ln_forward(x, residual, weight, bias, eps, "add_layer_norm")[:2]
     return _LayerNormFn.apply(x, residual, weight, bias, eps, "add_layer_norm")

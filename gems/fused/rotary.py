@@ -33,6 +33,7 @@ from ..runtime import kernel
 from ..runtime.alloc import empty
 from ..runtime.planned import planned
 from ..runtime.utils import next_pow2
+from . import library
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -213,6 +214,37 @@ class _Rope(torch.autograd.Function):
         return dq, dk, dcos, dsin, None
 
 
+# torch.compile: gems::rope and its backward (library.py); gradients for cos/sin take the reference
+def _rope_fake(q, k, cos, sin, unsqueeze_dim):
+    _check(q, k, cos, sin, unsqueeze_dim)
+    return tuple(torch.empty_strided(t.shape, t.stride() if non_overlapping_dense(t) else contiguous_strides(t.shape),
+                                     dtype=t.dtype, device=t.device) for t in (q, k))
+
+
+def _rope_save(ctx, inputs, output):
+    ud = inputs[4]
+    ctx.ud = ud if ud > 0 else ud + 4
+    ctx.out_strides = output[0].stride() + output[1].stride()
+    ctx.save_for_backward(inputs[2], inputs[3])
+
+
+def _rope_grads(ctx, gq, gk):
+    cos, sin = ctx.saved_tensors
+    return _ROPE_BWD(gq, gk, cos, sin, ctx.ud, ctx.out_strides) + (None, None, None)
+
+
+_ROPE_BWD = library.define(
+    "rope_backward", "(Tensor gq, Tensor gk, Tensor cos, Tensor sin, int unsqueeze_dim, SymInt[] out_strides) "
+    "-> (Tensor, Tensor)",
+    lambda gq, gk, cos, sin, ud, st: _run(gq, gk, cos, sin, ud, True, list(st)),
+    lambda gq, gk, cos, sin, ud, st: tuple(torch.empty_strided(g.shape, s, dtype=g.dtype, device=g.device)
+                                           for g, s in ((gq, st[:4]), (gk, st[4:]))))
+_ROPE_OP = library.define(
+    "rope", "(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim) -> (Tensor, Tensor)",
+    lambda q, k, cos, sin, ud: _run(q, k, cos, sin, ud, False, None), _rope_fake,
+    backward=_rope_grads, setup_context=_rope_save)
+
+
 def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     """Hugging Face's `apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)` in one Triton launch.
 
@@ -221,6 +253,10 @@ def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     Without autograd (inference, decode) the call skips torch.autograd.Function: one dict lookup, two
     allocations and a launch on a repeated signature.
     """
+    if library.compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
+        if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+            return reference_rope(q, k, cos, sin, None, unsqueeze_dim)
+        return _ROPE_OP(q, k, cos, sin, unsqueeze_dim)
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, cos, sin)):
         return _Rope.apply(q, k, cos, sin, unsqueeze_dim)
     return _run(q, k, cos, sin, unsqueeze_dim, False, None)
