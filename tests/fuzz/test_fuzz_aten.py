@@ -66,7 +66,6 @@ KNOWN_BUGS = {
     (".Scalar_out", "stride"): "out= resized from empty: ATen's strides are contiguous, Gems' follow the input",
     (".Scalar_Tensor_out", "stride"): "out= resized from empty: ATen's strides are contiguous, Gems' follow the input",
     (".Tensor_Scalar_out", "stride"): "out= resized from empty: ATen's strides are contiguous, Gems' follow the input",
-    ("elu", "value"): "input_scale=+-inf: the NaNs differ from ATen's",
     ("mish_backward", "dtype"): "grad fp32 with self fp16: ATen's result is fp16, Gems' fp32",
     ("_foreach_norm", "value"): "a value near fp32's limit: ATen's norm is finite, Gems' overflows to inf",
     ("_foreach_addcdiv", "value"): "results near fp32's limit: Gems gives inf where ATen is finite, or the reverse",

@@ -187,6 +187,27 @@ def test_backward_kinks():
     _check_nan_apart(lambda a, b: A.elu_backward(a, 0.9, 1.2, 0.7, True, b), (g, x), "elu_backward")
 
 
+@dtype_params()
+def test_elu_zero_with_infinite_input_scale(dtype):
+    # a zero meets input_scale = +-inf (0 * inf = NaN in the exponential branch) or alpha = NaN: ATen's CPU
+    # kernel sends zeros to x * scale (x >= 0), its CUDA kernel to the exponential (x > 0 only)
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([-2.0, -0.0, 0.0, 3.0, nan] * 5, dtype=dtype, device=DEVICE)
+    cpu = DEVICE == "cpu"
+    for alpha, scale, input_scale, want in (
+            (1.0, -1.0, -inf, [-inf, 0.0 if cpu else nan, -0.0 if cpu else nan, -3.0, nan]),
+            (1.0, 2.0, inf, [-2.0, -0.0 if cpu else nan, 0.0 if cpu else nan, 6.0, nan]),
+            (nan, 1.0, 1.0, [nan, -0.0 if cpu else nan, 0.0 if cpu else nan, 3.0, nan])):
+        want_t = torch.tensor(want * 5, dtype=dtype)
+        with served("elu"), gems.use_gems():
+            got = A.elu(x, alpha, scale, input_scale).cpu()
+        assert torch.equal(got.isnan(), want_t.isnan()), (alpha, scale, input_scale, got)
+        keep = ~want_t.isnan()
+        assert torch.equal(got[keep], want_t[keep]) and torch.equal(got[keep].signbit(), want_t[keep].signbit())
+        aten = A.elu(x, alpha, scale, input_scale).cpu()
+        assert torch.equal(aten.isnan(), want_t.isnan()) and torch.equal(aten[keep].signbit(), want_t[keep].signbit())
+
+
 def test_hardtanh_is_clamp():
     """ATen's hardtanh is clamp: max_val wins where min_val > max_val (-1 everywhere for (1, -1)), and a
     NaN bound gives NaN; the .out and in-place overloads too, and clamp with the same bounds. The backward

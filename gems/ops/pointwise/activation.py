@@ -120,8 +120,14 @@ def _softplus_bwd(g, x, beta, threshold):
 
 @triton.jit
 def _elu(x, alpha, scale, input_scale):
-    """x <= 0 ? alpha * scale * expm1(x * input_scale) : x * scale"""
-    return tl.where(x <= 0, alpha * scale * expm1_f(x * input_scale), x * scale)
+    """x > 0 ? x * scale : alpha * scale * expm1(x * input_scale); a zero takes the branch each device's
+    ATen kernel gives it, which shows when input_scale is infinite (0 * inf = NaN) or alpha NaN: CUDA's
+    tests x > 0 (a zero is NaN there), the CPU's x >= 0 (a zero is x * scale)"""
+    neg = alpha * scale * expm1_f(x * input_scale)
+    if GPU:
+        return tl.where(x > 0, x * scale, neg)
+    else:
+        return tl.where(x >= 0, x * scale, neg)
 
 
 @triton.jit
