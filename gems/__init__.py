@@ -13,7 +13,8 @@ from .dispatch import disable, enable, is_enabled, plan_stats, registered_ops, r
 from .patching import patch, patched, unpatch
 from .registry import Unsupported
 from .runtime.backends import backend
+from .warmup import warmup   # (the name then means the function; the module is sys.modules['gems.warmup'])
 
 __version__ = "0.1.0"
 __all__ = ["enable", "disable", "use_gems", "is_enabled", "registered_ops", "stats", "plan_stats", "reset_stats",
-           "backend", "registry", "Unsupported", "patch", "unpatch", "patched"]
+           "backend", "warmup", "registry", "Unsupported", "patch", "unpatch", "patched"]

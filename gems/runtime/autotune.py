@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Sequence
 
-from . import backends, progress
+from . import backends, collect, progress
 from .plan.recording import suspended, taint
 
 try:
@@ -81,6 +81,8 @@ class Autotuner:
             best[k] = cfg
             return cfg
         taint("autotuning", transient=True)   # benchmark launches are not the call's: plan the next call
+        if collect.active():    # gems.warmup's collecting run: every config's kernels recorded, nothing timed
+            return collect.tune(self.configs, bench)
         t0 = progress.clock()
         timings = []
         with suspended():

@@ -9,8 +9,9 @@ The binary key holds exactly what Triton specializes on: tensor dtype and 16-byt
 whether they equal 1, are divisible by 16 and need 64 bits; float/bool/None types; constexpr values;
 and the launch options (num_warps, num_stages). Sizes do not appear, so one binary serves all shapes
 of a class. A miss goes through Triton's own `run` (which compiles, or finds the binary on disk) and
-records the kernel it returns; its time counts towards runtime/progress.py's one-line note. The cache
-is bounded (LRU-ish: oldest entry dropped).
+records the kernel it returns; its time counts towards runtime/progress.py's one-line note (in
+gems.warmup's collect mode, runtime/collect.py records the compile instead). The cache is bounded
+(LRU-ish: oldest entry dropped).
 
 Under the interpreter (TRITON_INTERPRET=1) there is no binary: calls go straight to the interpreter.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from . import progress
+from . import collect, progress
 from .plan import recording
 from .plan.launchers import hooks_active
 from .source import compile_source
@@ -125,10 +126,13 @@ class LaunchCache:
         entry = self._cache.get(key)
         if entry is None:
             self.misses += 1
-            t0 = progress.clock()
-            # (Triton's options treat maxnreg=None as unset: the binary of a launch without a cap)
-            kernel = self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
-            progress.compiled(self.name, progress.clock() - t0)    # one line if first runs stall
+            if collect.active():    # gems.warmup's collecting run: record the compile, ATen answers
+                kernel = collect.launch(self.fn, grid, args, num_warps, num_stages, maxnreg)
+            else:
+                t0 = progress.clock()
+                # (Triton's options treat maxnreg=None as unset: the binary of a launch without a cap)
+                kernel = self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
+                progress.compiled(self.name, progress.clock() - t0)    # one line if first runs stall
             if len(self._cache) >= _MAX_ENTRIES:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[key] = _entry(kernel)

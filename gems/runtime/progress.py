@@ -1,5 +1,6 @@
 """One line on stderr when first-call work makes a user wait: Triton compiling a kernel on a launch-cache
-miss (runtime/launch.py) and a shape bucket's first autotuning (runtime/autotune.py).
+miss (runtime/launch.py) and a shape bucket's first autotuning (runtime/autotune.py); and gems.warmup's
+count of the kernels it compiles in parallel (`warming`).
 
 Why: a model's first step can spend tens of seconds compiling and tuning while nothing is printed,
 which reads as a hang. Why not a line per compile: a warm process compiles nothing, and a cold one
@@ -41,6 +42,19 @@ def tuned(name: str, bucket, seconds: float, stored_in):
     """`name`'s first tuning of `bucket` took `seconds`; its pick is stored in `stored_in`."""
     _add("tune", seconds, lambda: f"gems: tuning {name} for {bucket} on {_device_name()} (once per GPU, stored in "
                                   f"{stored_in}) ...")
+
+
+def warming(kernels: int, workers: int):
+    """gems.warmup is about to compile `kernels` kernels in `workers` processes: said at once, since
+    the user asked for this work and it takes seconds."""
+    say(f"gems: compiling {kernels} kernels for this model in {workers} process{'es' if workers != 1 else ''} "
+        f"(first run only, cached on disk) ...")
+
+
+def say(text: str):
+    """One line on stderr unless GEMS_QUIET."""
+    if not quiet():
+        print(text, file=sys.stderr, flush=True)
 
 
 def _add(kind: str, seconds: float, line):

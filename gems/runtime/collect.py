@@ -1,0 +1,173 @@
+"""Collect mode: launch-cache misses record what Triton would compile instead of compiling it.
+
+gems/warmup.py runs a model once in this mode. A launch whose binary Triton holds in memory runs as
+usual; a miss (runtime/launch.py) asks Triton for the kernel with `triton.knobs.runtime.jit_cache_hook`
+set to `_record`, which notes the compile job (the JIT function, its specialization, its options and
+target) and tells Triton to skip the compile; the launch then raises NotCompiled (`not_compiled()`, an
+`Unsupported`), so the dispatcher answers the call with ATen and the step goes on with right values. The
+hook only acts on launches that come through a launch-cache miss in collect mode (a thread-local flag):
+any other Triton launch compiles as usual, so no code gets an unlaunched kernel it does not expect.
+
+`compile_jobs` then compiles the jobs (and builds their C launchers) in forked worker processes, which
+fill Triton's disk cache, and
+`load_jobs` loads each binary from that cache into the JIT function's in-memory cache, so the next
+launch of the same specialization finds it without compiling.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import triton
+
+_tls = threading.local()
+_jobs: dict = {}      # (id(jit function), Triton's cache key) -> job tuple, while collecting
+_active = False       # a process-wide switch: read only on launch-cache misses and tuning misses
+
+
+_not_compiled = None
+
+
+def not_compiled() -> type:
+    """The exception class NotCompiled, an `Unsupported`: the launch needs a binary that collect mode
+    only recorded, and ATen answers the call."""
+    global _not_compiled
+    if _not_compiled is None:
+        # deferred: gems.registry imports the runtime package, which imports this module
+        from ..registry import Unsupported
+
+        class NotCompiled(Unsupported):
+            pass
+        _not_compiled = NotCompiled
+    return _not_compiled
+
+
+def active() -> bool:
+    return _active
+
+
+def start():
+    """Turn collect mode on (one collector at a time, process-wide: the hook is Triton's global knob)."""
+    global _active
+    _jobs.clear()
+    triton.knobs.runtime.jit_cache_hook = _record
+    _active = True
+
+
+def stop() -> list:
+    """Turn collect mode off; the compile jobs it recorded."""
+    global _active
+    _active = False
+    if triton.knobs.runtime.jit_cache_hook is _record:
+        triton.knobs.runtime.jit_cache_hook = None
+    jobs = list(_jobs.values())
+    _jobs.clear()
+    return jobs
+
+
+def launch(fn, grid, args, num_warps, num_stages, maxnreg):
+    """A launch-cache miss in collect mode: the kernel Triton holds in memory (launched), or
+    NotCompiled once the compile is recorded."""
+    _tls.recording = True
+    try:
+        kernel = fn[grid](*args, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
+    finally:
+        _tls.recording = False
+    if kernel is None:
+        raise not_compiled()("gems warmup: kernel not compiled yet")
+    return kernel
+
+
+def tune(configs, bench):
+    """A tuning miss in collect mode: every config's launch is recorded (its bench raises NotCompiled
+    at its first uncompiled kernel), nothing is timed or stored; the first config answers."""
+    for c in configs:
+        try:
+            bench(c)
+        except Exception:  # noqa: BLE001 - NotCompiled, or a config that fails as it would when tuned
+            continue
+    return configs[0]
+
+
+def _record(*, key, fn, compile, **_):
+    """Triton's jit_cache_hook: True (skip the compile) for a launch-cache miss in collect mode."""
+    if not (_active and getattr(_tls, "recording", False)):
+        return False
+    jf = fn.jit_function
+    device = compile["device"]
+    _, _, target, backend, _ = jf.device_caches[device]
+    # the options object itself is not handed to the hook: rebuilt as JITFunction.preload does
+    opts = json.loads(compile["specialization_data"])["options"]
+    options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v for k, v in opts.items()})
+    job = (jf, device, key, compile["signature"], compile["constants"], compile["configs"][0], options, target)
+    _jobs.setdefault((id(jf), str(key)), job)
+    return True
+
+
+def compile_one(job):
+    """Compile `job` (fills Triton's disk cache); the compiled kernel."""
+    jf, _, _, signature, constants, attrs, options, target = job
+    src = jf.ASTSource(jf, signature, constants, attrs)
+    return jf.compile(src, target=target, options=options.__dict__)
+
+
+_pending: list = []   # the jobs a forked worker compiles, by index (inherited, never pickled)
+
+
+def _worker(i: int):
+    t0 = time.perf_counter()
+    try:
+        kernel = compile_one(_pending[i])
+    except Exception as e:  # noqa: BLE001 - the real launch compiles it again and raises there
+        return i, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
+    try:
+        # the kernel's C launcher: Triton builds one per signature with the host C compiler (~0.3 s) on
+        # the first launch and keeps it in its disk cache; built here, the parent only loads it. The
+        # driver object was made in the parent before the fork; making a launcher touches no device.
+        triton.runtime.driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001 - the parent's first launch builds it
+        pass
+    return i, time.perf_counter() - t0, None
+
+
+def compile_jobs(jobs: list, workers: int) -> list:
+    """Compile `jobs` in `workers` forked processes (serially in this one where fork is unavailable or
+    workers <= 1); per job (seconds, error or None)."""
+    import multiprocessing as mp    # deferred: only a warmup compiles in processes (import gems stays light)
+    global _pending
+    if workers <= 1 or len(jobs) <= 1 or "fork" not in mp.get_all_start_methods():
+        return [_worker_local(j) for j in jobs]
+    _pending = list(jobs)
+    try:
+        # fork: the workers inherit every JIT function (generated kernels have no importable module);
+        # they compile only (no CUDA call), so the parent's CUDA context is never used in a child
+        with mp.get_context("fork").Pool(min(workers, len(jobs))) as pool:
+            done = pool.map(_worker, range(len(jobs)), chunksize=1)
+    finally:
+        _pending = []
+    return [(t, err) for _, t, err in sorted(done)]
+
+
+def _worker_local(job):
+    t0 = time.perf_counter()
+    try:
+        compile_one(job)
+    except Exception as e:  # noqa: BLE001
+        return time.perf_counter() - t0, f"{type(e).__name__}: {e}"
+    return time.perf_counter() - t0, None
+
+
+def load_jobs(jobs: list) -> int:
+    """Put each job's binary (from Triton's disk cache, or compiled now) into its JIT function's
+    in-memory cache, as Triton's own compile path does; the number loaded."""
+    n = 0
+    for job in jobs:
+        jf, device, key = job[0], job[1], job[2]
+        try:
+            kernel = compile_one(job)
+        except Exception:  # noqa: BLE001 - the real launch compiles it again and raises there
+            continue
+        jf.device_caches[device][0][key] = kernel
+        n += 1
+    return n
