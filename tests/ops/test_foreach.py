@@ -400,6 +400,81 @@ def test_errors_are_atens():
             fn()
 
 
+def test_sub_with_a_bool_number_raises_as_aten():
+    # ATen's sub rejects a bool operand; the C++ fast path too (a served call first, so that it has the
+    # binary for the bool call's facts)
+    xs = _list(torch.float32, shapes=[(3,), (5,)])
+    for name, good, bad in (("_foreach_sub.Scalar", 2.0, True), ("_foreach_sub_.Scalar", 1, False),
+                            ("_foreach_sub.ScalarList", [1.0, 2.0], [1.0, True]),
+                            ("_foreach_sub_.ScalarList", [1.0, 2.0], [False, True])):
+        typ, msg = _raised(lambda: _op(name)([x.clone() for x in xs], bad))
+        assert "with a bool tensor is not supported" in msg
+        gems.reset_stats()
+        with gems.use_gems():
+            for _ in range(2):
+                _op(name)([x.clone() for x in xs], good)
+                with pytest.raises(typ, match=re.escape(msg)):
+                    _op(name)([x.clone() for x in xs], bad)
+        st = gems.stats()[name]
+        assert st["served"] == 2 and st["reasons"] == {"sub with a bool number": 2}, st
+    # add takes a bool number (True is 1), as in ATen
+    check("_foreach_add.Scalar", [xs, True], {}, torch.float32)
+
+
+def _same_values(got, want):
+    """Bit for bit, NaN and infinities included."""
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(torch.isnan(g), torch.isnan(w)), (g, w)
+        assert torch.equal(g.nan_to_num(0), w.nan_to_num(0)), (g, w)
+
+
+@pytest.mark.parametrize("op", ["addcmul", "addcdiv"])
+def test_addcmul_addcdiv_near_the_fp32_limit(op):
+    # ATen's order of the product and the quotient on this device: its CPU loop runs addcmul/addcdiv
+    # per tensor, (value * t1) * t2 and (value * t1) / t2, where value * t1 = 4e38 overflows; its CUDA
+    # kernels compute value * (t1 * t2) and value * (t1 / t2) = 5e37. The non-foreach op agrees.
+    t2v = 0.125 if op == "addcmul" else 8.0
+    self = [torch.tensor([0.0, 1.0, -INF, 3e38], device=DEVICE), torch.tensor([2.0], device=DEVICE)]
+    t1 = [torch.tensor([1e38, -1e38, 1e38, 1e38], device=DEVICE), torch.tensor([3e38], device=DEVICE)]
+    t2 = [torch.tensor([t2v, t2v, t2v, t2v], device=DEVICE), torch.tensor([1e-30 if op == "addcmul" else 1e30],
+                                                                          device=DEVICE)]
+    for kind, value in (("Scalar", 4.0), ("Scalar", 1.0), ("ScalarList", [4.0, 1e20]), ("Tensor", None)):
+        for inplace in ("", "_"):
+            name = f"_foreach_{op}{inplace}.{kind}"
+            v = torch.tensor([4.0, -1e10]) if kind == "Tensor" else value
+            fresh = lambda: ([[t.clone() for t in self], t1, t2, v], {})   # noqa: E731
+            with served(name), gems.use_gems():
+                got = _call(name, *fresh())
+            want = _call(name, *fresh())
+            _same_values(got, want)
+            if kind == "Scalar":
+                per_op = getattr(torch, op)(self[0], t1[0], t2[0], value=value)
+                _same_values(got[:1], [per_op])
+    if not ON_GPU:   # the CPU's order: the overflow is ATen's, not the reference's
+        assert torch.isinf(want[0][0]) and torch.isinf(want[1][0])
+
+
+def test_norm_of_one_element_near_the_fp32_limit():
+    # |x| exactly, as ATen's CPU reduction of one element answers (x^2 would overflow in fp32)
+    xs = [torch.tensor([-3e38], device=DEVICE), torch.tensor(2e38, device=DEVICE),
+          torch.tensor([[NAN]], device=DEVICE), torch.tensor([-0.0], device=DEVICE),
+          torch.tensor([60000.0], device=DEVICE).half(), torch.tensor([0.0, 0.0], device=DEVICE)]
+    for ord in (2, 3.0, 1, 0.5, -1, 0, INF):
+        with served("_foreach_norm.Scalar"), gems.use_gems():
+            got = torch._foreach_norm(xs, ord)
+        want = [torch.linalg.vector_norm(x.double().cpu(), ord).to(x.dtype) for x in xs]
+        _same_values([g.cpu() for g in got], want)
+        if not ON_GPU:   # ATen's CPU: the same (its CUDA kernel squares: inf for the first two)
+            _same_values(got, torch._foreach_norm(xs, ord))
+    # two elements: the sum of squares (2e40) overflows fp32 in ATen on both devices, and in Gems
+    two = [torch.tensor([1e20, 1e20], device=DEVICE)]
+    with gems.use_gems():
+        got = torch._foreach_norm(two, 2)
+    _same_values(got, torch._foreach_norm(two, 2))
+    assert torch.isinf(got[0])
+
+
 # ------------------------------------------------------------------------------------ optimizers
 PARAM_SHAPES = [(4, 7), (37,), (), (3, 2, 5), (70,)]
 

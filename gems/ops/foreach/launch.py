@@ -27,7 +27,9 @@ entry for this tensor, or a 0-dim tensor's value; all in fp32, ATen's opmath; on
     add: x + alpha * y | x + s    sub: x - alpha * y | x - s    mul: x * y | x * s
     div: x / y | x / s (IEEE)     maximum / minimum: NaN if either is NaN
     lerp: x + w (y - x) from the nearer end, w = z or s      pow: x ** y | x ** s | s ** x
-    addcmul: x + s * (y * z)      addcdiv: x + s * (y / z)     sqrt, neg, reciprocal, zero_
+    addcmul: x + s * y * z        addcdiv: x + s * y / z       sqrt, neg, reciprocal, zero_
+(addcmul and addcdiv are the non-foreach ops' bodies, in ATen's order of the products and quotient on
+each device: its CPU loop calls those ops per tensor, its CUDA foreach kernels share their formula)
 Bytes moved: each list read once, the result written once; plus the table (8 bytes per tensor and
 column).
 
@@ -73,7 +75,7 @@ from ...runtime.abi import FOREACH_MAX_TABLES
 from ...runtime.utils import empty
 from ..pointwise.arith import add_f, div_f, mul_f, neg_f, sub_f
 from ..pointwise.binary import maximum_f, minimum_f, pow_f
-from ..pointwise.ternary import lerp_f
+from ..pointwise.ternary import addcdiv_f, addcmul_f, lerp_f
 from ..pointwise.unary import reciprocal_f, sqrt_f
 
 # how a program gets its scalar s: a kernel argument, its tensor's table entry (float64 bits),
@@ -150,9 +152,9 @@ def _chunk(Base, d0, d1, d2, dout, lo, n, sv, alpha, OP: tl.constexpr, NIN: tl.c
                 else:
                     r = lerp_f(x, b, sv)
             elif OP == "addcmul":
-                r = x + sv * (b * c3)
+                r = addcmul_f(x, b, c3, sv)
             elif OP == "addcdiv":
-                r = x + sv * tl.math.div_rn(b, c3)
+                r = addcdiv_f(x, b, c3, sv)
             elif OP == "sqrt":
                 r = sqrt_f(x)
             elif OP == "neg":

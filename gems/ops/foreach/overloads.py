@@ -3,6 +3,8 @@ kernel (the formulas and what is served are in launch.py's docstring).
 """
 from __future__ import annotations
 
+import math
+
 from ...codegen.generator import range_limit
 from ...registry import FLOATS, Unsupported, register
 from ...runtime.abi import FOREACH_NO_SCALAR, FOREACH_SCALAR, FOREACH_SCALARLIST, FOREACH_TENSOR
@@ -201,4 +203,8 @@ def foreach_norm(self, ord=2, dtype=None):
     # second small launch summing each tensor's chunks and taking the root
     if len(self) == 0:
         raise Unsupported("empty tensor list")   # ATen raises
-    return [vector_norm(t, ord, None, False, dtype=dtype) for t in self]
+    # a one-element tensor's p-norm is |x| exactly (ATen's CPU answers |x| for a reduction of one
+    # element; its CUDA kernel squares x, which overflows from 1.8e19 in fp32): the max-norm gives it
+    # without forming x^p, chosen from the shape alone
+    one = math.inf if ord != 0 and not isinstance(ord, bool) else ord
+    return [vector_norm(t, one if t.numel() == 1 else ord, None, False, dtype=dtype) for t in self]

@@ -66,22 +66,29 @@ def lerp_f(a, b, w):
 
 
 @triton.jit
-def _addcmul(a, t1, t2, value):
+def addcmul_f(a, t1, t2, value):
     """self + value * tensor1 * tensor2
 
-    Floats fused like ATen: fma(value * tensor1, tensor2, self) (its CPU kernel is compiled with fp
-    contraction; on the GPU Triton contracts the unfused form the same way), so an overflowing product
-    next to an infinite self gives that infinity, not NaN."""
+    In ATen's order on each device (also _foreach_addcmul's body: ATen's foreach kernels share it).
+    Floats fused like ATen. The CPU's kernel (compiled with fp contraction) multiplies value by
+    tensor1 first: fma(value * tensor1, tensor2, self). CUDA's multiplies the tensors first:
+    fma(tensor1, tensor2, self) for value 1, else fma(value, tensor1 * tensor2, self). Near the fp32
+    limit one order overflows where the other does not; an overflowing product next to an infinite
+    self gives that infinity, not NaN."""
     if a.dtype.is_floating():
-        return fma_f(value * t1, t2, a)
+        if GPU:
+            return tl.where(value == 1, fma_f(t1, t2, a), fma_f(value, t1 * t2, a))
+        else:
+            return fma_f(value * t1, t2, a)
     else:
         return a + value * t1 * t2
 
 
 @triton.jit
-def _addcdiv(a, t1, t2, value):
+def addcdiv_f(a, t1, t2, value):
     """self + value * tensor1 / tensor2, in ATen's order on each device (the CPU multiplies first)
 
+    Also _foreach_addcdiv's body (ATen's foreach kernels share its order).
     CUDA's kernel divides first, self + value * (tensor1 / tensor2); the CPU's multiplies first,
     self + (value * tensor1) / tensor2: near the fp32 limit one overflows where the other does not.
     The division is IEEE-rounded as ATen's (Triton's `/` is the GPU's approximate division, which
@@ -203,7 +210,7 @@ lerp = pointwise("lerp.Scalar", "lerp.Scalar_out", "lerp_.Scalar", body=lerp_f, 
                  scalars=("weight",), check=_same_dtypes)
 lerp_tensor = pointwise("lerp.Tensor", "lerp.Tensor_out", "lerp_.Tensor", body=lerp_f,
                         operands=("self", "end", "weight"), check=_same_dtypes)
-addcmul = pointwise("addcmul", "addcmul.out", "addcmul_", body=_addcmul, operands=("self", "tensor1", "tensor2"),
+addcmul = pointwise("addcmul", "addcmul.out", "addcmul_", body=addcmul_f, operands=("self", "tensor1", "tensor2"),
                     scalars=("value",), dtypes=NUMERIC)
-addcdiv = pointwise("addcdiv", "addcdiv.out", "addcdiv_", body=_addcdiv, operands=("self", "tensor1", "tensor2"),
+addcdiv = pointwise("addcdiv", "addcdiv.out", "addcdiv_", body=addcdiv_f, operands=("self", "tensor1", "tensor2"),
                     scalars=("value",))
