@@ -41,7 +41,9 @@ defaults     values for scalars/constexprs an overload's schema lacks (div.Tenso
 promote      operands taking part in promotion (where: ("self", "other"), not condition); the others
              keep their dtype (`operand_dtypes={"condition": (torch.bool,)}` declares theirs).
 dtypes       accepted dtypes of tensor operands; anything else goes to ATen (counted in gems.stats()).
-result_dtype optional `f(compute, result) -> result` override.
+result_dtype optional `f(compute, result) -> result` override, or an operand's name: the result takes
+             that operand's dtype (mish_backward: ATen allocates grad_input with input's options, then
+             computes in the common dtype and casts to it).
 iter_order   the operands in the order ATen's TensorIterator takes them, when it differs from `operands`
              (threshold_backward: self, then grad_output; rsub: other, then self): the first operand
              with an opinion decides a fresh output's layout.

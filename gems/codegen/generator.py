@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Optional
 
 import torch
 import torch._prims_common as pc
@@ -143,8 +142,9 @@ class PointwiseOp:
                 raise Unsupported("no tensor among the promoted operands")
             kind = PROMOTIONS[self.kind(*consts)] if callable(self.kind) else self.kind
             compute, result = pc.elementwise_dtypes(*promo, type_promotion_kind=kind)
-            if self.result_dtype is not None:
-                result = self.result_dtype(compute, result)
+            if self.result_dtype is not None:   # an operand's name: that tensor's dtype (see the package doc)
+                result = operands[self.operands.index(self.result_dtype)].dtype if isinstance(
+                    self.result_dtype, str) else self.result_dtype(compute, result)
             if compute in (torch.float16, torch.bfloat16):
                 compute = torch.float32   # NO_OPMATH kinds: still compute in fp32, store rounded
             r = (compute, result)
@@ -431,7 +431,7 @@ _INTEGRAL = frozenset([torch.int8, torch.int16, torch.int32, torch.int64, torch.
 _REDUCED = frozenset([torch.float16, torch.bfloat16])
 
 
-def number_misfit(v, dtype) -> Optional[str]:
+def number_misfit(v, dtype) -> str | None:
     """Why ATen may treat Python number `v` otherwise than a kernel computing in `dtype` does (then the
     call goes to ATen, which raises or answers as it does), or None.
 
@@ -467,7 +467,7 @@ _RANGE_LIMIT = {torch.int8: 0, torch.uint8: 1, torch.int16: 2, torch.int32: 4, t
                 torch.bfloat16: 6, torch.float32: 7, torch.float64: 8}
 
 
-def range_limit(dtype) -> Optional[int]:
+def range_limit(dtype) -> int | None:
     """The widest number range class that fits `dtype` by number_misfit's rule (the C++ fast path's
     foreach checks use it), or None for a dtype no number is checked against."""
     return _RANGE_LIMIT.get(dtype)

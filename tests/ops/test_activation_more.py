@@ -208,6 +208,23 @@ def test_elu_zero_with_infinite_input_scale(dtype):
         assert torch.equal(aten.isnan(), want_t.isnan()) and torch.equal(aten[keep].signbit(), want_t[keep].signbit())
 
 
+def test_mish_backward_result_takes_the_input_dtype():
+    # ATen allocates mish_backward's grad_input with input's options (not the promoted dtype, unlike
+    # silu_backward): fp32 grad with fp16 input gives fp16, computed in fp32 and rounded once
+    g32, x32 = make((5, 7), low=-4, high=4), make((5, 7), low=-4, high=4)
+    pairs = [(g32, x32.half()), (g32.t(), x32.half().t()), (g32.half(), x32), (g32[:, ::2], x32.half()[:, ::2])]
+    if DEVICE != "cpu":   # bf16 is not exact in the interpreter: ATen's there
+        pairs += [(g32, x32.bfloat16()), (g32.bfloat16(), x32.half())]
+    for g, x in pairs:
+        with served("mish_backward"), gems.use_gems():
+            got = A.mish_backward(g, x)
+        assert got.dtype == x.dtype, (g.dtype, x.dtype)
+        xd, gd = to_ref(x), to_ref(g)
+        sp = torch.tanh(F.softplus(xd))
+        ref = gd * (sp + xd * torch.sigmoid(xd) * (1 - sp * sp))
+        assert_close(got, ref, x.dtype, A.mish_backward(g, x))
+
+
 def test_hardtanh_is_clamp():
     """ATen's hardtanh is clamp: max_val wins where min_val > max_val (-1 everywhere for (1, -1)), and a
     NaN bound gives NaN; the .out and in-place overloads too, and clamp with the same bounds. The backward

@@ -310,7 +310,8 @@ hardswish = pointwise("hardswish", "hardswish.out", "hardswish_", body=_hardswis
 # hardswish_backward.out is CompositeExplicit
 hardswish_backward = pointwise("hardswish_backward", body=_hardswish_bwd, operands=_BW, backward=True)
 mish = pointwise("mish", "mish.out", "mish_", body=_mish, operands=_UN)
-mish_backward = pointwise("mish_backward", body=_mish_bwd, operands=_BW, backward=True)
+# ATen allocates mish_backward's result with input's options (silu_backward's is structured: promoted)
+mish_backward = pointwise("mish_backward", body=_mish_bwd, operands=_BW, backward=True, result_dtype="self")
 # eps is a compile-time constant (models use None or one fixed eps): one kernel per distinct value
 logit = pointwise("logit", "logit.out", "logit_", body=_logit, operands=_UN, promotion="int_to_float",
                   constexprs=("eps",))
