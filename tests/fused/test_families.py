@@ -1,0 +1,165 @@
+"""gems.patch family by family: a tiny random model (seeded, fp32, 2 layers, hidden 32) of each
+architecture, run forward + backward unpatched (ATen) and patched (the fused ops alone: no
+gems.use_gems()), compared, and the report's counts checked against what the architecture holds.
+
+The expected counts are read off each architecture's structure, not off a patch report: per layer, an
+RMSNorm decoder has its input and post-attention norms (+ q/k norms for Qwen3 / OLMo2 style, + pre/post
+feed-forward norms for Gemma 2/3, + post norms for OLMo2 / GLM4), one final norm; one MLP and one rotary
+attention per layer; a causal LM one loss. What must be left out is checked too (GLM4's interleaved
+rotary; Granite's scaled and Gemma 2's soft-capped logits, and the MoE models' router loss, for the fused
+linear loss; GPT-2's ungated MLP). MoE blocks count as 'moe' when gems/patching/moe.py takes them.
+
+Tolerance: fp32 throughout; the fused kernels reorder fp32 sums (row reductions, the loss's logsumexp),
+so results agree to 2e-4 relative / 2e-5 absolute, far below what a wrong casting, offset, activation or
+gate/up swap produces (O(1e-2) or more at these sizes).
+"""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import transformers as T
+
+import gems
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+L = 2     # layers
+D = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=L, num_attention_heads=4, num_key_value_heads=2,
+         vocab_size=64, max_position_embeddings=64, attention_dropout=0.0)
+CAUSAL = {"cross_entropy": 1, "fused_linear_cross_entropy": 1}
+
+
+def _dec(cls_cfg, cls_model, **kw):
+    return lambda: cls_model(cls_cfg(**{**D, **kw}))
+
+
+# family -> (builder, kind, expected counts); 'kind' picks the inputs and the loss
+FAMILIES = {
+    "llama": (_dec(T.LlamaConfig, T.LlamaForCausalLM), "causal",
+              {"rms_norm": 2 * L + 1, "add_rms_norm": L, "silu_and_mul": L, "rope": L, **CAUSAL}),
+    "mistral": (_dec(T.MistralConfig, T.MistralForCausalLM), "causal",
+                {"rms_norm": 2 * L + 1, "add_rms_norm": L, "silu_and_mul": L, "rope": L, **CAUSAL}),
+    "qwen2": (_dec(T.Qwen2Config, T.Qwen2ForCausalLM), "causal",
+              {"rms_norm": 2 * L + 1, "add_rms_norm": L, "silu_and_mul": L, "rope": L, **CAUSAL}),
+    "qwen3": (_dec(T.Qwen3Config, T.Qwen3ForCausalLM, head_dim=8), "causal",   # + q_norm, k_norm
+              {"rms_norm": 4 * L + 1, "add_rms_norm": L, "silu_and_mul": L, "rope": L, **CAUSAL}),
+    "gemma": (_dec(T.GemmaConfig, T.GemmaForCausalLM, head_dim=8), "causal",   # gelu-tanh, 1 + w
+              {"rms_norm": 2 * L + 1, "add_rms_norm": L, "gelu_and_mul": L, "rope": L, **CAUSAL}),
+    "gemma2": (_dec(T.Gemma2Config, T.Gemma2ForCausalLM, head_dim=8), "causal",   # 4 norms, soft-capped logits
+               {"rms_norm": 4 * L + 1, "gelu_and_mul": L, "rope": L, "cross_entropy": 1}),
+    "gemma3_text": (_dec(T.Gemma3TextConfig, T.Gemma3ForCausalLM, head_dim=8), "causal",   # + q/k norms
+                    {"rms_norm": 6 * L + 1, "gelu_and_mul": L, "rope": L, **CAUSAL}),
+    "phi3": (_dec(T.Phi3Config, T.Phi3ForCausalLM, pad_token_id=0), "causal",   # fused gate_up_proj
+             {"rms_norm": 2 * L + 1, "silu_and_mul": L, "rope": L, **CAUSAL}),
+    "olmo2": (_dec(T.Olmo2Config, T.Olmo2ForCausalLM, pad_token_id=0), "causal",   # post norms + q/k norms
+              {"rms_norm": 4 * L + 1, "silu_and_mul": L, "rope": L, **CAUSAL}),
+    "glm4": (_dec(T.Glm4Config, T.Glm4ForCausalLM, head_dim=8, pad_token_id=0), "causal",   # interleaved rope
+             {"rms_norm": 4 * L + 1, "silu_and_mul": L, **CAUSAL}),
+    "granite": (_dec(T.GraniteConfig, T.GraniteForCausalLM, logits_scaling=2.0), "causal",   # scaled logits
+                {"rms_norm": 2 * L + 1, "silu_and_mul": L, "rope": L, "cross_entropy": 1}),
+    "mixtral": (_dec(T.MixtralConfig, T.MixtralForCausalLM, num_local_experts=4, num_experts_per_tok=2), "causal",
+                {"rms_norm": 2 * L + 1, "rope": L, "cross_entropy": 1}),
+    "qwen3_moe": (_dec(T.Qwen3MoeConfig, T.Qwen3MoeForCausalLM, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32), "causal",
+                  {"rms_norm": 4 * L + 1, "add_rms_norm": L, "rope": L, "cross_entropy": 1}),
+    "gpt2": (lambda: T.GPT2LMHeadModel(T.GPT2Config(n_layer=L, n_embd=32, n_head=4, vocab_size=64, n_positions=64,
+                                                    resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)), "causal", CAUSAL),
+    "gpt_neox": (lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(hidden_size=32, intermediate_size=64,
+                                                              num_hidden_layers=L, num_attention_heads=4,
+                                                              vocab_size=64, max_position_embeddings=64,
+                                                              rotary_pct=1.0, hidden_dropout=0.0,
+                                                              attention_dropout=0.0)),
+                 "causal", {"rope": L, **CAUSAL}),
+    "bert": (lambda: T.BertForMaskedLM(T.BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=L,
+                                                    num_attention_heads=4, vocab_size=64, hidden_dropout_prob=0.0,
+                                                    attention_probs_dropout_prob=0.0)),
+             "masked", {"encoder_layer": L, "cross_entropy": 1}),
+    "roberta": (lambda: T.RobertaForMaskedLM(T.RobertaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=L,
+                                                             num_attention_heads=4, vocab_size=64, pad_token_id=1,
+                                                             max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                                             attention_probs_dropout_prob=0.0)),
+                "masked", {"cross_entropy": 1}),
+    "vit": (lambda: T.ViTForImageClassification(T.ViTConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=L,
+                                                           num_attention_heads=4, image_size=16, patch_size=8,
+                                                           num_labels=3, hidden_dropout_prob=0.0,
+                                                           attention_probs_dropout_prob=0.0)), "image", {}),
+    "clip": (lambda: T.CLIPVisionModel(T.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=L,
+                                                          num_attention_heads=4, image_size=16, patch_size=8)),
+             "image", {}),
+}
+
+
+def _llava():
+    text = T.LlamaConfig(**{**D, "vocab_size": 80})
+    vision = T.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=L, num_attention_heads=4,
+                                image_size=16, patch_size=8, projection_dim=32)
+    return T.LlavaForConditionalGeneration(T.LlavaConfig(vision_config=vision, text_config=text, image_token_id=79,
+                                                         vision_feature_layer=-1))
+
+
+FAMILIES["llava"] = (_llava, "llava", {"rms_norm": 2 * L + 1, "add_rms_norm": L, "silu_and_mul": L, "rope": L,
+                                       **CAUSAL})
+
+
+def _inputs(kind, model):
+    g = torch.Generator().manual_seed(1)
+    if kind in ("causal", "masked"):
+        ids = torch.randint(2, 60, (2, 6), generator=g)
+        labels = ids.clone()
+        labels[0, 2] = -100
+        return {"input_ids": ids}, {"input_ids": ids, "labels": labels}
+    if kind == "image":
+        px = torch.randn(2, 3, 16, 16, generator=g)
+        return {"pixel_values": px}, {"pixel_values": px}
+    # llava: 4 image tokens (16 / 8 squared) then text
+    ids = torch.cat([torch.full((1, 4), 79), torch.randint(2, 60, (1, 4), generator=g)], dim=1)
+    px = torch.randn(1, 3, 16, 16, generator=g)
+    labels = ids.clone()
+    labels[0, :4] = -100
+    return {"input_ids": ids, "pixel_values": px}, {"input_ids": ids, "pixel_values": px, "labels": labels}
+
+
+def _run(model, inf, tr):
+    """(eval output, training loss, parameter grads): the loss is the model's own with labels, else the
+    sum of the output (image models without labels)."""
+    model.eval()
+    with torch.no_grad():
+        out = model(**inf)
+        ev = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+    model.train()
+    model.zero_grad(set_to_none=True)
+    out = model(**tr)
+    loss = out.loss if getattr(out, "loss", None) is not None else (
+        out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state).square().sum()
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return ev, loss.detach(), grads
+
+
+def _expected_counts(name, report):
+    exp = dict(FAMILIES[name][2])
+    if "moe" in report.counts():   # gems/patching/moe.py is installed and took the MoE blocks
+        exp["moe"] = L
+    return exp
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_family_patched_agrees_and_counts(name):
+    build, kind, _ = FAMILIES[name]
+    torch.manual_seed(0)
+    model = build().float()
+    model.config.use_cache = False
+    inf, tr = _inputs(kind, model)
+    ref = _run(model, inf, tr)
+    report = gems.patch(model)
+    assert report.counts() == _expected_counts(name, report), report.summary()
+    got = _run(model, inf, tr)
+    torch.testing.assert_close(got[0], ref[0], rtol=2e-4, atol=2e-5)
+    torch.testing.assert_close(got[1], ref[1], rtol=2e-4, atol=2e-5)
+    assert set(got[2]) == set(ref[2])
+    for n in ref[2]:
+        torch.testing.assert_close(got[2][n], ref[2][n], rtol=2e-4, atol=2e-5, msg=lambda m: f"grad {n}: {m}")
+    gems.unpatch(model)
