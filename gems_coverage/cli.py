@@ -8,6 +8,7 @@ traceback).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import warnings
@@ -292,6 +293,13 @@ def cmd_bench(a, ctx):
             raise UsageError("--plot draws the per-op attribution: drop --no-attribution")
         _plot_available()
     new_tokens = _new_tokens(a, a.workload == "decode", "--workload decode", 16)
+    if a.cold:   # first-step times from empty caches: its own runs, no attribution or agreement
+        from .cold import cold_bench, format_cold
+        r = cold_bench(a.model, workload=a.workload, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
+                       seq_len=a.seq_len, new_tokens=new_tokens, optimizer=a.optimizer, include=_split(a.include),
+                       exclude=_split(a.exclude), progress=ctx.say)
+        _emit(json.dumps(r, indent=1) if a.format == "json" else format_cold(r), a.output, ctx)
+        return
     r = B.bench(a.model, workload=a.workload, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
                 seq_len=a.seq_len, new_tokens=new_tokens, steps=a.steps, warmup=a.warmup, optimizer=a.optimizer,
                 include=_split(a.include), exclude=_split(a.exclude), attribution=not a.no_attribution,

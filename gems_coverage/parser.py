@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "position shorter than the last (dynamic padding). Without it the timed runs repeat "
                         "the warm-up's lengths")
     b.add_argument("--no-attribution", action="store_true", help="skip the profiled per-op attribution")
+    b.add_argument("--cold", action="store_true",
+                   help="time to the first step instead: ATen, Gems and Gems after gems.warmup, each in a fresh "
+                        "process with empty Triton and Gems cache folders; first and second step times")
     b.add_argument("--patch", action="store_true",
                    help="the Gems turns also run the model patched by gems.patch (fused ops); the ATen turns "
                         "run it unpatched")

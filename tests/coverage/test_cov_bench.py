@@ -244,3 +244,23 @@ def test_train_agrees_on_a_gpt2_config_folder(tmp_path):
                    "--format", "json", "-o", str(out)])
     d = json.loads(out.read_text())
     assert rc == 0 and d["agree"], d["agreement"]
+
+
+def test_cold_runs_each_mode_in_a_fresh_process_from_empty_caches(tmp_path, monkeypatch):
+    # --cold: ATen, Gems and Gems after gems.warmup, each in its own process with its own empty Triton
+    # and Gems cache folders, first and second step timed (one mode here: CI time)
+    from gems_coverage import cold
+    monkeypatch.setattr(cold, "MODES", ("gems+warmup",))
+    out = tmp_path / "cold.json"
+    rc = cli.main(["-q", "bench", "llama2", "--device", "cpu", "--seq-len", "6", "--include", "rsqrt", "--cold",
+                   "--format", "json", "-o", str(out)])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert list(d["modes"]) == ["gems+warmup"]
+    for mode, row in d["modes"].items():
+        assert row["mode"] == mode and row["caches_empty"] is True
+        assert row["first_s"] > 0 and row["second_s"] > 0
+    # the interpreter compiles nothing: warmup has no kernels to compile
+    assert d["modes"]["gems+warmup"]["kernels"] == 0
+    table = cold.format_cold(d)
+    assert "to 1st step s" in table and "nothing compiles" in table

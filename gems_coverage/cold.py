@@ -1,0 +1,105 @@
+"""`gems-coverage bench MODEL --cold`: time to the first step on a machine that has compiled nothing.
+
+Each mode runs in a process of its own, with a fresh, empty TRITON_CACHE_DIR (Triton's binaries) and
+GEMS_CACHE_DIR (Gems' tuning picks) in a temporary folder, so nothing an earlier mode or run compiled,
+loaded or tuned helps it:
+- aten: the model with Gems unregistered (cuBLAS / ATen have no per-process compile step to speak of);
+- gems: gems enabled, the first step compiles (and tunes) as it meets kernels;
+- gems+warmup: gems.warmup(model, inputs) first (its own time reported), then the steps.
+Per mode: the first and second step's wall time (decode: the whole first run, prompt and tokens; the
+second run's per-token time is in the regular bench), and for gems+warmup the warmup's time and kernel
+count. Model building is outside every timing. The child prints one JSON line, prefixed COLD_TAG.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+MODES = ("aten", "gems", "gems+warmup")
+COLD_TAG = "GEMS_COLD_RESULT "
+
+
+def cold_bench(model: str, *, workload: str = "prefill", device: str = "cpu", size=None, dtype=None, batch: int = 1,
+               seq_len=None, new_tokens: int = 16, optimizer: str = "adamw", include=None, exclude=None,
+               modes=None, timeout_s: float = 3600.0, progress=lambda s: None) -> dict:
+    """Run each of `modes` in a fresh process with empty cache folders; {"model", ..., "modes": {mode: row}}."""
+    spec = {"model": model, "workload": workload, "device": device, "size": size, "dtype": dtype, "batch": batch,
+            "seq_len": seq_len, "new_tokens": new_tokens, "optimizer": optimizer, "include": include,
+            "exclude": exclude}
+    out = {**spec, "modes": {}}
+    with tempfile.TemporaryDirectory(prefix="gems-cold-") as tmp:
+        for mode in modes or MODES:
+            progress(f"cold: {mode} in a fresh process with empty caches")
+            env = dict(os.environ)
+            env["TRITON_CACHE_DIR"] = os.path.join(tmp, mode, "triton")
+            env["GEMS_CACHE_DIR"] = os.path.join(tmp, mode, "gems")
+            env.pop("GEMS_QUIET", None)
+            proc = subprocess.run([sys.executable, "-m", "gems_coverage.cold", json.dumps({**spec, "mode": mode})],
+                                  env=env, capture_output=True, text=True, timeout=timeout_s)
+            rows = [line[len(COLD_TAG):] for line in proc.stdout.splitlines() if line.startswith(COLD_TAG)]
+            if proc.returncode != 0 or not rows:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+                raise RuntimeError(f"cold {mode}: the child process failed (exit {proc.returncode}): "
+                                   + " | ".join(tail))
+            out["modes"][mode] = json.loads(rows[-1])
+    return out
+
+
+def format_cold(r: dict) -> str:
+    """A plain table of a cold_bench result."""
+    head = (f"cold start: {r['model']} {r['workload']} on {r['device']} (each mode in a fresh process, empty "
+            f"Triton and Gems cache folders; model build not timed)")
+    lines = [head, f"{'mode':<13} {'warmup s':>9} {'kernels':>8} {'1st step s':>11} {'to 1st step s':>14} "
+                   f"{'2nd step s':>11}"]
+    for mode, row in r["modes"].items():
+        w = row.get("warmup_s")
+        lines.append(f"{mode:<13} {'' if w is None else f'{w:.2f}':>9} {row.get('kernels', ''):>8} "
+                     f"{row['first_s']:>11.3f} {row['first_s'] + (w or 0.0):>14.3f} {row['second_s']:>11.3f}")
+    if r["device"] == "cpu":
+        lines.append("(CPU: kernels are interpreted, nothing compiles; timings say nothing about a GPU)")
+    return "\n".join(lines)
+
+
+def _child(spec: dict) -> dict:
+    """One mode, in this (fresh) process: build, [warm up], two timed runs."""
+    # the caches this mode starts from: the parent made fresh folders; a reused one would not be cold
+    row = {"mode": spec["mode"], "caches_empty": all(not os.path.isdir(d) or not os.listdir(d) for d in (
+        os.environ.get("TRITON_CACHE_DIR", ""), os.environ.get("GEMS_CACHE_DIR", "")))}
+    import gems
+    import gems_models as M
+    from .bench import Workload, validate
+    recipe, on_cuda = validate(spec["model"], spec["workload"], spec["device"], spec["optimizer"],
+                               spec["new_tokens"], spec["include"], spec["exclude"])
+    size, dtype_name, _, seq_len = M.run_defaults("cuda" if on_cuda else "cpu", spec["size"], spec["dtype"],
+                                                   spec["seq_len"])
+    train = spec["workload"] == "train"
+    bundle = M.build(recipe, size=size, device=spec["device"], dtype=dtype_name, batch=spec["batch"],
+                     seq_len=seq_len, seed=0, dropout=0.0 if train else None)
+    wl = Workload(bundle, spec["workload"], spec["new_tokens"], spec["optimizer"], spec["include"], spec["exclude"],
+                  keep_start=False)
+    on = spec["mode"] != "aten"
+    row.update(size=size, dtype=dtype_name)
+    if spec["mode"] == "gems+warmup":
+        inputs = bundle.custom_args or (bundle.train_inputs if train else bundle.inputs)
+        with wl.mode(True):
+            wl.sync()
+            t0 = time.perf_counter()
+            info = gems.warmup(bundle.model, inputs, train=train)
+            wl.sync()
+            row["warmup_s"] = time.perf_counter() - t0
+        row["kernels"], row["warmup_failed"] = info["kernels"], info["failed"]
+    for name in ("first_s", "second_s"):
+        wl.sync()
+        t0 = time.perf_counter()
+        wl.timed(on)
+        row[name] = time.perf_counter() - t0
+    gems.disable()
+    return row
+
+
+if __name__ == "__main__":
+    print(COLD_TAG + json.dumps(_child(json.loads(sys.argv[1]))), flush=True)
