@@ -72,7 +72,6 @@ KNOWN_BUGS = {
     ("clamp.Tensor", "stride"): "a transposed self with broadcast bounds: the strides differ from TensorIterator's",
     ("logical_and", "stride"): "mixed layouts: the result's strides differ from TensorIterator's",
     ("out=", "stride"): "an out= resized from empty (bitwise, shifts, hypot, rsub, ...): strides differ from ATen's",
-    ("gelu_backward", "value"): "approximate='tanh' in fp16 near x = -4.4: 2% off the float64 reference, ATen is not",
     ("mm", "value"): "inf inputs: ATen's result has NaN where Gems' has inf",
     ("_softmax_backward_data", "value"): "an output near fp32's limit (no softmax's): ATen inf, Gems NaN (sum(grad * y))",
     ("all", "value"): "a float self with a uint8 out=: ATen casts self to uint8 first (0.5 -> 0, False), Gems does not",
