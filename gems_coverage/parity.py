@@ -314,6 +314,12 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
                        backend=info.backend, registered_ops=info.registered_ops)
     if patch:
         res.patch = runner.patch_report(base.model, popts)   # a model gems.patch refuses: before any run
+        if not res.patch["replaced"]:   # the Gems run would not differ from --patch's absence: bad input
+            left = [e for e in res.patch.get("left", []) if e["strict"]]
+            why = f" ({len(left)} part(s) not proven equivalent, first {left[0]['module']}: {left[0]['why']})" \
+                if left else ""
+            raise gems_models.ModelError(f"--patch: gems.patch replaces nothing in {model} with these options{why}; "
+                                         f"run parity without --patch")
     names = set(scope.cfg) if shadow else set()
     before = gemsinfo.stats()
 
@@ -554,7 +560,9 @@ def format_result(r: ParityResult, fmt: str = "table") -> str:
              f"{r.registered_ops} registered overloads"]
     if r.patched and r.patch:
         lines.append("patched gems.patch on the Gems run: " + ", ".join(
-            f"{k} x{v}" for k, v in r.patch["replaced"].items()) + "".join(f"; {n}" for n in r.patch["notes"]))
+            f"{k} x{v}" for k, v in r.patch["replaced"].items()) + "".join(f"; {n}" for n in r.patch["notes"])
+            + "".join(f"; not proven, left as is: {e['module']} ({e['op']}: {e['why']})"
+                      for e in r.patch.get("left", []) if e["strict"]))
     phase = None
     for c in r.checks:
         if c.phase != phase:

@@ -78,8 +78,9 @@ def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
     report = PatchReport(model_type=_model_type(model), options=opts)
     p = Patcher(model, opts, report)
     try:
-        p.patch_losses()     # first: its check runs the model's own forward, before anything is replaced
+        losses = p.prove_losses()     # first: it runs the model's own forward, before anything is replaced
         p.walk(model)
+        p.patch_losses(*losses)
         _check_ops(report)
         if strict and report.unproven():
             raise _strict_error(report)

@@ -229,10 +229,18 @@ class Patcher:
                 self.r.add(op, qual)
 
     # ------------------------------------------------------------------------------------ the losses
-    def patch_losses(self):
+    def prove_losses(self):
+        """The loss checks run the model's own forward: before anything is replaced (`patch_losses` after)."""
         m, o = self.model, self.opts
         if isinstance(getattr(m, "lm_head", None), nn.Linear) and (o["cross_entropy"] or o["fused_linear_cross_entropy"]):
-            proof = probes.prove_causal_lm(m)
+            return "causal", probes.prove_causal_lm(m)
+        if type(m).__name__.endswith("ForMaskedLM") and o["cross_entropy"]:
+            return "masked", probes.prove_masked_lm(m)
+        return None, None
+
+    def patch_losses(self, kind, proof):
+        m, o = self.model, self.opts
+        if kind == "causal":
             if o["cross_entropy"]:
                 if proof["cross_entropy"] is None:
                     self.set_attr(m, "_loss_function", causal_lm_loss)   # transformers' per-instance loss_function
@@ -248,11 +256,10 @@ class Patcher:
                     self.r.leave("<model>", "fused_linear_cross_entropy", why)
                 elif self.set_forward(m, causal_lm_forward(type(m).forward, proof["out_cls"], base), ""):
                     self.r.add("fused_linear_cross_entropy", "")
-        elif type(m).__name__.endswith("ForMaskedLM") and o["cross_entropy"]:
+        elif kind == "masked":
             from transformers.modeling_outputs import MaskedLMOutput
-            why = probes.prove_masked_lm(m)
-            if why is not None:
-                self.r.leave("<model>", "cross_entropy", why)
+            if proof is not None:
+                self.r.leave("<model>", "cross_entropy", proof)
             elif self.set_forward(m, masked_lm_forward(type(m).forward, MaskedLMOutput), ""):
                 self.r.add("cross_entropy", "")
 

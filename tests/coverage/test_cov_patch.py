@@ -132,13 +132,20 @@ def test_attribution_counts_fused_functions_as_ops():
     assert not any(k.startswith("fused::") for k in plain)
 
 
-def test_patch_of_an_unsupported_model_is_bad_input(tmp_path, capsys):
+def test_parity_patch_of_a_model_it_cannot_patch_is_bad_input(tmp_path, capsys, monkeypatch):
+    # GPT-2 is walked by structure: its loss is fused, its Conv1D + gelu_new MLP has no fused op, its
+    # LayerNorms are opt-in; with the losses off nothing is left to replace, and parity --patch says so
+    # before running anything (no run: the comparison is never reached)
+    from gems_coverage import parity as P
+    monkeypatch.setattr(P, "ShadowMode", None)     # any run would call it
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 1,
                                "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 32}))
-    rc = cli.main(["-q", "bench", str(cfg), "--device", "cpu", "--include", "rsqrt", "--patch"])
+    rc = cli.main(["-q", "parity", str(cfg), "--include", "rsqrt", "--patch-options",
+                   "cross_entropy=off,fused_linear_cross_entropy=off"])
     assert rc == 2
-    assert "--patch: gems.patch: model type 'gpt2' is not supported" in capsys.readouterr().err
+    assert "--patch: gems.patch replaces nothing in" in capsys.readouterr().err
+    assert not CALLS
 
 
 def test_patch_options_select_the_fused_parts(tmp_path, capsys):
