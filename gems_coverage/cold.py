@@ -5,7 +5,9 @@ GEMS_CACHE_DIR (Gems' tuning picks) in a temporary folder, so nothing an earlier
 loaded or tuned helps it:
 - aten: the model with Gems unregistered (cuBLAS / ATen have no per-process compile step to speak of);
 - gems: gems enabled, the first step compiles (and tunes) as it meets kernels;
-- gems+warmup: gems.warmup(model, inputs) first (its own time reported), then the steps.
+- gems+warmup: gems.warmup(model, inputs) first (its own time reported), then the steps. Warmup runs
+  the model's forward (train: and backward) on the bench's inputs: the optimizer's kernels, and decode's
+  one-token steps, still compile in the first step.
 Per mode: the first and second step's wall time (decode: the whole first run, prompt and tokens; the
 second run's per-token time is in the regular bench), and for gems+warmup the warmup's time and kernel
 count. Model building is outside every timing. The child prints one JSON line, prefixed COLD_TAG.
