@@ -225,6 +225,23 @@ def test_mish_backward_result_takes_the_input_dtype():
         assert_close(got, ref, x.dtype, A.mish_backward(g, x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_logit_eps_bounds_in_fp32(dtype):
+    # logit(clamp(x, eps, 1 - eps)): Gems computes the bounds in fp32 like ATen's CUDA kernel, so an x at
+    # or past them gives log((1 - eps) / eps), finite (docs/known-differences.md: ATen's CPU Half kernel
+    # rounds 1 - 1e-5 to 1 and answers inf); the reference is that formula in float64
+    x = torch.tensor([1.0, 1.5, 0.9995, 0.5, 0.25, 1e-6, 0.0, -1.0], dtype=dtype, device=DEVICE)
+    for eps in (1e-5, 3e-4, 0.1):
+        # the fp32 bounds the kernels clamp to (1 - eps rounded to fp32), then exact arithmetic
+        e32 = torch.tensor(eps, dtype=torch.float32)
+        z = to_ref(x).cpu().clamp(e32.double().item(), (1 - e32).double().item())
+        ref = torch.log(z / (1 - z))
+        with served("logit"), gems.use_gems():
+            got = A.logit(x, eps)
+        assert torch.isfinite(got).all(), (eps, got)
+        assert_close(got, ref, dtype)
+
+
 def test_hardtanh_is_clamp():
     """ATen's hardtanh is clamp: max_val wins where min_val > max_val (-1 everywhere for (1, -1)), and a
     NaN bound gives NaN; the .out and in-place overloads too, and clamp with the same bounds. The backward
