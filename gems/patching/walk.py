@@ -202,7 +202,8 @@ class Patcher:
         """LayerNorm(dropout(dense(h)) + input) modules (BertSelfOutput / BertOutput and their copies):
         dropout as before, then add_layer_norm."""
         for name, mod in mods:
-            if id(mod) in self.done or _signature(type(mod).forward) != ("self", "hidden_states", "input_tensor"):
+            if (id(mod) in self.done or _signature(type(mod).forward) != ("self", "hidden_states", "input_tensor")
+                    or not isinstance(getattr(mod, "LayerNorm", None), nn.LayerNorm)):
                 continue
             why = probes.prove_dense_add_norm(mod)
             self.done.add(id(mod))

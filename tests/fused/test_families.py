@@ -10,8 +10,9 @@ rotary; Granite's scaled and Gemma 2's soft-capped logits, and the MoE models' r
 linear loss; GPT-2's ungated MLP). MoE blocks count as 'moe' when gems/patching/moe.py takes them.
 
 Tolerance: fp32 throughout; the fused kernels reorder fp32 sums (row reductions, the loss's logsumexp),
-so results agree to 2e-4 relative / 2e-5 absolute, far below what a wrong casting, offset, activation or
-gate/up swap produces (O(1e-2) or more at these sizes).
+so results agree to 2e-4 relative plus 2e-5 of the tensor's largest magnitude (absolute: an element that
+cancels, e.g. a sum of a gradient's contributions, keeps the others' rounding), far below what a wrong
+casting, offset, activation or gate/up swap produces (O(1e-2) or more at these sizes).
 """
 from __future__ import annotations
 
@@ -103,6 +104,14 @@ FAMILIES["llava"] = (_llava, "llava", {"rms_norm": 2 * L + 1, "add_rms_norm": L,
                                        **CAUSAL})
 
 
+# family -> the ops recognized but not proven (report.unproven()), each for a reason in the architecture
+UNPROVEN = {"glm4": {"rope"},                                   # interleaved rotary halves
+            "gemma2": {"fused_linear_cross_entropy"},           # final_logit_softcapping
+            "granite": {"fused_linear_cross_entropy"},          # logits / logits_scaling
+            "mixtral": {"fused_linear_cross_entropy"},          # the router's auxiliary loss path
+            "qwen3_moe": {"fused_linear_cross_entropy"}}
+
+
 def _inputs(kind, model):
     g = torch.Generator().manual_seed(1)
     if kind in ("causal", "masked"):
@@ -139,11 +148,28 @@ def _run(model, inf, tr):
     return ev, loss.detach(), grads
 
 
-def _expected_counts(name, report):
-    exp = dict(FAMILIES[name][2])
-    if "moe" in report.counts():   # gems/patching/moe.py is installed and took the MoE blocks
-        exp["moe"] = L
-    return exp
+def _assert_close(got, ref, what=""):
+    atol = 2e-5 * max(1.0, float(ref.abs().max())) if ref.numel() else 0.0
+    torch.testing.assert_close(got, ref, rtol=2e-4, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def _assert_same(got, ref):
+    _assert_close(got[0], ref[0], "output")
+    _assert_close(got[1], ref[1], "loss")
+    assert set(got[2]) == set(ref[2])
+    for n in ref[2]:
+        _assert_close(got[2][n], ref[2][n], f"grad {n}")
+
+
+def _expected(name, report):
+    """(counts, unproven ops) expected of `name`'s report."""
+    exp, unproven = dict(FAMILIES[name][2]), set(UNPROVEN.get(name, ()))
+    if name in ("mixtral", "qwen3_moe"):
+        if "moe" in report.counts():   # gems/patching/moe.py is installed and took the MoE blocks
+            exp["moe"] = L
+        else:
+            unproven.add("moe")
+    return exp, unproven
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -155,11 +181,96 @@ def test_family_patched_agrees_and_counts(name):
     inf, tr = _inputs(kind, model)
     ref = _run(model, inf, tr)
     report = gems.patch(model)
-    assert report.counts() == _expected_counts(name, report), report.summary()
-    got = _run(model, inf, tr)
-    torch.testing.assert_close(got[0], ref[0], rtol=2e-4, atol=2e-5)
-    torch.testing.assert_close(got[1], ref[1], rtol=2e-4, atol=2e-5)
-    assert set(got[2]) == set(ref[2])
-    for n in ref[2]:
-        torch.testing.assert_close(got[2][n], ref[2][n], rtol=2e-4, atol=2e-5, msg=lambda m: f"grad {n}: {m}")
+    counts, unproven = _expected(name, report)
+    assert report.counts() == counts, report.summary()
+    assert {e["op"] for e in report.unproven()} == unproven, report.unproven()
+    if unproven:
+        with pytest.raises(ValueError, match="strict=True"):
+            gems.patch(model, strict=True)
+    _assert_same(_run(model, inf, tr), ref)
     gems.unpatch(model)
+
+
+# with layer_norm=True: every plain LayerNorm, and the residual add + norm where the structure is
+# LayerNorm(dropout(dense(h)) + input) (RoBERTa, as BERT) or CLIP's encoder layer
+LAYER_NORM = {"roberta": {"add_layer_norm": 2 * L, "layer_norm": 6, "cross_entropy": 1},
+              "vit": {"layer_norm": 2 * L + 1},
+              "gpt2": {"layer_norm": 2 * L + 1, **CAUSAL},
+              "clip": {"add_layer_norm": L, "layer_norm": 2 * L + 2}}
+
+
+@pytest.mark.parametrize("name", sorted(LAYER_NORM))
+def test_family_layer_norm_patched_agrees(name):
+    build, kind, _ = FAMILIES[name]
+    torch.manual_seed(0)
+    model = build().float()
+    inf, tr = _inputs(kind, model)
+    ref = _run(model, inf, tr)
+    report = gems.patch(model, layer_norm=True, strict=True)
+    assert report.counts() == LAYER_NORM[name], report.summary()
+    _assert_same(_run(model, inf, tr), ref)
+
+
+# ------------------------------------------------------------------------------------ the proofs themselves
+def _module(mt, cls, *args):
+    return getattr(importlib.import_module(f"transformers.models.{mt}.modeling_{mt}"), cls)(*args)
+
+
+@pytest.mark.parametrize("mt, cls, expect", [
+    ("llama", "LlamaRMSNorm", ("llama", 0.0)),       # weight * h.to(x.dtype): two roundings in bf16
+    ("gemma", "GemmaRMSNorm", ("gemma", 1.0)),       # (h * (1 + w)).to(x.dtype): one rounding
+    ("olmo2", "Olmo2RMSNorm", ("gemma", 0.0)),       # (w * h).to(x.dtype): one rounding, no offset
+])
+def test_rms_norm_casting_is_proven(mt, cls, expect):
+    from gems.fused.norms import reference_rms_norm
+    from gems.patching import probes
+    m = _module(mt, cls, 48, 1e-5)
+    casting, offset, eps = probes.prove_rms_norm(m)
+    assert (casting, offset, eps) == (*expect, 1e-5)
+    # the proven rule reproduces the module bit for bit in bf16 on an input and weight the probe never saw
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        m.weight.copy_(torch.randn(48, generator=g))
+        m.to(torch.bfloat16)
+        x = (torch.randn(5, 48, generator=g) * 3).to(torch.bfloat16)
+        assert torch.equal(m(x), reference_rms_norm(x, m.weight, eps, offset=offset, casting=casting))
+        other = "llama" if casting == "gemma" else "gemma"
+        assert not torch.equal(m(x), reference_rms_norm(x, m.weight, eps, offset=offset, casting=other))
+
+
+def test_what_cannot_be_proven_is_left():
+    from gems.patching import probes
+    cfg = T.LlamaConfig(**D)
+    mlp = _module("llama", "LlamaMLP", cfg)
+
+    class Swapped(type(mlp)):      # gate and up exchanged: the same modules, another function
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.up_proj(x)) * self.gate_proj(x))
+    mlp.__class__ = Swapped
+    assert "is not down_proj(silu(gate) * up)" in probes.prove_gated_mlp(mlp, "split")
+    mlp.__class__ = type(_module("llama", "LlamaMLP", cfg))
+    mlp.act_fn = torch.nn.ReLU()
+    assert "is not silu / gelu / gelu-tanh" in probes.prove_gated_mlp(mlp, "split")
+    assert probes.activation_kind(T.activations.NewGELUActivation()) == "gelu_tanh"
+    assert probes.activation_kind(torch.nn.GELU()) == "gelu"
+    # RMSNorm-like without an eps, and a forward with an extra scale
+    norm = _module("llama", "LlamaRMSNorm", 16)
+    del norm.variance_epsilon
+    assert probes.prove_rms_norm(norm) == "no float eps attribute (variance_epsilon / eps)"
+    glm = importlib.import_module("transformers.models.glm4.modeling_glm4")
+    assert "not the rotate-half form" in probes.prove_rope(glm.apply_rotary_pos_emb)
+    neox = importlib.import_module("transformers.models.gpt_neox.modeling_gpt_neox")
+    assert probes.prove_rope(neox.apply_rotary_pos_emb) is None     # full width; partial runs its own
+
+
+def test_partial_rotary_runs_the_original():
+    from gems.patching.modules import gems_rope_for
+    calls = []
+
+    def orig(q, k, cos, sin, unsqueeze_dim=1):
+        calls.append(cos.shape[-1])
+        return q, k
+    f = gems_rope_for(orig)
+    q = torch.randn(1, 2, 3, 8)
+    f(q, q, torch.randn(1, 3, 4), torch.randn(1, 3, 4))
+    assert calls == [4]
