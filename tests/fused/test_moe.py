@@ -46,7 +46,7 @@ def _run(fn, leaves_in, ids, need=None, view=None, seed=1):
 def check(leaves, ids, dtype, need=None, view=None):
     """Ours vs the reference in float64 (and, for 16-bit dtypes, the reference at `dtype` for the 2x rule)."""
     y, g = _run(F.moe_experts, leaves, ids, need, view)
-    ry, rg = _run(moe.reference_moe_experts, [to_ref(t) for t in leaves], ids, need, view)
+    ry, rg = _run(moe.reference_moe_experts, [to_ref(t) for t in leaves], to_ref(ids), need, view)
     assert y.dtype == leaves[0].dtype and y.shape == ry.shape
     if dtype == torch.float32:
         assert_close((y, g), (ry, rg), dtype, msg="moe", **FP32_TOL)
@@ -57,14 +57,15 @@ def check(leaves, ids, dtype, need=None, view=None):
 
 
 CPU_CASES = [(1, 32, 48, 1), (1, 32, 48, 2), (37, 32, 48, 2), (37, 40, 24, 1), (64, 48, 32, 2), (19, 16, 16, 2)]
-GPU_CASES = [(512, 1024, 704, 2), (1000, 512, 1408, 2), (4096, 256, 512, 8)]
+# (T, h, I, k[, E]): the last is Qwen3-MoE-like routing (many experts, k = 8)
+GPU_CASES = [(512, 1024, 704, 2), (1000, 512, 1408, 2), (4096, 256, 512, 4), (2048, 256, 384, 8, 64)]
 
 
 @dtype_params()
 @pytest.mark.parametrize("case", CPU_CASES + (GPU_CASES if ON_GPU else []), ids=str)
 def test_moe_experts(dtype, case):
-    T, h, I, k = case
-    leaves, ids = _inputs(T, h, I, k, dtype)
+    T, h, I, k, *e = case
+    leaves, ids = _inputs(T, h, I, k, dtype, *e)
     check(leaves, ids, dtype)
 
 
@@ -111,7 +112,7 @@ def test_all_tokens_one_expert_and_dy_broadcast():
     x, w, wgu, wd = [t.detach().clone().requires_grad_() for t in leaves]
     F.moe_experts(x, ids, w, wgu, wd).sum().backward()
     rx, rw, rgu, rd = [to_ref(t).detach().requires_grad_() for t in leaves]
-    moe.reference_moe_experts(rx, ids, rw, rgu, rd).sum().backward()
+    moe.reference_moe_experts(rx, to_ref(ids), rw, rgu, rd).sum().backward()
     assert_close((x.grad, w.grad, wgu.grad, wd.grad), (rx.grad, rw.grad, rgu.grad, rd.grad), torch.float32,
                  **FP32_TOL)
 
@@ -123,7 +124,7 @@ def test_mixed_weight_dtype_and_no_grad():
     check(leaves, ids, torch.float16)
     with torch.no_grad():
         y = F.moe_experts(leaves[0], ids, *leaves[1:])
-    ref = moe.reference_moe_experts(*[to_ref(t) for t in leaves[:1]], ids, *[to_ref(t) for t in leaves[1:]])
+    ref = moe.reference_moe_experts(to_ref(leaves[0]), to_ref(ids), *[to_ref(t) for t in leaves[1:]])
     low = moe.reference_moe_experts(leaves[0], ids, *leaves[1:])
     assert_close(y, ref, torch.float16, low, atol=1e-3)
 
