@@ -139,15 +139,40 @@ def test_out_variants():
             assert r is o
             _same(o, want, name)
             o8 = torch.full(want.shape, 7, dtype=torch.uint8, device=DEVICE)   # uint8 out: 0/1
-            with served(name):
-                call(o8)
-            _same(o8, want.to(torch.uint8), name + " uint8")
+            if ON_GPU:   # (on the CPU ATen converts a float self to uint8 first: ATen's, below)
+                with served(name):
+                    call(o8)
+                _same(o8, want.to(torch.uint8), name + " uint8")
         wrong = torch.empty(2, dtype=torch.bool, device=DEVICE)
         with served("all.out"), pytest.warns(UserWarning, match="resized"):
             torch.all(x, 1, out=wrong)
         _same(wrong, torch.all(x, 1), "resized")
         with pytest.raises(RuntimeError, match="only supports bool"):
             torch.all(x, 1, out=torch.empty(4, 6, device=DEVICE))
+
+
+def test_uint8_out_reads_self_like_aten():
+    # a uint8 out= with another self dtype: ATen's CPU reduction converts self to uint8 before testing
+    # it (0.5 -> 0, 256 -> 0, so all is False), its CUDA one tests self as it is (all is True). Gems
+    # serves the CUDA rule and leaves the CPU's conversion to ATen (counted as a fallback)
+    cases = [(torch.tensor([0.5, 1.0, 2.0], device=DEVICE), 0 if not ON_GPU else 1),
+             (torch.tensor([256, 1, 3], dtype=torch.int32, device=DEVICE), 0 if not ON_GPU else 1)]
+    for x, want in cases:
+        for name, fn in (("all.all_out", lambda t, o: torch.ops.aten.all.all_out(t, out=o)),
+                         ("all.out", lambda t, o: torch.all(t, 0, out=o))):
+            o = torch.full((), 7, dtype=torch.uint8, device=DEVICE)
+            gems.reset_stats()
+            with gems.use_gems():
+                fn(x, o)
+            assert o.item() == want, (name, x.dtype)
+            st = gems.stats()[name]
+            assert (st["served"], st["fallback"]) == ((1, 0) if ON_GPU else (0, 1)), st
+    # uint8 self into a uint8 out: served on every device (no conversion changes it)
+    x8 = torch.tensor([[0, 3], [255, 1]], dtype=torch.uint8, device=DEVICE)
+    o = torch.empty(2, dtype=torch.uint8, device=DEVICE)
+    with served("all.out"), gems.use_gems():
+        torch.all(x8, 1, out=o)
+    assert o.tolist() == [0, 1]
 
 
 def test_errors_and_fallbacks():

@@ -4,7 +4,8 @@
 
 for every input dtype but float64 (NaN != 0 counts as true, -0.0 as false; bool is read as is). The result is
 bool (uint8 for a uint8 input, ATen's legacy rule; an out= may be bool or uint8). An empty reduction
-gives all = True, any = False.
+gives all = True, any = False. A uint8 out= with another input dtype on the CPU goes to ATen, whose CPU
+kernel converts the input to uint8 before testing it (0.5 -> 0); on CUDA ATen tests the input as is.
 
 The input is read through its strides exactly as sum/mean read it, by the same planning and kernels
 (reduction.py, op codes OP_ANY / OP_ALL): any = max and all = min of the 0/1 flags (x != 0), accumulated
@@ -40,6 +41,11 @@ def _logical(x, dims, keepdim, is_all, out, name):
         if out.dtype not in (torch.bool, torch.uint8):
             raise RuntimeError(f"{name} only supports bool tensor for result, got: {_aten_dtype_name(out.dtype)}")
         odt = out.dtype
+        if odt == torch.uint8 and x.dtype not in (torch.uint8, torch.bool) and not x.is_cuda:
+            # ATen's CPU reduction reads self converted to out's dtype first (all(0.5) into uint8 is
+            # False, 256 is 0); its CUDA one reads self as it is, as Gems does. C's float -> uint8
+            # conversion out of range is the CPU's own: ATen answers it
+            raise Unsupported("uint8 out= with a non-uint8 self on the CPU (ATen converts self to uint8)")
     else:
         odt = torch.uint8 if x.dtype == torch.uint8 else torch.bool
     y = prepare_out(out, shape, odt, x.device)
