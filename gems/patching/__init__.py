@@ -9,37 +9,52 @@
     with gems.patched(model, cross_entropy=False):
         model.generate(...)
 
-What is replaced, by ``model.config.model_type`` (and the nested ``text_config`` / ``vision_config`` of
-Llava), for transformers 5.x (written against 5.17):
+What is replaced is decided by structure, for any model (transformers 5.x, written against 5.17): each
+module is recognized by what it holds and replaced only where a check against its own forward proves the
+fused op computes the same (gems/patching/probes.py: small random inputs, the module's forward against the
+fused op's reference computation). Recognized but not proven: left as is and listed in ``report.left``
+with the reason; ``gems.patch(model, strict=True)`` raises instead (and leaves the model unpatched).
 
 =====================  ============================================================================
-llama, mistral, qwen2  every ``*RMSNorm`` -> a module calling ``gems.fused.rms_norm`` with the same
-(Aquila is built as    weight Parameter (``rms_norm``); each decoder layer's residual add + post-attention
-Llama: model_type      norm -> ``add_rms_norm`` (``rms_norm``); the MLP's act(gate) * up ->
-'llama')               ``silu_and_mul`` / ``gelu_and_mul`` (``swiglu``); the attention's
-                       ``apply_rotary_pos_emb`` -> ``gems.fused.rope`` (``rope``)
-bert                   each ``BertLayer`` -> one function computing the same without its 16 submodule
+RMSNorm-like (1-D      -> ``GemsRMSNorm`` (``gems.fused.rms_norm``, same weight Parameter), with the
+weight, eps; q/k norms casting rule and offset the check finds: Llama's ``weight * h.to(dtype)``,
+too)                   Gemma's ``(h * (1 + w)).to(dtype)`` (offset 1), OLMo2's ``(w * h).to(dtype)``
+                       (``rms_norm``)
+decoder layer          residual add + post-attention norm -> ``add_rms_norm``, where the layer's forward
+                       is transformers' Llama decoder layer's own code (Llama, Mistral, Qwen2/3, Gemma,
+                       Qwen3-MoE, ...; Gemma 2/3, Phi-3, OLMo2, GLM4, Granite differ: left, not strict)
+gated MLP              down(act(gate(x)) * up(x)) with separate gate/up projections or one
+                       ``gate_up_proj`` (Phi-3, GLM4), act proven SiLU / GELU / GELU-tanh ->
+                       ``silu_and_mul`` / ``gelu_and_mul`` (``swiglu``); an ungated MLP (GPT-2, NeoX,
+                       CLIP, ViT) has no fused op: listed, not strict
+rotary attention       a forward calling a module-global ``apply_rotary_pos_emb`` proven to be the
+                       rotate-half form -> ``gems.fused.rope`` (``rope``); partial rotary calls (cos
+                       narrower than the head: GPT-NeoX, Phi-3 partial) run the original function;
+                       GLM4's interleaved form is left
+sparse-MoE block       ``experts`` beside a router -> gems/patching/moe.py's ``patch_moe_block``
+                       (``moe``), when it is present and takes the block; else left
+causal LM loss         an ``lm_head`` Linear whose forward calls ``loss_function`` (ForCausalLMLoss):
+                       the loss -> ``cross_entropy``; with labels in training mode, where the logits are
+                       exactly lm_head(the base model's last hidden state) and the loss is the loss
+                       function's alone, the loss from the hidden state by
+                       ``fused_linear_cross_entropy``, **logits not computed (``logits=None``)**
+                       (Gemma 2's soft-capped, Granite's scaled logits and MoE router losses: left).
+                       Labels shifted, ``ignore_index``, ``shift_labels`` and ``num_items_in_batch``
+                       as in transformers' ``ForCausalLMLoss``
+masked LM loss         ``*ForMaskedLM`` whose loss is the mean cross entropy of its logits (BERT,
+                       RoBERTa) -> ``cross_entropy``
+``layer_norm=True``    every plain ``nn.LayerNorm`` -> ``gems.fused.layer_norm``; LayerNorm(dropout(
+(opt-in, see `patch`)  dense(h)) + input) modules (BertSelfOutput / BertOutput, RoBERTa's) and CLIP's
+                       encoder layer: the residual add + norm -> ``add_layer_norm``
+BERT (per family)      each ``BertLayer`` -> one function computing the same without its 16 submodule
                        calls, query/key/value as one GEMM (``encoder_layer``; checked per call:
-                       gems/patching/bert_layer.py); BertForMaskedLM's loss -> ``cross_entropy``; with
-                       ``layer_norm=True`` (opt-in, see `patch`): every ``nn.LayerNorm`` ->
-                       ``gems.fused.layer_norm``, and in BertSelfOutput / BertOutput dropout(dense(h)) +
-                       input then LayerNorm -> dropout as before, then ``add_layer_norm``
-llava                  the language model as its own type (above); with ``layer_norm=True``, in the
-                       CLIP vision tower every ``nn.LayerNorm`` and each encoder layer's residual add +
-                       second norm; the loss as for causal LMs
-clip_vision_model      as Llava's vision tower
-causal LMs             with labels in training mode: the loss from the last hidden state with
-                       ``fused_linear_cross_entropy``, **logits are not computed (``logits=None``)**;
-                       otherwise (eval, or ``fused_linear_cross_entropy=False``) the logits are
-                       computed and, with ``cross_entropy=True``, their loss by ``cross_entropy``.
-                       Labels are shifted, ``ignore_index``, ``shift_labels`` and
-                       ``num_items_in_batch`` handled like transformers' ``ForCausalLMLoss``.
+                       gems/patching/bert_layer.py)
 =====================  ============================================================================
 
-Not fused: the MLP's residual add with the next layer's input norm (a decoder layer must return the
-summed hidden state: ``output_hidden_states`` records it); CLIP's quick_gelu MLP and Llava's projector
-(not gated). A model of remote-code type 'aquila' is refused: build it as ``LlamaForCausalLM`` (its
-architecture), as ``gems_models/`` does.
+Tested family by family (tests/fused/test_families.py, ``SUPPORTED``): llama, mistral, qwen2, qwen3,
+gemma, gemma2, gemma3_text, phi3, gpt2, gpt_neox, olmo2, glm4, granite, mixtral, qwen3_moe, bert,
+roberta, vit, clip_vision_model, llava. Not fused: the MLP's residual add with the next layer's input norm
+(a decoder layer must return the summed hidden state: ``output_hidden_states`` records it).
 
 Everything is per model instance: replaced submodules keep their names and Parameter objects (so
 ``state_dict()`` keys, tied weights and optimizer state are unchanged), forwards are set on the instances,
@@ -52,9 +67,9 @@ report's notes.
 Patching a patched model with the same options is a no-op returning the existing report; with other
 options it raises (``unpatch`` first). ``patched()`` unpatches on exit only what it patched itself.
 
-The package, by job: `api.py` (patch / unpatch / patched: the options, which parts of the walk run for
-which model type, the report's life), `walk.py` (the model types' transformers classes and the walk over
-a model's modules that finds what to replace), `modules.py` (the replacement modules and forwards),
+The package, by job: `api.py` (patch / unpatch / patched: the options, strict, the report's life),
+`walk.py` (the walk over a model's modules that recognizes what to replace), `probes.py` (the checks that
+prove a replacement equivalent), `modules.py` (the replacement modules and forwards),
 `losses.py` (the causal-LM and masked-LM losses), `bert_layer.py` (BERT's encoder layer as one
 function), `report.py` (what was replaced, and how to undo it).
 """

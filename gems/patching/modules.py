@@ -12,6 +12,7 @@ import types
 from torch import nn
 
 from .. import fused as F
+from .probes import prove_rope
 
 
 class GemsRMSNorm(nn.Module):
@@ -161,7 +162,6 @@ def rope_forward(fn):
     that computes the fused op's RoPE (probes.prove_rope). The module's own globals are not touched."""
     if fn in _rope_clones:
         return _rope_clones[fn]
-    from .probes import prove_rope
     orig = fn.__globals__.get("apply_rotary_pos_emb")
     if "apply_rotary_pos_emb" not in fn.__code__.co_names or not callable(orig):
         res = (None, "no module-global apply_rotary_pos_emb in its forward")

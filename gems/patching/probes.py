@@ -72,7 +72,7 @@ def prove_rms_norm(m):
     """(casting, offset, eps) such that gems.fused.rms_norm(x, m.weight, eps, offset=, casting=) is m(x),
     or a string saying why none is. Runs a CPU copy of `m` with a random weight (the module's own
     weight may be all ones or zeros, which would hide an offset)."""
-    from ..fused.norms import reference_rms_norm
+    from ..fused.norms import reference_rms_norm   # lazily, as gems.fused loads its kernel modules
     eps = rms_eps(m)
     if eps is None:
         return _NO_EPS
@@ -210,7 +210,7 @@ def looks_like_plain_mlp(m) -> bool:
 def prove_rope(fn):
     """None when fn(q, k, cos, sin, unsqueeze_dim) is HF's rotate-half RoPE (the fused op's semantics)
     for cos/sin as wide as the head, in both layouts; else why not."""
-    from ..fused.rotary import reference_rope
+    from ..fused.rotary import reference_rope   # lazily, as gems.fused loads its kernel modules
     g = _gen(4)
     try:
         for ud in (1, 2):

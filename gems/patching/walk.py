@@ -144,7 +144,7 @@ class Patcher:
         if not blocks:
             return
         try:
-            from .moe import patch_moe_block
+            from .moe import patch_moe_block   # only a model with MoE blocks needs it; tolerated absent
         except ImportError as e:
             for n, _ in blocks:
                 self.r.leave(n, "moe", f"gems.patching.moe is not available ({e})")
