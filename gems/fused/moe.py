@@ -138,7 +138,7 @@ def _forward(hidden, topk_ids, topk_weights, w_gate, w_up, w_down, keep):
     cfg = _CONFIGS[backend().name]
     BM = _row_tile(backend().name, S, E)
     slot, bounds, table, grid_m = _route(topk_ids, E, BM)
-    wts = topk_weights.reshape(-1)
+    wts = topk_weights.contiguous().view(-1)   # the kernels index it by slot with unit stride
     prec = _precision(dt)
     g = cfg["group"]
 
@@ -174,7 +174,7 @@ def _backward(dy, hidden, topk_ids, topk_weights, w_gate, w_up, w_down, saved, B
     dev, dt = hidden.device, hidden.dtype
     dy = dy.to(dt)          # the kernels multiply dy with the weights at one dtype
     cfg = _CONFIGS[backend().name]
-    wts = topk_weights.reshape(-1)
+    wts = topk_weights.contiguous().view(-1)   # the kernels index it by slot with unit stride
     prec = _precision(dt)
     g = cfg["group"]
     dx = dwt = dwgu = dwd = None

@@ -104,6 +104,18 @@ def test_zero_token_experts_and_sentinels():
     assert torch.count_nonzero(g[2][0]) > 0
 
 
+def test_int32_ids_and_noncontiguous_routing():
+    """int32 ids and routing tensors that are column slices (as topk over a wider tensor can give)."""
+    leaves, ids = _inputs(23, 32, 24, 2, torch.float32)
+    wide_ids = torch.cat([ids, ids], 1).to(torch.int32)
+
+    def view(x, w2, wgu, wd):
+        return x, w2[:, ::2], wgu, wd
+    w2 = torch.stack([leaves[1], leaves[1] + 1], 2).flatten(1)     # [T, 2k]: w2[:, ::2] is the weights
+    leaves = [leaves[0], w2, leaves[2], leaves[3]]
+    check(leaves, wide_ids[:, :2], torch.float32, view=view)
+
+
 def test_all_tokens_one_expert_and_dy_broadcast():
     leaves, _ = _inputs(45, 32, 32, 1, torch.float32)
     ids = torch.full((45, 1), 6, dtype=torch.int64, device=DEVICE)
