@@ -5,6 +5,7 @@ experts module, forward and forward+backward, at Mixtral-like shapes reduced in 
     python -m benchmarks.moe --quick            # h = 1024 and 2048 only, shorter runs
     python -m benchmarks.moe -o out.json        # also write JSON
     python -m benchmarks.moe --device cpu       # tiny shapes through the Triton interpreter (smoke)
+    python -m benchmarks.moe --tune             # per-kernel tile sweep (fwd+bwd, h=4096), best config printed
 
 Columns (median ms, `triton.testing.do_bench` on the GPU; a median of a few runs on the CPU):
   gems     `gems.fused.moe_experts` (Gems' ATen ops not enabled: the sort and sums are ATen's)
@@ -42,8 +43,60 @@ def _parse(argv=None):
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--quick", action="store_true", help="fewer, shorter cases")
     p.add_argument("--tokens", type=int, default=None, help="T (default 4096; 24 on the CPU)")
+    p.add_argument("--tune", action="store_true", help="sweep each kernel's tiles at the largest case")
     p.add_argument("-o", "--output", default=None, help="write results as JSON here")
     return p.parse_args(argv)
+
+
+# candidate tiles per kernel: (BN, BK, warps, stages); wgrad (BM, BN, BK, warps, stages)
+_SWEEP = {
+    "wgrad": [(128, 128, 64, 8, 3), (128, 128, 32, 8, 4), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4),
+              (128, 128, 64, 4, 4), (256, 128, 64, 8, 3)],
+    "down_bwd": [(64, 64, 8, 3), (128, 64, 8, 3), (64, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3)],
+    "rows_mm": [(128, 64, 8, 3), (128, 64, 4, 4), (256, 64, 8, 3), (64, 64, 4, 4), (128, 128, 8, 3)],
+    "gate_up": [(64, 64, 8, 3), (128, 64, 8, 3), (64, 64, 4, 4), (128, 64, 8, 4), (64, 128, 8, 3)],
+}
+
+
+def _tune(c, dtype):
+    """Each kernel's candidates in turn (the others at their best so far), timing forward+backward; prints the
+    kernels' profile first and the best configuration last (to copy into gems/fused/moe.py's _CONFIGS)."""
+    from triton.testing import do_bench
+
+    import gems.fused as F
+    from gems.fused import moe
+    T, h, I, E, k = c["T"], c["h"], c["I"], c["E"], c["k"]
+    x = torch.randn(T, h, device="cuda", dtype=dtype, requires_grad=True)
+    w, ids = torch.softmax(torch.randn(T, E, device="cuda"), -1).topk(k, -1)
+    w = (w / w.sum(-1, keepdim=True)).to(dtype).requires_grad_()
+    wgu = (torch.randn(E, 2 * I, h, device="cuda", dtype=dtype) * h ** -0.5).requires_grad_()
+    wd = (torch.randn(E, h, I, device="cuda", dtype=dtype) * I ** -0.5).requires_grad_()
+    dy = torch.randn(T, h, device="cuda", dtype=dtype)
+
+    def run():
+        torch.autograd.grad(F.moe_experts(x, ids, w, wgu, wd), [x, w, wgu, wd], dy)
+    run()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12), flush=True)
+    cfg = moe._CONFIGS["cuda"]
+    for name, cands in _SWEEP.items():
+        best = None
+        for v in cands:
+            cfg[name] = v
+            try:
+                t = do_bench(run, warmup=3, rep=60, return_mode="median")
+            except Exception as e:  # noqa: BLE001 - a config that does not compile (shared memory) is skipped
+                print(f"{name} {v}: {type(e).__name__}: {str(e)[:100]}", flush=True)
+                continue
+            print(f"{name} {v}: {t:.3f} ms", flush=True)
+            if best is None or t < best[0]:
+                best = (t, v)
+        cfg[name] = best[1]
+        print(f"best {name}: {best[1]} ({best[0]:.3f} ms)", flush=True)
+    print("tuned:", cfg)
 
 
 def _cases(device, quick, tokens):
@@ -98,6 +151,12 @@ def main(argv=None):
         return 2
     dev = args.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float16   # the interpreter leaves bf16 out
+    if args.tune:
+        if dev != "cuda":
+            print("--tune needs the GPU", file=sys.stderr)
+            return 2
+        _tune(_cases(dev, False, args.tokens)[-1], dtype)
+        return 0
     quick = args.quick or dev == "cpu"
     rows = []
     torch.manual_seed(0)
