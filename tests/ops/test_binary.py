@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import gems
-from harness import DEVICE, DTYPES, ON_GPU, FLOAT_IDS, assert_close, check_op, dtype_params, layouts, make, served, to_ref
+from harness import (DEVICE, DTYPES, ON_GPU, FLOAT_IDS, assert_close, check_op, dtype_params, layouts, make,
+                     raises_like_aten, served, to_ref)
 
 # On CUDA, pow.Tensor_Tensor is deliberately left to ATen (see gems/ops/pointwise/binary.py)
 POW_TT = "pow.Tensor_Tensor" if DEVICE == "cpu" else None
@@ -256,3 +257,19 @@ def test_int64_pow_of_large_exponents_wraps_like_aten():
         with served(*([POW_TT] if POW_TT else [])), gems.use_gems():
             got = x ** et
         assert got.tolist() == want, e
+
+
+@pytest.mark.parametrize("n", [0, 3])
+def test_bitwise_and_shifts_with_a_float_number_raise_like_aten(n):
+    # ATen has no floating bitwise or shift kernel: an integer tensor with a float number raises
+    # ("not implemented for 'Float'"), for an empty tensor too, where a kernel would launch nothing
+    x = torch.ones(n, dtype=torch.int32, device=DEVICE)
+    raises_like_aten([
+        lambda: torch.bitwise_and(x, 1.5), lambda: x | 2.5, lambda: torch.bitwise_xor(x, -0.5),
+        lambda: torch.bitwise_and(1.5, x), lambda: x << 1.5, lambda: x >> 2.0,
+        lambda: torch.bitwise_left_shift(x, 1.5), lambda: torch.bitwise_right_shift(1.5, x),
+        lambda: x.clone().__iand__(1.5), lambda: x.clone().__ilshift__(1.0)])
+    # an int or bool number is served
+    with served("bitwise_and.Scalar", "__lshift__.Scalar"), gems.use_gems():
+        r, s = torch.bitwise_and(x, 3), x << 2
+    assert r.tolist() == [1] * n and s.tolist() == [4] * n

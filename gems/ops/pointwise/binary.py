@@ -253,6 +253,15 @@ def _no_bool(self, other, *args, **kwargs):
     return None
 
 
+def _no_float_number(self, other, *args, **kwargs):
+    # ATen's bitwise and shift kernels have no floating dtype: a float number makes the common dtype
+    # floating and ATen raises ("not implemented for 'Float'") even for an empty tensor, where Gems'
+    # kernel launches nothing and would answer
+    if isinstance(self, float) or isinstance(other, float):
+        return "float number: ATen has no floating bitwise kernel"
+    return None
+
+
 def _pow_check(self, exponent, *args, **kwargs):
     if isinstance(self, torch.Tensor) and not self.is_floating_point() and exponent.__class__ is int \
             and exponent < 0:
@@ -315,16 +324,16 @@ _BIT = {}
 for _name, _body in (("bitwise_and", _bitwise_and), ("bitwise_or", _bitwise_or), ("bitwise_xor", _bitwise_xor)):
     _BIT[_name] = pointwise(*_variants(_name, "Tensor", "Scalar", "Scalar_Tensor", "Tensor_out", "Scalar_out",
                                        "Scalar_Tensor_out", inplace=("Tensor", "Scalar")),
-                            body=_body, dtypes=BITS)
+                            body=_body, dtypes=BITS, check=_no_float_number)
 bitwise_and, bitwise_or, bitwise_xor = _BIT["bitwise_and"], _BIT["bitwise_or"], _BIT["bitwise_xor"]
 
 bitwise_left_shift = pointwise(
     *_variants("bitwise_left_shift", "Tensor", "Tensor_Scalar", "Scalar_Tensor", "Tensor_out", "Tensor_Scalar_out",
                "Scalar_Tensor_out", inplace=("Tensor", "Tensor_Scalar")),
     "__lshift__.Tensor", "__lshift__.Scalar", "__lshift__.Tensor_out", "__lshift__.Scalar_out",
-    "__ilshift__.Tensor", "__ilshift__.Scalar", body=_lshift, dtypes=INTS)
+    "__ilshift__.Tensor", "__ilshift__.Scalar", body=_lshift, dtypes=INTS, check=_no_float_number)
 bitwise_right_shift = pointwise(
     *_variants("bitwise_right_shift", "Tensor", "Tensor_Scalar", "Scalar_Tensor", "Tensor_out",
                "Tensor_Scalar_out", "Scalar_Tensor_out", inplace=("Tensor", "Tensor_Scalar")),
     "__rshift__.Tensor", "__rshift__.Scalar", "__rshift__.Tensor_out", "__rshift__.Scalar_out",
-    "__irshift__.Tensor", "__irshift__.Scalar", body=_rshift, dtypes=INTS)
+    "__irshift__.Tensor", "__irshift__.Scalar", body=_rshift, dtypes=INTS, check=_no_float_number)
