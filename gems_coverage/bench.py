@@ -375,7 +375,8 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
           dtype: Optional[str] = None, batch: int = 1, seq_len: Optional[int] = None, new_tokens: int = 16,
           steps: Optional[int] = None, warmup: Optional[int] = None, optimizer: str = "adamw",
           include=None, exclude=None, attribution: bool = True, patch: bool = False,
-          fresh_lengths: bool = False, progress: Callable[[str], None] = lambda s: None) -> BenchResult:
+          fresh_lengths: bool = False, compile: bool = False,
+          progress: Callable[[str], None] = lambda s: None) -> BenchResult:
     """Run `workload` with ATen and with Gems on one model and compare (see the module docstring).
 
     patch: the Gems turns also run the model patched by `gems.patch` (fused ops); the ATen turns run it
@@ -387,7 +388,11 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
     cuDNN's attention has no graph for). Decode starts from the prompt's first seq_len - k x new_tokens
     tokens: a server whose prompts vary in length. Prefill and training take the inputs' first
     seq_len - k positions: batches padded to their longest sequence (dynamic padding). Without it every
-    timed run repeats the warm-up's lengths (all planned)."""
+    timed run repeats the warm-up's lengths (all planned).
+
+    compile: both modes run the model through torch.compile (default mode, `model.compile()`, after
+    gems.patch in the Gems turns: docs/torch-compile.md); each mode's first run compiles (the warm-up
+    and agreement runs absorb it)."""
     import torch
     import gems
     import gems_models as M
@@ -420,6 +425,11 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
         torch.cuda.set_device(torch.device(device))
     bundle = M.build(recipe, size=size, device=device, dtype=dtype_name, batch=batch, seq_len=seq_len, seed=0,
                      dropout=0.0 if workload == "train" else None)
+    if compile:
+        bundle.model.compile()   # in place: every model(...) call below goes through torch.compile
+        res.notes.append("compiled: both modes run torch.compile(model) (default mode); the Gems turns' graph "
+                         "calls gems.fused's custom operators (with --patch) and Gems serves the ATen ops "
+                         "inductor leaves to ATen")
     if patch:
         res.patched = True
         res.patch = patch_report(bundle.model, popts)

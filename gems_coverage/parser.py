@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the Gems turns also run the model patched by gems.patch (fused ops); the ATen turns "
                         "run it unpatched")
     add_patch_options(b)
+    b.add_argument("--compile", action="store_true",
+                   help="both modes run the model through torch.compile (default mode; after gems.patch with "
+                        "--patch): compiled Gems against compiled ATen; see docs/torch-compile.md")
     b.add_argument("--top", type=positive_int, default=25, help="attribution rows shown (JSON has all)")
     b.add_argument("--wide", action="store_true",
                    help="the attribution table with every column and full op names (the default fits ~120 "

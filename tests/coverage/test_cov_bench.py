@@ -176,6 +176,7 @@ def test_error_while_running_exits_3(capsys):
     ["llama2", "--fresh-lengths", "--seq-len", "3", "--warmup", "1", "--steps", "1"],   # 3 - 2 runs: 1 token
     ["llama2", "--workload", "decode", "--fresh-lengths", "--seq-len", "6", "--new-tokens", "3",
      "--warmup", "1", "--steps", "1"],                                   # 6 - 2 runs x 3 leaves no prompt
+    ["llama2", "--cold", "--compile"],                                   # --cold times eager first steps
 ])
 def test_bad_input_exits_2_before_starting_anything(argv, capsys):
     device = [] if "--device" in argv else ["--device", "cpu"]
