@@ -46,7 +46,8 @@ masked LM loss         ``*ForMaskedLM`` whose loss is the mean cross entropy of 
 ``layer_norm=True``    every plain ``nn.LayerNorm`` -> ``gems.fused.layer_norm``; LayerNorm(dropout(
 (opt-in, see `patch`)  dense(h)) + input) modules (BertSelfOutput / BertOutput, RoBERTa's) and CLIP's
                        encoder layer: the residual add + norm -> ``add_layer_norm``
-BERT (per family)      each ``BertLayer`` -> one function computing the same without its 16 submodule
+BERT layer (per       each layer whose forward and submodules' forwards are ``BertLayer``'s own code
+family)                (BERT, RoBERTa) -> one function computing the same without its 16 submodule
                        calls, query/key/value as one GEMM (``encoder_layer``; checked per call:
                        gems/patching/bert_layer.py)
 =====================  ============================================================================

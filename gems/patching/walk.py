@@ -8,7 +8,8 @@ gems/patching/probes.py proves the replacement computes what the module's own fo
 What is recognized but not proven goes to the report's `left` list with the reason.
 
 Per-family code only where structure cannot decide: BERT's encoder layer as one function
-(bert_layer.py, its own per-call checks), CLIP's encoder layer with add_layer_norm, and the decoder
+(bert_layer.py, its own per-call checks; any layer running BertLayer's code, as RoBERTa's does), CLIP's
+encoder layer with add_layer_norm, and the decoder
 layer whose residual add + norm is fused (its forward must be transformers' Llama decoder layer's own
 code, compared instruction by instruction).
 """
@@ -167,26 +168,34 @@ class Patcher:
 
     # ---------------------------------------------------------------- per-family layers (layer_norm, BERT)
     def patch_bert_layers(self, mods):
-        """Each BertLayer as one function (bert_layer.py): its computation without the 16 submodule
-        calls, query/key/value as one GEMM; it checks on every call that it computes what the class's
-        forward would, and runs that forward otherwise."""
-        layer_cls = getattr(_modeling("bert"), "BertLayer", None)
-        if layer_cls is None or not any(type(m) is layer_cls for _, m in mods):
+        """Each BERT encoder layer as one function (bert_layer.py): its computation without the 16
+        submodule calls, query/key/value as one GEMM; it checks on every call that it computes what the
+        class's forward would, and runs that forward otherwise. A layer is BERT's when its forward and
+        its submodules' forwards are BertLayer's code (RoBERTa's copies are)."""
+        B = _modeling("bert")
+        layer_cls = getattr(B, "BertLayer", None)
+        if layer_cls is None:
+            return
+        layers = [(n, m) for n, m in mods if id(m) not in self.done and _same_code(type(m).forward, layer_cls.forward)
+                  and _bert_parts_same(m, B)]
+        if not layers:
             return
         from transformers.activations import GELUActivation
 
-        # deferred: only a BERT model needs the fused BERT layer
+        # deferred: only a BERT-like model needs the fused BERT layer
         from .bert_layer import make_bert_layer_forward
-        self_cls = getattr(_modeling("bert"), "BertSelfAttention")
         if _signature(layer_cls.forward) != _BERT_LAYER_PARAMS:
             self.r.notes.append("BertLayer.forward differs from transformers 5.17's; encoder layers left as is")
             return
-        fwd = make_bert_layer_forward((self_cls, GELUActivation, GemsLayerNorm, bert_output_forward))
-        for name, mod in mods:
-            if type(mod) is layer_cls and id(mod) not in self.done:
-                if self.set_forward(mod, fwd, name):
-                    self.r.add("encoder_layer", name)
-                self.done.add(id(mod))
+        forwards = {}    # self-attention class -> the layer forward checking for it
+        for name, mod in layers:
+            self_cls = type(mod.attention.self)
+            if self_cls not in forwards:
+                forwards[self_cls] = make_bert_layer_forward((self_cls, GELUActivation, GemsLayerNorm,
+                                                              bert_output_forward))
+            if self.set_forward(mod, forwards[self_cls], name):
+                self.r.add("encoder_layer", name)
+            self.done.add(id(mod))
 
     def patch_clip_layers(self, mods):
         layer_cls = getattr(_modeling("clip"), "CLIPEncoderLayer", None)
@@ -297,6 +306,20 @@ def _same_code(a, b) -> bool:
         return tuple(k for k in c.co_consts if not (isinstance(k, str) and k == (c.co_consts[0] if c.co_consts else None)))
     return (ca.co_code == cb.co_code and ca.co_names == cb.co_names and ca.co_varnames == cb.co_varnames
             and consts(ca) == consts(cb))
+
+
+def _bert_parts_same(layer, B) -> bool:
+    """Whether the submodules a BERT layer function recomputes run BERT's own forwards."""
+    parts = (("attention", "BertAttention"), ("attention.self", "BertSelfAttention"),
+             ("attention.output", "BertSelfOutput"), ("intermediate", "BertIntermediate"), ("output", "BertOutput"))
+    for path, cls in parts:
+        m = layer
+        for a in path.split("."):
+            m = getattr(m, a, None)
+        ref = getattr(B, cls, None)
+        if not isinstance(m, nn.Module) or ref is None or not _same_code(type(m).forward, ref.forward):
+            return False
+    return True
 
 
 def _modeling(mt: str):

@@ -81,7 +81,7 @@ FAMILIES = {
                                                              num_attention_heads=4, vocab_size=64, pad_token_id=1,
                                                              max_position_embeddings=64, hidden_dropout_prob=0.0,
                                                              attention_probs_dropout_prob=0.0)),
-                "masked", {"cross_entropy": 1}),
+                "masked", {"encoder_layer": L, "cross_entropy": 1}),   # BertLayer's code: one function
     "vit": (lambda: T.ViTForImageClassification(T.ViTConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=L,
                                                            num_attention_heads=4, image_size=16, patch_size=8,
                                                            num_labels=3, hidden_dropout_prob=0.0,
@@ -193,7 +193,7 @@ def test_family_patched_agrees_and_counts(name):
 
 # with layer_norm=True: every plain LayerNorm, and the residual add + norm where the structure is
 # LayerNorm(dropout(dense(h)) + input) (RoBERTa, as BERT) or CLIP's encoder layer
-LAYER_NORM = {"roberta": {"add_layer_norm": 2 * L, "layer_norm": 6, "cross_entropy": 1},
+LAYER_NORM = {"roberta": {"encoder_layer": L, "add_layer_norm": 2 * L, "layer_norm": 6, "cross_entropy": 1},
               "vit": {"layer_norm": 2 * L + 1},
               "gpt2": {"layer_norm": 2 * L + 1, **CAUSAL},
               "clip": {"add_layer_norm": L, "layer_norm": 2 * L + 2}}
