@@ -47,20 +47,25 @@ def active() -> bool:
     return _active
 
 
+_saved_hook = None    # the jit_cache_hook collect mode replaced, put back when it stops
+
+
 def start():
     """Turn collect mode on (one collector at a time, process-wide: the hook is Triton's global knob)."""
-    global _active
+    global _active, _saved_hook
     _jobs.clear()
+    _saved_hook = triton.knobs.runtime.jit_cache_hook
     triton.knobs.runtime.jit_cache_hook = _record
     _active = True
 
 
 def stop() -> list:
-    """Turn collect mode off; the compile jobs it recorded."""
-    global _active
+    """Turn collect mode off (the hook it replaced is back); the compile jobs it recorded."""
+    global _active, _saved_hook
     _active = False
     if triton.knobs.runtime.jit_cache_hook is _record:
-        triton.knobs.runtime.jit_cache_hook = None
+        triton.knobs.runtime.jit_cache_hook = _saved_hook
+    _saved_hook = None
     jobs = list(_jobs.values())
     _jobs.clear()
     return jobs

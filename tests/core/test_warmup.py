@@ -116,6 +116,22 @@ def test_hook_does_nothing_outside_a_collecting_miss(compiled_backend, collectin
     assert compiled_backend == []
 
 
+def test_collect_mode_puts_back_a_users_cache_hook():
+    import triton
+    before = triton.knobs.runtime.jit_cache_hook
+
+    def mine(**kw):
+        return False
+    triton.knobs.runtime.jit_cache_hook = mine
+    try:
+        collect.start()
+        assert triton.knobs.runtime.jit_cache_hook is not mine and collect.active()
+        collect.stop()
+        assert triton.knobs.runtime.jit_cache_hook is mine and not collect.active()
+    finally:
+        triton.knobs.runtime.jit_cache_hook = before
+
+
 def test_outside_collect_mode_a_miss_compiles(compiled_backend):
     jit = _Jit()
     launch.LaunchCache(jit)[(1,)](3)
