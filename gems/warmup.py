@@ -23,11 +23,12 @@ before. Call plans that ATen's answers in collect mode would have fixed (a signa
 path) are dropped, and the Python path's counts in `gems.stats()` are put back as they were (plans the
 C++ fast path replayed meanwhile stay counted).
 
-Why processes, not threads: Triton's front end (Python AST to IR) and its MLIR/LLVM passes hold the
-GIL; only ptxas runs outside it. On a 2-core host, 16 compiles of one small kernel took 1.87 s serially,
-2.39 s on 8 threads and 1.98 s on 8 forked processes. Forked, so that a worker inherits every JIT
-function, including kernels Gems generates from source (no importable module to name them by); a
-worker compiles only and never touches CUDA. Why not the simpler design (a launch-cache miss submits
+Why processes, not threads: Triton's front end (Python AST to IR) holds the GIL, and so does much of
+the rest; ptxas runs as a subprocess. 64 compiles of one small kernel on a 16-core H200 host took 13.8 s
+serially, 3.97 s on 8 threads and 2.10 s in 8 forked processes (on a 2-core host threads were slower
+than serial: 2.39 s against 1.87 for 16). Forked, so that a worker inherits every JIT function,
+including kernels Gems generates from source (no importable module to name them by); a worker compiles
+(and builds the kernel's C launcher) only and never touches CUDA. Why not the simpler design (a launch-cache miss submits
 its compile to a pool and the step goes on): the step cannot go on without the kernel's output, unless
 ATen computes it, which is what the collect run is.
 
