@@ -28,9 +28,10 @@ gated MLP              down(act(gate(x)) * up(x)) with separate gate/up projecti
                        ``silu_and_mul`` / ``gelu_and_mul`` (``swiglu``); an ungated MLP (GPT-2, NeoX,
                        CLIP, ViT) has no fused op: listed, not strict
 rotary attention       a forward calling a module-global ``apply_rotary_pos_emb`` proven to be the
-                       rotate-half form -> ``gems.fused.rope`` (``rope``); partial rotary calls (cos
-                       narrower than the head: GPT-NeoX, Phi-3 partial) run the original function;
-                       GLM4's interleaved form is left
+                       rotate-half form -> ``gems.fused.rope`` (``rope``); partial rotary (cos
+                       narrower than the head: GPT-NeoX, Phi-3) the fused op on the rotated channels
+                       where the function is proven to pass the rest through, else the original
+                       function; GLM4's interleaved form is left
 sparse-MoE block       ``experts`` beside a router -> gems/patching/moe.py's ``patch_moe_block``
                        (``moe``), when it is present and takes the block; else left
 causal LM loss         an ``lm_head`` Linear whose forward calls ``loss_function`` (ForCausalLMLoss):

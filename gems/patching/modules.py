@@ -9,10 +9,11 @@ from __future__ import annotations
 import inspect
 import types
 
+import torch
 from torch import nn
 
 from .. import fused as F
-from .probes import prove_rope
+from .probes import proves_partial_rope, prove_rope
 
 
 class GemsRMSNorm(nn.Module):
@@ -139,16 +140,20 @@ MLP_FORWARDS = {
 }
 
 
-def gems_rope_for(orig):
+def gems_rope_for(orig, partial: bool = False):
     """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) through `gems.fused.rope`
-    where cos/sin are as wide as the heads; partial rotary (narrower cos/sin, GPT-NeoX / Phi-3 style)
-    runs `orig`, the module's own function (proven equal to the fused op only at full width)."""
+    where cos/sin are as wide as the heads. Partial rotary (narrower cos/sin, GPT-NeoX / Phi-3 style):
+    with `partial` (orig proven to rotate the first channels and pass the rest), the fused op on those
+    channels (strided views, read in place) and the rest concatenated as orig does; else orig itself."""
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         d = cos.shape[-1]
-        if d != q.shape[-1] or d != k.shape[-1]:
-            return orig(q, k, cos, sin, unsqueeze_dim)
-        return F.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        if d == q.shape[-1] and d == k.shape[-1]:
+            return F.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+        if partial and d % 2 == 0 and d < q.shape[-1] and d < k.shape[-1]:
+            qe, ke = F.rope(q[..., :d], k[..., :d], cos, sin, unsqueeze_dim=unsqueeze_dim)
+            return torch.cat([qe, q[..., d:]], dim=-1), torch.cat([ke, k[..., d:]], dim=-1)
+        return orig(q, k, cos, sin, unsqueeze_dim)
     return apply_rotary_pos_emb
 
 
@@ -175,7 +180,7 @@ def rope_forward(fn):
             why = prove_rope(orig)
         if why is None:
             g = dict(fn.__globals__)
-            g["apply_rotary_pos_emb"] = gems_rope_for(orig)
+            g["apply_rotary_pos_emb"] = gems_rope_for(orig, proves_partial_rope(orig))
             clone = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
             clone.__kwdefaults__ = fn.__kwdefaults__
             clone.__qualname__ = fn.__qualname__

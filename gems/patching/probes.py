@@ -227,6 +227,22 @@ def prove_rope(fn):
     return None
 
 
+def proves_partial_rope(fn) -> bool:
+    """Whether fn, given cos/sin narrower than the head (width r), rotates the first r channels as the
+    fused op would and passes the rest through (GPT-NeoX's and Phi-3's partial rotary)."""
+    from ..fused.rotary import reference_rope   # lazily, as gems.fused loads its kernel modules
+    g = _gen(6)
+    q, k = torch.randn(2, 3, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
+    cos, sin = torch.randn(2, 5, 4, generator=g), torch.randn(2, 5, 4, generator=g)
+    try:
+        got = fn(q, k, cos, sin, unsqueeze_dim=1)
+    except Exception:   # noqa: BLE001 - a function that cannot take partial cos/sin
+        return False
+    rq, rk = reference_rope(q[..., :4], k[..., :4], cos, sin, unsqueeze_dim=1)
+    return (_close(got[0], torch.cat([rq, q[..., 4:]], -1), 1e-5, 1e-6)
+            and _close(got[1], torch.cat([rk, k[..., 4:]], -1), 1e-5, 1e-6))
+
+
 # ------------------------------------------------------------------------------------------- residual + LayerNorm
 def plain_layer_norm(m) -> bool:
     return (type(m) is nn.LayerNorm and len(m.normalized_shape) == 1 and m.weight is not None

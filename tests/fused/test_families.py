@@ -263,14 +263,29 @@ def test_what_cannot_be_proven_is_left():
     assert probes.prove_rope(neox.apply_rotary_pos_emb) is None     # full width; partial runs its own
 
 
-def test_partial_rotary_runs_the_original():
+def test_partial_rotary(monkeypatch):
+    from gems.patching import probes
     from gems.patching.modules import gems_rope_for
     calls = []
 
     def orig(q, k, cos, sin, unsqueeze_dim=1):
         calls.append(cos.shape[-1])
         return q, k
-    f = gems_rope_for(orig)
     q = torch.randn(1, 2, 3, 8)
-    f(q, q, torch.randn(1, 3, 4), torch.randn(1, 3, 4))
+    cs = torch.randn(1, 3, 4), torch.randn(1, 3, 4)
+    gems_rope_for(orig)(q, q, *cs)     # not proven to handle partial rotary: its own function runs
     assert calls == [4]
+    llama = importlib.import_module("transformers.models.llama.modeling_llama").apply_rotary_pos_emb
+    neox = importlib.import_module("transformers.models.gpt_neox.modeling_gpt_neox").apply_rotary_pos_emb
+    assert not probes.proves_partial_rope(llama) and probes.proves_partial_rope(neox)
+    # GPT-NeoX's default: a quarter of each head rotated, through the fused op on strided views
+    model = T.GPTNeoXForCausalLM(T.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                 num_attention_heads=2, vocab_size=64, rotary_pct=0.25,
+                                                 hidden_dropout=0.0, attention_dropout=0.0))
+    inf, tr = _inputs("causal", model)
+    ref = _run(model, inf, tr)
+    assert gems.patch(model).counts()["rope"] == 1
+    fused_rope, widths = gems.fused.rope, []
+    monkeypatch.setattr(gems.fused, "rope", lambda q, k, *a, **kw: (widths.append(q.shape[-1]), fused_rope(q, k, *a, **kw))[1])
+    _assert_same(_run(model, inf, tr), ref)
+    assert widths == [4, 4]      # eval and training forward: the rotated quarter of 16-wide heads
