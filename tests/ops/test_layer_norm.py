@@ -203,3 +203,38 @@ def test_constant_row_normalizes_to_zero(n, value):
     assert torch.equal(y, ya) and torch.equal(y, b.expand(3, n))
     assert torch.equal(mean, meana) and torch.equal(mean, torch.full_like(mean, value))
     torch.testing.assert_close(rstd, rstda)
+
+
+@pytest.mark.parametrize("n", [4, 33, 300])   # 300: the looping path on the interpreter
+def test_rows_whose_statistics_overflow_fp32(n):
+    """A row with |x| past 2^64 (its squares, or its sum shifted by the first element, overflow fp32):
+    Gems gives the float64 answer (the row normalized from x * 2^-80), where ATen's Welford lanes give
+    NaN or 0 by the element's position (docs/known-differences.md); the other rows of the same program
+    are untouched, and a row holding an infinity is NaN as in ATen, its mean that infinity."""
+    x = make((6, n), torch.float32)
+    x[0, 0], x[0, n - 1] = 3e38, -2e38       # x - x[0] overflows
+    x[1, n // 2] = 1e20                        # squares overflow
+    x[2, :2] = torch.tensor([3e38, 3e38])      # the sum overflows
+    x[3, 1] = float("inf")
+    w, b = make((n,)), make((n,))
+    with served("native_layer_norm"), gems.use_gems():
+        y, mean, rstd = LN(x, [n], w, b, 1e-5)
+        y4, mean4, rstd4 = LN(x[4:], [n], w, b, 1e-5)
+    ry, rmean, rrstd = LN(x.double(), [n], w.double(), b.double(), 1e-5)
+    for g, r in ((y[:3], ry[:3]), (mean[:3], rmean[:3]), (rstd[:3], rrstd[:3])):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g.double(), r, rtol=1e-5, atol=1e-6)
+    assert torch.equal(y[4:], y4) and torch.equal(mean[4:], mean4) and torch.equal(rstd[4:], rstd4)
+    assert_close([y[4:], mean[4:], rstd[4:]], [ry[4:], rmean[4:], rrstd[4:]], torch.float32)
+    ya, meana, rstda = LN(x, [n], w, b, 1e-5)
+    assert y[3].isnan().all() and ya[3].isnan().all() and rstd[3].isnan() and rstda[3].isnan()
+    assert mean[3] == float("inf")     # ATen: NaN, or +-inf by the position (its Welford's inf - inf)
+    # fp16 rows: fp32 statistics never overflow; an infinity as above
+    xh = x[4:].half()
+    xh[0, 2] = -float("inf")
+    with served("native_layer_norm"), gems.use_gems():
+        yh, meanh, rstdh = LN(xh, [n], None, None, 1e-5)
+    yha, _, rstdha = LN(xh, [n], None, None, 1e-5)
+    assert torch.equal(yh.isnan(), yha.isnan()) and torch.equal(rstdh.isnan(), rstdha.isnan())
+    assert meanh[0] == -float("inf")
+    assert_close([yh[1:], meanh[1:], rstdh[1:]], [t[1:] for t in LN(xh.double(), [n], None, None, 1e-5)], torch.float16)

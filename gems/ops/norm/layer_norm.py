@@ -11,7 +11,11 @@ variance are computed in fp32 from the registers (two-pass variance, no E[x^2] -
 cancellation) of the row shifted by its first element (a constant row has mean exactly that element
 and normalizes to exactly 0, as under ATen's Welford; an fp32 sum of N copies of 0.1 is not N * 0.1),
 dividing by N with IEEE division (Triton's `/` is approximate on the GPU). Wider rows loop over the
-row three times (mean, variance, write).
+row three times (mean, variance, write). A row whose shifted sum or squares overflow fp32 (a value past
+2^64; its variance is then not finite) is normalized again from x * 2^-80, exact for normal numbers,
+and gets the float64 answer (ATen's Welford answers NaN or 0 there: docs/known-differences.md); the
+branch is taken only by a program that has such a row (or one holding inf / NaN), so other rows pay a
+per-row test.
 
 Backward: with xhat = (x - mean) * rstd and wg = dy * w,
     dx = rstd * (wg - mean(wg * xhat) * xhat - mean(wg))          per row, one pass
@@ -64,6 +68,32 @@ def _warps(elems, key="elems_per_warp"):
     return max(1, min(cfg["max_warps"], next_pow2(max(elems // cfg[key], 1))))
 
 
+# a row whose statistics overflow fp32 is normalized again from x * SCALE_DOWN (exact for normal
+# numbers): its deviations stay below 2^49 and their squares below 2^98, summed over any row length
+SCALE_DOWN: tl.constexpr = tl.constexpr(2.0 ** -80)
+SCALE_UP: tl.constexpr = tl.constexpr(2.0 ** 80)
+
+
+@triton.jit
+def _write_rows(src, W, B, Y, yrow, rmask, cols, N, shift, mean_s, rstd, scale, SCALED: tl.constexpr,
+                HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The forward's write pass over rows longer than a block: y = ((x [* scale]) - shift - mean_s) * rstd
+    (* W + B). SCALED: the rows normalized from x * 2^-80 (shift 0)."""
+    for start in range(0, N, BLOCK_N):
+        c = cols + start
+        mask = rmask & (c < N)
+        x = tl.load(src + c, mask=mask, other=0.0).to(tl.float32)
+        if SCALED:
+            y = (x * scale - mean_s[:, None]) * rstd[:, None]
+        else:
+            y = ((x - shift) - mean_s[:, None]) * rstd[:, None]
+        if HAS_W:
+            y = y * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
+        if HAS_B:
+            y = y + tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)
+        tl.store(yrow + c, y.to(Y.dtype.element_ty), mask=mask)
+
+
 @kernel
 @triton.jit
 def layer_norm_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
@@ -101,7 +131,19 @@ def layer_norm_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
         xc = tl.where(mask, xs - mean_s[:, None], 0.0)
         var = tl.div_rn(tl.sum(xc * xc, 1), N * 1.0)
         rstd = 1.0 / tl.sqrt(var + eps)
+        mean = tl.sum(shift, 1) + mean_s
         y = xc * rstd[:, None]
+        if tl.max(tl.where(var < float("inf"), 0, 1), 0) > 0:
+            # a row whose shifted sum or squares overflowed fp32 (or that holds inf / NaN): its statistics
+            # again from x * 2^-80 (module doc), taken only when some row of this program needs it
+            over = var < float("inf")
+            xq = tl.where(mask, x.to(tl.float32) * SCALE_DOWN, 0.0)
+            mean_q = tl.div_rn(tl.sum(xq, 1), N * 1.0)
+            xcq = tl.where(mask, xq - mean_q[:, None], 0.0)
+            rstd_q = 1.0 / tl.sqrt(tl.div_rn(tl.sum(xcq * xcq, 1), N * 1.0))
+            y = tl.where(over[:, None], y, xcq * rstd_q[:, None])
+            rstd = tl.where(over, rstd, rstd_q * SCALE_DOWN)
+            mean = tl.where(over, mean, mean_q * SCALE_UP)
         if HAS_W:
             y = y * tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
         if HAS_B:
@@ -135,17 +177,30 @@ def layer_norm_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
             acc += xc * xc
         var = tl.div_rn(tl.sum(acc, 1), N * 1.0)
         rstd = 1.0 / tl.sqrt(var + eps)
-        for start in range(0, N, BLOCK_N):
-            c = cols + start
-            mask = rmask & (c < N)
-            x = tl.load(src + c, mask=mask, other=0.0).to(tl.float32)
-            y = ((x - shift) - mean_s[:, None]) * rstd[:, None]
-            if HAS_W:
-                y = y * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
-            if HAS_B:
-                y = y + tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)
-            tl.store(yrow + c, y.to(Y.dtype.element_ty), mask=mask)
-    mean = tl.sum(shift, 1) + mean_s
+        mean = tl.sum(shift, 1) + mean_s
+        if tl.max(tl.where(var < float("inf"), 0, 1), 0) > 0:
+            # (one row per program here) the statistics of x * 2^-80, as in the single-block case: the
+            # written y is then (x * 2^-80 - mean_q) * rstd_q, i.e. shift = 0, a scale on x
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for start in range(0, N, BLOCK_N):
+                mask = rmask & (cols + start < N)
+                acc += tl.where(mask, tl.load(src + start + cols, mask=mask, other=0.0).to(tl.float32) * SCALE_DOWN,
+                                0.0)
+            mean_s = tl.div_rn(tl.sum(acc, 1), N * 1.0)
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for start in range(0, N, BLOCK_N):
+                mask = rmask & (cols + start < N)
+                x = tl.load(src + start + cols, mask=mask, other=0.0).to(tl.float32) * SCALE_DOWN
+                xc = tl.where(mask, x - mean_s[:, None], 0.0)
+                acc += xc * xc
+            rstd = 1.0 / tl.sqrt(tl.div_rn(tl.sum(acc, 1), N * 1.0))
+            _write_rows(src, W, B, Y, yrow, rmask, cols, N, 0.0, mean_s, rstd, SCALE_DOWN, True, HAS_W, HAS_B,
+                        BLOCK_N)
+            mean = mean_s * SCALE_UP
+            rstd = rstd * SCALE_DOWN
+        else:
+            _write_rows(src, W, B, Y, yrow, rmask, cols, N, shift, mean_s, rstd, 1.0, False, HAS_W, HAS_B,
+                        BLOCK_N)
     tl.store(MEAN + rows, mean.to(MEAN.dtype.element_ty), mask=rows < M)
     tl.store(RSTD + rows, rstd.to(RSTD.dtype.element_ty), mask=rows < M)
 
