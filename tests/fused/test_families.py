@@ -289,3 +289,19 @@ def test_partial_rotary(monkeypatch):
     monkeypatch.setattr(gems.fused, "rope", lambda q, k, *a, **kw: (widths.append(q.shape[-1]), fused_rope(q, k, *a, **kw))[1])
     _assert_same(_run(model, inf, tr), ref)
     assert widths == [4, 4]      # eval and training forward: the rotated quarter of 16-wide heads
+
+
+def test_moe_blocks_without_the_moe_module(monkeypatch):
+    # gems/patching/moe.py absent (an import of it fails): the MoE blocks are left, listed as unproven
+    monkeypatch.setitem(__import__("sys").modules, "gems.patching.moe", None)
+    torch.manual_seed(0)
+    model = FAMILIES["mixtral"][0]()
+    report = gems.patch(model)
+    assert "moe" not in report.counts()
+    moe = [e for e in report.unproven() if e["op"] == "moe"]
+    assert [e["module"] for e in moe] == [f"model.layers.{i}.mlp" for i in range(L)]
+    assert all("gems.patching.moe is not available" in e["why"] for e in moe)
+    gems.unpatch(model)
+    report = gems.patch(model, moe=False)           # asked not to: nothing about MoE in the report
+    assert not [e for e in report.left if e["op"] == "moe"] and "moe" not in report.counts()
+    gems.unpatch(model)
