@@ -66,6 +66,45 @@ def test_addmm_beta_zero_ignores_nan_and_alpha_zero():
 
 
 @dtype_params()
+def test_addmm_alpha_zero_with_inf_and_nan_like_aten(dtype):
+    # alpha == 0 with an inf / NaN in A or B: ATen's CPU BLAS (fp32) skips A @ B, its own fp16 / bf16 GEMM
+    # computes 0 * (A @ B) (NaN on those rows and columns); Gems follows the device and dtype, exactly
+    a, b = make((9, 13), dtype), make((13, 6), dtype)
+    a[1, 4], a[5, 0], b[7, 2] = float("inf"), float("nan"), -float("inf")
+    for bias, beta in ((make((9, 6), dtype), 3), (make((6,), dtype), 1), (make((9, 6), dtype), 0)):
+        with served("addmm"), gems.use_gems():
+            got = torch.addmm(bias, a, b, beta=beta, alpha=0)
+        want = torch.addmm(bias, a, b, beta=beta, alpha=0)
+        assert torch.equal(got.isnan(), want.isnan()), (got, want)
+        assert torch.equal(got.nan_to_num(0), want.nan_to_num(0))
+    if DEVICE == "cpu" and dtype == torch.float16:
+        assert want.isnan().any()   # the case this test is about
+
+
+def test_gemm_overflow_follows_the_sum_not_the_blas():
+    # docs/known-differences.md, the GEMM row: alpha * (A @ B) with alpha scaling the fp32 sum, as cuBLAS
+    # does; ATen's CPU BLAS scales B by alpha first (-1.5 * 3e38 = -inf there). Gems: the float64 answer
+    a, b = make((3, 5)), make((5, 4))
+    a[0] = torch.tensor([0.5, 0.25, -1.0, 0.125, 0.0])
+    a[1:, 0] = 0.125
+    b[0, 2] = 3e38
+    bias = make((3, 4))
+    with served("addmm"), gems.use_gems():
+        got = torch.addmm(bias, a, b, beta=2, alpha=-1.5)
+    ref = torch.addmm(bias.double(), a.double(), b.double(), beta=2, alpha=-1.5)
+    assert torch.isfinite(ref).all() and torch.isfinite(got).all()
+    assert_close(got, ref.cpu(), torch.float32)
+    # an infinity beside an overflowing product: both NaN-or-inf by the order; the rest exact
+    a[1] = torch.tensor([float("inf"), 1.0, 0.5, 3e38, 1.0])
+    b[3, :] = torch.tensor([-2.0, 2.0, 1.0, -1.0])
+    with served("mm"), gems.use_gems():
+        got = torch.mm(a, b)
+    want = torch.mm(a, b)
+    assert not torch.isfinite(got[1]).any() and not torch.isfinite(want[1]).any()
+    assert_close(got[[0, 2]], (a.double() @ b.double())[[0, 2]].cpu(), torch.float32)
+
+
+@dtype_params()
 def test_linear_forward_backward(dtype):
     # linear = t + addmm (with bias) / mm (without): W is read transposed in place; backward runs mm twice
     x, w, bias = make((11, 24), dtype), make((17, 24), dtype), make((17,), dtype)

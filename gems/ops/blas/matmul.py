@@ -366,6 +366,12 @@ def describe_config(cfg) -> str:
             f"{split}")
 
 
+def _alpha0_reads_product(a):
+    """Whether ATen computes 0 * (A @ B) for alpha == 0 (NaN where the product has an inf or a NaN) rather
+    than skipping A @ B: on the CPU its own fp16 / bf16 GEMM does; its BLAS (fp32) skips it."""
+    return a.device.type == "cpu" and a.dtype in (torch.float16, torch.bfloat16)
+
+
 def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision=None):
     """c[i] = alpha * a[i] @ b[i] + beta * bias[i]; 2-D (mm) or 3-D (bmm) operands, bias None or c's shape.
 
@@ -377,7 +383,7 @@ def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision
     N = b.shape[-1]
     if nb == 0 or M == 0 or N == 0:
         return c
-    if alpha == 0:
+    if alpha == 0 and not _alpha0_reads_product(a):
         K = 0  # ATen (CPU BLAS convention): alpha == 0 ignores A @ B, NaNs included
     has_bias = bias is not None and beta != 0
     if not has_bias:
