@@ -14,6 +14,7 @@ from .patching import patch, patched, unpatch
 from .registry import Unsupported
 from .runtime.backends import backend
 from .warmup import warmup   # (the name then means the function; the module is sys.modules['gems.warmup'])
+from . import decode          # gems.decode.graphed(model): generate's decode steps through CUDA graphs
 
 __version__ = "0.1.0"
 __all__ = ["enable", "disable", "use_gems", "is_enabled", "registered_ops", "stats", "plan_stats", "reset_stats",

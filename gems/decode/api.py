@@ -1,0 +1,152 @@
+"""`graphed` and `ungraphed`: what they set on a model and how it is put back.
+
+`graphed` sets four things, all recorded so `ungraphed` restores the model exactly:
+- `model.forward` (an instance attribute): the DecodeStep dispatcher around the forward the model had;
+- `model._prepare_static_cache` (instance attribute over transformers' method): caches from the pool;
+- `model._valid_auto_compile_criteria`: False, so `generate` does not wrap the graphed forward in
+  torch.compile (transformers compiles the decode step of a static cache on CUDA by itself);
+- `model.generation_config.cache_implementation = "static"` (so a plain `generate` uses a static cache).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from torch import nn
+
+from .pool import CachePool, capacity_bucket
+from .step import DecodeStep
+
+ATTR = "_gems_decode"
+INSTANCE_ATTRS = ("forward", "_prepare_static_cache", "_valid_auto_compile_criteria",
+                  "_previous_max_cache_length")
+
+
+class Graphed:
+    """What `graphed` changed on one model (kept as ``model._gems_decode`` until `ungraphed`)."""
+
+    def __init__(self, model, options: dict):
+        self.options = options
+        self.saved = {k: (k in model.__dict__, model.__dict__.get(k)) for k in INSTANCE_ATTRS}
+        gc = model.generation_config
+        self.saved_cache_impl = gc.cache_implementation
+        self.generation_config = gc
+        forward = model.__dict__.get("forward") or type(model).forward.__get__(model)
+        self.step = DecodeStep(model, forward, max_batch=options["max_batch"],
+                               max_cache_len=options["max_cache_len"], warmups=options["warmups"],
+                               verify=options["verify"])
+        self.pool = CachePool(options["max_caches"], self.step.drop)
+        self.prepare_hf = type(model)._prepare_static_cache.__get__(model)
+
+    def prepare_static_cache(self, model, cache_implementation, batch_size, max_cache_len,
+                             prefill_chunk_size=None, model_kwargs=None, **rest):
+        """transformers' `_prepare_static_cache`, answered from the pool; what the pool does not serve
+        gets transformers' own fresh cache, whose steps run eager (said once)."""
+        from transformers import StaticCache
+        o = self.options
+        bucket = capacity_bucket(max_cache_len, o["min_cache_len"], o["max_cache_len"])
+        why = None
+        if cache_implementation != "static":
+            why = f"cache_implementation={cache_implementation!r} is not pooled"
+        elif prefill_chunk_size is not None:
+            why = "chunked prefill (prefill_chunk_size) is not pooled"
+        elif batch_size > o["max_batch"]:
+            why = f"batch {batch_size} > max_batch {o['max_batch']}"
+        elif bucket is None:
+            why = f"{max_cache_len} positions > max_cache_len {o['max_cache_len']}"
+        if why is not None:
+            cache = self.prepare_hf(cache_implementation=cache_implementation, batch_size=batch_size,
+                                    max_cache_len=max_cache_len, prefill_chunk_size=prefill_chunk_size,
+                                    model_kwargs=model_kwargs, **rest)
+            self.step.eager_caches[cache] = f"{why}: this generate call's decode steps run eager"
+            return cache
+        key = (batch_size, bucket, model.dtype, model.device)
+        config = model.config.get_text_config(decoder=True)
+        return self.pool.get(key, lambda: StaticCache(config=config, max_cache_len=bucket))
+
+    def undo(self, model):
+        gc = self.generation_config
+        gc.cache_implementation = self.saved_cache_impl
+        ours = model.__dict__.get("forward") is self.step
+        for k, (had, old) in self.saved.items():
+            if k == "forward" and not ours:
+                continue    # replaced since (gems.unpatch after graphed): not ours to put back
+            if had:
+                object.__setattr__(model, k, old)
+            else:
+                model.__dict__.pop(k, None)
+        self.pool.clear()
+        self.step.graphs.clear()
+        return ours
+
+
+def graphed(model, *, max_batch: int = 8, max_cache_len: int = 4096, min_cache_len: Optional[int] = None,
+            max_caches: int = 4, warmups: int = 3, verify: bool = True):
+    """Make `model.generate(...)` decode through CUDA graphs; returns the model.
+
+    After this call `generate` uses a static KV cache (`cache_implementation="static"`); the prompt's
+    forward (prefill) runs eagerly, and every one-token step is served by a CUDA graph captured once
+    per (batch, cache-capacity bucket, step signature) and replayed. Caches come from a pool of at most
+    `max_caches` StaticCaches, one per (batch <= max_batch, capacity bucket): powers of two from
+    `min_cache_len` (default min(256, max_cache_len)) up to `max_cache_len`, reused (reset in place) by later generate calls, so their
+    graphs replay. A call needing more is served eagerly by transformers' own cache, said once.
+
+    Capture: `warmups` eager steps on a side stream first (compiles, tunes, records Gems' plans); the
+    last under sync-error mode, so a step that synchronizes with the host raises GraphCaptureError, as
+    does anything the capture refuses. With `verify`, each graph's first replay is compared with an
+    eager step; on a mismatch that signature runs eager, with one warning.
+
+    Without CUDA (the model on the CPU) the same static-cache path runs eagerly, said once: the API and
+    its results are testable anywhere. Sampling (temperature, top-k, top-p) runs in generate's logits
+    processors, eagerly, after the graph.
+
+    Order with Gems: `gems.patch(model)` first, then `graphed(model)`; `gems.enable()` (or a
+    `use_gems` scope) may be on or off: the active op selection is part of a graph's key, so each
+    selection gets its own graph. Undo in reverse: `ungraphed(model)`, then `gems.unpatch(model)`."""
+    if not isinstance(model, nn.Module) or not hasattr(model, "generate"):
+        raise TypeError(f"gems.decode.graphed takes a transformers generative model, got {type(model).__name__}")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError("gems.decode.graphed: encoder-decoder models are not supported (decoder-only LMs)")
+    if not hasattr(type(model), "_prepare_static_cache"):
+        raise ValueError("gems.decode.graphed: this transformers version has no _prepare_static_cache "
+                         "(written for transformers 5.17)")
+    if min_cache_len is None:
+        min_cache_len = min(256, max_cache_len)
+    if max_batch < 1 or min_cache_len < 1 or max_cache_len < min_cache_len or max_caches < 1 or warmups < 1:
+        raise ValueError("gems.decode.graphed: need max_batch >= 1, 1 <= min_cache_len <= max_cache_len, "
+                         "max_caches >= 1, warmups >= 1")
+    options = dict(max_batch=max_batch, max_cache_len=max_cache_len, min_cache_len=min_cache_len,
+                   max_caches=max_caches, warmups=warmups, verify=verify)
+    prev = model.__dict__.get(ATTR)
+    if prev is not None:
+        if prev.options != options:
+            raise RuntimeError(f"gems.decode.graphed: the model is already graphed with other options "
+                               f"({prev.options}); gems.decode.ungraphed(model) first")
+        return model
+    g = Graphed(model, options)
+    object.__setattr__(model, "forward", g.step)
+    object.__setattr__(model, "_prepare_static_cache",
+                       lambda *a, **k: g.prepare_static_cache(model, *a, **k))
+    object.__setattr__(model, "_valid_auto_compile_criteria", lambda *a, **k: False)
+    model.generation_config.cache_implementation = "static"
+    object.__setattr__(model, ATTR, g)
+    return model
+
+
+def ungraphed(model):
+    """Undo `graphed(model)`: the model's forward, methods and generation config as before, the caches
+    and graphs freed. Returns True when the model was graphed. If `model.forward` was replaced since
+    (gems.unpatch after graphed), that forward is left and a warning says so."""
+    import warnings
+    g = model.__dict__.pop(ATTR, None)
+    if g is None:
+        return False
+    if not g.undo(model):
+        warnings.warn("gems.decode.ungraphed: model.forward was replaced after graphed() (gems.unpatch before "
+                      "ungraphed?); it is left as it is now", stacklevel=2)
+    return True
+
+
+def graph_counts(model) -> dict:
+    """{'captured', 'replayed', 'eager'}: the graphed model's decode steps so far (empty when not graphed)."""
+    g = model.__dict__.get(ATTR)
+    return dict(g.step.counts) if g is not None else {}

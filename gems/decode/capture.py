@@ -1,0 +1,162 @@
+"""One decode step as a CUDA graph: static input buffers, eager warm-up, capture, replay, and the check
+of the first replay against an eager step.
+
+Warm-up: the step runs eagerly `warmups` times on a side stream before capture, so every kernel the
+step launches is compiled, autotuned and has its call plan recorded (Gems' first calls do host work a
+graph cannot hold). The last warm-up runs under `torch.cuda.set_sync_debug_mode("error")`: an op that
+synchronizes with the host (`.item()`, `nonzero`, a device-to-host copy) cannot be captured, and
+raises GraphCaptureError here rather than failing obscurely inside the capture.
+
+The warm-ups and the check run the step on the live cache: each writes the KV of the current position
+and advances the layers' `cumulative_length` counters. The counters are saved before and put back after
+each, so the real step (the first replay) writes that position again with the same values.
+
+The first replay is compared with an eager step on the same inputs (logits, per-dtype tolerance scaled
+to the logits' magnitude); a mismatch marks the graph bad, the step is redone eagerly, and the caller
+runs that shape eagerly from then on.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+# max |graph - eager| allowed, as a fraction of max(1, max |eager logits|)
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+class GraphCaptureError(RuntimeError):
+    """The decode step cannot be captured into a CUDA graph (a host sync, an op capture forbids)."""
+
+
+def save_lengths(layers) -> list:
+    return [layer.cumulative_length.clone() for layer in layers]
+
+
+def restore_lengths(layers, saved):
+    for layer, s in zip(layers, saved):
+        layer.cumulative_length.copy_(s)
+
+
+@contextlib.contextmanager
+def sync_errors():
+    """Host syncs raise for the block (the process's previous sync debug mode is put back)."""
+    prev = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(prev)
+
+
+def clone_tree(v, cache):
+    """A step's output with its tensors copied out of the graph's static memory (the next replay
+    overwrites it) and the cache passed through."""
+    if v is cache:
+        return cache
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, (tuple, list)) and not hasattr(v, "keys"):
+        return type(v)(clone_tree(x, cache) for x in v)
+    if hasattr(v, "keys") and hasattr(v, "items"):     # a transformers ModelOutput (or a dict)
+        return type(v)(**{k: clone_tree(x, cache) for k, x in v.items()})
+    return v
+
+
+def main_tensor(out):
+    """The output the check compares: `logits`, else the first tensor."""
+    t = getattr(out, "logits", None)
+    if isinstance(t, torch.Tensor):
+        return t
+    items = out.values() if hasattr(out, "values") else out if isinstance(out, (tuple, list)) else (out,)
+    return next((x for x in items if isinstance(x, torch.Tensor)), None)
+
+
+def mismatch(got, ref):
+    """None when `got` matches `ref` within TOLERANCE, else a description of the difference."""
+    if got is None or ref is None or got.shape != ref.shape:
+        return "the outputs' shapes differ"
+    tol = TOLERANCE.get(ref.dtype, 1e-4) * max(1.0, float(ref.detach().abs().float().nan_to_num().max()))
+    if not torch.isclose(got.float(), ref.float(), rtol=0.0, atol=tol, equal_nan=True).all():
+        diff = (got.float() - ref.float()).abs().nan_to_num(float("inf")).max()
+        return f"max |graph - eager| = {float(diff):.3g} > {tol:.3g}"
+    return None
+
+
+class StepGraph:
+    """A captured decode step for one cache and one input signature. Holds the cache's layer list (and
+    so its tensors: their addresses are in the graph) but not the cache object."""
+
+    def __init__(self, forward, cache, kwargs: dict):
+        self.forward = forward
+        self.layers = cache.layers
+        self.names = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+        self.static = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()
+                       if k != "past_key_values"}
+        self.graph = self.out = None
+        self.verified = False
+        self.bad = None     # why this graph is not replayed (its first replay disagreed with eager)
+
+    def load(self, kwargs):
+        for k in self.names:
+            self.static[k].copy_(kwargs[k])
+
+    def warm_up(self, cache, n: int):
+        saved = save_lengths(self.layers)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(side):
+                for i in range(n):
+                    if i == n - 1 and n > 1:
+                        try:
+                            with sync_errors():
+                                self.forward(**self.static, past_key_values=cache)
+                        except RuntimeError as e:
+                            if "synchroniz" not in str(e):
+                                raise
+                            raise GraphCaptureError(
+                                f"gems.decode: the decode step synchronizes with the host, which a CUDA graph "
+                                f"cannot capture ({e}). Run the model without it (gems.decode.ungraphed(model)) "
+                                f"or remove the syncing op from the step") from e
+                    else:
+                        self.forward(**self.static, past_key_values=cache)
+                    restore_lengths(self.layers, saved)
+        finally:
+            torch.cuda.current_stream().wait_stream(side)
+
+    def capture(self, cache, pool):
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g, pool=pool):
+                out = self.forward(**self.static, past_key_values=cache)
+        except GraphCaptureError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- whatever capture refused, said with its cause
+            raise GraphCaptureError(f"gems.decode: capturing the decode step into a CUDA graph failed: "
+                                    f"{type(e).__name__}: {e}") from e
+        self.graph, self.out = g, out
+
+    def replay(self, cache, kwargs):
+        self.load(kwargs)
+        self.graph.replay()
+        # copied out at once: the pool is shared by every graph of the model, and another graph's replay
+        # may reuse this one's output memory
+        return clone_tree(self.out, cache)
+
+    def first_replay(self, cache, kwargs):
+        """(output, None) after checking the replay against an eager step, or (eager output, why) when
+        they differ (the graph is then marked bad)."""
+        saved = save_lengths(self.layers)
+        ref = self.forward(**kwargs)
+        ref_t = main_tensor(ref)
+        ref_t = ref_t.clone() if ref_t is not None else None
+        restore_lengths(self.layers, saved)
+        out = self.replay(cache, kwargs)
+        self.verified = True
+        why = mismatch(main_tensor(out), ref_t)
+        if why is None:
+            return out, None
+        self.bad = why
+        restore_lengths(self.layers, saved)
+        return self.forward(**kwargs), why

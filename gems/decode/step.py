@@ -1,0 +1,140 @@
+"""The forward `graphed` installs on a model: decode steps (input_ids [B, 1] on an initialized static
+cache) replay a CUDA graph, everything else (prefill, a dynamic cache, grad mode, ...) runs the
+model's own forward.
+
+A graph is kept per cache and per step signature: the batch, each tensor argument's shape, dtype and
+strides, the other arguments' values, Gems' active op selection, the model's `gems.patch` report and
+its weights' storage (a `model.to(...)` or a reload captures anew). The cache tensors' addresses are
+in the graph, so graphs belong to a cache: the pooled ones (gems/decode/pool.py) live as long as the
+pool keeps the cache, those of a user's own `StaticCache` as long as that cache.
+"""
+from __future__ import annotations
+
+import warnings
+import weakref
+
+import torch
+
+from ..dispatch import active_config
+from .capture import StepGraph
+
+# the keyword arguments a graphed step may carry besides its tensors (generate passes use_cache and
+# return_dict); any other one runs the step eagerly
+PLAIN_ARGS = {"use_cache": (True, None), "return_dict": (True, None), "output_attentions": (False, None),
+              "output_hidden_states": (False, None)}
+TENSOR_ARGS = ("input_ids", "attention_mask", "position_ids")
+
+
+def static_layers(cache) -> bool:
+    """Whether every layer of `cache` is a plain StaticLayer: its position lives in a device tensor.
+    Sliding-window layers keep a host-side counter a graph would freeze."""
+    from transformers.cache_utils import StaticLayer
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is StaticLayer for layer in layers)
+
+
+class DecodeStep:
+    """The graphed forward's state: options, the graphs per cache, the notices already given."""
+
+    def __init__(self, model, forward, *, max_batch: int, max_cache_len: int, warmups: int, verify: bool):
+        self.model_ref = weakref.ref(model)
+        self.forward = forward          # the model's forward when graphed() was called
+        self.max_batch, self.max_cache_len = max_batch, max_cache_len
+        self.warmups, self.verify = warmups, verify
+        self.graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # cache -> {key: StepGraph}
+        self.eager_caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> why eager
+        self.said: set = set()
+        self.mempool = None
+        self.counts = {"replayed": 0, "captured": 0, "eager": 0}
+
+    # -------------------------------------------------------------------------------- notices
+    def say(self, why: str):
+        """One warning per distinct reason for the model's life under `graphed`."""
+        if why not in self.said:
+            self.said.add(why)
+            warnings.warn(f"gems.decode: {why}", stacklevel=4)
+
+    def drop(self, cache):
+        self.graphs.pop(cache, None)
+
+    # -------------------------------------------------------------------------------- the forward
+    def __call__(self, *args, **kwargs):
+        cache = kwargs.get("past_key_values")
+        ids = kwargs.get("input_ids")
+        if args or cache is None or not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] != 1 \
+                or kwargs.get("inputs_embeds") is not None:
+            return self.forward(*args, **kwargs)       # not a one-token step: prefill, or no cache
+        why = self.refusal(cache, ids, kwargs)
+        if why is not None:
+            self.counts["eager"] += 1
+            self.say(why)
+            return self.forward(**kwargs)
+        return self.graphed_step(cache, kwargs)
+
+    def refusal(self, cache, ids, kwargs):
+        """Why this one-token step runs eagerly, or None when a graph serves it."""
+        if cache in self.eager_caches:
+            return self.eager_caches[cache]
+        if not getattr(cache, "is_initialized", False):
+            return "one-token step on an empty cache: runs eager"
+        if not static_layers(cache):
+            return (f"the cache is a {type(cache).__name__} with other than plain static layers (a dynamic or "
+                    f"sliding-window cache): decode steps run eager")
+        if ids.device.type != "cuda":
+            return (f"no CUDA graphs on {ids.device.type}: decode steps run eagerly on the static cache "
+                    f"(the same computation, without capture)")
+        if torch.cuda.is_current_stream_capturing():
+            return "a graph is being captured around the step: it runs inside it, eagerly"
+        if torch.is_grad_enabled():
+            return "grad mode is on: decode steps run eager (generate runs under no_grad)"
+        model = self.model_ref()
+        if model is not None and model.training:
+            return "the model is in training mode: decode steps run eager"
+        if ids.shape[0] > self.max_batch:
+            return f"batch {ids.shape[0]} > max_batch {self.max_batch}: decode steps run eager"
+        if cache.get_max_length() > self.max_cache_len:
+            return f"a cache of {cache.get_max_length()} positions > max_cache_len {self.max_cache_len}: runs eager"
+        for k, v in kwargs.items():
+            if k == "past_key_values":
+                continue
+            if k in TENSOR_ARGS:
+                if v is not None and (not isinstance(v, torch.Tensor) or v.device != ids.device):
+                    return f"{k} is not a tensor on {ids.device} (a dict of masks?): decode steps run eager"
+            elif k == "logits_to_keep":
+                if not isinstance(v, int):
+                    return "logits_to_keep is not an int: decode steps run eager"
+            elif k not in PLAIN_ARGS or v not in PLAIN_ARGS[k]:
+                return f"argument {k}={v!r} is not captured: decode steps run eager"
+        return None
+
+    def key(self, kwargs):
+        model = self.model_ref()
+        first = next(model.parameters(), None) if model is not None else None
+        sig = tuple(sorted((k, (tuple(v.shape), v.dtype, v.stride()) if isinstance(v, torch.Tensor) else v)
+                           for k, v in kwargs.items() if k != "past_key_values"))
+        return (sig, active_config(), id(model.__dict__.get("_gems_patch")) if model is not None else None,
+                first.data_ptr() if first is not None else None)
+
+    def graphed_step(self, cache, kwargs):
+        graphs = self.graphs.setdefault(cache, {})
+        key = self.key(kwargs)
+        step = graphs.get(key)
+        if step is None:
+            step = StepGraph(self.forward, cache, kwargs)
+            step.warm_up(cache, self.warmups)
+            if self.mempool is None:
+                self.mempool = torch.cuda.graph_pool_handle()
+            step.capture(cache, self.mempool)
+            graphs[key] = step
+            self.counts["captured"] += 1
+        if step.bad is not None:
+            self.counts["eager"] += 1
+            return self.forward(**kwargs)
+        self.counts["replayed"] += 1
+        if self.verify and not step.verified:
+            out, why = step.first_replay(cache, kwargs)
+            if why is not None:
+                self.say(f"a CUDA graph's first replay disagreed with the eager step ({why}): this step "
+                         f"signature runs eager from now on")
+            return out
+        return step.replay(cache, kwargs)

@@ -1,0 +1,251 @@
+"""gems.decode.graphed: generate through the graphed decode path gives plain generate's greedy tokens,
+ungraphed restores the model, and (GEMS_TEST_DEVICE=cuda) the captured graphs replay what eager computes.
+
+On the CPU no graph is captured: the tests check the static-cache path, the pool, the notices and the
+restore; the CUDA tests check capture, replay and the first-replay check."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from harness import DEVICE, ON_GPU
+from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+
+import gems
+import gems.decode as D
+
+VOCAB = 128
+
+
+def tiny_llama(seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return LlamaForCausalLM(cfg).to(DEVICE, torch.float32).eval()
+
+
+def prompt(batch, length, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (batch, length), generator=g).to(DEVICE)
+
+
+def gen(model, ids, n, **kw):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, pad_token_id=0, **kw)
+
+
+def snapshot(model):
+    return ({k: v for k, v in model.__dict__.items()}, model.generation_config.to_dict())
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_greedy_tokens_match_plain_generate(batch):
+    model = tiny_llama()
+    ids = prompt(batch, 7)
+    ref = gen(model, ids, 16)             # plain generate: dynamic cache, eager
+    D.graphed(model, max_batch=2, max_cache_len=64, min_cache_len=16)
+    try:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = gen(model, ids, 16)
+            again = gen(model, ids, 16)    # the pooled cache, reset in place
+        cache_notes = [str(x.message) for x in w if "gems.decode" in str(x.message)]
+        counts = D.graph_counts(model)
+    finally:
+        D.ungraphed(model)
+    assert got.shape == (batch, 7 + 16)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    torch.testing.assert_close(again, ref, rtol=0, atol=0)
+    if not ON_GPU:
+        # said once, not per step or per call
+        assert len([m for m in cache_notes if "no CUDA graphs" in m]) == 1, cache_notes
+        assert counts["eager"] == 2 * 15 and counts["captured"] == 0
+    else:
+        assert counts["captured"] >= 1 and counts["replayed"] == 2 * 15 and counts["eager"] == 0
+
+
+def test_static_cache_is_pooled_and_bucketed():
+    model = tiny_llama()
+    D.graphed(model, max_batch=2, max_cache_len=64, min_cache_len=16)
+    caches = []
+    orig = model.forward
+
+    def spy(*a, **k):
+        caches.append(k.get("past_key_values"))
+        return orig(*a, **k)
+    try:
+        object.__setattr__(model, "forward", spy)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gen(model, prompt(1, 5), 4)          # 9 positions -> the 16 bucket
+            gen(model, prompt(1, 6), 4)          # 10 -> 16 again: the same cache object
+            gen(model, prompt(1, 20), 4)         # 24 -> 32
+        object.__setattr__(model, "forward", orig)
+    finally:
+        D.ungraphed(model)
+    first, second, third = caches[0], caches[5], caches[10]
+    assert isinstance(first, StaticCache) and first is second and third is not first
+    assert first.get_max_length() == 16 and third.get_max_length() == 32
+
+
+def test_over_the_limits_runs_eager_with_one_warning():
+    model = tiny_llama()
+    ids = prompt(3, 5)
+    ref = gen(model, ids, 6)
+    D.graphed(model, max_batch=2, max_cache_len=64, min_cache_len=16)
+    try:
+        with pytest.warns(UserWarning, match="batch 3 > max_batch 2"):
+            got = gen(model, ids, 6)
+        long_ids = prompt(1, 70)
+        long_ref = None
+        with pytest.warns(UserWarning, match="> max_cache_len 64"):
+            long_got = gen(model, long_ids, 4)
+    finally:
+        D.ungraphed(model)
+    long_ref = gen(model, long_ids, 4)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    torch.testing.assert_close(long_got, long_ref, rtol=0, atol=0)
+
+
+def test_user_static_cache():
+    model = tiny_llama()
+    ids = prompt(2, 5)
+    ref = gen(model, ids, 8)
+    D.graphed(model, max_batch=2, max_cache_len=64)
+    try:
+        model.generation_config.cache_implementation = None   # generate refuses both a cache and an implementation
+        cache = StaticCache(config=model.config, max_cache_len=32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = gen(model, ids, 8, past_key_values=cache)
+    finally:
+        model.generation_config.cache_implementation = "static"
+        D.ungraphed(model)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+def test_ungraphed_restores_exactly():
+    model = tiny_llama()
+    before_dict, before_gc = snapshot(model)
+    D.graphed(model)
+    assert "forward" in model.__dict__ and model.generation_config.cache_implementation == "static"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gen(model, prompt(1, 4), 3)
+    assert D.graphed(model) is model          # again with the same options: a no-op
+    with pytest.raises(RuntimeError, match="other options"):
+        D.graphed(model, max_batch=1)
+    assert D.ungraphed(model) is True
+    after_dict, after_gc = snapshot(model)
+    assert after_dict.keys() == before_dict.keys()
+    assert all(after_dict[k] is before_dict[k] for k in before_dict)
+    assert after_gc == before_gc
+    assert D.ungraphed(model) is False
+
+
+def test_composes_with_patch_and_enable():
+    """gems.patch, then graphed, with Gems' ATen ops on: the tokens of the plain model; undone in reverse."""
+    model = tiny_llama()
+    ids = prompt(2, 6)
+    ref = gen(model, ids, 8)
+    before_dict, _ = snapshot(model)
+    gems.patch(model)
+    patched_forward = model.__dict__.get("forward")
+    D.graphed(model, max_batch=2, max_cache_len=64)
+    try:
+        with gems.use_gems(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = gen(model, ids, 8)
+    finally:
+        D.ungraphed(model)
+    assert model.__dict__.get("forward") is patched_forward
+    gems.unpatch(model)
+    assert model.__dict__.keys() == before_dict.keys()
+    assert got.shape == ref.shape
+    # Gems' kernels against ATen's: greedy tokens agree unless two logits nearly tie (not at this size)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError):
+        D.graphed(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError):
+        D.graphed(tiny_llama(), max_cache_len=8, min_cache_len=16)
+
+
+def test_capacity_bucket():
+    from gems.decode.pool import capacity_bucket
+    assert [capacity_bucket(n, 16, 100) for n in (1, 16, 17, 33, 64, 65, 100, 101)] == \
+        [16, 16, 32, 64, 64, 100, 100, None]
+
+
+# ------------------------------------------------------------------------------------------------ CUDA
+cuda_only = pytest.mark.skipif(not ON_GPU, reason="CUDA graphs: GEMS_TEST_DEVICE=cuda")
+
+
+@cuda_only
+@pytest.mark.parametrize("gems_on", [False, True], ids=["aten", "gems"])
+def test_cuda_replay_matches_eager(gems_on):
+    """32 tokens: graphed decode's tokens equal the eager static-cache decode's, in fp32, with and
+    without Gems' ATen ops; every one-token step after the first capture is a replay."""
+    import contextlib
+    model = tiny_llama()
+    ids = prompt(2, 9)
+    scope = gems.use_gems() if gems_on else contextlib.nullcontext()
+    with scope:
+        ref = gen(model, ids, 32, cache_implementation="static", disable_compile=True)
+        D.graphed(model, max_batch=2, max_cache_len=128)
+        try:
+            got = gen(model, ids, 32)
+            counts = D.graph_counts(model)
+        finally:
+            D.ungraphed(model)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert counts["captured"] == 1 and counts["replayed"] == 31 and counts["eager"] == 0
+
+
+@cuda_only
+def test_cuda_host_sync_raises():
+    """A step that synchronizes with the host cannot be captured: a clear error, not a wrong replay."""
+    model = tiny_llama()
+    inner = model.model.norm.forward
+
+    def syncing(x):
+        if x.shape[1] == 1:
+            float(x.abs().max())    # a device-to-host read
+        return inner(x)
+    model.model.norm.forward = syncing
+    D.graphed(model, max_batch=2, max_cache_len=64)
+    try:
+        with pytest.raises(D.GraphCaptureError, match="synchronizes with the host"):
+            gen(model, prompt(1, 5), 4)
+    finally:
+        D.ungraphed(model)
+
+
+@cuda_only
+def test_cuda_bad_replay_falls_back_with_one_warning():
+    """A step whose result depends on host state the graph froze: the first replay differs from eager,
+    so the step runs eager (right tokens) and one warning says so."""
+    model = tiny_llama()
+    ids = prompt(1, 5)
+    ref = gen(model, ids, 8, cache_implementation="static", disable_compile=True)
+    inner = model.model.norm.forward
+    calls = {"n": 0}
+
+    def frozen(x):
+        if x.shape[1] == 1:
+            calls["n"] += 1   # the graph freezes the scale of its capture-time call
+            return inner(x) * (1.0 + 0.5 * (calls["n"] % 2))
+        return inner(x)
+    model.model.norm.forward = frozen
+    D.graphed(model, max_batch=1, max_cache_len=64)
+    try:
+        with pytest.warns(UserWarning, match="first replay disagreed"):
+            gen(model, ids, 8)
+    finally:
+        D.ungraphed(model)
+        del model.model.norm.forward
+    assert ref.shape[1] == 13
