@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import gems
-from harness import DEVICE, check_grad, check_op, dtype_params, layouts, make, raises_like_aten
+from harness import DEVICE, ON_GPU, check_grad, check_op, dtype_params, layouts, make, raises_like_aten, served
 
 SHAPES = [(7, 33), (4, 1), (3, 5, 17), (2, 1100)]   # odd sizes; 1100 > the interpreter's tile: online path
 
@@ -192,3 +192,24 @@ def test_row_blocks_past_32_bit_offsets_go_to_aten():
     S._offsets_fit(2**16, 2**15 - 1)
     with pytest.raises(Unsupported):
         S._offsets_fit(70000, 32000)
+
+
+def test_backward_of_outputs_past_fp32_range():
+    """docs/known-differences.md, the softmax-backward row: an output that is no softmax's (3e38) with
+    products grad * y past fp32's range. Gems' fp32 sum(grad * y) meets +inf and -inf: NaN on every dim,
+    as ATen's CPU over the last dim and its CUDA kernel; ATen's CPU over another dim answers inf."""
+    g = torch.tensor([-75.93, -107.98, -54.58, 29.18, 38.90], device=DEVICE)
+    y = torch.full((5,), 3e38, device=DEVICE)
+    B = torch.ops.aten._softmax_backward_data.default
+    for gg, yy, dim in ((g[None], y[None], 1), (g[:, None], y[:, None], 0)):
+        with served("_softmax_backward_data"), gems.use_gems(include=["_softmax_backward_data"]):
+            got = B(gg, yy, dim, torch.float32)
+        assert got.isnan().all()
+        if dim == 1 or ON_GPU:
+            assert torch.equal(got.isnan(), B(gg, yy, dim, torch.float32).isnan())
+    # fp16 outputs near fp16's limit: the fp32 sum does not overflow; inf as in ATen and float64
+    gh, yh = g.half()[None], torch.full((1, 5), 60000.0, device=DEVICE).half()
+    with served("_softmax_backward_data"), gems.use_gems(include=["_softmax_backward_data"]):
+        got = B(gh, yh, 1, torch.float16)
+    assert torch.equal(got, B(gh, yh, 1, torch.float16))
+    assert torch.equal(got, B(gh.double(), yh.double(), 1, torch.float64).half())
