@@ -495,7 +495,7 @@ def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoot
         # the kernels' column offsets (cols x stride) are 32-bit; rows are 64-bit: a column-strided view
         # this wide (e.g. a [V, N] buffer's transpose) is read from a contiguous copy instead
         logits = logits.contiguous()
-    if library.compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
+    if torch.compiler.is_compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
         need = torch.is_grad_enabled() and logits.requires_grad
         return _CE_OP(logits, target, weight, d, ignore_index, float(label_smoothing), reduction, out_dtype, need)[0]
     return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), reduction, out_dtype, d,

@@ -271,7 +271,7 @@ def silu_and_mul(gate, up):
     """silu(gate) * up in one kernel (forward and backward); gate and up may be row-strided views."""
     if not _served(gate, up, "silu_and_mul"):
         return reference_silu_and_mul(gate, up)
-    if library.compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
+    if torch.compiler.is_compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
         return _GATED_OP(gate, up, 0)
     if _no_graph(gate, up):
         return _gated_forward(gate, up, 0, "silu_and_mul")
@@ -288,7 +288,7 @@ def gelu_and_mul(gate, up, approximate="none"):
     if not _served(gate, up, "gelu_and_mul"):
         return reference_gelu_and_mul(gate, up, approximate)
     act = 1 if approximate == "none" else 2
-    if library.compiling():
+    if torch.compiler.is_compiling():
         return _GATED_OP(gate, up, act)
     if _no_graph(gate, up):
         return _gated_forward(gate, up, act, "gelu_and_mul")

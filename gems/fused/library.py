@@ -53,13 +53,6 @@ def first(ts):
     return ts[0] if len(ts) else None
 
 
-def grad_or_zeros(g, like, dtype=None):
-    """An output gradient autograd left undefined (the output did not reach the loss) as zeros."""
-    if g is not None:
-        return g
-    return torch.zeros(like.shape, dtype=dtype or like.dtype, device=like.device)
-
-
 @torch.compiler.assume_constant_result
 def device_type():
     """The device type the active Gems backend launches on, or None without one. Dynamo calls it once
@@ -69,11 +62,6 @@ def device_type():
         return backend().device_type
     except RuntimeError:
         return None
-
-
-def compiling() -> bool:
-    """Whether Dynamo is tracing this call (then the custom-operator path is taken)."""
-    return torch.compiler.is_compiling()
 
 
 def optional_at(outputs, i):

@@ -346,7 +346,7 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_inde
     if chunk < 1:
         raise ValueError(f"fused_linear_cross_entropy: chunk_size must be >= 1, got {chunk_size}")
     d = divisor_arg(divisor, reduction, hidden.device, "fused_linear_cross_entropy")
-    if library.compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
+    if torch.compiler.is_compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
         g = torch.is_grad_enabled()
         needs = (g and hidden.requires_grad, g and weight.requires_grad, g and bias is not None and bias.requires_grad)
         return _FLCE_OP(hidden, weight, target, bias, d, ignore_index, float(label_smoothing), reduction, chunk,

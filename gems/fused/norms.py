@@ -309,7 +309,7 @@ def rms_norm(x, weight, eps=1e-6, *, offset=0.0, casting="llama"):
     gemma = _casting(casting)
     if not _use_kernels("rms_norm", x, None, weight):
         return reference_rms_norm(x, weight, eps, offset=offset, casting=casting)
-    if library.compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
+    if torch.compiler.is_compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
         return _RMS_OP(x, None, weight, eps, offset, gemma)[0]
     if _no_graph(x, weight):
         return _rms_forward(x, None, weight, eps, offset, gemma, "rms_norm")[0]
@@ -321,7 +321,7 @@ def add_rms_norm(x, residual, weight, eps=1e-6, *, offset=0.0, casting="llama"):
     gemma = _casting(casting)
     if not _use_kernels("add_rms_norm", x, residual, weight):
         return reference_add_rms_norm(x, residual, weight, eps, offset=offset, casting=casting)
-    if library.compiling():
+    if torch.compiler.is_compiling():
         y, s, _ = _RMS_OP(x, residual, weight, eps, offset, gemma)
         return y, s[0]
     if _no_graph(x, residual, weight):
@@ -457,7 +457,7 @@ def layer_norm(x, weight, bias, eps=1e-5):
     With gems.enable() (native_layer_norm served) it is F.layer_norm itself, on Gems' kernels."""
     if not _use_kernels("layer_norm", x, None, weight, bias):
         return reference_layer_norm(x, weight, bias, eps)
-    if library.compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
+    if torch.compiler.is_compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
         return _LN_OP(x, None, weight, bias, eps)[0]
     if _native_ln_served():
         return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
@@ -470,7 +470,7 @@ def add_layer_norm(x, residual, weight, bias, eps=1e-5):
     """(layer_norm(x + residual), x + residual): BERT's `LayerNorm(hidden_states + input_tensor)`."""
     if not _use_kernels("add_layer_norm", x, residual, weight, bias):
         return reference_add_layer_norm(x, residual, weight, bias, eps)
-    if library.compiling():
+    if torch.compiler.is_compiling():
         y, s, _, _ = _LN_OP(x, residual, weight, bias, eps)
         return y, s[0]
     if _no_graph(x, residual, weight, bias):

@@ -253,7 +253,7 @@ def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     Without autograd (inference, decode) the call skips torch.autograd.Function: one dict lookup, two
     allocations and a launch on a repeated signature.
     """
-    if library.compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
+    if torch.compiler.is_compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
         if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
             return reference_rope(q, k, cos, sin, None, unsqueeze_dim)
         return _ROPE_OP(q, k, cos, sin, unsqueeze_dim)
