@@ -3,10 +3,11 @@ decision 10).
 
 One file per op family (norms, gated, rotary, cross_entropy_loss, linear_cross_entropy), each in the
 same order: the Triton kernels, the launch helpers (`_*_forward` / `_*_backward`), the
-`torch.autograd.Function`, the public function, and last the plain PyTorch reference
-(`<module>.reference_<name>`), so tests compare the two and users can read what it computes. No file
-is named like an op: importing `gems.fused.<file>` sets that attribute of the package, which would
-shadow the function.
+`torch.autograd.Function`, the custom operator torch.compile captures (`gems::<name>`, defined with
+library.py's helper; docs/torch-compile.md), the public function, and last the plain PyTorch reference
+(`<module>.reference_<name>`), so tests compare the two and users can read what it computes
+(RMSNorm's kernels live in rms_norm_kernels.py, keeping norms.py readable). No file is named like an
+op: importing `gems.fused.<file>` sets that attribute of the package, which would shadow the function.
 
     import gems.fused as F
     y = F.rms_norm(x, weight, eps)                    # Llama casting rule; offset=1.0 for Gemma
