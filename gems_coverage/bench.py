@@ -375,7 +375,7 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
           dtype: Optional[str] = None, batch: int = 1, seq_len: Optional[int] = None, new_tokens: int = 16,
           steps: Optional[int] = None, warmup: Optional[int] = None, optimizer: str = "adamw",
           include=None, exclude=None, attribution: bool = True, patch: bool = False,
-          fresh_lengths: bool = False, compile: bool = False,
+          fresh_lengths: bool = False, compile: bool = False, cuda_graphs: bool = False,
           progress: Callable[[str], None] = lambda s: None) -> BenchResult:
     """Run `workload` with ATen and with Gems on one model and compare (see the module docstring).
 
@@ -392,11 +392,15 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
 
     compile: both modes run the model through torch.compile (default mode, `model.compile()`, after
     gems.patch in the Gems turns: docs/torch-compile.md); each mode's first run compiles (the warm-up
-    and agreement runs absorb it)."""
+    and agreement runs absorb it).
+
+    cuda_graphs: decode through `model.generate` instead (see graphed_decode); no attribution."""
     import torch
     import gems
     import gems_models as M
     recipe, on_cuda = validate(model, workload, device, optimizer, new_tokens, include, exclude)
+    if cuda_graphs and (workload != "decode" or recipe.kind != "causal_lm" or compile or fresh_lengths):
+        raise M.ModelError("--cuda-graphs: a causal LM's --workload decode, without --compile or --fresh-lengths")
     from .runner import patch_options, patched
     popts, patch = patch_options(patch), patched(patch)
     size, dtype_name, dt, seq_len = M.run_defaults("cuda" if on_cuda else "cpu", size, dtype, seq_len)
@@ -450,6 +454,12 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
                            f"length to vary")
     # (Llava's image tokens included)
     full_len = bundle.inputs["input_ids"].shape[1] if decode or fresh_lengths else 0
+    if cuda_graphs:
+        try:
+            graphed_decode(res, bundle, new_tokens, max(warmup, 1), steps, include, exclude, patch, popts, progress)
+        finally:
+            gems.disable()
+        return res
     wl = Workload(bundle, workload, new_tokens, optimizer, include, exclude, patch, popts)
     try:
         res.agreement = _agreement(wl, dt, progress)
@@ -488,6 +498,62 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
     finally:
         gems.disable()   # leave the process as it was: nothing registered
     return res
+
+
+def graphed_decode(res: BenchResult, bundle, new_tokens, warmup, steps, include, exclude, patch, popts, progress):
+    """--cuda-graphs: ms per decode token of `model.generate` (gems.decode.timing), ATen's eager steps on
+    a static cache against Gems with gems.decode.graphed (greedy tokens compared); Gems' eager steps on
+    the static cache and, on CUDA, transformers' own compiled static-cache decode (torch.compile,
+    reduce-overhead: its CUDA graphs, ATen) in the notes. The modes run one after the other."""
+    import gems
+    from gems.decode import graph_counts, graphed, ungraphed
+    from gems.decode.timing import generate_greedy, ms_per_token
+    from .parity import token_check
+    m = bundle.model.eval()
+    inputs = {k: v for k, v in bundle.inputs.items() if k in ("input_ids", "attention_mask")}
+    pad = m.generation_config.pad_token_id
+    kw = {"pad_token_id": 0 if pad is None else pad}
+    eager = dict(kw, cache_implementation="static", disable_compile=True)
+    med = lambda xs: f"{sorted(xs)[len(xs) // 2]:.3f}"   # noqa: E731
+
+    def gems_mode():
+        stack = contextlib.ExitStack()
+        if patch:
+            stack.enter_context(gems.patched(m, **popts))
+        stack.enter_context(gems.use_gems(include=include, exclude=exclude))
+        return stack
+    gems.disable()
+    progress("cuda graphs: ATen, eager decode steps on a static cache")
+    ref, ref_steps = generate_greedy(m, inputs, new_tokens, **eager)
+    res.aten_ms = [round(x, 4) for x in ms_per_token(m, inputs, new_tokens, steps, warmup, **eager)]
+    with gems_mode():
+        progress("cuda graphs: Gems, eager decode steps on a static cache")
+        gems_eager = ms_per_token(m, inputs, new_tokens, steps, warmup, **eager)
+        graphed(m, max_batch=inputs["input_ids"].shape[0],
+                max_cache_len=max(256, inputs["input_ids"].shape[1] + new_tokens))
+        try:
+            progress("cuda graphs: Gems, decode steps replayed from CUDA graphs")
+            got, _ = generate_greedy(m, inputs, new_tokens, **kw)
+            res.gems_ms = [round(x, 4) for x in ms_per_token(m, inputs, new_tokens, steps, warmup, **kw)]
+            counts = graph_counts(m)
+        finally:
+            ungraphed(m)
+    c = token_check(got.cpu(), ref.cpu(), [t.cpu() for t in ref_steps])
+    res.agreement = [{"check": c.name, "ok": bool(c.ok), "detail": c.detail, "rel_err": None, "tol": None}]
+    res.notes += ["cuda graphs: the modes run one after the other, not alternating; ms per token = (generate of "
+                  "--new-tokens - generate of 1 token) / (new tokens - 1), "
+                  "generate's own per-step work included; ATen: static cache, eager steps (disable_compile); "
+                  f"Gems: gems.decode.graphed ({counts}); no per-op attribution (a graph replay is one launch)",
+                  f"Gems, eager steps on the static cache (no graphs): {med(gems_eager)} ms/token"]
+    if res.meaningful:
+        gems.disable()
+        progress("cuda graphs: transformers' compiled static-cache decode (ATen)")
+        try:
+            hf = ms_per_token(m, inputs, new_tokens, steps, warmup, cache_implementation="static", **kw)
+            res.notes.append(f"peer, transformers' compiled static-cache decode (torch.compile reduce-overhead, "
+                             f"ATen): {med(hf)} ms/token")
+        except Exception as e:  # noqa: BLE001 -- a peer that does not compile is reported, not fatal
+            res.notes.append(f"peer, transformers' compiled static-cache decode: failed ({type(e).__name__}: {e})")
 
 
 def _agreement(wl: Workload, dtype, progress) -> list:

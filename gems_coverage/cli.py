@@ -295,6 +295,8 @@ def cmd_bench(a, ctx):
     new_tokens = _new_tokens(a, a.workload == "decode", "--workload decode", 16)
     if a.cold and a.compile:
         raise UsageError("--cold and --compile do not combine (--cold times eager first steps)")
+    if a.cuda_graphs and (a.cold or a.workload != "decode"):
+        raise UsageError("--cuda-graphs times decode steps: --workload decode, without --cold")
     if a.cold:   # first-step times from empty caches: its own runs, no attribution or agreement
         from .cold import cold_bench, format_cold
         r = cold_bench(a.model, workload=a.workload, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
@@ -305,7 +307,8 @@ def cmd_bench(a, ctx):
     r = B.bench(a.model, workload=a.workload, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
                 seq_len=a.seq_len, new_tokens=new_tokens, steps=a.steps, warmup=a.warmup, optimizer=a.optimizer,
                 include=_split(a.include), exclude=_split(a.exclude), attribution=not a.no_attribution,
-                patch=_patch_arg(a), fresh_lengths=a.fresh_lengths, compile=a.compile, progress=ctx.say)
+                patch=_patch_arg(a), fresh_lengths=a.fresh_lengths, compile=a.compile,
+                cuda_graphs=a.cuda_graphs, progress=ctx.say)
     _emit(format_result(r, a.format, a.top, a.wide), a.output, ctx)
     if a.plot:
         _write_bench_plot(a.plot, r.to_dict(), a.top, ctx)

@@ -154,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--compile", action="store_true",
                    help="both modes run the model through torch.compile (default mode; after gems.patch with "
                         "--patch): compiled Gems against compiled ATen; see docs/torch-compile.md")
+    b.add_argument("--cuda-graphs", action="store_true",
+                   help="decode through model.generate: ATen's eager steps on a static cache against Gems with "
+                        "gems.decode.graphed (one-token steps replayed from CUDA graphs), ms per token; "
+                        "transformers' compiled static-cache decode as a peer; see docs/decode.md")
     b.add_argument("--top", type=positive_int, default=25, help="attribution rows shown (JSON has all)")
     b.add_argument("--wide", action="store_true",
                    help="the attribution table with every column and full op names (the default fits ~120 "

@@ -61,7 +61,10 @@ class Graphed:
             return cache
         key = (batch_size, bucket, model.dtype, model.device)
         config = model.config.get_text_config(decoder=True)
-        return self.pool.get(key, lambda: StaticCache(config=config, max_cache_len=bucket))
+        cache = self.pool.get(key, lambda: StaticCache(config=config, max_cache_len=bucket))
+        # a pooled cache refused for the last call (its tensors reallocated by beam search) starts over
+        self.step.eager_caches.pop(cache, None)
+        return cache
 
     def undo(self, model):
         gc = self.generation_config

@@ -49,6 +49,13 @@ def sync_errors():
         torch.cuda.set_sync_debug_mode(prev)
 
 
+def cache_tensors(cache) -> list:
+    out = []
+    for layer in cache.layers:
+        out += [layer.keys, layer.values, layer.cumulative_length]
+    return out
+
+
 def clone_tree(v, cache):
     """A step's output with its tensors copied out of the graph's static memory (the next replay
     overwrites it) and the cache passed through."""
@@ -90,12 +97,19 @@ class StepGraph:
     def __init__(self, forward, cache, kwargs: dict):
         self.forward = forward
         self.layers = cache.layers
+        # the tensors whose addresses the graph holds: kept alive here, and compared by identity before
+        # each replay (beam search's reorder_cache replaces them)
+        self.tensors = cache_tensors(cache)
         self.names = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
         self.static = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()
                        if k != "past_key_values"}
         self.graph = self.out = None
         self.verified = False
         self.bad = None     # why this graph is not replayed (its first replay disagreed with eager)
+
+    def holds(self, cache) -> bool:
+        """Whether `cache` still has the tensors the graph was captured on."""
+        return cache.layers is self.layers and all(a is b for a, b in zip(cache_tensors(cache), self.tensors))
 
     def load(self, kwargs):
         for k in self.names:

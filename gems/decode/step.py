@@ -119,6 +119,14 @@ class DecodeStep:
         graphs = self.graphs.setdefault(cache, {})
         key = self.key(kwargs)
         step = graphs.get(key)
+        if step is not None and not step.holds(cache):
+            # the cache reallocated its tensors under the graph (beam search's reorder_cache)
+            self.graphs.pop(cache, None)
+            why = "the cache's tensors were reallocated (beam search reorders the cache): decode steps run eager"
+            self.eager_caches[cache] = why
+            self.counts["eager"] += 1
+            self.say(why)
+            return self.forward(**kwargs)
         if step is None:
             step = StepGraph(self.forward, cache, kwargs)
             step.warm_up(cache, self.warmups)
@@ -130,11 +138,14 @@ class DecodeStep:
         if step.bad is not None:
             self.counts["eager"] += 1
             return self.forward(**kwargs)
-        self.counts["replayed"] += 1
         if self.verify and not step.verified:
             out, why = step.first_replay(cache, kwargs)
             if why is not None:
+                self.counts["eager"] += 1
                 self.say(f"a CUDA graph's first replay disagreed with the eager step ({why}): this step "
                          f"signature runs eager from now on")
+            else:
+                self.counts["replayed"] += 1
             return out
+        self.counts["replayed"] += 1
         return step.replay(cache, kwargs)

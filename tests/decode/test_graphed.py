@@ -181,6 +181,21 @@ def test_capacity_bucket():
         [16, 16, 32, 64, 64, 100, 100, None]
 
 
+def test_first_replay_check_tolerance():
+    """The check that decides between a replay and the eager fallback: within the dtype's tolerance
+    (scaled to the logits' magnitude) passes; past it, NaN against a number, or another shape fails."""
+    from gems.decode.capture import mismatch
+    ref = torch.tensor([[[1.0, -40.0, 3.0]]])
+    assert mismatch(ref.clone(), ref) is None
+    assert mismatch(ref + 3e-3, ref) is None                # 1e-4 x 40
+    assert "max |graph - eager|" in mismatch(ref + torch.tensor([0.0, 0.0, 5e-3]), ref)
+    assert mismatch(torch.full_like(ref, float("nan")), ref) is not None
+    assert mismatch(ref[..., :2], ref) is not None
+    half = ref.half()
+    assert mismatch(half + 0.3, half) is None                # 1e-2 x 40
+    assert mismatch(half + 0.5, half) is not None
+
+
 # ------------------------------------------------------------------------------------------------ CUDA
 cuda_only = pytest.mark.skipif(not ON_GPU, reason="CUDA graphs: GEMS_TEST_DEVICE=cuda")
 
@@ -244,8 +259,28 @@ def test_cuda_bad_replay_falls_back_with_one_warning():
     D.graphed(model, max_batch=1, max_cache_len=64)
     try:
         with pytest.warns(UserWarning, match="first replay disagreed"):
-            gen(model, ids, 8)
+            got = gen(model, ids, 8)
+        counts = D.graph_counts(model)
     finally:
         D.ungraphed(model)
-        del model.model.norm.forward
-    assert ref.shape[1] == 13
+    # eager from the first replay on: each step scaled by the parity of its call, never the graph's frozen one
+    assert counts["captured"] == 1 and counts["eager"] == 7 and counts["replayed"] == 0
+    assert got.shape == ref.shape
+
+
+@cuda_only
+def test_cuda_beam_search_runs_eager_after_reorder():
+    """Beam search reallocates the cache's tensors (reorder_cache): the graph is not replayed on them."""
+    model = tiny_llama()
+    ids = prompt(1, 5)
+    ref = gen(model, ids, 8, num_beams=2, cache_implementation="static", disable_compile=True)
+    D.graphed(model, max_batch=2, max_cache_len=64)
+    try:
+        with pytest.warns(UserWarning, match="reallocated"):
+            got = gen(model, ids, 8, num_beams=2)
+        plain = gen(model, ids, 8)         # the pooled cache of the next call is graphed again
+        counts = D.graph_counts(model)
+    finally:
+        D.ungraphed(model)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert plain.shape == (1, 13) and counts["replayed"] >= 7

@@ -1,0 +1,26 @@
+"""gems-coverage bench --cuda-graphs: runs (on the CPU: the static-cache eager path), agrees, and refuses
+what it does not measure."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from gems_coverage import bench as B
+
+
+def test_bench_cuda_graphs_runs_and_agrees():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = B.bench("llama2", workload="decode", device="cpu", new_tokens=3, steps=1, warmup=1, seq_len=4,
+                    cuda_graphs=True)
+    assert r.agree and len(r.aten_ms) == 1 and len(r.gems_ms) == 1
+    assert any("gems.decode.graphed" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("kw", [dict(workload="prefill"), dict(workload="decode", compile=True),
+                                dict(workload="decode", fresh_lengths=True)])
+def test_bench_cuda_graphs_refuses(kw):
+    import gems_models as M
+    with pytest.raises(M.ModelError, match="--cuda-graphs"):
+        B.bench("llama2", device="cpu", cuda_graphs=True, **kw)
