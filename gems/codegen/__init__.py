@@ -65,7 +65,8 @@ common dtype (`generator.number_misfit`; what decides is part of a call plan's s
 Per call: a generated per-overload wrapper looks up a prebuilt closure keyed by (operand dtypes or
 number types, scalar types, constexpr values, out dtypes) when every tensor operand is contiguous with
 one shape (the flat 1-D kernel); anything else takes `general()` in generator.py: promotion,
-broadcasting, output strides by TensorIterator's rule (layout.result_strides), `out=` resize (with
+broadcasting, output strides as ATen lays them (result_layout.fresh_strides: TensorIterator's rule,
+ATen-generated out= overloads contiguous), `out=` resize (with
 ATen's warning) / in-place checks (broadcast growing self, overlap), then a launch of the flat kernel
 or the strided nd kernel over the collapsed, stride-ordered dims (layout.plan). Kernels are generated
 as source (source.py), written under `<gems cache dir>/codegen/`, and cached per (flat|nd, rank

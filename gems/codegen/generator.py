@@ -18,6 +18,7 @@ from ..runtime import plan as _plan
 from ..runtime.backends import backend
 from ..runtime.utils import cdiv, resize_like_aten
 from . import layout, source
+from .result_layout import fresh_strides
 
 _T = torch.Tensor
 _KIND = pc.ELEMENTWISE_TYPE_PROMOTION_KIND
@@ -293,33 +294,12 @@ def _check_no_internal_overlap(o):
         raise Unsupported("the written-to tensor has elements that share an address")
 
 
-_WRAPPED = ((), (), True, False)    # a number ATen wraps as a 0-dim tensor
-
-
-def _fresh_strides(op, ovl, operands, shape):
-    """The strides ATen gives a fresh (or resized) output of this call; once per call signature (a plan
-    repeats the allocation it recorded)."""
-    rule = op.result_layouts.get(ovl.name) if ovl is not None else None
-    if rule == "contiguous":
-        return layout.contiguous_strides(shape)
-    if rule == "like_self":
-        return layout.like_strides(*_layout_desc(operands[0]))
-    ops = [operands[i] for i in op.iter_order]
-    return layout.result_strides(shape, [_layout_desc(a) if isinstance(a, _T) else _WRAPPED for a in ops
-                                         if isinstance(a, _T) or (a is not None and op.number_operands)])
-
-
-def _layout_desc(t):
-    return (tuple(t.shape), tuple(t.stride()), t.is_contiguous(),
-            t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last))
-
-
 def _outputs(op, ovl, operands, outs, mode, shape, result, device, tens):
     """The tensors the kernel writes: self (in-place), the caller's out= (checked, resized like ATen)
-    or fresh ones laid out by TensorIterator's rule (_fresh_strides)."""
+    or fresh ones laid out as ATen lays them (result_layout.fresh_strides)."""
     if mode == 1:
         return _check_inplace(outs[0], shape, result, tens)
-    fresh = _fresh_strides(op, ovl, operands, shape)
+    fresh = fresh_strides(op, ovl, operands, shape, device.type, result)
     if mode == 0:
         return [alloc.empty(shape, result, device, fresh) for _ in range(op.n_out)]
     out_list = []

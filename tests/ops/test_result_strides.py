@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gems
-from gems.codegen import layout
+from gems.codegen import layout, result_layout
 from gems.ops.memory import preserved_strides
 from harness import DEVICE, served
 
@@ -141,3 +141,62 @@ def test_preserved_strides_follow_c10s_dense_flag():
         want = torch._prims_common.is_non_overlapping_and_dense_or_false(t)
         assert (preserved_strides(t) is not None) == want, (shape, strides)
         assert want == (t.is_contiguous() or layout.non_overlapping_and_dense(shape, strides)), (shape, strides)
+
+
+# out= overloads, each resized from empty: (overload, call(x, out), out dtype, ATen generates it from the
+# functional op (native_functions.yaml `autogen:`: result computed, then copied into a contiguous out))
+OUT_CALLS = [
+    ("rsub.Scalar_out", lambda x, o: A.rsub.Scalar_out(x, -1, 1, out=o), torch.float32, True),
+    ("rsub.Tensor_out", lambda x, o: A.rsub.Tensor_out(x, x.contiguous(), alpha=1, out=o), torch.float32, True),
+    ("add.Scalar_out", lambda x, o: A.add.Scalar_out(x, 2.0, out=o), torch.float32, True),
+    ("div.Scalar_mode_out", lambda x, o: A.div.Scalar_mode_out(x, 2.0, rounding_mode="floor", out=o), torch.float32,
+     True),
+    ("remainder.Scalar_Tensor_out", lambda x, o: A.remainder.Scalar_Tensor_out(1.5, x, out=o), torch.float32, True),
+    ("bitwise_and.Scalar_Tensor_out", lambda x, o: A.bitwise_and.Scalar_Tensor_out(3, x.long(), out=o), torch.int64,
+     True),
+    ("__lshift__.Tensor_out", lambda x, o: A.__lshift__.Tensor_out(x.long(), x.long().abs(), out=o), torch.int64, True),
+    ("__lshift__.Scalar_out", lambda x, o: A.__lshift__.Scalar_out(x.long(), 2, out=o), torch.int64, True),
+    # written by hand in ATen around the structured kernel: TensorIterator's strides
+    ("remainder.Scalar_out", lambda x, o: torch.remainder(x, 1.5, out=o), torch.float32, False),
+    ("bitwise_left_shift.Tensor_Scalar_out", lambda x, o: torch.bitwise_left_shift(x.long(), 2, out=o), torch.int64,
+     False),
+    ("hypot.out", lambda x, o: torch.hypot(x, x, out=o), torch.float32, False),
+    ("pow.Tensor_Scalar_out", lambda x, o: torch.pow(x, 2.0, out=o), torch.float32, False),
+]
+
+
+@pytest.mark.parametrize("layout_name", ["transposed", "permuted", "sliced", "expanded", "channels_last"])
+@pytest.mark.parametrize("name,call,dtype,generated", OUT_CALLS, ids=[c[0] for c in OUT_CALLS])
+def test_out_resized_from_empty_strides_match_aten(name, call, dtype, generated, layout_name):
+    x = _inputs()[layout_name]
+    assert (name in result_layout.generated_out_overloads()) == generated   # the yaml, read by Gems
+    want = call(x, torch.empty(0, dtype=dtype, device=DEVICE))
+    out = torch.empty(0, dtype=dtype, device=DEVICE)
+    with served(name), gems.use_gems():
+        got = call(x, out)
+    assert got is out and got.stride() == want.stride(), f"{name}: Gems {got.stride()}, ATen {want.stride()}"
+    if generated:   # the hand-checked rule
+        assert got.is_contiguous()
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_cpu_inputs_converted_to_the_common_dtype_vote_dense():
+    # ATen's CPU TensorIterator converts an input of another dtype to the common one first (a dense
+    # temporary): an expanded bool or int input then votes for the logical order, and the result is
+    # contiguous; CUDA converts while loading, so the permuted input alone orders the dims
+    cases = [
+        ("ge.Tensor", lambda: torch.ge((torch.rand(5, 1, device=DEVICE) > 0.5).expand(5, 16),
+                                       torch.randint(-5, 5, (16, 5), device=DEVICE).t())),
+        ("div.Tensor", lambda: torch.div(torch.randint(1, 5, (5, 1), device=DEVICE).expand(5, 16),
+                                         torch.randint(1, 5, (16, 5), device=DEVICE).t())),
+        ("logical_and", lambda: torch.logical_and((torch.rand(5, 1, device=DEVICE) > 0.5).expand(5, 16),
+                                                  torch.randn(16, 5, device=DEVICE).t())),
+    ]
+    for name, fn in cases:
+        torch.manual_seed(0)
+        want = fn()
+        torch.manual_seed(0)
+        with served(name), gems.use_gems():
+            got = fn()
+        assert got.stride() == want.stride() == ((16, 1) if DEVICE == "cpu" else (1, 5)), (name, got.stride())
+        assert torch.equal(got, want)
