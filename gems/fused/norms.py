@@ -279,7 +279,7 @@ def _rms_grads(ctx, dy, ds, _):
 
 
 def _rms_bwd_fake(dy, ds, x, weight, rstd, offset, gemma, need_x, need_w):
-    return (maybe(x.new_empty(x.shape) if need_x else None), maybe(torch.empty_like(weight) if need_w else None))
+    return (maybe(x.new_empty(x.shape) if need_x else None), maybe(weight.new_empty(weight.shape) if need_w else None))
 
 
 _RMS_BWD = library.define(

@@ -146,8 +146,8 @@ def test_cross_entropy(dtype, reduction):
 def test_cross_entropy_weight_and_divisor():
     logits, target = _req(make((6, 30))), torch.randint(0, 30, (6,), device=DEVICE)
     w = make((30,), low=0.5, high=2.0)
-    _check(lambda x, t: F.cross_entropy(x, t, weight=w), lambda x, t: torch.nn.functional.cross_entropy(x, t, w.to(x.dtype)),
-           [logits, target], torch.float32)
+    _check(lambda x, t: F.cross_entropy(x, t, weight=w),
+           lambda x, t: torch.nn.functional.cross_entropy(x, t, w.to(x.dtype)), [logits, target], torch.float32)
     _check(lambda x, t: F.cross_entropy(x, t, reduction="sum", divisor=4),
            lambda x, t: ce.reference_cross_entropy(x, t, reduction="sum", divisor=4), [logits, target], torch.float32)
 
