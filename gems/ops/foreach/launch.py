@@ -187,8 +187,11 @@ def foreach_kernel(Base, Tab, N, TOP, LOGN, B0, s, alpha, S, S0,
         dout = address(row, 1 + NIN, B0, ES, VEC)
     else:
         dout = d0
+    # the numbers as fp32 values (the interpreter passes them as Python floats, which the shared
+    # bodies' fma_f cannot take; on the GPU they are fp32 arguments already)
+    alpha = tl.cast(alpha, tl.float32)
     if SMODE == 0:
-        sv = s
+        sv = tl.cast(s, tl.float32)
     elif SMODE == 1:
         sv = tl.load(row + W - 1).to(tl.float64, bitcast=True).to(tl.float32)
     else:
