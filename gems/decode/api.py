@@ -1,11 +1,14 @@
 """`graphed` and `ungraphed`: what they set on a model and how it is put back.
 
-`graphed` sets four things, all recorded so `ungraphed` restores the model exactly:
-- `model.forward` (an instance attribute): the DecodeStep dispatcher around the forward the model had;
-- `model._prepare_static_cache` (instance attribute over transformers' method): caches from the pool;
+`graphed` sets four instance attributes, all recorded so `ungraphed` restores the model exactly:
+- `model.forward`: the DecodeStep dispatcher around the forward the model had (with its signature, which
+  generate inspects);
+- `model.generate`: transformers' generate with `cache_implementation="static"` unless the call passes a
+  cache or a cache implementation (its own or in its generation config); the model's generation_config
+  is not touched, so a user's `past_key_values=StaticCache(...)` still works;
+- `model._prepare_static_cache` (over transformers' method): caches from the pool;
 - `model._valid_auto_compile_criteria`: False, so `generate` does not wrap the graphed forward in
-  torch.compile (transformers compiles the decode step of a static cache on CUDA by itself);
-- `model.generation_config.cache_implementation = "static"` (so a plain `generate` uses a static cache).
+  torch.compile (transformers compiles the decode step of a static cache on CUDA by itself).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from .pool import CachePool, capacity_bucket
 from .step import DecodeStep
 
 ATTR = "_gems_decode"
-INSTANCE_ATTRS = ("forward", "_prepare_static_cache", "_valid_auto_compile_criteria",
+INSTANCE_ATTRS = ("forward", "generate", "_prepare_static_cache", "_valid_auto_compile_criteria",
                   "_previous_max_cache_length")
 
 
@@ -27,15 +30,20 @@ class Graphed:
     def __init__(self, model, options: dict):
         self.options = options
         self.saved = {k: (k in model.__dict__, model.__dict__.get(k)) for k in INSTANCE_ATTRS}
-        gc = model.generation_config
-        self.saved_cache_impl = gc.cache_implementation
-        self.generation_config = gc
         forward = model.__dict__.get("forward") or type(model).forward.__get__(model)
         self.step = DecodeStep(model, forward, max_batch=options["max_batch"],
                                max_cache_len=options["max_cache_len"], warmups=options["warmups"],
                                verify=options["verify"])
         self.pool = CachePool(options["max_caches"], self.step.drop)
         self.prepare_hf = type(model)._prepare_static_cache.__get__(model)
+        self.generate_hf = model.__dict__.get("generate") or type(model).generate.__get__(model)
+
+    def generate(self, *args, **kwargs):
+        gc = kwargs.get("generation_config")
+        if kwargs.get("past_key_values") is None and kwargs.get("cache_implementation") is None \
+                and getattr(gc, "cache_implementation", None) is None and kwargs.get("use_cache", True):
+            kwargs["cache_implementation"] = "static"
+        return self.generate_hf(*args, **kwargs)
 
     def prepare_static_cache(self, model, cache_implementation, batch_size, max_cache_len,
                              prefill_chunk_size=None, model_kwargs=None, **rest):
@@ -67,8 +75,6 @@ class Graphed:
         return cache
 
     def undo(self, model):
-        gc = self.generation_config
-        gc.cache_implementation = self.saved_cache_impl
         ours = model.__dict__.get("forward") is self.step
         for k, (had, old) in self.saved.items():
             if k == "forward" and not ours:
@@ -86,7 +92,8 @@ def graphed(model, *, max_batch: int = 8, max_cache_len: int = 4096, min_cache_l
             max_caches: int = 4, warmups: int = 3, verify: bool = True):
     """Make `model.generate(...)` decode through CUDA graphs; returns the model.
 
-    After this call `generate` uses a static KV cache (`cache_implementation="static"`); the prompt's
+    After this call `generate` uses a static KV cache (`cache_implementation="static"` unless the call
+    passes its own cache or cache implementation: a user's StaticCache is graphed too); the prompt's
     forward (prefill) runs eagerly, and every one-token step is served by a CUDA graph captured once
     per (batch, cache-capacity bucket, step signature) and replayed. Caches come from a pool of at most
     `max_caches` StaticCaches, one per (batch <= max_batch, capacity bucket): powers of two from
@@ -130,7 +137,7 @@ def graphed(model, *, max_batch: int = 8, max_cache_len: int = 4096, min_cache_l
     object.__setattr__(model, "_prepare_static_cache",
                        lambda *a, **k: g.prepare_static_cache(model, *a, **k))
     object.__setattr__(model, "_valid_auto_compile_criteria", lambda *a, **k: False)
-    model.generation_config.cache_implementation = "static"
+    object.__setattr__(model, "generate", g.generate)
     object.__setattr__(model, ATTR, g)
     return model
 

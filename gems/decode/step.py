@@ -10,6 +10,7 @@ pool keeps the cache, those of a user's own `StaticCache` as long as that cache.
 """
 from __future__ import annotations
 
+import inspect
 import warnings
 import weakref
 
@@ -39,6 +40,8 @@ class DecodeStep:
     def __init__(self, model, forward, *, max_batch: int, max_cache_len: int, warmups: int, verify: bool):
         self.model_ref = weakref.ref(model)
         self.forward = forward          # the model's forward when graphed() was called
+        # generate reads the forward's parameters (which kwargs it takes, logits_to_keep): the same as before
+        self.__signature__ = inspect.signature(forward)
         self.max_batch, self.max_cache_len = max_batch, max_cache_len
         self.warmups, self.verify = warmups, verify
         self.graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # cache -> {key: StepGraph}

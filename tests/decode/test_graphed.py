@@ -114,23 +114,31 @@ def test_user_static_cache():
     ids = prompt(2, 5)
     ref = gen(model, ids, 8)
     D.graphed(model, max_batch=2, max_cache_len=64)
+    seen = []
+    orig = model.forward
+
+    def spy(*a, **k):
+        seen.append(k.get("past_key_values"))
+        return orig(*a, **k)
     try:
-        model.generation_config.cache_implementation = None   # generate refuses both a cache and an implementation
         cache = StaticCache(config=model.config, max_cache_len=32)
+        object.__setattr__(model, "forward", spy)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             got = gen(model, ids, 8, past_key_values=cache)
+        object.__setattr__(model, "forward", orig)
     finally:
-        model.generation_config.cache_implementation = "static"
         D.ungraphed(model)
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert all(c is cache for c in seen) and len(seen) == 8
 
 
 def test_ungraphed_restores_exactly():
     model = tiny_llama()
     before_dict, before_gc = snapshot(model)
     D.graphed(model)
-    assert "forward" in model.__dict__ and model.generation_config.cache_implementation == "static"
+    assert "forward" in model.__dict__ and "generate" in model.__dict__
+    assert model._supports_logits_to_keep()     # generate still sees the forward's parameters
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         gen(model, prompt(1, 4), 3)
@@ -206,18 +214,23 @@ def test_cuda_replay_matches_eager(gems_on):
     """32 tokens: graphed decode's tokens equal the eager static-cache decode's, in fp32, with and
     without Gems' ATen ops; every one-token step after the first capture is a replay."""
     import contextlib
+    from gems.decode.timing import generate_greedy
     model = tiny_llama()
     ids = prompt(2, 9)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     scope = gems.use_gems() if gems_on else contextlib.nullcontext()
     with scope:
-        ref = gen(model, ids, 32, cache_implementation="static", disable_compile=True)
+        # the eager reference on a static cache of the bucket graphed picks (128): the same computation
+        ref, ref_logits = generate_greedy(model, inputs, 32, pad_token_id=0, disable_compile=True,
+                                          past_key_values=StaticCache(config=model.config, max_cache_len=128))
         D.graphed(model, max_batch=2, max_cache_len=128)
         try:
-            got = gen(model, ids, 32)
+            got, logits = generate_greedy(model, inputs, 32, pad_token_id=0)
             counts = D.graph_counts(model)
         finally:
             D.ungraphed(model)
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    torch.testing.assert_close(torch.stack(logits), torch.stack(ref_logits), rtol=1e-5, atol=1e-5)
     assert counts["captured"] == 1 and counts["replayed"] == 31 and counts["eager"] == 0
 
 
