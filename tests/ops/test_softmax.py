@@ -213,3 +213,20 @@ def test_backward_of_outputs_past_fp32_range():
         got = B(gh, yh, 1, torch.float16)
     assert torch.equal(got, B(gh, yh, 1, torch.float16))
     assert torch.equal(got, B(gh.double(), yh.double(), 1, torch.float64).half())
+
+
+def test_log_softmax_backward_product_past_fp32_range():
+    # dX = grad - exp(y) * sum(grad) as one fused multiply-add, as ATen's kernels: exp(y) * sum(grad)
+    # passes fp32's range (3.56e38) where dX (-5.56e37) does not; y = -inf with grad -0.0 keeps -0.0
+    B = torch.ops.aten._log_softmax_backward_data.default
+    for n in (5, 1100):   # 1100: the looping path on the interpreter
+        g = torch.zeros(n, device=DEVICE)
+        g[1], g[2:4] = 3e38, -0.0
+        y = torch.full((n,), 0.17016173899173737, device=DEVICE)
+        y[3] = -float("inf")
+        for gg, yy, dim in ((g[None], y[None], 1), (g[:, None], y[:, None], 0)):
+            with served("_log_softmax_backward_data"), gems.use_gems(include=["_log_softmax_backward_data"]):
+                got = B(gg, yy, dim, torch.float32)
+            want = B(gg, yy, dim, torch.float32)
+            assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit())
+            assert torch.isfinite(got.flatten()[1]) and got.flatten()[3] == 0 and got.flatten()[3].signbit()

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...codegen.tlmath import fma_f
 from ...registry import FLOATS, Unsupported, register
 from ...runtime import backend, kernel
 from ...runtime.autotune import Autotuner, bench_ms
@@ -82,7 +83,9 @@ def softmax_fwd(X, Y, N, K, LOG: tl.constexpr, SAFE: tl.constexpr, BLOCK_K: tl.c
 def softmax_bwd(G, Y, DX, N, K, LOG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
                 SINGLE: tl.constexpr):
     """softmax:     dX = Y * (G - sum(G * Y))
-    log_softmax: dX = G - exp(Y) * sum(G)          (Y is the forward output)"""
+    log_softmax: dX = G - exp(Y) * sum(G)          (Y is the forward output)
+    log_softmax's product and difference are one fused multiply-add, as ATen's kernels (CPU and CUDA)
+    compute them: exp(Y) * sum(G) may pass fp32's range where dX does not."""
     m = tl.program_id(0).to(tl.int64)
     k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)[:, None]
     n = tl.arange(0, BLOCK_N)[None, :]
@@ -94,7 +97,7 @@ def softmax_bwd(G, Y, DX, N, K, LOG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_
         g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
         y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
         if LOG:
-            dx = g - tl.exp(y) * tl.sum(g, 1)[:, None]
+            dx = fma_f(tl.exp(y) * -1.0, tl.sum(g, 1)[:, None], g)   # (* -1: -x is 0 - x, +0.0 for 0)
         else:
             dx = y * (g - tl.sum(g * y, 1)[:, None])
         tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
@@ -115,7 +118,7 @@ def softmax_bwd(G, Y, DX, N, K, LOG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_
             g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
             y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
             if LOG:
-                dx = g - tl.exp(y) * acc
+                dx = fma_f(tl.exp(y) * -1.0, acc, g)
             else:
                 dx = y * (g - acc)
             tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
