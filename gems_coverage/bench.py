@@ -436,7 +436,7 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
                          "inductor leaves to ATen")
     if patch:
         res.patched = True
-        res.patch = patch_report(bundle.model, popts)
+        res.patch = patch_report(bundle.model, popts, recipe.name)
         res.notes.append("Gems turns: gems.patch(model) + Gems' ATen ops; ATen turns: the unpatched model; "
                          "attribution rows fused::<Function> are gems.fused's kernels (forward and Backward)")
     if fresh_lengths:

@@ -313,13 +313,8 @@ def parity(model: str, *, modes=("inference", "training"), device: str = "cpu", 
     res = ParityResult(model=base.recipe.name, size=size, device=device, dtype=str(dt).replace("torch.", ""),
                        backend=info.backend, registered_ops=info.registered_ops)
     if patch:
-        res.patch = runner.patch_report(base.model, popts)   # a model gems.patch refuses: before any run
-        if not res.patch["replaced"]:   # the Gems run would not differ from --patch's absence: bad input
-            left = [e for e in res.patch.get("left", []) if e["strict"]]
-            why = f" ({len(left)} part(s) not proven equivalent, first {left[0]['module']}: {left[0]['why']})" \
-                if left else ""
-            raise gems_models.ModelError(f"--patch: gems.patch replaces nothing in {model} with these options{why}; "
-                                         f"run parity without --patch")
+        # a model gems.patch refuses or replaces nothing in: bad input, before any run
+        res.patch = runner.patch_report(base.model, popts, model)
     names = set(scope.cfg) if shadow else set()
     before = gemsinfo.stats()
 

@@ -26,9 +26,11 @@ def patched(patch) -> bool:
     return patch is True or isinstance(patch, dict)
 
 
-def patch_report(model, options) -> dict:
+def patch_report(model, options, name: str = "this model") -> dict:
     """What gems.patch replaces in this model, patched and unpatched at once: run right after the model
-    is built, a model gems.patch does not take is bad input (gems_models.ModelError) before any run."""
+    is built, a model gems.patch does not take, or in which it replaces nothing with these options (the
+    Gems run would not differ from one without --patch), is bad input (gems_models.ModelError) before
+    any run."""
     import gems
     from gems_models import ModelError
     try:
@@ -36,7 +38,14 @@ def patch_report(model, options) -> dict:
     except (ValueError, TypeError, RuntimeError) as e:
         raise ModelError(f"--patch: {e}") from None
     gems.unpatch(model)
-    return report.to_dict()
+    d = report.to_dict()
+    if not d["replaced"]:
+        left = [e for e in d.get("left", []) if e["strict"]]
+        why = f" ({len(left)} part(s) not proven equivalent, first {left[0]['module']}: {left[0]['why']})" \
+            if left else ""
+        raise ModelError(f"--patch: gems.patch replaces nothing in {name} with these options{why}; "
+                         f"run without --patch")
+    return d
 
 
 def patch_options(patch) -> dict:

@@ -79,7 +79,7 @@ def tune(model: str, *, workloads=("prefill", "train"), device: str = "cuda", si
     bundle = M.build(recipe, size=size, device=device, dtype=dtype_name, batch=batch, seq_len=seq_len, seed=0,
                      dropout=0.0 if "train" in workloads else None)
     if patch:
-        patch_report(bundle.model, popts)   # a model gems.patch refuses: bad input, before any run
+        patch_report(bundle.model, popts, model)   # a model gems.patch refuses: bad input, before any run
     try:
         for w, _ in checked:
             progress(f"{w}: one run with Gems on")
