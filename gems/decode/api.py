@@ -97,8 +97,9 @@ def graphed(model, *, max_batch: int = 8, max_cache_len: int = 4096, min_cache_l
     forward (prefill) runs eagerly, and every one-token step is served by a CUDA graph captured once
     per (batch, cache-capacity bucket, step signature) and replayed. Caches come from a pool of at most
     `max_caches` StaticCaches, one per (batch <= max_batch, capacity bucket): powers of two from
-    `min_cache_len` (default min(256, max_cache_len)) up to `max_cache_len`, reused (reset in place) by later generate calls, so their
-    graphs replay. A call needing more is served eagerly by transformers' own cache, said once.
+    `min_cache_len` (default min(256, max_cache_len)) up to `max_cache_len`, reused (reset in place)
+    by later generate calls, so their graphs replay. A call needing more is served eagerly by
+    transformers' own cache, said once.
 
     Capture: `warmups` eager steps on a side stream first (compiles, tunes, records Gems' plans); the
     last under sync-error mode, so a step that synchronizes with the host raises GraphCaptureError, as

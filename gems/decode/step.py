@@ -24,6 +24,8 @@ from .capture import StepGraph
 PLAIN_ARGS = {"use_cache": (True, None), "return_dict": (True, None), "output_attentions": (False, None),
               "output_hidden_states": (False, None)}
 TENSOR_ARGS = ("input_ids", "attention_mask", "position_ids")
+# graphs per cache (generate needs one; more means arguments that vary from step to step)
+MAX_SIGNATURES = 8
 
 
 def static_layers(cache) -> bool:
@@ -32,6 +34,11 @@ def static_layers(cache) -> bool:
     from transformers.cache_utils import StaticLayer
     layers = getattr(cache, "layers", None)
     return bool(layers) and all(type(layer) is StaticLayer for layer in layers)
+
+
+def graphs_available(device) -> bool:
+    """Whether steps on `device` can be captured (CUDA graphs: CUDA tensors)."""
+    return device.type == "cuda"
 
 
 class DecodeStep:
@@ -65,8 +72,9 @@ class DecodeStep:
         cache = kwargs.get("past_key_values")
         ids = kwargs.get("input_ids")
         if args or cache is None or not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] != 1 \
-                or kwargs.get("inputs_embeds") is not None:
-            return self.forward(*args, **kwargs)       # not a one-token step: prefill, or no cache
+                or kwargs.get("inputs_embeds") is not None or not getattr(cache, "is_initialized", False):
+            # not a one-token step on a filled cache: a prefill (a one-token prompt's too), or no cache
+            return self.forward(*args, **kwargs)
         why = self.refusal(cache, ids, kwargs)
         if why is not None:
             self.counts["eager"] += 1
@@ -78,12 +86,10 @@ class DecodeStep:
         """Why this one-token step runs eagerly, or None when a graph serves it."""
         if cache in self.eager_caches:
             return self.eager_caches[cache]
-        if not getattr(cache, "is_initialized", False):
-            return "one-token step on an empty cache: runs eager"
         if not static_layers(cache):
             return (f"the cache is a {type(cache).__name__} with other than plain static layers (a dynamic or "
                     f"sliding-window cache): decode steps run eager")
-        if ids.device.type != "cuda":
+        if not graphs_available(ids.device):
             return (f"no CUDA graphs on {ids.device.type}: decode steps run eagerly on the static cache "
                     f"(the same computation, without capture)")
         if torch.cuda.is_current_stream_capturing():
@@ -103,6 +109,9 @@ class DecodeStep:
             if k in TENSOR_ARGS:
                 if v is not None and (not isinstance(v, torch.Tensor) or v.device != ids.device):
                     return f"{k} is not a tensor on {ids.device} (a dict of masks?): decode steps run eager"
+                if k == "attention_mask" and v is not None and v.shape[-1] != cache.get_max_length():
+                    # a 2D mask growing by one each step would need a graph per step
+                    return "the attention mask does not span the cache's capacity: decode steps run eager"
             elif k == "logits_to_keep":
                 if not isinstance(v, int):
                     return "logits_to_keep is not an int: decode steps run eager"
@@ -129,6 +138,10 @@ class DecodeStep:
             self.eager_caches[cache] = why
             self.counts["eager"] += 1
             self.say(why)
+            return self.forward(**kwargs)
+        if step is None and len(graphs) >= MAX_SIGNATURES:
+            self.counts["eager"] += 1
+            self.say(f"more than {MAX_SIGNATURES} step signatures on one cache: the others run eager")
             return self.forward(**kwargs)
         if step is None:
             step = StepGraph(self.forward, cache, kwargs)

@@ -66,6 +66,23 @@ def test_greedy_tokens_match_plain_generate(batch):
         assert counts["captured"] >= 1 and counts["replayed"] == 2 * 15 and counts["eager"] == 0
 
 
+def test_one_token_prompt():
+    """A one-token prompt's prefill is a [B, 1] forward too: on a fresh cache it runs eager, on the pooled
+    cache of the next call it is one more step (on CUDA, a replay): the tokens are plain generate's."""
+    model = tiny_llama()
+    ids = prompt(2, 1)
+    ref = gen(model, ids, 6)
+    D.graphed(model, max_batch=2, max_cache_len=32)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = [gen(model, ids, 6) for _ in range(2)]
+    finally:
+        D.ungraphed(model)
+    for g in got:
+        torch.testing.assert_close(g, ref, rtol=0, atol=0)
+
+
 def test_static_cache_is_pooled_and_bucketed():
     model = tiny_llama()
     D.graphed(model, max_batch=2, max_cache_len=64, min_cache_len=16)
@@ -297,3 +314,90 @@ def test_cuda_beam_search_runs_eager_after_reorder():
         D.ungraphed(model)
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
     assert plain.shape == (1, 13) and counts["replayed"] >= 7
+
+
+# ------------------------------------------------------------------ the dispatcher on the CPU, graphs faked
+class FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph on the CPU: `replay` runs the captured step again on the static
+    buffers and writes the results into the capture's output tensors, as a replay writes its static
+    output. It re-runs Python, so it cannot show what a real graph freezes (the CUDA tests do)."""
+
+    def __init__(self, fn, out):
+        self.fn, self.out = fn, out
+
+    def replay(self):
+        new = self.fn()
+        self.out.logits.copy_(new.logits)
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    import contextlib
+
+    from gems.decode import capture as C
+    from gems.decode import step as S
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    def capture(self, cache, pool):
+        saved = C.save_lengths(self.layers)
+        out = self.forward(**self.static, past_key_values=cache)
+        C.restore_lengths(self.layers, saved)    # a capture records, it does not run
+        self.graph, self.out = FakeGraph(lambda: self.forward(**self.static, past_key_values=cache), out), out
+    monkeypatch.setattr(S, "graphs_available", lambda device: True)
+    monkeypatch.setattr(C.StepGraph, "capture", capture)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU stand-in for CUDA graphs")
+def test_dispatcher_with_fake_graphs(fake_graphs):
+    """Static buffers, one capture per cache and signature, replays, the first-replay check, the pool
+    across calls and the eager path after beam search reallocates the cache: greedy tokens equal plain
+    generate's."""
+    model = tiny_llama()
+    ids = prompt(2, 7)
+    ref = gen(model, ids, 12)
+    beam_ref = gen(model, ids[:1], 6, num_beams=2)
+    D.graphed(model, max_batch=2, max_cache_len=64, min_cache_len=32)
+    try:
+        got = gen(model, ids, 12)
+        counts_one = D.graph_counts(model)
+        again = gen(model, ids, 12)            # the pooled cache and its graph
+        counts_two = D.graph_counts(model)
+        with pytest.warns(UserWarning, match="reallocated"):
+            beam = gen(model, ids[:1], 6, num_beams=2)
+    finally:
+        D.ungraphed(model)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    torch.testing.assert_close(again, ref, rtol=0, atol=0)
+    torch.testing.assert_close(beam, beam_ref, rtol=0, atol=0)
+    assert counts_one == {"captured": 1, "replayed": 11, "eager": 0}
+    assert counts_two == {"captured": 1, "replayed": 22, "eager": 0}
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU stand-in for CUDA graphs")
+def test_dispatcher_refuses_a_wrong_first_replay(fake_graphs, monkeypatch):
+    """A replay whose logits differ from the eager step's: the eager result is used, one warning, and
+    that signature runs eager from then on."""
+    monkeypatch.setattr(FakeGraph, "replay", lambda self: self.out.logits.add_(1.0))
+    model = tiny_llama()
+    ids = prompt(1, 5)
+    ref = gen(model, ids, 8)
+    D.graphed(model, max_batch=1, max_cache_len=64)
+    try:
+        with pytest.warns(UserWarning, match="first replay disagreed") as w:
+            got = gen(model, ids, 8)
+        counts = D.graph_counts(model)
+    finally:
+        D.ungraphed(model)
+    assert len([x for x in w if "first replay" in str(x.message)]) == 1
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert counts == {"captured": 1, "replayed": 0, "eager": 7}
