@@ -50,8 +50,9 @@ def _one_plus_minus_tanh(u):
 
 @triton.jit
 def _gelu(x, APPROX: tl.constexpr):
-    """none: x/2 * (1 + erf(x/sqrt2));  tanh: x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), 1 + tanh
-    without cancellation (_one_plus_minus_tanh)"""
+    """none: x/2 * (1 + erf(x/sqrt2));  tanh: x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+
+    tanh: 1 + tanh formed without cancellation (_one_plus_minus_tanh)."""
     if APPROX == "tanh":
         p, _ = _one_plus_minus_tanh(_SQRT_2_PI * (x + _KAPPA * x * x * x))
         return 0.5 * x * p
@@ -134,9 +135,11 @@ def _softplus_bwd(g, x, beta, threshold):
 
 @triton.jit
 def _elu(x, alpha, scale, input_scale):
-    """x > 0 ? x * scale : alpha * scale * expm1(x * input_scale); a zero takes the branch each device's
-    ATen kernel gives it, which shows when input_scale is infinite (0 * inf = NaN) or alpha NaN: CUDA's
-    tests x > 0 (a zero is NaN there), the CPU's x >= 0 (a zero is x * scale)"""
+    """x <= 0 ? alpha * scale * expm1(x * input_scale) : x * scale
+
+    A zero takes the branch each device's ATen kernel gives it, which shows when input_scale is infinite
+    (0 * inf = NaN) or alpha NaN: CUDA's tests x > 0 (a zero is NaN there), the CPU's x >= 0 (a zero
+    is x * scale)."""
     neg = alpha * scale * expm1_f(x * input_scale)
     if GPU:
         return tl.where(x > 0, x * scale, neg)

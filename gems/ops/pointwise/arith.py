@@ -17,9 +17,11 @@ NUMERIC = FLOATS + INTS
 
 @triton.jit
 def add_f(a, b, alpha):
-    """self + alpha * other; floats as one fused multiply-add, as ATen computes it on both devices (its
-    CPU kernel's fmadd, CUDA's contraction): the product is not rounded on its own, so a product past
-    the dtype's range plus an infinity of the same sign is that infinity, and inf - inf never appears"""
+    """self + alpha * other
+
+    Floats as one fused multiply-add, as ATen computes it on both devices (its CPU kernel's fmadd,
+    CUDA's contraction): the product is not rounded on its own, so a product past the dtype's range
+    plus an infinity of the same sign is that infinity, and inf - inf never appears."""
     if a.dtype.is_floating():
         return fma_f(alpha, b, a)
     else:
@@ -28,7 +30,9 @@ def add_f(a, b, alpha):
 
 @triton.jit
 def sub_f(a, b, alpha):
-    """self - alpha * other: ATen's self + (-alpha) * other, fused for floats (add_f)"""
+    """self - alpha * other
+
+    ATen's self + (-alpha) * other, fused for floats (add_f)."""
     if a.dtype.is_floating():
         return fma_f(alpha * -1.0, b, a)       # not -alpha: Triton's -x is 0 - x (+0.0 for alpha = 0)
     else:
@@ -37,7 +41,9 @@ def sub_f(a, b, alpha):
 
 @triton.jit
 def _rsub(a, b, alpha):
-    """other - alpha * self: ATen's sub(other, self, alpha), fused for floats (add_f)"""
+    """other - alpha * self
+
+    ATen's sub(other, self, alpha), fused for floats (add_f)."""
     if a.dtype.is_floating():
         return fma_f(alpha * -1.0, a, b)
     else:
