@@ -39,9 +39,12 @@ class Graphed:
         self.generate_hf = model.__dict__.get("generate") or type(model).generate.__get__(model)
 
     def generate(self, *args, **kwargs):
+        """transformers' generate, with a static cache unless the call chooses a cache (or none)."""
         gc = kwargs.get("generation_config")
+        use_cache = kwargs.get("use_cache", getattr(gc or self.generate_hf.__self__.generation_config,
+                                                    "use_cache", True))
         if kwargs.get("past_key_values") is None and kwargs.get("cache_implementation") is None \
-                and getattr(gc, "cache_implementation", None) is None and kwargs.get("use_cache", True):
+                and getattr(gc, "cache_implementation", None) is None and use_cache is not False:
             kwargs["cache_implementation"] = "static"
         return self.generate_hf(*args, **kwargs)
 
