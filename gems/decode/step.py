@@ -23,7 +23,7 @@ from .capture import StepGraph
 # return_dict); any other one runs the step eagerly
 PLAIN_ARGS = {"use_cache": (True, None), "return_dict": (True, None), "output_attentions": (False, None),
               "output_hidden_states": (False, None)}
-TENSOR_ARGS = ("input_ids", "attention_mask", "position_ids")
+TENSOR_ARGS = ("input_ids", "attention_mask", "position_ids", "cache_position")   # the last: remote code
 # graphs per cache (generate needs one; more means arguments that vary from step to step)
 MAX_SIGNATURES = 8
 
@@ -62,7 +62,7 @@ class DecodeStep:
         """One warning per distinct reason for the model's life under `graphed`."""
         if why not in self.said:
             self.said.add(why)
-            warnings.warn(f"gems.decode: {why}", stacklevel=4)
+            warnings.warn(f"gems.decode: {why}", stacklevel=3)
 
     def drop(self, cache):
         self.graphs.pop(cache, None)
@@ -115,8 +115,9 @@ class DecodeStep:
             elif k == "logits_to_keep":
                 if not isinstance(v, int):
                     return "logits_to_keep is not an int: decode steps run eager"
-            elif k not in PLAIN_ARGS or v not in PLAIN_ARGS[k]:
-                return f"argument {k}={v!r} is not captured: decode steps run eager"
+            elif k not in PLAIN_ARGS or isinstance(v, torch.Tensor) or v not in PLAIN_ARGS[k]:
+                what = type(v).__name__ if isinstance(v, torch.Tensor) else repr(v)
+                return f"argument {k}={what} is not captured: decode steps run eager"
         return None
 
     def key(self, kwargs):

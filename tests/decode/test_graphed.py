@@ -401,3 +401,20 @@ def test_dispatcher_refuses_a_wrong_first_replay(fake_graphs, monkeypatch):
     assert len([x for x in w if "first replay" in str(x.message)]) == 1
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
     assert counts == {"captured": 1, "replayed": 0, "eager": 7}
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU stand-in for CUDA graphs")
+def test_dispatcher_runs_uncaptured_arguments_eager(fake_graphs):
+    """An argument a graph does not capture (hidden states asked for) runs the step eagerly, said once."""
+    model = tiny_llama()
+    ids = prompt(1, 5)
+    ref = gen(model, ids, 5)
+    D.graphed(model, max_batch=1, max_cache_len=64)
+    try:
+        with pytest.warns(UserWarning, match="output_hidden_states=True is not captured"):
+            out = gen(model, ids, 5, output_hidden_states=True, return_dict_in_generate=True)
+        counts = D.graph_counts(model)
+    finally:
+        D.ungraphed(model)
+    torch.testing.assert_close(out.sequences, ref, rtol=0, atol=0)
+    assert counts == {"captured": 0, "replayed": 0, "eager": 4}
