@@ -24,3 +24,13 @@ def test_bench_cuda_graphs_refuses(kw):
     import gems_models as M
     with pytest.raises(M.ModelError, match="--cuda-graphs"):
         B.bench("llama2", device="cpu", cuda_graphs=True, **kw)
+
+
+@pytest.mark.parametrize("argv", [["llama2", "--cuda-graphs"],                               # prefill
+                                  ["llama2", "--workload", "decode", "--cuda-graphs", "--cold"],
+                                  ["llama2", "--workload", "decode", "--cuda-graphs", "--compile"],
+                                  ["bert", "--workload", "decode", "--cuda-graphs"]])
+def test_cli_cuda_graphs_bad_input_exits_2(argv, capsys):
+    from gems_coverage import cli
+    assert cli.main(["-q", "bench", *argv, "--device", "cpu"]) == 2
+    assert "error" in capsys.readouterr().err
