@@ -53,6 +53,7 @@ class DecodeStep:
         self.warmups, self.verify = warmups, verify
         self.graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # cache -> {key: StepGraph}
         self.eager_caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> why eager
+        self.facts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # cache -> (static layers, capacity)
         self.said: set = set()
         self.mempool = None
         self.counts = {"replayed": 0, "captured": 0, "eager": 0}
@@ -86,7 +87,11 @@ class DecodeStep:
         """Why this one-token step runs eagerly, or None when a graph serves it."""
         if cache in self.eager_caches:
             return self.eager_caches[cache]
-        if not static_layers(cache):
+        facts = self.facts.get(cache)
+        if facts is None:     # per cache, once: neither changes while the cache lives
+            facts = self.facts[cache] = (static_layers(cache), cache.get_max_length())
+        is_static, capacity = facts
+        if not is_static:
             return (f"the cache is a {type(cache).__name__} with other than plain static layers (a dynamic or "
                     f"sliding-window cache): decode steps run eager")
         if not graphs_available(ids.device):
@@ -101,15 +106,15 @@ class DecodeStep:
             return "the model is in training mode: decode steps run eager"
         if ids.shape[0] > self.max_batch:
             return f"batch {ids.shape[0]} > max_batch {self.max_batch}: decode steps run eager"
-        if cache.get_max_length() > self.max_cache_len:
-            return f"a cache of {cache.get_max_length()} positions > max_cache_len {self.max_cache_len}: runs eager"
+        if capacity > self.max_cache_len:
+            return f"a cache of {capacity} positions > max_cache_len {self.max_cache_len}: runs eager"
         for k, v in kwargs.items():
             if k == "past_key_values":
                 continue
             if k in TENSOR_ARGS:
                 if v is not None and (not isinstance(v, torch.Tensor) or v.device != ids.device):
                     return f"{k} is not a tensor on {ids.device} (a dict of masks?): decode steps run eager"
-                if k == "attention_mask" and v is not None and v.shape[-1] != cache.get_max_length():
+                if k == "attention_mask" and v is not None and v.shape[-1] != capacity:
                     # a 2D mask growing by one each step would need a graph per step
                     return "the attention mask does not span the cache's capacity: decode steps run eager"
             elif k == "logits_to_keep":
