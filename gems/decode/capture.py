@@ -3,7 +3,8 @@ of the first replay against an eager step.
 
 Warm-up: the step runs eagerly `warmups` times on a side stream before capture, so every kernel the
 step launches is compiled, autotuned and has its call plan recorded (Gems' first calls do host work a
-graph cannot hold). The last warm-up runs under `torch.cuda.set_sync_debug_mode("error")`: an op that
+graph cannot hold). Three by default: a signature's first call compiles and tunes, its second records
+the call plan (GEMS_PLAN_AFTER=2), the third replays the plan as the capture will. The last warm-up runs under `torch.cuda.set_sync_debug_mode("error")`: an op that
 synchronizes with the host (`.item()`, `nonzero`, a device-to-host copy) cannot be captured, and
 raises GraphCaptureError here rather than failing obscurely inside the capture.
 
