@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 import gems
 from gems.ops.norm import layer_norm as ln_mod
-from harness import DEVICE, assert_close, check_grad, check_op, dtype_params, layouts, make, served
+from harness import DEVICE, ON_GPU, assert_close, check_grad, check_op, dtype_params, layouts, make, served
 
 LN = torch.ops.aten.native_layer_norm.default
 LN_BWD = torch.ops.aten.native_layer_norm_backward.default
@@ -238,3 +238,17 @@ def test_rows_whose_statistics_overflow_fp32(n):
     assert torch.equal(yh.isnan(), yha.isnan()) and torch.equal(rstdh.isnan(), rstdha.isnan())
     assert meanh[0] == -float("inf")
     assert_close([yh[1:], meanh[1:], rstdh[1:]], [t[1:] for t in LN(xh.double(), [n], None, None, 1e-5)], torch.float16)
+
+
+def test_constant_row_with_an_infinite_weight_is_nan():
+    """docs/known-differences.md: x - mean is exactly 0 on a constant row, and 0 * inf NaN (ATen's CUDA
+    formula); ATen's CPU leaves a rounding residue there (+-inf)."""
+    x = torch.tensor([[50.46875], [-0.25], [3.0]], device=DEVICE).expand(3, 4).contiguous()
+    w = torch.tensor([float("inf"), -float("inf"), 1.0, 2.0], device=DEVICE)
+    with served("native_layer_norm"), gems.use_gems():
+        y, mean, rstd = LN(x, [4], w, None, 1e-5)
+    assert y[:, :2].isnan().all() and torch.equal(y[:, 2:], torch.zeros_like(y[:, 2:]))
+    assert torch.equal(mean, x[:, :1])
+    torch.testing.assert_close(rstd, torch.full_like(rstd, 1e-5).rsqrt())
+    if ON_GPU:
+        assert LN(x, [4], w, None, 1e-5)[0][:, :2].isnan().all()
