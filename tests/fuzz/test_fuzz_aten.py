@@ -284,29 +284,35 @@ def _either_non_finite(case, path, g, a, flags):
 
 
 def _layer_norm_accepts(case, path, g, a, _flags):
-    """native_layer_norm (its row): in a row holding an infinity, a NaN or |x| >= 2^63, ATen's Welford
+    """native_layer_norm (its rows): in a row holding an infinity, a NaN or |x| >= 2^63, ATen's Welford
     lanes may overflow: there Gems' value must be the float64 reference's (mean: +-inf or NaN where the
-    row holds infinities; the reference's Welford answers NaN), ATen's may be anything."""
+    row holds infinities; the reference's Welford answers NaN), ATen's may be anything. In y of a
+    constant row times an infinite weight: Gems' NaN (0 * inf) where ATen's is not finite."""
     c = _call_args(case)
     x, ns = c["input"].detach().cpu().double(), [int(n) for n in c["normalized_shape"]]
     N = math.prod(ns)
-    if N == 0 or x.numel() == 0:
+    out = path[-2] if path.startswith("result[") else path[-1] if path.startswith("kwargs.out") else None
+    if N == 0 or x.numel() == 0 or out is None:   # (None: the input tensors after the call)
         return None
     rows = x.reshape(-1, N)
+    gr, ar = g.reshape(len(rows), -1), a.reshape(len(rows), -1)
+    ok = torch.zeros(gr.shape, dtype=torch.bool)
+    w = c.get("weight")
+    if out == "0" and w is not None and not torch.isfinite(w).all():
+        const = (rows == rows[:, :1]).all(1, keepdim=True) & torch.isfinite(rows).all(1, keepdim=True)
+        inf_w = ~torch.isfinite(w.detach().cpu().double().reshape(1, N))
+        ok |= const & inf_w & gr.isnan() & ~torch.isfinite(ar)
     odd = (~torch.isfinite(rows) | (rows.abs() >= 2.0 ** 63)).any(1)
-    if not odd.any():
-        return None
-    out = path[-2] if path.startswith("result[") else path[-1] if path.startswith("kwargs.out") else None
-    if out is None:   # the input tensors after the call
-        return None
-    up = (lambda t: None if t is None else t.detach().cpu().double())
-    ref = torch.ops.aten.native_layer_norm(x, ns, up(c.get("weight")), up(c.get("bias")), c["eps"])[int(out)]
-    gr, rr = g.reshape(len(odd), -1), ref.reshape(len(odd), -1)
-    rtol, atol = TOL.get(c["input"].dtype, TOL[torch.float32])
-    near = ((gr - rr).abs() <= atol + 2 * rtol * rr.abs()) | (gr.isnan() & rr.isnan()) | (gr == rr)
-    if out == "1":   # the mean of a row holding infinities: that infinity (NaN for both signs)
-        near |= ~torch.isfinite(gr) & (~torch.isfinite(rows)).any(1, keepdim=True)
-    return (odd[:, None] & near.nan_to_num(False)).reshape(g.shape)
+    if odd.any():
+        up = (lambda t: None if t is None else t.detach().cpu().double())
+        ref = torch.ops.aten.native_layer_norm(x, ns, up(w), up(c.get("bias")), c["eps"])[int(out)]
+        rr = ref.reshape(len(rows), -1)
+        rtol, atol = TOL.get(c["input"].dtype, TOL[torch.float32])
+        near = ((gr - rr).abs() <= atol + 2 * rtol * rr.abs()) | (gr.isnan() & rr.isnan()) | (gr == rr)
+        if out == "1":   # the mean of a row holding infinities: that infinity (NaN for both signs)
+            near |= ~torch.isfinite(gr) & (~torch.isfinite(rows)).any(1, keepdim=True)
+        ok |= odd[:, None] & near
+    return ok.reshape(g.shape)
 
 
 DOCUMENTED = {"mm": (_gemm_flags, _either_non_finite), "addmm": (_gemm_flags, _either_non_finite),
