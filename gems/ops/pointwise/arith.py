@@ -23,7 +23,8 @@ def add_f(a, b, alpha):
     CUDA's contraction): the product is not rounded on its own, so a product past the dtype's range
     plus an infinity of the same sign is that infinity, and inf - inf never appears."""
     if a.dtype.is_floating():
-        return fma_f(alpha, b, a)
+        # casts: foreach kernels pass alpha, and a scalar other, as Python numbers
+        return fma_f(tl.cast(alpha, a.dtype), tl.cast(b, a.dtype), a)
     else:
         return a + alpha * b
 
@@ -34,7 +35,8 @@ def sub_f(a, b, alpha):
 
     ATen's self + (-alpha) * other, fused for floats (add_f)."""
     if a.dtype.is_floating():
-        return fma_f(alpha * -1.0, b, a)       # not -alpha: Triton's -x is 0 - x (+0.0 for alpha = 0)
+        # not -alpha: Triton's -x is 0 - x (+0.0 for alpha = 0); casts as in add_f
+        return fma_f(tl.cast(alpha * -1.0, a.dtype), tl.cast(b, a.dtype), a)
     else:
         return a - alpha * b
 
@@ -45,7 +47,7 @@ def _rsub(a, b, alpha):
 
     ATen's sub(other, self, alpha), fused for floats (add_f)."""
     if a.dtype.is_floating():
-        return fma_f(alpha * -1.0, a, b)
+        return fma_f(tl.cast(alpha * -1.0, a.dtype), a, tl.cast(b, a.dtype))
     else:
         return b - alpha * a
 
