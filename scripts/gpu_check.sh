@@ -13,7 +13,9 @@
 # prefill and decode (also with a new KV length every token: --fresh-lengths), TinyLlama-1.1B training,
 # BERT training at the sizes of docs/perf.md, also with a new length every step: --fresh-lengths), patched
 # (the same workloads with gems.patch, when it exists, and 20 training steps' losses of the patched
-# 1.1B and BERT against unpatched ATen: gems-coverage distributed --nproc 1 --patch --fp32-reference).
+# 1.1B and BERT against unpatched ATen: gems-coverage distributed --nproc 1 --patch --fp32-reference),
+# families (GPT-2-medium, Qwen3-1.7B, a 4-layer Mixtral patched; torch.compile peers), fuzz (the
+# differential fuzz for GEMS_CHECK_FUZZ_S seconds over the workers).
 # Results go to $GEMS_CHECK_DIR (default gpu-check-<date>/): logs, JSON, summary.txt.
 # Env: GEMS_CHECK_QUICK=1 for fewer timed runs; GEMS_CHECK_WORKERS (default 8) test processes;
 # GEMS_CHECK_SUITE_S the suite's limit (SIGINT: the tracebacks still print), GEMS_CHECK_TEST_S one test's.
@@ -154,6 +156,27 @@ if want patched && $PY -c "import gems; gems.patch" 2>/dev/null; then
 print(d['verdict'], 'max rel err', round(d['agreement']['max_rel_err'], 5), 'tokens/s ratio', d['throughput_ratio'])" \
       "$OUTDIR/losses_$tag.json" 2>&1 | tail -1)"
   done
+fi
+
+if want families; then
+  # families beyond the built-ins (benchmarks/configs/), patched, beside the peer a user would pick:
+  # torch.compile(model) for training, ATen eager for decode
+  C=benchmarks/configs
+  bench gpt2m_train_patched "$C/gpt2-medium.json" train --batch 8 --seq-len 1024 --steps 5 --patch
+  bench gpt2m_train_compile "$C/gpt2-medium.json" train --batch 8 --seq-len 1024 --steps 5 --compile
+  bench qwen3_decode_patched "$C/qwen3-1.7b.json" decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 --patch
+  bench mixtral4l_train_patched "$C/mixtral-4l.json" train --batch 4 --seq-len 1024 --steps 5 --patch
+  bench llama1b_train_patch_compile llama-1.1b train --batch 4 --seq-len 1024 --steps 5 --patch --compile
+  bench llama1b_train_compile llama-1.1b train --batch 4 --seq-len 1024 --steps 5 --compile
+fi
+if want fuzz; then
+  # the differential fuzz for GEMS_CHECK_FUZZ_S fuzzing seconds (default 1800), shared among the
+  # workers: each category is split into shards (GEMS_FUZZ_SHARDS) so every worker fuzzes at once
+  step fuzz
+  GEMS_TEST_DEVICE=cuda GEMS_FUZZ_SECONDS=${GEMS_CHECK_FUZZ_S:-1800} GEMS_FUZZ_SHARDS=$WORKERS \
+    $PY -m pytest -n "$WORKERS" -o addopts= -q -p no:cacheprovider -rfE --tb=short tests/fuzz > "$OUTDIR/fuzz.txt" 2>&1
+  note "fuzz, ${GEMS_CHECK_FUZZ_S:-1800} s over $WORKERS workers (rc $?): $(tail -1 "$OUTDIR/fuzz.txt")"
+  grep -E "^FAILED|known bug" "$OUTDIR/fuzz.txt" | cut -c1-200 | sort -u | head -30 | tee -a "$SUMMARY"
 fi
 
 if ls "$OUTDIR"/bench_*.json >/dev/null 2>&1; then

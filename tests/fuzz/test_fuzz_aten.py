@@ -9,8 +9,10 @@ against float64, tests/harness.py's rule) and on every tensor argument afterward
 Bounded in CI: a fixed number of cases per overload (ROUNDS, by category: about 70 s on a CI-class CPU
 through the interpreter; the same cases on every machine); GEMS_FUZZ_SECONDS=N fuzzes for N seconds
 instead, shared among the categories by their number of overloads; GEMS_FUZZ_SEED picks other cases; GEMS_FUZZ_OPS=name,name fuzzes only those overloads and
-GEMS_FUZZ_CASE=i runs only case i of each (a mismatch row names its seed and index). On the GPU:
-`GEMS_TEST_DEVICE=cuda GEMS_FUZZ_SECONDS=1800 python -m pytest tests/fuzz`.
+GEMS_FUZZ_CASE=i runs only case i of each (a mismatch row names its seed and index); GEMS_FUZZ_SHARDS=n
+splits each category into n tests for parallel workers. On the GPU, 1800 fuzzing seconds over 16 workers:
+`GEMS_TEST_DEVICE=cuda GEMS_FUZZ_SECONDS=1800 GEMS_FUZZ_SHARDS=16 python -m pytest -n 16 tests/fuzz`
+(scripts/gpu_check.sh fuzz).
 """
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ SECONDS = float(os.environ.get("GEMS_FUZZ_SECONDS", "0"))
 # cases per overload without GEMS_FUZZ_SECONDS: the CI run (the overloads of a category take turns)
 ROUNDS = {"blas": 16, "copy": 30, "index": 30, "norm": 50, "other": 100, "pointwise": 24, "reduction": 24}
 SEED = int(os.environ.get("GEMS_FUZZ_SEED", "0"))
+# each category's overloads split into this many tests (every other SHARDS-th overload), each with its
+# share of the category's time: a time-bounded run keeps every pytest-xdist worker busy
+SHARDS = max(1, int(os.environ.get("GEMS_FUZZ_SHARDS", "1")))
 ONLY = [registry.canonical(n) for n in os.environ.get("GEMS_FUZZ_OPS", "").split(",") if n]
 CASE = os.environ.get("GEMS_FUZZ_CASE")
 VERBOSE = bool(os.environ.get("GEMS_FUZZ_VERBOSE"))
@@ -380,12 +385,13 @@ def _budget(category):
     return SECONDS * weight[category] / sum(weight.values())
 
 
+@pytest.mark.parametrize("shard", range(SHARDS))
 @pytest.mark.parametrize("category", CATEGORIES)
-def test_fuzz_against_aten(category, capsys):
-    impls = _impls(category)
+def test_fuzz_against_aten(category, shard, capsys):
+    impls = _impls(category)[shard::SHARDS]
     if not impls:
         pytest.skip("no overload of this category selected")
-    deadline = time.monotonic() + _budget(category) if SECONDS else None
+    deadline = time.monotonic() + _budget(category) / SHARDS if SECONDS else None
     rounds = ROUNDS.get(category, 20)
 
     def more(index):
@@ -422,7 +428,8 @@ def test_fuzz_against_aten(category, capsys):
         index += 1
     failing = [r for r in rows if r[3] is None]
     with capsys.disabled():
-        print(f"\n[fuzz {category}] {cases} cases, {len(reached)}/{len(impls)} overloads served by Gems, "
+        tag = f"{category} {shard + 1}/{SHARDS}" if SHARDS > 1 else category
+        print(f"\n[fuzz {tag}] {cases} cases, {len(reached)}/{len(impls)} overloads served by Gems, "
               f"{len(skipped)} skipped, {len(rows)} mismatches ({len(failing)} not allow-listed)")
         if skipped:
             print("  skipped: " + ", ".join(f"{n} ({w})" for n, w in sorted(skipped.items())))
