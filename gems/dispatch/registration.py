@@ -53,6 +53,7 @@ def ensure_registered(state: DispatchState):
             if fast_ops:
                 # on top of the Python kernels, which it calls on a miss; unregistering it restores them
                 fast.register(be.dispatch_key, fast_ops)
+        _forget_python_dispatch(be)
         state.lib = lib
 
 
@@ -102,6 +103,19 @@ def unregister_if_idle(state: DispatchState):
                 state.fast.unregister()
             state.lib._destroy()
             state.lib = None
+            _forget_python_dispatch(backends.backend())
+
+
+def _forget_python_dispatch(be):
+    """Drop what torch's Python dispatcher cached about the overloads Gems registers. It caches, per
+    overload and key, the key whose kernel serves it (resolved once: "CPU" while Gems has a kernel there,
+    for ops ATen serves from a composite key), and replays it with no check: after Gems' kernels are
+    removed, a stale entry calls the empty kernel slot (a segfault in torch.compile / FakeTensor tracing,
+    which run under the Python dispatcher). torch.library's own unregistration does not clear it."""
+    for impl in registry.all_impls(be.name):
+        cache = getattr(registry.aten_overload(impl.name), "_dispatch_cache", None)
+        if cache:
+            cache.clear()
 
 
 def registered_ops() -> list[str]:

@@ -1,4 +1,5 @@
 """The core contract: enable/disable/use_gems, fallback with stats, ATen's errors, registry queries."""
+import os
 import threading
 import time
 import warnings
@@ -383,3 +384,28 @@ def test_stats_count_python_path_calls():
         assert st["python"] <= 1, st   # (0 when an earlier test recorded this signature's plan)
     else:
         assert st["python"] == 3, st
+
+
+def test_python_dispatcher_after_disable_reaches_aten():
+    """torch's Python dispatcher (torch.compile, FakeTensor and export trace under it) caches which key
+    serves an overload; an entry made while Gems was registered must not outlive Gems' kernel (it called
+    the empty kernel slot: a segfault). Run in a child process so that a crash fails this test only."""
+    import subprocess
+    import sys
+    code = (
+        "import os\n"
+        "import torch, gems\n"
+        "from harness import DEVICE\n"
+        "x = torch.randn(4, 4, device=DEVICE)\n"
+        "gems.enable()\n"
+        "with torch._C._EnablePythonDispatcher():\n"
+        "    x.clone()\n"
+        "gems.disable()\n"
+        "with torch._C._EnablePythonDispatcher():\n"
+        "    y = x.clone()\n"
+        "assert torch.equal(x, y)\n"
+        "print('ok')\n")
+    tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, (r.returncode, r.stderr[-2000:])
