@@ -61,6 +61,26 @@ def _swizzle(pid, grid_m, grid_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
+@triton.jit
+def _dot_k(acc, a_ptrs, b_ptrs, mask_m, mask_n, rk, K, step_a, step_b,
+           EVEN_K: tl.constexpr, PRECISION: tl.constexpr, BK: tl.constexpr):
+    """acc + A[rows, :K] @ B[:K, cols] in BK-deep steps: a_ptrs / b_ptrs address the first step's
+    [BM, BK] / [BK, BN] tiles and move by step_a / step_b; rows and columns outside mask_m / mask_n
+    (and, unless EVEN_K, the K tail) read zeros."""
+    for k0 in range(0, K, BK):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
+        else:
+            mk = rk < K - k0
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & mk[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=mk[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += step_a
+        b_ptrs += step_b
+    return acc
+
+
 @kernel
 @triton.jit
 def gate_up_kernel(X, Slot, Table, Wg, Wu, GU, H, grid_m, N, K, topk,
@@ -149,17 +169,7 @@ def rows_mm_kernel(A, B1, B2, Wt, Slot, Table, Out, grid_m, N, K,
             a_ptrs = A + r64[:, None] * s_am + (K + rk[None, :]) * s_ak
             b_ptrs = B2 + e * s_ce + rk[:, None] * s_ck + rn[None, :].to(tl.int64) * s_cn
             sk = s_ck
-        for k0 in range(0, K, BK):
-            if EVEN_K:
-                a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
-                b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
-            else:
-                mk = rk < K - k0
-                a = tl.load(a_ptrs, mask=mask_m[:, None] & mk[None, :], other=0.0)
-                b = tl.load(b_ptrs, mask=mk[:, None] & mask_n[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
-            a_ptrs += BK * s_ak
-            b_ptrs += BK * sk
+        acc = _dot_k(acc, a_ptrs, b_ptrs, mask_m, mask_n, rk, K, BK * s_ak, BK * sk, EVEN_K, PRECISION, BK)
     dt = Out.dtype.element_ty
     slot = tl.load(Slot + rows, mask=mask_m, other=0).to(tl.int64)
     y = acc.to(dt)
@@ -199,17 +209,7 @@ def down_bwd_kernel(DY, Slot, Table, Wd, Wt, H, GU, DGU, DWP, grid_m, N, K, topk
     a_ptrs = DY + tok[:, None] * s_dt + rk[None, :] * s_dk
     b_ptrs = Wd + e * s_de + rk[:, None].to(tl.int64) * s_dh + rn[None, :] * s_di
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
-            b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
-        else:
-            mk = rk < K - k0
-            a = tl.load(a_ptrs, mask=mask_m[:, None] & mk[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=mk[:, None] & mask_n[None, :], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        a_ptrs += BK * s_dk
-        b_ptrs += BK * s_dh
+    acc = _dot_k(acc, a_ptrs, b_ptrs, mask_m, mask_n, rk, K, BK * s_dk, BK * s_dh, EVEN_K, PRECISION, BK)
     mask = mask_m[:, None] & mask_n[None, :]
     if DO_DW:
         h = tl.load(H + r64[:, None] * N + rn[None, :], mask=mask, other=0.0).to(tl.float32)
