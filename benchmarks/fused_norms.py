@@ -26,13 +26,12 @@ import argparse
 import contextlib
 import datetime
 import json
-import statistics
 import sys
-import time
 
 import torch   # triton is imported later, after --device cpu has set TRITON_INTERPRET
 
 from benchmarks.interpreter import use_interpreter_for
+from benchmarks.timing import median_ms
 
 
 def _parse(argv=None):
@@ -188,16 +187,8 @@ def _loop_us(fn, device, quick):
 
 
 def _time(fn, device, quick):
-    if device == "cuda":
-        from triton.testing import do_bench
-        return do_bench(fn, warmup=10 if quick else 25, rep=40 if quick else 100, return_mode="median")
-    fn()
-    ts = []
-    for _ in range(1 if quick else 3):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
+    return median_ms(fn, device, warmup=10 if quick else 25, rep=40 if quick else 100,
+                     cpu_runs=1 if quick else 3)
 
 
 def _err(a, b):

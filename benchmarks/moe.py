@@ -29,13 +29,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
-import time
 
 import torch   # triton is imported later, after --device cpu has set TRITON_INTERPRET
 
 from benchmarks.interpreter import use_interpreter_for
+from benchmarks.timing import median_ms
 
 
 def _parse(argv=None):
@@ -120,16 +119,8 @@ def _block(c, dtype, device, impl):
 
 
 def _time(fn, device, quick):
-    if device == "cuda":
-        from triton.testing import do_bench
-        return do_bench(fn, warmup=5 if quick else 10, rep=30 if quick else 100, return_mode="median")
-    fn()
-    ts = []
-    for _ in range(1 if quick else 3):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
+    return median_ms(fn, device, warmup=5 if quick else 10, rep=30 if quick else 100,
+                     cpu_runs=1 if quick else 3)
 
 
 def _err(a, b):
