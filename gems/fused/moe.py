@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from ..runtime import backend
+from . import library
+from .library import first, maybe
 from ..runtime.utils import cdiv, empty, next_pow2, zeros
 from .moe_kernels import down_bwd_kernel, gate_up_kernel, rows_mm_kernel, tile_table_kernel, wgrad_kernel
 
@@ -106,10 +108,7 @@ def _check(hidden, topk_ids, topk_weights, w_gate, w_up, w_down):
     if hidden.dtype not in _SERVED:
         raise ValueError(f"{what}: dtype {hidden.dtype} is not supported (float32, float16, bfloat16; float64 runs "
                          f"the PyTorch reference)")
-    try:
-        return hidden.device.type == backend().device_type
-    except RuntimeError:
-        return False
+    return hidden.device.type == library.device_type()
 
 
 # ------------------------------------------------------------------------------------------- launches
@@ -245,6 +244,69 @@ class _MoEFn(torch.autograd.Function):
         return dx, dwt, da, db, dwd, None
 
 
+# torch.compile: gems::moe_experts and its backward (library.py). The forward returns what the backward
+# needs (the routing and the gate/up activations) as outputs; the row tile and tile count are read back
+# from their shapes.
+def _moe_op_forward(hidden, topk_ids, topk_weights, w_gate, w_up, w_down):
+    out, saved, _, _ = _forward(hidden, topk_ids, topk_weights, w_gate, w_up, w_down, True)
+    return (out, *saved)
+
+
+def _moe_route_shapes(S, E):
+    BM = _row_tile(backend().name, S, E)
+    return BM, torch.sym_min(cdiv(S, BM) + E, S)
+
+
+def _moe_fake(hidden, topk_ids, topk_weights, w_gate, w_up, w_down):
+    T, h = hidden.shape
+    S, E, I = T * topk_ids.shape[1], w_gate.shape[0], w_gate.shape[1]
+    _, grid_m = _moe_route_shapes(S, E)
+    i32 = dict(dtype=torch.int32)
+    return (hidden.new_empty((T, h)), topk_ids.new_empty((S,), dtype=torch.int64),
+            topk_ids.new_empty((E + 1,), **i32), topk_ids.new_empty((3, grid_m), **i32),
+            hidden.new_empty((S, 2 * I)), hidden.new_empty((S, I)))
+
+
+def _moe_op_backward(dy, hidden, topk_ids, topk_weights, w_gate, w_up, w_down, saved, need_x, need_w, need_gu,
+                     need_d):
+    BM, grid_m = _moe_route_shapes(hidden.shape[0] * topk_ids.shape[1], w_gate.shape[0])
+    return tuple(maybe(t) for t in _backward(dy, hidden, topk_ids, topk_weights, w_gate, w_up, w_down, tuple(saved),
+                                             BM, grid_m, (need_x, need_w, need_gu, need_d)))
+
+
+def _moe_bwd_fake(dy, hidden, topk_ids, topk_weights, w_gate, w_up, w_down, saved, need_x, need_w, need_gu, need_d):
+    E, I, h = w_gate.shape
+    return (maybe(hidden.new_empty(hidden.shape) if need_x else None),
+            maybe(topk_weights.new_empty(topk_weights.shape) if need_w else None),
+            maybe(hidden.new_empty((E, 2 * I, h)) if need_gu else None),
+            maybe(hidden.new_empty((E, h, I)) if need_d else None))
+
+
+def _moe_save(ctx, inputs, output):
+    ctx.save_for_backward(*inputs, *output[1:])
+
+
+def _moe_grads(ctx, dy, *unused):
+    hidden, topk_ids, topk_weights, w_gate, w_up, w_down, *saved = ctx.saved_tensors
+    ni = ctx.needs_input_grad
+    dx, dwt, dwgu, dwd = _MOE_BWD(dy, hidden, topk_ids, topk_weights, w_gate, w_up, w_down, saved,
+                                  ni[0], ni[2], ni[3] or ni[4], ni[5])
+    dwgu, I = first(dwgu), w_gate.shape[1]
+    dg = dwgu[:, :I] if dwgu is not None and ni[3] else None
+    du = dwgu[:, I:] if dwgu is not None and ni[4] else None
+    return first(dx), None, first(dwt), dg, du, first(dwd)
+
+
+_MOE_BWD = library.define(
+    "moe_experts_backward", "(Tensor dy, Tensor hidden, Tensor topk_ids, Tensor topk_weights, Tensor w_gate, "
+    "Tensor w_up, Tensor w_down, Tensor[] saved, bool need_x, bool need_w, bool need_gu, bool need_d) "
+    "-> (Tensor[], Tensor[], Tensor[], Tensor[])", _moe_op_backward, _moe_bwd_fake)
+_MOE_OP = library.define(
+    "moe_experts", "(Tensor hidden, Tensor topk_ids, Tensor topk_weights, Tensor w_gate, Tensor w_up, "
+    "Tensor w_down) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)", _moe_op_forward, _moe_fake,
+    backward=_moe_grads, setup_context=_moe_save)
+
+
 def moe_experts(hidden, topk_ids, topk_weights, w_gate_up, w_down):
     """Routed SwiGLU experts: hidden [T, h], topk_ids / topk_weights [T, k], w_gate_up [E, 2I, h] or a pair
     ([E, I, h], [E, I, h]), w_down [E, h, I] -> [T, h] at hidden's dtype. Differentiable in hidden,
@@ -255,6 +317,8 @@ def moe_experts(hidden, topk_ids, topk_weights, w_gate_up, w_down):
     if hidden.shape[0] == 0 or topk_ids.shape[1] == 0 or hidden.shape[1] == 0 or w_gate.shape[1] == 0:
         # nothing to route or an empty projection: the reference computes the (zero / empty) answer and its graph
         return reference_moe_experts(hidden, topk_ids, topk_weights, w_gate_up, w_down)
+    if torch.compiler.is_compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
+        return _MOE_OP(hidden, topk_ids, topk_weights, w_gate, w_up, w_down)[0]
     tensors = (hidden, topk_weights, w_gate, w_up, w_down) if fused is None else (hidden, topk_weights, fused, w_down)
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
         return _forward(hidden, topk_ids, topk_weights, w_gate, w_up, w_down, False)[0]

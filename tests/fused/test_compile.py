@@ -195,18 +195,43 @@ def _opcheck_cases():
                                                   True, True, False)),
         (ops.fused_linear_cross_entropy.default, (h, lw, t, None, None, -100, 0.0, "none", 2, torch.float32,
                                                   True, True, False)),
+        (ops.moe_experts.default, _moe_op_args()),
     ]
 
 
-@pytest.mark.parametrize("case", range(10))
+def _moe_inputs(T=6, h=16, E=4, k=2, I=8):
+    """hidden, topk_ids, topk_weights, w_gate_up [E, 2I, h], w_down [E, h, I] (fixed seed)."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(DEVICE)
+    return make((T, h)), ids, make((T, k)).softmax(-1), make((E, 2 * I, h)), make((E, h, I))
+
+
+def _moe_op_args():
+    """gems::moe_experts' arguments: the gate and up weights as tensors of their own."""
+    x, ids, w, wgu, wd = _moe_inputs()
+    i = wd.shape[2]
+    return x, ids, w, wgu[:, :i].contiguous(), wgu[:, i:].contiguous(), wd
+
+
+@pytest.mark.parametrize("case", range(11))
 def test_opcheck(case):
     # the families define their operators when imported (gems.fused resolves names lazily)
     F.rms_norm, F.layer_norm, F.silu_and_mul, F.rope, F.cross_entropy, F.fused_linear_cross_entropy  # noqa: B018
+    F.moe_experts  # noqa: B018
     op, args = _opcheck_cases()[case]
     args = tuple(a.requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dim() > 1
                  else a for a in args)
     torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration",
                                                 "test_aot_dispatch_static"))
+
+
+@dtype_params()
+def test_moe_experts(dtype):
+    from gems.fused import moe
+    hidden, ids, wts, wgu, wd = (t.to(dtype) if t.is_floating_point() else t for t in _moe_inputs())
+    _check(lambda x, w, a, b: F.moe_experts(x, ids, w, a, b),
+           lambda x, w, a, b: moe.reference_moe_experts(x, ids, w, a, b),
+           [_req(hidden), _req(wts), _req(wgu), _req(wd)], dtype)
 
 
 def test_dynamic_shapes():
