@@ -15,7 +15,8 @@
 # (the same workloads with gems.patch, when it exists, and 20 training steps' losses of the patched
 # 1.1B and BERT against unpatched ATen: gems-coverage distributed --nproc 1 --patch --fp32-reference),
 # families (GPT-2-medium, Qwen3-1.7B, a 4-layer Mixtral patched; torch.compile peers), fuzz (the
-# differential fuzz for GEMS_CHECK_FUZZ_S seconds over the workers).
+# differential fuzz for GEMS_CHECK_FUZZ_S seconds over the workers), decode (graph-replayed decode,
+# gems.decode.graphed, with --cuda-graphs).
 # Results go to $GEMS_CHECK_DIR (default gpu-check-<date>/): logs, JSON, summary.txt.
 # Env: GEMS_CHECK_QUICK=1 for fewer timed runs; GEMS_CHECK_WORKERS (default 8) test processes;
 # GEMS_CHECK_SUITE_S the suite's limit (SIGINT: the tracebacks still print), GEMS_CHECK_TEST_S one test's.
@@ -168,6 +169,13 @@ if want families; then
   bench mixtral4l_train_patched "$C/mixtral-4l.json" train --batch 4 --seq-len 1024 --steps 5 --patch
   bench llama1b_train_patch_compile llama-1.1b train --batch 4 --seq-len 1024 --steps 5 --patch --compile
   bench llama1b_train_compile llama-1.1b train --batch 4 --seq-len 1024 --steps 5 --compile
+fi
+if want decode; then
+  # generate's one-token steps replayed from CUDA graphs (gems.decode.graphed) against ATen's eager
+  # static-cache steps; transformers' own compiled static decode is reported in the notes
+  bench llama2_decode_graphs llama2 decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 --cuda-graphs
+  bench llama2_decode_graphs_patched llama2 decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 --cuda-graphs --patch
+  bench llama2_decode_graphs_b8 llama2 decode --seq-len 128 --new-tokens 64 --batch 8 --steps 2 --warmup 1 --cuda-graphs --patch
 fi
 if want fuzz; then
   # the differential fuzz for GEMS_CHECK_FUZZ_S fuzzing seconds (default 1800), shared among the
