@@ -6,6 +6,10 @@ returns the stored config from a dict. A miss benchmarks every config once (`ben
 then one run between two events, behind a sleep kernel that covers the host's launch; TIMING "do_bench":
 `triton.testing.do_bench`) and stores the winner in `<cache dir>/autotune/<arch>/<name>-hold.json`.
 
+Picks shipped with Gems (`gems/runtime/tuned/<arch>/<name>.json`, written by
+`scripts/ship_tuned.py` from a machine's cache after `gems-coverage tune`) answer a bucket before any
+tuning, so a first call on a measured GPU does not tune; the machine's own cache overrides them.
+
 The cache dir is `$GEMS_CACHE_DIR`, else `$XDG_CACHE_HOME/gems`, else `~/.cache/gems`. Writes take an
 advisory file lock, merge with what other processes wrote meanwhile, and replace the file atomically,
 so concurrent processes never see a torn file and never lose each other's entries.
@@ -46,6 +50,10 @@ CONFIRM_ROUNDS = 0
 CONFIRM_TOP = 3
 
 
+# tuned picks shipped as package data, per GPU architecture (the cache's layout)
+SHIPPED_DIR = Path(__file__).resolve().parent / "tuned"
+
+
 class Autotuner:
     def __init__(self, name: str, configs: Sequence[dict]):
         self.name = name
@@ -53,10 +61,13 @@ class Autotuner:
         self._best: dict[str, dict] | None = None
         self._lock = threading.Lock()
 
-    def _path(self) -> Path:
+    def _file(self) -> str:
         # (picks made under another TIMING are another file: "do_bench" keeps the name it always had)
         suffix = "" if TIMING == "do_bench" else f"-{TIMING}"
-        return cache_dir() / "autotune" / backends.backend().arch / f"{self.name}{suffix}.json"
+        return f"{self.name}{suffix}.json"
+
+    def _path(self) -> Path:
+        return cache_dir() / "autotune" / backends.backend().arch / self._file()
 
     def _load(self) -> dict:
         try:
@@ -64,13 +75,22 @@ class Autotuner:
         except (OSError, ValueError):
             return {}
 
+    def _shipped(self) -> dict:
+        """The picks shipped with Gems for this GPU architecture (SHIPPED_DIR/<arch>/<file>), restricted
+        to configs this tuner still has (a config dropped from the list since is tuned again)."""
+        try:
+            data = json.loads((SHIPPED_DIR / backends.backend().arch / self._file()).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: c for k, c in data.items() if c in self.configs}
+
     def pick(self, bucket, bench: Callable[[dict], float]) -> dict:
         """Best config for `bucket` (any repr-able value); `bench(config)` runs one config."""
         best = self._best
         if best is None:
             with self._lock:
                 if self._best is None:
-                    self._best = self._load()
+                    self._best = {**self._shipped(), **self._load()}   # this machine's own picks win
             best = self._best
         k = repr(bucket)
         cfg = best.get(k)

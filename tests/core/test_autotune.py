@@ -1,5 +1,8 @@
 """The autotuner's choice: one timing per config, or with confirmation rounds the lowest median of the
 fastest few (runtime/autotune.py)."""
+import json
+from pathlib import Path
+
 import pytest
 
 from gems.runtime import autotune, backends
@@ -161,3 +164,51 @@ def test_held_timing_leaves_a_slow_hosts_launch_out_on_the_gpu():
     # (bounds far from the 0.4 ms of host: other test processes may share the GPU)
     assert held < plain + 0.1, (held, plain)
     assert bench > held + 0.15, (bench, held)         # what the tuner's do_bench timing would have counted
+
+
+def _ship(monkeypatch, tmp_path, name, picks):
+    shipped = tmp_path / "shipped"
+    (shipped / "test").mkdir(parents=True)
+    (shipped / "test" / f"{name}-hold.json").write_text(json.dumps(picks))
+    monkeypatch.setattr(autotune, "SHIPPED_DIR", shipped)
+    monkeypatch.setattr(autotune, "TIMING", "hold")
+
+
+def test_a_shipped_pick_answers_without_tuning(timing_backend, monkeypatch, tmp_path):
+    _ship(monkeypatch, tmp_path, "s0", {repr("bucket"): {"name": "c"}})
+    calls = []
+    bench = _bench({"a": [2.0], "b": [1.0], "c": [3.0], "d": [4.0]}, calls)
+    assert autotune.Autotuner("s0", CONFIGS).pick("bucket", bench)["name"] == "c"
+    assert calls == []                                   # nothing timed
+    assert autotune.Autotuner("s0", CONFIGS).pick("other", bench)["name"] == "b"   # not shipped: tuned
+    assert calls == ["a", "b", "c", "d"]
+
+
+def test_this_machines_pick_overrides_the_shipped_one(timing_backend, monkeypatch, tmp_path):
+    _ship(monkeypatch, tmp_path, "s1", {repr("bucket"): {"name": "c"}})
+    monkeypatch.setattr(autotune, "CONFIRM_ROUNDS", 0)
+    t = autotune.Autotuner("s1", CONFIGS)
+    t._store(repr("bucket"), {"name": "d"})            # an earlier process's own tuning
+    assert t.pick("bucket", _bench({}, []))["name"] == "d"
+
+
+def test_a_shipped_pick_of_a_dropped_config_is_tuned_again(timing_backend, monkeypatch, tmp_path):
+    _ship(monkeypatch, tmp_path, "s2", {repr("bucket"): {"name": "gone"}})
+    monkeypatch.setattr(autotune, "CONFIRM_ROUNDS", 0)
+    calls = []
+    bench = _bench({"a": [2.0], "b": [1.0], "c": [3.0], "d": [4.0]}, calls)
+    assert autotune.Autotuner("s2", CONFIGS).pick("bucket", bench)["name"] == "b"
+    assert calls == ["a", "b", "c", "d"]
+
+
+def test_ship_tuned_merges_a_machines_picks_into_the_table(timing_backend, monkeypatch, tmp_path):
+    import importlib.util
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("ship_tuned", root / "scripts" / "ship_tuned.py")
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    _ship(monkeypatch, tmp_path, "s3", {repr("old"): {"name": "a"}, repr("bucket"): {"name": "a"}})
+    autotune.Autotuner("s3", CONFIGS)._store(repr("bucket"), {"name": "b"})
+    assert ship.main(["--arch", "test"]) == 0
+    table = json.loads((tmp_path / "shipped" / "test" / "s3-hold.json").read_text())
+    assert table == {repr("old"): {"name": "a"}, repr("bucket"): {"name": "b"}}
