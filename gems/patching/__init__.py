@@ -32,6 +32,9 @@ rotary attention       a forward calling a module-global ``apply_rotary_pos_emb`
                        narrower than the head: GPT-NeoX, Phi-3) the fused op on the rotated channels
                        where the function is proven to pass the rest through, else the original
                        function; GLM4's interleaved form is left
+composite activation   a module without parameters computing SiLU / GELU / GELU-tanh from several torch
+                       operations (GPT-2's ``gelu_new``, ``gelu_fast``) -> the one operator
+                       (``F.gelu(x, approximate="tanh")``), proven on a probe input (``activation``)
 sparse-MoE block       ``experts`` beside a router -> gems/patching/moe.py's ``patch_moe_block``
                        (``moe``), when it is present and takes the block; else left
 causal LM loss         an ``lm_head`` Linear whose forward calls ``loss_function`` (ForCausalLMLoss):

@@ -11,14 +11,14 @@ from .report import PatchReport
 from .walk import TESTED, Patcher
 
 OPTIONS = ("rms_norm", "rope", "swiglu", "cross_entropy", "fused_linear_cross_entropy", "layer_norm", "encoder_layer",
-           "moe")
+           "moe", "activation")
 SUPPORTED = TESTED      # the families checked one by one in the tests; any other model is walked the same way
 _ATTR = "_gems_patch"
 # a report's entry -> the gems.fused ops its replacement calls
 _OPS = {"rms_norm": ("rms_norm",), "add_rms_norm": ("add_rms_norm",), "silu_and_mul": ("silu_and_mul",),
         "gelu_and_mul": ("gelu_and_mul",), "rope": ("rope",), "cross_entropy": ("cross_entropy",),
         "fused_linear_cross_entropy": ("fused_linear_cross_entropy",), "layer_norm": ("layer_norm",),
-        "add_layer_norm": ("add_layer_norm",), "encoder_layer": ()}
+        "add_layer_norm": ("add_layer_norm",), "encoder_layer": (), "activation": ()}
 
 
 def _model_type(model) -> str:
@@ -45,7 +45,7 @@ def _check_ops(report: PatchReport):
 
 def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = True, cross_entropy: bool = True,
           fused_linear_cross_entropy: bool = True, layer_norm: bool = False, encoder_layer: bool = True,
-          moe: bool = True, strict: bool = False) -> PatchReport:
+          moe: bool = True, activation: bool = True, strict: bool = False) -> PatchReport:
     """Replace, in place, the parts of a model that `gems.fused` serves and that are proven to compute
     what the model's own modules compute (see the package docstring, gems/patching/__init__.py); returns
     a PatchReport (also kept as ``model._gems_patch`` until `unpatch`). Parts recognized but not proven
@@ -61,10 +61,15 @@ def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
     for the same reason: the host time of its 16 submodule calls and of the backward's extra launches
     (gems/patching/bert_layer.py says when it steps aside).
 
-    `moe`: sparse-MoE blocks through gems/patching/moe.py where it is installed and takes the block."""
+    `moe`: sparse-MoE blocks through gems/patching/moe.py where it is installed and takes the block.
+
+    `activation`: an activation module computing SiLU, GELU or GELU-tanh from several torch operations
+    (GPT-2's gelu_new: eight kernels forward, each rounding to the model's dtype) runs the one torch
+    operator instead (F.gelu(x, approximate="tanh")), proven on a probe input; Gems' kernel serves it
+    under gems.enable()."""
     opts = _options(dict(rms_norm=rms_norm, rope=rope, swiglu=swiglu, cross_entropy=cross_entropy,
                          fused_linear_cross_entropy=fused_linear_cross_entropy, layer_norm=layer_norm,
-                         encoder_layer=encoder_layer, moe=moe))
+                         encoder_layer=encoder_layer, moe=moe, activation=activation))
     if not isinstance(model, nn.Module):
         raise TypeError(f"gems.patch takes a torch.nn.Module, got {type(model).__name__}")
     prev = model.__dict__.get(_ATTR)

@@ -140,6 +140,23 @@ MLP_FORWARDS = {
 }
 
 
+# composite activation modules (GPT-2's gelu_new) -> the one torch operator they compute, which
+# gems.enable() serves with Gems' kernel (forward and backward one pass each)
+def silu_forward(self, x):
+    return torch.nn.functional.silu(x)
+
+
+def gelu_forward(self, x):
+    return torch.nn.functional.gelu(x)
+
+
+def gelu_tanh_forward(self, x):
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+ACT_FORWARDS = {"silu": silu_forward, "gelu": gelu_forward, "gelu_tanh": gelu_tanh_forward}
+
+
 def gems_rope_for(orig, partial: bool = False):
     """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) through `gems.fused.rope`
     where cos/sin are as wide as the heads. Partial rotary (narrower cos/sin, GPT-NeoX / Phi-3 style):

@@ -21,6 +21,7 @@ import inspect
 import torch
 import torch.nn.functional as TF
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 _NO_EPS = "no float eps attribute (variance_epsilon / eps)"
 
@@ -135,6 +136,37 @@ def activation_kind(act):
         if _close(y, f(t), 1e-5, 1e-6):
             return name
     return None
+
+
+class _CountOps(TorchFunctionMode):
+    """Counts the torch functions and tensor operations a call runs (each one a kernel, forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def composite_activation(m):
+    """'silu', 'gelu' or 'gelu_tanh' for a module without parameters, buffers or submodules whose
+    forward computes that activation from several torch operations (GPT-2's gelu_new: eight elementwise
+    kernels forward, more backward, each rounding to the model's dtype); None otherwise, including a
+    module that already is one operator (nn.GELU, nn.SiLU)."""
+    if m._parameters or m._buffers or m._modules or not _one_tensor_forward(m):
+        return None
+    kind = activation_kind(m)
+    if kind is None:
+        return None
+    count, x = _CountOps(), torch.randn(8, generator=_gen(3))
+    try:
+        with torch.no_grad(), count:
+            m(x)
+    except Exception:   # noqa: BLE001
+        return None
+    return kind if count.n > 1 else None
 
 
 # ------------------------------------------------------------------------------------------- gated MLPs

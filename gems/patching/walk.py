@@ -23,7 +23,7 @@ from torch import nn
 
 from . import probes
 from .losses import causal_lm_forward, causal_lm_loss, masked_lm_forward
-from .modules import (MLP_FORWARDS, GemsLayerNorm, GemsRMSNorm, bert_output_forward, clip_layer_forward,
+from .modules import (ACT_FORWARDS, MLP_FORWARDS, GemsLayerNorm, GemsRMSNorm, bert_output_forward, clip_layer_forward,
                       decoder_layer_forward, rope_forward)
 from .report import PatchReport
 
@@ -88,6 +88,10 @@ class Patcher:
                 self.r.leave(name, "mlp", "not gated (no gate/up projections): no fused op", strict=False)
             if o["rope"] and "apply_rotary_pos_emb" in _code_names(type(mod).forward):
                 self.patch_rope(mod, name)
+            if o["activation"] and not mod._modules:
+                kind = probes.composite_activation(mod)
+                if kind is not None and self.set_forward(mod, ACT_FORWARDS[kind], name):
+                    self.r.add("activation", name)
         if o["rms_norm"]:
             self._replace(root, prefix, probes.looks_like_rms_norm, self.rms_replacement, "rms_norm")
             self.patch_decoder_layers(root, prefix)

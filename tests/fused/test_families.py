@@ -66,7 +66,8 @@ FAMILIES = {
                        moe_intermediate_size=32), "causal",
                   {"rms_norm": 4 * L + 1, "add_rms_norm": L, "rope": L, "cross_entropy": 1}),
     "gpt2": (lambda: T.GPT2LMHeadModel(T.GPT2Config(n_layer=L, n_embd=32, n_head=4, vocab_size=64, n_positions=64,
-                                                    resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)), "causal", CAUSAL),
+                                                    resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)), "causal",
+             {"activation": L, **CAUSAL}),    # gelu_new's eight operations -> F.gelu(approximate="tanh")
     "gpt_neox": (lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(hidden_size=32, intermediate_size=64,
                                                               num_hidden_layers=L, num_attention_heads=4,
                                                               vocab_size=64, max_position_embeddings=64,
@@ -195,7 +196,7 @@ def test_family_patched_agrees_and_counts(name):
 # LayerNorm(dropout(dense(h)) + input) (RoBERTa, as BERT) or CLIP's encoder layer
 LAYER_NORM = {"roberta": {"encoder_layer": L, "add_layer_norm": 2 * L, "layer_norm": 6, "cross_entropy": 1},
               "vit": {"layer_norm": 2 * L + 1},
-              "gpt2": {"layer_norm": 2 * L + 1, **CAUSAL},
+              "gpt2": {"layer_norm": 2 * L + 1, "activation": L, **CAUSAL},
               "clip": {"add_layer_norm": L, "layer_norm": 2 * L + 2}}
 
 

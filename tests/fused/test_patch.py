@@ -19,7 +19,7 @@ import gems
 import gems.fused
 import gems_models
 from gems.patching.modules import GemsRMSNorm
-from harness import DEVICE, ON_GPU
+from harness import DEVICE, ON_GPU, assert_close, make
 
 FUSED = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "silu_and_mul", "gelu_and_mul", "rope",
          "cross_entropy", "fused_linear_cross_entropy")
@@ -485,12 +485,12 @@ def test_gradient_checkpointing(standins):
 
 def test_any_model_is_walked_by_structure():
     # GPT-2: no model-type list refuses it; its loss is proven and fused, its Conv1D + gelu_new MLP has no
-    # fused op (left, not strict), its LayerNorms are opt-in
+    # fused op (left, not strict) but gelu_new's eight operations become one, its LayerNorms are opt-in
     import transformers
     cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
     m = transformers.GPT2LMHeadModel(cfg)
     r = gems.patch(m, strict=True)
-    assert r.counts() == {"cross_entropy": 1, "fused_linear_cross_entropy": 1}, r.summary()
+    assert r.counts() == {"activation": 1, "cross_entropy": 1, "fused_linear_cross_entropy": 1}, r.summary()
     assert [(e["module"], e["op"], e["strict"]) for e in r.left] == [("transformer.h.0.mlp", "mlp", False)]
     gems.unpatch(m)
     # a module without a config: walked too, nothing to replace
@@ -630,3 +630,32 @@ def test_real_kernels_generate_and_compose_with_gems_ops():
     torch.testing.assert_close(logits, ref_logits, **TOL)
     n = lambda st: sum(v["served"] for k, v in st.items() if k in ("add.Tensor", "mul.Tensor"))  # noqa: E731
     assert n(served) > n(before)
+
+
+def test_composite_activations_become_one_operator():
+    # transformers' activation modules built from several operations are replaced by the one operator
+    # they compute; single-operator ones, parameterized ones and ones computing something else are not
+    from transformers.activations import ACT2FN
+    from gems.patching import probes
+    want = {"gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_python": "gelu", "gelu": None,
+            "gelu_pytorch_tanh": None, "silu": None, "quick_gelu": None, "relu": None}
+    assert {k: probes.composite_activation(ACT2FN[k]) for k in want} == want
+    assert probes.composite_activation(torch.nn.PReLU()) is None          # a parameter
+    # the replaced module computes the same, forward and backward, and unpatch restores it
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), ACT2FN["gelu_new"], torch.nn.Linear(16, 8))
+    x = make((5, 8))
+    mlp = mlp.to(x.device)
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ref = mlp(xa)
+    ref.sum().backward()
+    r = gems.patch(mlp)
+    assert r.counts() == {"activation": 1}
+    got = mlp(xb)
+    got.sum().backward()
+    assert_close(got, ref, torch.float32)
+    assert_close(xb.grad, xa.grad, torch.float32)
+    gems.unpatch(mlp)
+    assert "forward" not in mlp[1].__dict__
+    # activation=False leaves it
+    assert gems.patch(mlp, activation=False).counts() == {}
+    gems.unpatch(mlp)
