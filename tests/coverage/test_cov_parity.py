@@ -176,14 +176,14 @@ def test_shadow_ignores_generator_state_results():
 
 
 def test_parity_patch_refuses_an_unpatchable_model_before_running(tmp_path, capsys):
-    """With its losses switched off gems.patch replaces nothing in GPT-2 (its MLP is not gated, its norms
+    """With its losses and activation switched off gems.patch replaces nothing in GPT-2 (its MLP is not gated, its norms
     are LayerNorms, off by default): --patch is bad input, found right after the build, before the ATen
     run."""
     import json
     f = tmp_path / "gpt2.json"
     f.write_text(json.dumps(GPT2_TINY))
     rc = main(["parity", str(f), "--mode", "inference", "--patch", "--patch-options",
-               "cross_entropy=off,fused_linear_cross_entropy=off"])
+               "cross_entropy=off,fused_linear_cross_entropy=off,activation=off"])
     err = capsys.readouterr().err
     assert rc == 2 and "--patch: gems.patch replaces nothing in" in err, err
     assert "ATen ..." not in err and "Gems ..." not in err, err

@@ -142,7 +142,7 @@ def test_parity_patch_of_a_model_it_cannot_patch_is_bad_input(tmp_path, capsys, 
     cfg.write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 1,
                                "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 32}))
     rc = cli.main(["-q", "parity", str(cfg), "--include", "rsqrt", "--patch-options",
-                   "cross_entropy=off,fused_linear_cross_entropy=off"])
+                   "cross_entropy=off,fused_linear_cross_entropy=off,activation=off"])
     assert rc == 2
     assert "--patch: gems.patch replaces nothing in" in capsys.readouterr().err
     assert not CALLS

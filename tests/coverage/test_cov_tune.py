@@ -42,14 +42,14 @@ def test_tune_bad_input_is_exit_2(capsys, args, msg):
 
 
 def test_tune_patch_refuses_an_unpatchable_model_before_running(capsys, tmp_path, monkeypatch):
-    """With its losses switched off gems.patch replaces nothing in GPT-2 (ungated MLP, LayerNorms off by
+    """With its losses and activation off gems.patch replaces nothing in GPT-2 (ungated MLP, LayerNorms off by
     default): --patch is bad input (exit 2, one line), found before any run."""
     monkeypatch.setenv("GEMS_CACHE_DIR", str(tmp_path))
     f = tmp_path / "gpt2.json"
     f.write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 256,
                              "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 4}))
     rc = cli.main(["tune", str(f), "--device", "cpu", "--seq-len", "6", "--patch", "--patch-options",
-                   "cross_entropy=off,fused_linear_cross_entropy=off"])
+                   "cross_entropy=off,fused_linear_cross_entropy=off,activation=off"])
     err = capsys.readouterr().err
     assert rc == 2 and "--patch: gems.patch replaces nothing in" in err, err
     assert "one run with Gems on" not in err, err
