@@ -132,3 +132,16 @@ def test_clip_grad_norm(dtype):
     want = torch.nn.utils.clip_grad_norm_(ref, 1.0, foreach=True)
     assert_close(total, want, dtype)
     assert_close([p.grad for p in mine], [p.grad for p in ref], dtype, rtol=3e-3 if dtype == torch.float16 else None)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="ATen's CPU kernel's rule: one element per result is |x|")
+@pytest.mark.parametrize("ord", [2, 3, 1, 0.5, -1, math.inf, -math.inf, 0])
+def test_one_element_per_result_near_the_fp32_limit(ord):
+    # a reduction of one element per result: ATen's CPU answers |x| (3e38 here, where x^2 overflows)
+    x = torch.tensor([[3e38, 1.0], [-2e38, 5.0], [0.0, -7.0]])
+    cases = [(x[:1, :1], None), (x[:, :1], 1), (x[:, :1], (1,)), (x[:1], 0)]
+    for t, dim in cases:
+        want = torch.linalg.vector_norm(t, ord, dim)
+        with served("linalg_vector_norm.default"), gems.use_gems():
+            got = torch.linalg.vector_norm(t, ord, dim)
+        assert torch.equal(got, want), (ord, dim, got, want)

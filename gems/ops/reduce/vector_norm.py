@@ -61,6 +61,11 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
         raise Unsupported("p-norm in float64")   # the kernel's 2^(p log2 |x|) is an fp32 formula on GPUs
     nd = x.dim()
     dims = None if dim is None or len(dim) == 0 else wrap_dims(dim, nd)
+    extent = math.prod(x.shape[d] for d in dims) if dims is not None and nd else x.numel()
+    if extent == 1 and p != 0 and x.device.type == "cpu":
+        # one element per result: ATen's CPU kernel answers |x| (the p-norm of one element) without
+        # forming x^p, which overflows from 1.8e19 in fp32; the max-norm gives the same
+        op, pp = norm_op(math.inf)
     return R.reduce_dims(x, dims if nd else None, keepdim, out_dtype, op, out, p=pp)
 
 
