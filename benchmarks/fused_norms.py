@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import json
 import sys
 
 import torch   # triton is imported later, after --device cpu has set TRITON_INTERPRET
 
 from benchmarks.interpreter import use_interpreter_for
+from benchmarks.results import write_json
 from benchmarks.timing import median_ms
 
 
@@ -201,7 +200,6 @@ def main(argv=None):
     args = _parse(argv)
     smoke = args.smoke or args.device == "cpu"
     use_interpreter_for(args.device)   # before triton is imported (gems imports it)
-    import triton
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA GPU visible: use --device cpu for the interpreter smoke run", file=sys.stderr)
@@ -280,13 +278,7 @@ def main(argv=None):
             if f"{impl}_error" in r:
                 print(f"{r['case']} {r['mode']}: {impl} failed: {r[f'{impl}_error']}")
     if args.output:
-        meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    device=(torch.cuda.get_device_name() if args.device == "cuda" else "cpu (interpreter)"),
-                    torch=torch.__version__, triton=triton.__version__, liger=why or "imported",
-                    quick=args.quick, smoke=smoke)
-        with open(args.output, "w") as fh:
-            json.dump(dict(meta=meta, rows=rows), fh, indent=1)
-        print(f"wrote {args.output}")
+        write_json(args.output, rows, args.device, liger=why or "imported", quick=args.quick, smoke=smoke)
     return 0
 
 

@@ -27,13 +27,12 @@ The backward's tiles are untuned (fixed configs in gems/fused/moe.py): grouped_m
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 
 import torch   # triton is imported later, after --device cpu has set TRITON_INTERPRET
 
 from benchmarks.interpreter import use_interpreter_for
+from benchmarks.results import write_json
 from benchmarks.timing import median_ms
 
 
@@ -131,7 +130,6 @@ def _err(a, b):
 def main(argv=None):
     args = _parse(argv)
     use_interpreter_for(args.device)   # before triton is imported (gems imports it)
-    import triton
 
     import gems.fused as F
     from gems.fused.moe import reference_moe_experts
@@ -224,12 +222,7 @@ def main(argv=None):
             if f"{c}_error" in r:
                 print(f"{r['case']} {r['mode']}: {c} failed: {r[c + '_error']}")
     if args.output:
-        meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    device=(torch.cuda.get_device_name() if dev == "cuda" else "cpu (interpreter)"),
-                    torch=torch.__version__, triton=triton.__version__)
-        with open(args.output, "w") as fh:
-            json.dump(dict(meta=meta, rows=rows), fh, indent=1)
-        print(f"wrote {args.output}")
+        write_json(args.output, rows, dev)
     return 0
 
 
