@@ -490,6 +490,10 @@ def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoot
         if weight.requires_grad and torch.is_grad_enabled():
             raise NotImplementedError("cross_entropy: gradients with respect to the class weights are not supported")
         weight = weight.detach().contiguous()
+    if logits.device.type != library.device_type():   # the CPU beside a GPU backend: no kernel launches there
+        return reference_cross_entropy(logits, target, weight=weight, ignore_index=ignore_index,
+                                       label_smoothing=label_smoothing, reduction=reduction, out_dtype=out_dtype,
+                                       divisor=divisor)
     d = divisor_arg(divisor, reduction, logits.device, "cross_entropy")
     if (V - 1) * abs(logits.stride(1)) >= 2**31:
         # the kernels' column offsets (cols x stride) are 32-bit; rows are 64-bit: a column-strided view
@@ -504,8 +508,14 @@ def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoot
 
 def reference_cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0,
                             reduction="mean", out_dtype=None, divisor=None):
-    """Plain PyTorch, written out: log_softmax, gather, smoothing, masked reduction."""
-    logp = torch.log_softmax(logits.float() if logits.dtype != torch.float64 else logits, dim=-1)
+    """Plain PyTorch, written out: log_softmax, gather, smoothing, masked reduction (with class weights:
+    torch's cross_entropy in fp32, whose weighted mean divides by the targets' summed weights)."""
+    h = logits.float() if logits.dtype != torch.float64 else logits
+    if weight is not None:
+        loss = torch.nn.functional.cross_entropy(h, target.long(), weight=weight.to(h.dtype), ignore_index=ignore_index,
+                                                 label_smoothing=label_smoothing, reduction=reduction)
+        return (loss / divisor if divisor is not None else loss).to(out_dtype or logits.dtype)
+    logp = torch.log_softmax(h, dim=-1)
     valid = target != ignore_index
     t = torch.where(valid, target, torch.zeros_like(target))
     nll = -logp.gather(1, t[:, None].long())[:, 0]

@@ -161,10 +161,7 @@ def _check(gate, up, what):
     if gate.dtype in _SERVED:
         if gate.dim() == 0:
             raise ValueError(f"{what}: inputs must have at least one dimension")
-        try:
-            return gate.device.type == backend().device_type
-        except RuntimeError:
-            return False
+        return gate.device.type == library.device_type()
     if gate.dtype == torch.float64:
         return False
     raise ValueError(f"{what}: dtype {gate.dtype} is not supported (float32, float16, bfloat16; float64 runs the "

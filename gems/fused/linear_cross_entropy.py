@@ -345,6 +345,10 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_inde
         chunk = int(chunk_size)
     if chunk < 1:
         raise ValueError(f"fused_linear_cross_entropy: chunk_size must be >= 1, got {chunk_size}")
+    if hidden.device.type != library.device_type():   # the CPU beside a GPU backend: no kernel launches there
+        return reference_fused_linear_cross_entropy(hidden, weight, target, bias, ignore_index=ignore_index,
+                                                    label_smoothing=label_smoothing, reduction=reduction,
+                                                    out_dtype=out_dtype, divisor=divisor)
     d = divisor_arg(divisor, reduction, hidden.device, "fused_linear_cross_entropy")
     if torch.compiler.is_compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
         g = torch.is_grad_enabled()

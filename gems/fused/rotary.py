@@ -257,6 +257,10 @@ def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
         if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
             return reference_rope(q, k, cos, sin, None, unsqueeze_dim)
         return _ROPE_OP(q, k, cos, sin, unsqueeze_dim)
+    if getattr(q, "device", None) is not None and q.device.type != library.device_type():
+        # a model left on a device the backend does not launch on (the CPU beside a GPU)
+        _check(q, k, cos, sin, unsqueeze_dim)
+        return reference_rope(q, k, cos, sin, None, unsqueeze_dim)
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, cos, sin)):
         return _Rope.apply(q, k, cos, sin, unsqueeze_dim)
     return _run(q, k, cos, sin, unsqueeze_dim, False, None)

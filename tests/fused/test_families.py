@@ -9,7 +9,7 @@ attention per layer; a causal LM one loss. What must be left out is checked too 
 rotary; Granite's scaled and Gemma 2's soft-capped logits, and the MoE models' router loss, for the fused
 linear loss; GPT-2's ungated MLP). MoE blocks count as 'moe' when gems/patching/moe.py takes them.
 
-Tolerance: fp32 throughout; the fused kernels reorder fp32 sums (row reductions, the loss's logsumexp),
+The models run on the test device (GEMS_TEST_DEVICE). Tolerance: fp32 throughout; the fused kernels reorder fp32 sums (row reductions, the loss's logsumexp),
 so results agree to 2e-4 relative plus 2e-5 of the tensor's largest magnitude (absolute: an element that
 cancels, e.g. a sum of a gradient's contributions, keeps the others' rounding), far below what a wrong
 casting, offset, activation or gate/up swap produces (O(1e-2) or more at these sizes).
@@ -23,6 +23,7 @@ import torch
 import transformers as T
 
 import gems
+from harness import DEVICE
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -114,6 +115,13 @@ UNPROVEN = {"glm4": {"rope"},                                   # interleaved ro
 
 
 def _inputs(kind, model):
+    """(inference inputs, training inputs) on the model's device."""
+    dev = next(model.parameters()).device
+    inf, tr = _cpu_inputs(kind)
+    return ({k: v.to(dev) for k, v in inf.items()}, {k: v.to(dev) for k, v in tr.items()})
+
+
+def _cpu_inputs(kind):
     g = torch.Generator().manual_seed(1)
     if kind in ("causal", "masked"):
         ids = torch.randint(2, 60, (2, 6), generator=g)
@@ -177,7 +185,7 @@ def _expected(name, report):
 def test_family_patched_agrees_and_counts(name):
     build, kind, _ = FAMILIES[name]
     torch.manual_seed(0)
-    model = build().float()
+    model = build().float().to(DEVICE)
     model.config.use_cache = False
     inf, tr = _inputs(kind, model)
     ref = _run(model, inf, tr)
@@ -204,7 +212,7 @@ LAYER_NORM = {"roberta": {"encoder_layer": L, "add_layer_norm": 2 * L, "layer_no
 def test_family_layer_norm_patched_agrees(name):
     build, kind, _ = FAMILIES[name]
     torch.manual_seed(0)
-    model = build().float()
+    model = build().float().to(DEVICE)
     inf, tr = _inputs(kind, model)
     ref = _run(model, inf, tr)
     report = gems.patch(model, layer_norm=True, strict=True)
@@ -282,7 +290,7 @@ def test_partial_rotary(monkeypatch):
     # GPT-NeoX's default: a quarter of each head rotated, through the fused op on strided views
     model = T.GPTNeoXForCausalLM(T.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                                  num_attention_heads=2, vocab_size=64, rotary_pct=0.25,
-                                                 hidden_dropout=0.0, attention_dropout=0.0))
+                                                 hidden_dropout=0.0, attention_dropout=0.0)).to(DEVICE)
     inf, tr = _inputs("causal", model)
     ref = _run(model, inf, tr)
     assert gems.patch(model).counts()["rope"] == 1

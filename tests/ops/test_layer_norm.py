@@ -194,14 +194,20 @@ def test_multi_dim_normalized_shape_of_strided_inputs():
 @pytest.mark.parametrize("value", [0.1, 1.7, -2.3])
 def test_constant_row_normalizes_to_zero(n, value):
     """An fp32 sum of n copies of a value is not n * value: the statistics of a constant row are still
-    exact (mean == the value, y == bias), as ATen's."""
+    exact (mean == the value, y == bias), as ATen's on the CPU. (ATen's CUDA kernel folds the mean
+    into an fma, x * rstd - mean * rstd, so its y there is the bias only up to rounding.)"""
     x = torch.full((3, n), value, device=DEVICE)
     b = make((n,))
     with served("native_layer_norm"), gems.use_gems():
         y, mean, rstd = LN(x, [n], None, b, 1e-5)
     ya, meana, rstda = LN(x, [n], None, b, 1e-5)
-    assert torch.equal(y, ya) and torch.equal(y, b.expand(3, n))
-    assert torch.equal(mean, meana) and torch.equal(mean, torch.full_like(mean, value))
+    assert torch.equal(y, b.expand(3, n))
+    assert torch.equal(mean, torch.full_like(mean, value))
+    if x.device.type == "cpu":
+        assert torch.equal(y, ya) and torch.equal(mean, meana)
+    else:
+        torch.testing.assert_close(y, ya, rtol=1e-5, atol=1e-3)
+        torch.testing.assert_close(mean, meana)
     torch.testing.assert_close(rstd, rstda)
 
 
@@ -224,7 +230,10 @@ def test_rows_whose_statistics_overflow_fp32(n):
     for g, r in ((y[:3], ry[:3]), (mean[:3], rmean[:3]), (rstd[:3], rrstd[:3])):
         assert torch.isfinite(g).all()
         torch.testing.assert_close(g.double(), r, rtol=1e-5, atol=1e-6)
-    assert torch.equal(y[4:], y4) and torch.equal(mean[4:], mean4) and torch.equal(rstd[4:], rstd4)
+    # the other rows as in a call without the overflowing ones (bitwise on the CPU; on a GPU the rows
+    # per program, set by M, change the reduction's lane layout and so its rounding)
+    close = torch.equal if x.device.type == "cpu" else (lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6))
+    assert close(y[4:], y4) and close(mean[4:], mean4) and close(rstd[4:], rstd4)
     assert_close([y[4:], mean[4:], rstd[4:]], [ry[4:], rmean[4:], rrstd[4:]], torch.float32)
     ya, meana, rstda = LN(x, [n], w, b, 1e-5)
     assert y[3].isnan().all() and ya[3].isnan().all() and rstd[3].isnan() and rstda[3].isnan()

@@ -207,12 +207,14 @@ def test_backward_of_outputs_past_fp32_range():
         assert got.isnan().all()
         if dim == 1 or ON_GPU:
             assert torch.equal(got.isnan(), B(gg, yy, dim, torch.float32).isnan())
-    # fp16 outputs near fp16's limit: the fp32 sum does not overflow; inf as in ATen and float64
+    # fp16 outputs near fp16's limit: the fp32 products and sum do not overflow; inf as float64 and
+    # ATen's CPU (ATen's CUDA kernel answers NaN here: its products overflow fp16; same table row)
     gh, yh = g.half()[None], torch.full((1, 5), 60000.0, device=DEVICE).half()
     with served("_softmax_backward_data"), gems.use_gems(include=["_softmax_backward_data"]):
         got = B(gh, yh, 1, torch.float16)
-    assert torch.equal(got, B(gh, yh, 1, torch.float16))
     assert torch.equal(got, B(gh.double(), yh.double(), 1, torch.float64).half())
+    if not ON_GPU:
+        assert torch.equal(got, B(gh, yh, 1, torch.float16))
 
 
 def test_log_softmax_backward_product_past_fp32_range():

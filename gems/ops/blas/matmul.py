@@ -368,8 +368,9 @@ def describe_config(cfg) -> str:
 
 def _alpha0_reads_product(a):
     """Whether ATen computes 0 * (A @ B) for alpha == 0 (NaN where the product has an inf or a NaN) rather
-    than skipping A @ B: on the CPU its own fp16 / bf16 GEMM does; its BLAS (fp32) skips it."""
-    return a.device.type == "cpu" and a.dtype in (torch.float16, torch.bfloat16)
+    than skipping A @ B: cuBLAS does for every dtype, and on the CPU ATen's own fp16 / bf16 GEMM does;
+    the CPU BLAS (fp32) skips it."""
+    return a.device.type != "cpu" or a.dtype in (torch.float16, torch.bfloat16)
 
 
 def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision=None):
@@ -384,7 +385,7 @@ def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision
     if nb == 0 or M == 0 or N == 0:
         return c
     if alpha == 0 and not _alpha0_reads_product(a):
-        K = 0  # ATen (CPU BLAS convention): alpha == 0 ignores A @ B, NaNs included
+        K = 0  # ATen's CPU BLAS (fp32): alpha == 0 ignores A @ B, NaNs included
     has_bias = bias is not None and beta != 0
     if not has_bias:
         bias = c  # never read; any valid pointer keeps the argument list fixed

@@ -1,7 +1,8 @@
 """The ATen GEMM overloads Gems serves (mm, addmm, addmm_, bmm and their out / out_dtype variants): ATen's
 argument checks and result dtypes, then matmul.launch. ATen semantics kept here: beta == 0 ignores bias
-entirely (NaN/inf in it do not propagate), alpha == 0 ignores A @ B (CPU BLAS convention; on the CPU,
-ATen's own fp16/bf16 GEMM computes 0 * (A @ B) instead, and so does Gems there), K == 0 gives
+entirely (NaN/inf in it do not propagate), alpha == 0 ignores A @ B in fp32 on the CPU (its BLAS'
+convention) and computes 0 * (A @ B) elsewhere (cuBLAS, and ATen's own CPU fp16/bf16 GEMM: NaN where
+the product has an inf or a NaN), as Gems does, K == 0 gives
 beta * bias (or zeros), empty M/N gives an empty result, shape and dtype mismatches raise RuntimeError
 (ATen's own kernel raises them: we hand such calls to it).
 """
