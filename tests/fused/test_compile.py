@@ -152,7 +152,7 @@ def test_cross_entropy_weight_and_divisor():
     logits, target = _req(make((6, 30))), torch.randint(0, 30, (6,), device=DEVICE)
     w = make((30,), low=0.5, high=2.0)
     _check(lambda x, t: F.cross_entropy(x, t, weight=w),
-           lambda x, t: torch.nn.functional.cross_entropy(x, t, w.to(x.dtype)), [logits, target], torch.float32)
+           lambda x, t: torch.nn.functional.cross_entropy(x, t, w.to(x)), [logits, target], torch.float32)
     _check(lambda x, t: F.cross_entropy(x, t, reduction="sum", divisor=4),
            lambda x, t: ce.reference_cross_entropy(x, t, reduction="sum", divisor=4), [logits, target], torch.float32)
 
@@ -235,7 +235,7 @@ def test_moe_experts(dtype):
     from gems.fused import moe
     hidden, ids, wts, wgu, wd = (t.to(dtype) if t.is_floating_point() else t for t in _moe_inputs())
     _check(lambda x, w, a, b: F.moe_experts(x, ids, w, a, b),
-           lambda x, w, a, b: moe.reference_moe_experts(x, ids, w, a, b),
+           lambda x, w, a, b: moe.reference_moe_experts(x, ids.to(x.device), w, a, b),
            [_req(hidden), _req(wts), _req(wgu), _req(wd)], dtype)
 
 

@@ -175,8 +175,8 @@ def test_backward_repeat_calls_replay_a_plan_with_descriptors(entered_bwd):
     """Backward calls of one signature: the Python path once, then the plan with the seven
     descriptors (Q, K, V, dO, lse2, delta and the fp32 dQ accumulator) rebuilt per call, replayed by the
     C++ path. Inside a use_gems() scope, autograd's device thread takes the Python path for the first
-    Gems call of each backward (it keys that graph task to the scope), so the C++ replays are checked on
-    one backward holding three calls."""
+    Gems call of each backward (it keys that graph task to the scope), so the C++ replays are checked
+    under gems.enable(), as a training loop runs, on one backward holding three calls."""
     name = "_scaled_dot_product_cudnn_attention_backward.default"
     impl = gems.registry.get(name)
     hits = gems.dispatch.op_runtime(impl.name).fast.hits if gems.dispatch.op_runtime(impl.name).fast is not None else 0
@@ -187,9 +187,12 @@ def test_backward_repeat_calls_replay_a_plan_with_descriptors(entered_bwd):
         assert_close(got, refg, torch.bfloat16, aten, atol=ATOL[torch.bfloat16], msg=f"call {i}")
     trips = [qkv(1, 8, 2, 333, 333, 128, torch.bfloat16, "bshd", requires_grad=True) for _ in range(3)]
     g = make((1, 8, 333, 128), torch.bfloat16)
-    with gems.use_gems():
+    gems.enable()
+    try:
         outs = [F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True) for q, k, v in trips]
         got = torch.autograd.grad(outs, [t for trip in trips for t in trip], [g] * 3)
+    finally:
+        gems.disable()
     for i, (q, k, v) in enumerate(trips):
         aten = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
                                    (q, k, v), g)

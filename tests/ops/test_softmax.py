@@ -64,9 +64,19 @@ def test_out_variant_and_errors():
         assert wrong.shape == (4, 9)
         with pytest.raises(IndexError):
             torch.softmax(x, 2)
-        if DEVICE == "cpu":  # ATen rejects half_to_float on CPU; so must Gems
-            with pytest.raises(RuntimeError):
-                torch._softmax(x.half(), 1, True)
+    # half_to_float: ATen rejects it on the CPU, and on CUDA for any input but float16; so must Gems
+    aten = torch.ops.aten
+    calls = [lambda: aten._softmax(x, 1, True), lambda: aten._log_softmax(x.bfloat16(), 0, True),
+             lambda: aten._softmax.out(x, 1, True, out=torch.empty(0, device=DEVICE)),
+             lambda: aten._log_softmax(x.half(), 1, True)]
+    if DEVICE == "cpu":
+        raises_like_aten(calls)
+    else:
+        raises_like_aten(calls[:3])
+        with served("_log_softmax"), gems.use_gems():
+            got = aten._log_softmax(x.half(), 1, True)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, aten._log_softmax(x.half(), 1, True))
 
 
 def test_dim_out_of_range_on_empty_tensors_raises_like_aten():

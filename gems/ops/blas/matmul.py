@@ -368,12 +368,12 @@ def describe_config(cfg) -> str:
 
 def _alpha0_reads_product(a):
     """Whether ATen computes 0 * (A @ B) for alpha == 0 (NaN where the product has an inf or a NaN) rather
-    than skipping A @ B: cuBLAS does for every dtype, and on the CPU ATen's own fp16 / bf16 GEMM does;
-    the CPU BLAS (fp32) skips it."""
-    return a.device.type != "cpu" or a.dtype in (torch.float16, torch.bfloat16)
+    than skipping A @ B: on the CPU its own fp16 / bf16 GEMM does; its BLAS (fp32) and cuBLAS' GEMM skip
+    it (cuBLASLt's bias epilogue does not: overloads.addmm passes alpha0_reads_product for it)."""
+    return a.device.type == "cpu" and a.dtype in (torch.float16, torch.bfloat16)
 
 
-def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision=None):
+def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision=None, alpha0_reads_product=None):
     """c[i] = alpha * a[i] @ b[i] + beta * bias[i]; 2-D (mm) or 3-D (bmm) operands, bias None or c's shape.
 
     Only strides go to the kernel: no views are made per call. `config` forces one launch config
@@ -384,8 +384,8 @@ def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision
     N = b.shape[-1]
     if nb == 0 or M == 0 or N == 0:
         return c
-    if alpha == 0 and not _alpha0_reads_product(a):
-        K = 0  # ATen's CPU BLAS (fp32): alpha == 0 ignores A @ B, NaNs included
+    if alpha == 0 and not (_alpha0_reads_product(a) if alpha0_reads_product is None else alpha0_reads_product):
+        K = 0  # the BLAS convention (ATen's CPU BLAS, cuBLAS' GEMM): alpha == 0 ignores A @ B, NaNs included
     has_bias = bias is not None and beta != 0
     if not has_bias:
         bias = c  # never read; any valid pointer keeps the argument list fixed

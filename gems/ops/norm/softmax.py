@@ -196,24 +196,26 @@ def _warps(which, x, M, bk, bn, launch):
     return tuner.pick(bucket, lambda c: bench_ms(lambda: launch(c["num_warps"])))["num_warps"]
 
 
-def _no_half_to_float_on_cpu(x, dim, half_to_float, **_):
-    # ATen supports half_to_float on CUDA only; on CPU it raises, and so must we (by letting it run)
-    if half_to_float and x.device.type == "cpu":
-        return "half_to_float on cpu"
+def _half_to_float_like_aten(x, dim, half_to_float, **_):
+    # ATen takes half_to_float for a float16 input on CUDA only: on the CPU it raises for every input,
+    # on CUDA for any other dtype ("conversion is supported for Half type only"), and so must we (by
+    # letting it run)
+    if half_to_float and (x.device.type == "cpu" or x.dtype != torch.float16):
+        return f"half_to_float with a {x.dtype} input on {x.device.type}"
     return None
 
 
 def _fwd_dtype(x, half_to_float):
-    return torch.float32 if half_to_float and x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    return torch.float32 if half_to_float else x.dtype
 
 
-@register("_softmax", "_softmax.out", category="norm", dtypes=FLOATS, check=_no_half_to_float_on_cpu)
+@register("_softmax", "_softmax.out", category="norm", dtypes=FLOATS, check=_half_to_float_like_aten)
 def softmax(x, dim, half_to_float, *, out=None):
     """softmax along one dim (fp32 math; half_to_float on CUDA)."""
     return _launch_fwd(x, dim, _fwd_dtype(x, half_to_float), False, out)
 
 
-@register("_log_softmax", "_log_softmax.out", category="norm", dtypes=FLOATS, check=_no_half_to_float_on_cpu)
+@register("_log_softmax", "_log_softmax.out", category="norm", dtypes=FLOATS, check=_half_to_float_like_aten)
 def log_softmax(x, dim, half_to_float, *, out=None):
     """log_softmax along one dim (fp32 math)."""
     return _launch_fwd(x, dim, _fwd_dtype(x, half_to_float), True, out)
