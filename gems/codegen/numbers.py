@@ -22,10 +22,10 @@ tensor that ATen treats as it treats the wrapped number:
   (`call_with_numbers`);
 * bool: bool;
 * complex (no Gems kernel takes one; every such call reaches ATen here): every number of the call
-  as a 0-dim tensor of the complex dtype ATen's promotion gives the call (`float16 + 1j` is
-  complex32, `float64 + 1j` complex128, `int8 + 1j` the default complex dtype). A 0-dim tensor of
-  the result dtype leaves that dtype unchanged, and ATen reads a wrapped number at the common dtype
-  anyway.
+  as a 0-dim tensor: complex128, the wrapped number's own dtype, where a dimensioned floating or
+  complex tensor decides the result's precision anyway (`float16 + 1j` stays complex32); else of the
+  complex dtype ATen's promotion gives the call (`int8 + 1j` the default complex dtype), which a 0-dim
+  tensor of that dtype leaves unchanged.
 
 This is for the dispatcher's fallback path (`call_orig`); Gems' own pointwise kernels take numbers
 as kernel scalars and never need it.
@@ -130,6 +130,12 @@ def _complex_numbers(args, nums, number):
                 zero = torch.promote_types(zero, a.dtype)
     inner = torch.result_type(torch.empty((), dtype=zero), number)
     dt = torch.result_type(torch.empty((1,), dtype=dim), torch.empty((), dtype=inner))
+    if dim.is_floating_point or dim.is_complex:
+        # a dimensioned floating or complex tensor sets the precision, so the number can keep the wrapped
+        # number's own complex128 without changing the result dtype: ATen's CUDA kernels read such a CPU
+        # scalar at their compute precision (x / v as x * (1 / v), 1 / v from the complex128 value), and a
+        # complex64 / complex32 copy of v rounds it first (a last-bit difference in 0.25 / (0.1 - 0.001j))
+        dt = torch.complex128
     args = list(args)
     for i in nums:
         v = args[i]

@@ -273,3 +273,18 @@ def test_bitwise_and_shifts_with_a_float_number_raise_like_aten(n):
     with served("bitwise_and.Scalar", "__lshift__.Scalar"), gems.use_gems():
         r, s = torch.bitwise_and(x, 3), x << 2
     assert r.tolist() == [1] * n and s.tolist() == [4] * n
+
+
+def test_pow_of_a_subnormal_base():
+    # an fp32 subnormal base to a tensor exponent (the GPU fuzz found libdevice's powf several-fold off
+    # there: (1e-40) ** -0.455 gave 2.5e17 for 1.6e18); the float64 answer within fp32's tolerance
+    base = torch.full((6,), 9.99994610111476e-41, device=DEVICE)
+    e = torch.tensor([-0.455, 0.856, -0.384, -0.646, 0.695, -1.1], device=DEVICE)
+    want = base.double() ** e.double()
+    with served("pow.Tensor_Tensor"), gems.use_gems():
+        got = torch.pow(base, e)
+    assert_close(got, want.float().double(), torch.float32)
+    with gems.use_gems():
+        xs = [base.clone()]
+        torch._foreach_pow_(xs, [e])
+    assert_close(xs[0], want.float().double(), torch.float32)

@@ -403,3 +403,19 @@ def test_fallbacks_counted_and_right():
     # mixed dtypes in lerp: ATen raises, and so must Gems
     with gems.use_gems(), pytest.raises(RuntimeError):
         torch.lerp(make((3,)), make((3,), torch.float16), 0.5)
+
+
+def test_integer_bounds_of_a_wider_type_like_aten():
+    # the in-place uint8 3 clamped by the int16 bound -5: ATen's CPU kernel takes the min in int16 (251
+    # after the cast back), its CUDA kernel reads the bound as uint8 (3); Gems serves the CPU and hands
+    # the CUDA call to ATen (found by the GPU fuzz)
+    x, hi = torch.tensor([3, 200], dtype=torch.uint8, device=DEVICE), torch.tensor([-5, 7], dtype=torch.int16,
+                                                                                  device=DEVICE)
+    want = [x.clone().clamp_max_(hi), x.clone().clamp_min_(hi), x.clone().clamp_(hi, hi), torch.clamp_max(x, hi)]
+    gems.reset_stats()
+    with gems.use_gems():
+        got = [x.clone().clamp_max_(hi), x.clone().clamp_min_(hi), x.clone().clamp_(hi, hi), torch.clamp_max(x, hi)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w), (g, w)
+    fell_back = gems.stats()["clamp_max_.Tensor"]["fallback"]
+    assert fell_back == (1 if DEVICE == "cuda" else 0)

@@ -368,9 +368,10 @@ def describe_config(cfg) -> str:
 
 def _alpha0_reads_product(a):
     """Whether ATen computes 0 * (A @ B) for alpha == 0 (NaN where the product has an inf or a NaN) rather
-    than skipping A @ B: on the CPU its own fp16 / bf16 GEMM does; its BLAS (fp32) and cuBLAS' GEMM skip
-    it (cuBLASLt's bias epilogue does not: overloads.addmm passes alpha0_reads_product for it)."""
-    return a.device.type == "cpu" and a.dtype in (torch.float16, torch.bfloat16)
+    than skipping A @ B: for fp16 / bf16 on both devices (its own CPU GEMM, cuBLAS' half GEMMs); in fp32
+    the CPU BLAS and cuBLAS' sgemm skip it (cuBLASLt's bias epilogue does not: overloads.addmm passes
+    alpha0_reads_product for it)."""
+    return a.dtype in (torch.float16, torch.bfloat16)
 
 
 def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision=None, alpha0_reads_product=None):

@@ -1,8 +1,8 @@
 """The ATen GEMM overloads Gems serves (mm, addmm, addmm_, bmm and their out / out_dtype variants): ATen's
 argument checks and result dtypes, then matmul.launch. ATen semantics kept here: beta == 0 ignores bias
-entirely (NaN/inf in it do not propagate), alpha == 0 ignores A @ B (the BLAS convention, cuBLAS'
-GEMM too) except where ATen's kernel computes 0 * (A @ B) (NaN where the product has an inf or a NaN):
-its own CPU fp16/bf16 GEMM, and cuBLASLt's bias epilogue on CUDA; Gems follows each, K == 0 gives
+entirely (NaN/inf in it do not propagate), alpha == 0 ignores A @ B in fp32 (the BLAS convention, cuBLAS'
+sgemm too) except on cuBLASLt's bias epilogue, and computes 0 * (A @ B) for fp16/bf16 (NaN where the
+product has an inf or a NaN), as ATen's kernels on each device do; K == 0 gives
 beta * bias (or zeros), empty M/N gives an empty result, shape and dtype mismatches raise RuntimeError
 (ATen's own kernel raises them: we hand such calls to it).
 """
@@ -101,7 +101,7 @@ def _addmm(bias, a, b, beta, alpha, out=None, out_dtype=None, inplace=False):
 def _cublaslt_bias_epilogue(bias, a, b, beta):
     """Whether ATen's CUDA addmm takes cuBLASLt's bias epilogue (a 1-D contiguous bias, beta == 1, every
     dim of A and B above 1): that path computes 0 * (A @ B) for alpha == 0 (NaN where the product meets
-    an inf or a NaN) where cuBLAS' plain GEMM skips the product."""
+    an inf or a NaN) also in fp32, where cuBLAS' sgemm skips the product."""
     return (a.device.type == "cuda" and bias.dim() == 1 and beta == 1 and bias.is_contiguous()
             and min(a.shape[0], a.shape[1], b.shape[1]) > 1)
 

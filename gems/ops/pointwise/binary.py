@@ -54,7 +54,13 @@ def _pow_float(a, b):
     """C's pow, which ATen computes for a tensor exponent on both devices (and for a scalar one but
     the special exponents of pow_f)"""
     if GPU:
-        return libdevice.pow(a, b)
+        r = libdevice.pow(a, b)
+        if a.dtype == tl.float32:
+            # a subnormal fp32 base: libdevice's powf answered (1e-40) ** -0.455 with 2.5e17 (1.6e18 is
+            # right; found by the GPU fuzz): those lanes in float64, where the base is a normal number
+            tiny = (tl.abs(a) < 1.1754943508222875e-38) & (a != 0.0)
+            r = tl.where(tiny, libdevice.pow(a.to(tl.float64), b.to(tl.float64)).to(tl.float32), r)
+        return r
     else:
         # the interpreter: exp2(b * log2|a|) in fp64 (numpy), C pow's special cases by hand
         a64 = a.to(tl.float64)

@@ -142,16 +142,27 @@ masked_fill_tensor = pointwise("masked_fill.Tensor", "masked_fill.Tensor_out", "
                                                "masked_fill.Tensor_out": "contiguous"})
 
 
-def _no_bool(self, *a, **k):
-    return "bool self" if self.dtype == torch.bool else None
+def _bounds_like_aten(self, *bounds, **k):
+    """bool self goes to ATen; so, on CUDA, does an integer tensor bound of a type wider than an integer
+    self (or of other signedness): ATen's CUDA kernel clamps the in-place uint8 3 with the int16 bound -5
+    to 3 (the bound read as uint8), its CPU kernel to 251 (the min taken in int16), and Gems computes the
+    CPU's answer."""
+    if self.dtype == torch.bool:
+        return "bool self"
+    if self.device.type == "cuda" and not self.is_floating_point():
+        for b in bounds:
+            if (isinstance(b, torch.Tensor) and not b.is_floating_point() and b.dtype != self.dtype
+                    and torch.promote_types(self.dtype, b.dtype) != self.dtype):
+                return f"a {b.dtype} bound for a {self.dtype} tensor on CUDA"
+    return None
 
 
 clamp_min = pointwise("clamp_min", "clamp_min.out", "clamp_min_", "clamp_min.Tensor", "clamp_min.Tensor_out",
                       "clamp_min_.Tensor", body=_clamp_min, operands=("self", "min"), dtypes=NUMERIC,
-                      check=_no_bool, number_operands=False)
+                      check=_bounds_like_aten, number_operands=False)
 clamp_max = pointwise("clamp_max", "clamp_max.out", "clamp_max_", "clamp_max.Tensor", "clamp_max.Tensor_out",
                       "clamp_max_.Tensor", body=_clamp_max, operands=("self", "max"), dtypes=NUMERIC,
-                      check=_no_bool, number_operands=False)
+                      check=_bounds_like_aten, number_operands=False)
 
 # clamp's bounds are optional: the two-bound body is generated without registering its overloads;
 # the registered clamp variants below pick clamp_min / clamp_max / both by which bounds are given.
@@ -184,8 +195,9 @@ def _clamp_impl(name):
 
 
 def _clamp_check(self, min=None, max=None, *a, **k):
-    if self.dtype == torch.bool:
-        return "bool self"
+    why = _bounds_like_aten(self, min, max)
+    if why:
+        return why
     lone = max if min is None else min if max is None else None
     if isinstance(lone, float) and lone != lone:
         # clamp(x, min=nan) alone reaches ATen's clamp_min kernel without clamp_min's NaN fill: CUDA's
