@@ -11,6 +11,7 @@ some it does not declare (int, bool, fp16, fp32), and special values (nan, +-inf
 """
 from __future__ import annotations
 
+import math
 import random
 import zlib
 from dataclasses import dataclass, field
@@ -44,7 +45,10 @@ SKIP_WORDS = ("attention", "efficient", "flash", "cudnn", "rand", "bernoulli", "
               "exponential")
 # arguments drawn from a fixed set of values ATen accepts (plus a wrong one where it says so)
 CHOICES = {"approximate": ["none", "tanh"], "rounding_mode": [None, "trunc", "floor"],
-           "ord": [2, 1, INF, -INF, 0, 3.5], "p": [0.0], "reduction": [0, 1, 2]}
+           "ord": [2, 1, INF, -INF, 0, 3.5], "p": [0.0], "reduction": [0, 1, 2],
+           # a ScalarType drawn as any small int reached -1 (no dtype): on the GPU such a call ended the
+           # worker process, a case no user can write with a torch.dtype
+           "out_dtype": [torch.float32, torch.float16, torch.bfloat16, torch.int32]}
 UNDRAWABLE = {"generator", "sizes", "input_sizes", "output_mask", "bias_sizes", "stride", "padding",
               "dilation", "output_padding", "attn_mask", "start", "end", "step",
               "ignore_index", "num_weights", "num_samples", "target",
@@ -295,6 +299,11 @@ def make_case(name: str, seed: int, index: int, device: str = "cpu") -> Case:
             kwargs[n] = v
         else:
             args.append(v)
+    if name.startswith("masked_scatter") and device == "cuda" and "source" in drawn:
+        # a source shorter than the mask's count is ATen's device-side assert on the GPU, which ends the
+        # process's CUDA context (tests/ops/test_masked_scatter.py checks that case in a child process)
+        i = next(i for i, v in enumerate(args) if v is drawn["source"])
+        args[i] = draw.tensor((max(1, math.prod(base)) + 2,), drawn["source"].dtype)
     # weight/bias of a normalization: the normalized shape
     norm = next((v for v in args if isinstance(v, list) and v and all(isinstance(x, int) for x in v)), None)
     args = [draw.tensor(tuple(norm) if norm is not None else base[-1:], v[1])
@@ -321,6 +330,8 @@ def _fixed_shapes(base, draw):
 def _index_tensor(draw, base, drawn, shape):
     """int64 indices valid for the op (one out of range now and then: ATen's error)."""
     def ints(s, hi):
+        if hi <= 0 and draw.device == "cuda":
+            s = (0,) + tuple(s[1:])   # no valid index into an empty dim: a nonempty one would assert on the GPU
         t = torch.randint(0, max(hi, 1), s, generator=draw.gen) if hi > 0 else torch.zeros(s, dtype=torch.int64)
         # not on the GPU: ATen's CUDA index kernels stop the process's CUDA context with a device-side assert
         if t.numel() and draw.rng.random() < 0.03 and draw.device != "cuda":
