@@ -257,7 +257,7 @@ def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
         if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
             return reference_rope(q, k, cos, sin, None, unsqueeze_dim)
         return _ROPE_OP(q, k, cos, sin, unsqueeze_dim)
-    if getattr(q, "device", None) is not None and q.device.type != library.device_type():
+    if not getattr(q, "is_cuda", True) and q.device.type != library.device_type():
         # a model left on a device the backend does not launch on (the CPU beside a GPU)
         _check(q, k, cos, sin, unsqueeze_dim)
         return reference_rope(q, k, cos, sin, None, unsqueeze_dim)
