@@ -154,7 +154,7 @@ def test_unsupported_argument_combination_falls_back_with_reason():
     gems.reset_stats()
     with gems.use_gems(), pytest.raises(RuntimeError):
         torch._softmax(make((2, 3), torch.float16), 1, True)   # ATen's own error, not ours
-    assert gems.stats()[SOFTMAX]["reasons"] == {"half_to_float on cpu": 1}
+    assert gems.stats()[SOFTMAX]["reasons"] == {"half_to_float with a torch.float16 input on cpu": 1}
 
 
 def test_aten_errors_keep_their_type():
