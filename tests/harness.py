@@ -217,6 +217,13 @@ def _launch_origin(name) -> str:
     return f"{name} by {op} from {test}"
 
 
+def launch_without_a_device(monkeypatch):
+    """runtime.launch asks no GPU for its device and stream (tests launching stand-in kernels)."""
+    from gems.runtime import launch
+    monkeypatch.setattr(launch, "_get_device", lambda: 0)
+    monkeypatch.setattr(launch, "_get_stream", lambda dev: 0)
+
+
 def count_launches(monkeypatch) -> list:
     """The names of the Gems kernels launched from now on (through LaunchCache), in order."""
     from gems.runtime import plan

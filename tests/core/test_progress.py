@@ -5,6 +5,7 @@ with a stand-in for a compiled Triton kernel and a fake clock."""
 import pytest
 
 from gems.runtime import autotune, backends, launch, progress
+from harness import launch_without_a_device
 
 
 class _Clock:
@@ -57,8 +58,7 @@ class _Jit:
 
 @pytest.fixture
 def compiled_backend(monkeypatch):
-    monkeypatch.setattr(launch, "_get_device", lambda: 0)
-    monkeypatch.setattr(launch, "_get_stream", lambda dev: 0)
+    launch_without_a_device(monkeypatch)
 
 
 def _launch(k, value):

@@ -16,6 +16,7 @@ import torch
 import gems
 from gems.runtime import autotune, backends, collect, launch, progress
 from gems.runtime.plan.cache import NO_PLAN, PlanCache
+from harness import launch_without_a_device
 
 warmup_module = __import__("sys").modules["gems.warmup"]   # gems.warmup itself is the function
 
@@ -83,8 +84,7 @@ class _Jit:
 
 @pytest.fixture
 def compiled_backend(monkeypatch):
-    monkeypatch.setattr(launch, "_get_device", lambda: 0)
-    monkeypatch.setattr(launch, "_get_stream", lambda dev: 0)
+    launch_without_a_device(monkeypatch)
     # the stand-in's hook call carries no real job: record a marker instead of reading Triton's objects
     recorded = []
 
