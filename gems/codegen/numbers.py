@@ -25,7 +25,9 @@ tensor that ATen treats as it treats the wrapped number:
   as a 0-dim tensor: complex128, the wrapped number's own dtype, where a dimensioned floating or
   complex tensor decides the result's precision anyway (`float16 + 1j` stays complex32); else of the
   complex dtype ATen's promotion gives the call (`int8 + 1j` the default complex dtype), which a 0-dim
-  tensor of that dtype leaves unchanged.
+  tensor of that dtype leaves unchanged. For the arithmetic ops that compute every tensor at the common
+  dtype, the tensors are cast to that dtype first and the number stays complex128 (division reads the
+  number unrounded: `int64 / (0.1 - 0.001j)` on CUDA multiplies by 1 / v computed from the complex128).
 
 This is for the dispatcher's fallback path (`call_orig`); Gems' own pointwise kernels take numbers
 as kernel scalars and never need it.
@@ -43,9 +45,16 @@ def tensor_positions(schema) -> tuple:
                  if not a.kwarg_only and str(a.type) == "Tensor")
 
 
-def call_with_numbers(call, args, positions, kwargs, out_name=None):
+def call_with_numbers(call, args, positions, kwargs, out_name=None, promotes_all=False):
     """call(*args, **kwargs) with the numbers at `positions` as tensors (see the module doc).
-    `out_name`: the overload's `out=` argument, if it has one."""
+    `out_name`: the overload's `out=` argument, if it has one. `promotes_all`: the overload is functional
+    and computes every tensor argument at the common dtype with no check on the inputs' own dtypes
+    (add, mul, div: sub raises on a bool tensor, which a cast would hide), so a complex
+    number can keep its own complex128 (see `_complex_at_common_dtype`)."""
+    if promotes_all:
+        res = _complex_at_common_dtype(call, args, positions, kwargs)
+        if res is not NotImplemented:
+            return res
     conv, wrapped = numbers_to_tensors(args, positions, report=True)
     if not wrapped:
         return call(*conv, **kwargs)
@@ -141,3 +150,21 @@ def _complex_numbers(args, nums, number):
         v = args[i]
         args[i] = torch.tensor(v, dtype=torch.bool if isinstance(v, bool) else dt)
     return tuple(args)
+
+
+def _complex_at_common_dtype(call, args, positions, kwargs):
+    """An arithmetic call with a complex number beside integer, bool or only 0-dim tensors, as ATen runs
+    it with the wrapped number: every tensor cast to the call's result dtype (made 1-element, and the
+    result 0-dim again, when no tensor has dims, so that dims decide the dtype), the number complex128,
+    unrounded, as ATen's kernels read the wrapped number. NotImplemented: not such a call."""
+    nums = [i for i in positions if i < len(args) and isinstance(args[i], complex)]
+    tens = [a for a in args if isinstance(a, torch.Tensor)]
+    if not nums or not tens or any(t.dim() and (t.is_floating_point() or t.is_complex()) for t in tens):
+        return NotImplemented
+    dt = _complex_numbers(args, nums, args[nums[0]])[nums[0]].dtype
+    scalar = all(t.dim() == 0 for t in tens)
+    conv = [torch.tensor(a, dtype=torch.complex128) if i in nums else
+            (a.to(dt).reshape(1) if scalar else a.to(dt)) if isinstance(a, torch.Tensor) else a
+            for i, a in enumerate(args)]
+    res = call(*conv, **kwargs)
+    return res.reshape(()) if scalar and isinstance(res, torch.Tensor) else res

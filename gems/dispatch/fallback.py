@@ -27,6 +27,9 @@ _strided = torch.strided
 MAX_BROKEN_SIGNATURES = 256
 
 _NUMBER_DTYPES = {float: torch.float64, int: torch.int64, bool: torch.bool, complex: torch.complex128}
+# functional overloads that compute every tensor argument at the common dtype and check no input's own
+# dtype (gems.codegen.numbers; sub and rsub raise on a bool tensor)
+_PROMOTES_ALL = frozenset({"add.Tensor", "mul.Tensor", "div.Tensor"})
 
 
 def boxed_with_numbers(name, call_boxed):
@@ -51,8 +54,11 @@ def boxed_with_numbers(name, call_boxed):
     out_name = next((a.name for a in schema.arguments if a.kwarg_only and a.alias_info is not None
                      and a.alias_info.is_write), None)
 
+    promotes_all = name in _PROMOTES_ALL
+
     def call(keyset, *args, **kwargs):
-        return call_with_numbers(lambda *a, **kw: call_boxed(keyset, *a, **kw), args, positions, kwargs, out_name)
+        return call_with_numbers(lambda *a, **kw: call_boxed(keyset, *a, **kw), args, positions, kwargs, out_name,
+                                 promotes_all)
     return call
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import gems
-from gems.codegen.numbers import numbers_to_tensors, tensor_positions
+from gems.codegen.numbers import call_with_numbers, numbers_to_tensors, tensor_positions
 from harness import DEVICE, DTYPES, assert_close, check_grad, check_op, dtype_params, layouts, make, served, to_ref
 
 BINARY = {
@@ -372,6 +372,30 @@ def test_numbers_to_tensors_matches_wrapped_number_promotion():
         got = torch.mul(*args)
         assert got.dtype == want.dtype, (t.dtype, n, got.dtype, want.dtype)
         assert torch.equal(got, want)
+
+
+def test_a_complex_number_reaches_division_unrounded():
+    # ATen's CUDA division reads a wrapped complex number as complex128 (x * (1 / v)); a complex64 copy of
+    # v rounds it first. The integer, bool or 0-dim tensors are cast to the result dtype instead, so the
+    # number can stay complex128 without changing the result dtype
+    seen = []
+
+    def call(*args, **kwargs):
+        seen.append(args)
+        return torch.div(*args, **kwargs)
+    pos = tensor_positions(torch.ops.aten.div.Tensor._schema)
+    for t in (make((3,), torch.int64), make((2,), torch.bool), make((), torch.float32), make((), torch.int8)):
+        seen.clear()
+        got = call_with_numbers(call, (t, 0.1 - 1e-3j), pos, {}, promotes_all=True)
+        (a, v), = seen
+        assert v.dtype == torch.complex128 and v.dim() == 0 and a.dtype == torch.complex64 and a.dim() == 1
+        want = torch.div(t, 0.1 - 1e-3j)
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    # a dimensioned float tensor decides the precision: nothing is cast
+    seen.clear()
+    x = make((3,))
+    call_with_numbers(call, (x, 2j), pos, {}, promotes_all=True)
+    assert seen[0][0] is x and seen[0][1].dtype == torch.complex128
 
 
 def _out_of_range_int_cases():

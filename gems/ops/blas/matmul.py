@@ -368,7 +368,8 @@ def describe_config(cfg) -> str:
 
 def _alpha0_reads_product(a):
     """Whether ATen computes 0 * (A @ B) for alpha == 0 (NaN where the product has an inf or a NaN) rather
-    than skipping A @ B: for fp16 / bf16 on both devices (its own CPU GEMM, cuBLAS' half GEMMs); in fp32
+    than skipping A @ B: for fp16 / bf16 on the CPU (its own GEMM; on CUDA addmm leaves alpha == 0 in 16 bits
+to ATen, whose answer depends on the cuBLAS kernel); in fp32
     the CPU BLAS and cuBLAS' sgemm skip it (cuBLASLt's bias epilogue does not: overloads.addmm passes
     alpha0_reads_product for it)."""
     return a.dtype in (torch.float16, torch.bfloat16)

@@ -1,8 +1,8 @@
 """The ATen GEMM overloads Gems serves (mm, addmm, addmm_, bmm and their out / out_dtype variants): ATen's
 argument checks and result dtypes, then matmul.launch. ATen semantics kept here: beta == 0 ignores bias
 entirely (NaN/inf in it do not propagate), alpha == 0 ignores A @ B in fp32 (the BLAS convention, cuBLAS'
-sgemm too) except on cuBLASLt's bias epilogue, and computes 0 * (A @ B) for fp16/bf16 (NaN where the
-product has an inf or a NaN), as ATen's kernels on each device do; K == 0 gives
+sgemm too) except on cuBLASLt's bias epilogue, and computes 0 * (A @ B) for fp16/bf16 on the CPU (NaN
+where the product has an inf or a NaN; on CUDA such calls go to ATen, whose cuBLAS kernel decides); K == 0 gives
 beta * bias (or zeros), empty M/N gives an empty result, shape and dtype mismatches raise RuntimeError
 (ATen's own kernel raises them: we hand such calls to it).
 """
@@ -126,6 +126,10 @@ def _addmm_numbers(self, mat1, mat2, *args, beta=1, alpha=1, **kwargs):
         why = number_misfit(v, mat1.dtype)
         if why is not None:
             return f"alpha/beta {why}"
+    if alpha == 0 and mat1.device.type == "cuda" and mat1.dtype in (torch.float16, torch.bfloat16):
+        # whether ATen's 16-bit CUDA GEMM computes 0 * (A @ B) (NaN where the product meets an inf or a
+        # NaN) or skips the product depends on the cuBLAS kernel it picks: ATen answers these calls
+        return "alpha == 0 with 16-bit operands on CUDA"
     return None
 
 

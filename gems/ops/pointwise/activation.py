@@ -8,6 +8,7 @@ so NaN propagation and the value at the kinks match ATen exactly.
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from ...codegen import pointwise
 from ...codegen.tlmath import GPU, clamp_f, exp_f, sigmoid, tanh
@@ -142,6 +143,12 @@ def _elu(x, alpha, scale, input_scale):
     is x * scale)."""
     neg = alpha * scale * expm1_f(x * input_scale)
     if GPU:
+        if x.dtype == tl.float32:
+            # fp32 arithmetic flushes a subnormal x (x * input_scale is 0); ATen's kernel keeps it
+            # (elu(-1e-40) is -1e-40): those lanes in float64, where x is a normal number
+            tiny = (tl.abs(x) < 1.1754943508222875e-38) & (x != 0.0)
+            x64 = x.to(tl.float64)
+            neg = tl.where(tiny, (libdevice.expm1(x64 * input_scale) * scale * alpha).to(tl.float32), neg)
         return tl.where(x > 0, x * scale, neg)
     else:
         return tl.where(x >= 0, x * scale, neg)

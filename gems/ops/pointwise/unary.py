@@ -42,7 +42,9 @@ def expm1_f(x):
     |x| < 0.5 (no cancellation; next term < 3e-10 relative), numpy's exp(x) - 1 above (the subtraction
     loses < 1 bit there)."""
     if GPU:
-        r = libdevice.expm1(x)
+        # libdevice is linked with flush-to-zero on (Triton's NVVM reflect setting), so it returns 0 for
+        # a subnormal x; below FLT_MIN expm1(x) rounds to x in fp32 and fp64 alike
+        r = tl.where(tl.abs(x) < 1.1754943508222875e-38, x, libdevice.expm1(x))
     else:
         small = x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0 + x * (
             1.0 / 720.0 + x * (1.0 / 5040.0 + x * (1.0 / 40320.0 + x * (1.0 / 362880.0)))))))))
