@@ -71,7 +71,7 @@ class PointwiseOp:
 
     def __init__(self, names, body, promotion, operands, scalars, constexprs, promote, dtypes, operand_dtypes,
                  n_out, defaults, result_dtype, category, backward, check, doc, divisor=None, round_numbers=False,
-                 iter_order=None, number_operands=True, result_layouts=None):
+                 iter_order=None, number_operands=True, result_layouts=None, cpu_exact_scalar=None):
         if not callable(promotion) and promotion not in PROMOTIONS:
             raise ValueError(f"promotion {promotion!r}: expected one of {sorted(PROMOTIONS)} or a callable")
         self.name = names[0] if names else getattr(body, "__name__", "op")
@@ -93,6 +93,8 @@ class PointwiseOp:
         # before the body, as ATen's TensorIterator converts CPU scalars to the common dtype and the
         # comparison kernels then read that value (x_half == 0.1 compares with half(0.1) on CPU and CUDA)
         self.round_numbers = round_numbers
+        # the operand whose 0-dim value ATen's CPU kernel reads unrounded beside fp16/bf16 tensors, or None
+        self.cpu_exact_scalar = None if cpu_exact_scalar is None else self.operands.index(cpu_exact_scalar)
         # what a fresh output's strides follow ATen's with (see the package docstring)
         self.iter_order = tuple(self.operands.index(o) for o in (iter_order or self.operands))
         self.number_operands = number_operands
@@ -366,14 +368,17 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
             # through the common dtype (double -> float -> half, as c10 converts)
             casts = tuple((_TL[common], c or ctl) if not isinstance(v, _T) or v.dtype != common else c
                           for c, v in zip(casts, vals))
-    elif be.device_type == "cuda":
+    else:
         common = op.common_dtype(operands)
         if common in _REDUCED:
-            # ATen's CUDA kernels load each device tensor as the common dtype before widening to opmath
-            # (a dynamic cast): a 0-dim fp32 tensor beside bf16 ones (capturable Adam's steps) is rounded
-            # to bf16 first. Only a 0-dim operand can be wider than the common dtype.
-            casts = tuple((_TL[common], c) if i in op.promote and isinstance(v, _T) and v.dtype != common else c
-                          for i, (c, v) in enumerate(zip(casts, vals)))
+            # ATen's kernels load each tensor as the common dtype before widening to opmath (a dynamic
+            # cast on CUDA; TensorIterator's converted copy of a CPU scalar on the CPU): a 0-dim fp32
+            # tensor beside bf16 ones (capturable Adam's steps) is rounded to bf16 first. Only a 0-dim
+            # operand can be wider than the common dtype. The CPU's mul and div kernels read their
+            # second operand's original value instead (op.cpu_exact_scalar).
+            keep = op.cpu_exact_scalar if be.device_type == "cpu" else None
+            casts = tuple((_TL[common], c) if i in op.promote and i != keep and isinstance(v, _T)
+                          and v.dtype != common else c for i, (c, v) in enumerate(zip(casts, vals)))
     cvals = [_norm_const(c) for c in consts]
     # layout plan over outputs + tensor operands
     out_st = tuple(out_list[0].stride())
@@ -572,9 +577,10 @@ def _has_default(a):
 def pointwise(*names, body, promotion="default", operands=("self", "other"), scalars=(), constexprs=(),
               promote=None, dtypes=None, operand_dtypes=None, outputs=1, defaults=None, result_dtype=None,
               category="pointwise", backward=False, check=None, doc=None, divisor=None,
-              round_numbers=False, iter_order=None, number_operands=True, result_layouts=None) -> PointwiseOp:
+              round_numbers=False, iter_order=None, number_operands=True, result_layouts=None,
+              cpu_exact_scalar=None) -> PointwiseOp:
     """Declare a pointwise op; see the package docstring."""
     return PointwiseOp(names, body, promotion, operands, scalars, constexprs, promote,
                        dtypes if dtypes is not None else FLOATS, operand_dtypes, outputs, defaults, result_dtype,
                        category, backward, check, doc, divisor, round_numbers, iter_order, number_operands,
-                       result_layouts)
+                       result_layouts, cpu_exact_scalar)

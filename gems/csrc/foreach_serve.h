@@ -224,6 +224,7 @@ bool foreach_serve(const ForeachSpec& sp, ForeachLaunches& launches, const std::
   // foreach_lists' checks, reading the addresses on the way
   std::vector<std::vector<int64_t>> ptr(nin + (sp.inplace ? 0 : 1), std::vector<int64_t>(N));
   std::vector<int64_t> numel(N);
+  bool zero_dim = false;   // a 0-dim tensor in the first list (see the scalar tensor's check below)
   for (size_t l = 0; l < nin; l++) {
     for (size_t i = 0; i < N; i++) {
       const IValue& e = L[l][i];
@@ -237,6 +238,7 @@ bool foreach_serve(const ForeachSpec& sp, ForeachLaunches& launches, const std::
       }
       if (l == 0) {
         numel[i] = t.numel();
+        zero_dim = zero_dim || t.dim() == 0;
       } else if (t.sizes() != L[0][i].toTensor().sizes()) {
         return false;
       }
@@ -290,6 +292,9 @@ bool foreach_serve(const ForeachSpec& sp, ForeachLaunches& launches, const std::
         st.is_conj()) {
       return false;
     }
+    // a 0-dim tensor of the list and a scalar tensor of another dtype give a result of the wider dtype
+    // (ATen's per-tensor op): the Python path leaves such functional calls to ATen
+    if (!sp.inplace && zero_dim && st.scalar_type() != dtype) return false;
     if (st.device() != device) {
       if (!st.device().is_cpu()) return false;
       s = st.item().toDouble();   // a CPU scalar beside device lists

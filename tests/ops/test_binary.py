@@ -226,20 +226,22 @@ def test_remainder_rounds_a_number_divisor_to_the_tensor_dtype(op, dtype):
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32], ids=lambda d: FLOAT_IDS[d])
 def test_wider_zero_dim_tensor_reads_like_aten(dtype):
     """x * s with s a 0-dim fp32 (or int64) tensor beside fp16/bf16 x (capturable Adam's step
-    tensors): ATen's CUDA kernels round s to x's dtype before computing in fp32, its CPU kernels read
-    s at fp32; either way Gems gives ATen's bits on the same device (no tolerance: 1001 * x differs
-    from bf16(1001) * x by a rounding the float64 reference cannot show)."""
+    tensors): ATen's CUDA kernels round s to x's dtype before computing in fp32; its CPU kernels too,
+    except mul's and div's for their second operand, which they read at fp32. Either way Gems gives
+    ATen's bits on the same device (no tolerance: 1001 * x differs from bf16(1001) * x by a rounding
+    the float64 reference cannot show)."""
     x = make((517,), dtype)
     for s in (torch.tensor(0.1, device=DEVICE), torch.tensor(1 / 3, device=DEVICE),
               torch.tensor(1001, device=DEVICE)):
-        # sub on the CPU: ATen's CPU kernel rounds s, Gems reads it at fp32 (one rounding of the result
-        # apart; see gems/ops/pointwise/binary.py on round_numbers)
-        for f, ovl in ((torch.mul, "mul.Tensor"), (torch.div, "div.Tensor")) + \
-                ((torch.sub, "sub.Tensor"),) * ON_GPU:
-            want = f(x, s)
-            with served(ovl), gems.use_gems():
-                got = f(x, s)
-            assert got.dtype == want.dtype and torch.equal(got, want), (ovl, s, x[got != want][:4], got[got != want][:4])
+        for f, ovl in ((torch.mul, "mul.Tensor"), (torch.div, "div.Tensor"), (torch.sub, "sub.Tensor"),
+                       (torch.add, "add.Tensor")):
+            # s first as well on the CPU, where which operand it is decides (on CUDA: x first only)
+            for a, b in ((x, s),) + ((s, x),) * (not ON_GPU):
+                want = f(a, b)
+                with served(ovl), gems.use_gems():
+                    got = f(a, b)
+                bad = got != want
+                assert got.dtype == want.dtype and torch.equal(got, want), (ovl, s, a.dim(), got[bad][:4], want[bad][:4])
 
 
 def test_int64_pow_of_large_exponents_wraps_like_aten():

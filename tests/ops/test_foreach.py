@@ -246,6 +246,14 @@ def test_zero_dim_tensor_per_tensor_fallbacks(dtype):
     so = make((), other)
     check_fallback("_foreach_mul.List", lambda: ([[a.clone(), z.clone()], [so, so]], {}),
                    "0-dim tensors of both lists with different dtypes")
+    # .Tensor: a 0-dim tensor of the list beside a scalar tensor of another dtype promotes per tensor
+    # (fp16 / fp32 is fp32 for the 0-dim one only). A served call of the same list without the 0-dim
+    # tensor first, so that the C++ fast path has its binary and must refuse the call by itself
+    for name in ("_foreach_div.Tensor", "_foreach_add.Tensor"):
+        with gems.use_gems():
+            _call(name, [[a.clone(), a.clone()], so], {})
+        check_fallback(name, lambda: ([[a.clone(), z.clone()], so.clone()], {}),
+                       "a 0-dim tensor beside a scalar tensor of another dtype")
     # a scalar that is an element of a tensor written at another position
     check_fallback("_foreach_div_.List", lambda: ([[(c := a.clone()), z.clone()], [z.clone(), c[2]]], {}),
                    "overlapping in-place operands")

@@ -38,6 +38,13 @@ def _check_mats(a, b, batched):
         raise Unsupported("operands on different devices")
 
 
+def _dtype_out_shape(out, out_dtype, shape):
+    # ATen's CUDA .dtype_out overloads write into out= as given (mm's raises "tensors must be 2-D" for a
+    # 1-D out, an empty bmm leaves it as it is): an out= of another shape goes to ATen
+    if out is not None and out_dtype is not None and tuple(out.shape) != tuple(shape):
+        raise Unsupported("out= of another shape with out_dtype (ATen does not resize it)")
+
+
 def _result_dtype(a, out_dtype):
     if out_dtype is None or out_dtype == a.dtype:
         return a.dtype
@@ -48,6 +55,7 @@ def _result_dtype(a, out_dtype):
 
 def _mm(a, b, out=None, out_dtype=None):
     _check_mats(a, b, False)
+    _dtype_out_shape(out, out_dtype, (a.shape[0], b.shape[1]))
     c = prepare_out(out, (a.shape[0], b.shape[1]), _result_dtype(a, out_dtype), a.device)
     launch(a, b, c, None, 1.0, 0.0)
     return c
@@ -55,6 +63,7 @@ def _mm(a, b, out=None, out_dtype=None):
 
 def _bmm(a, b, out=None, out_dtype=None):
     _check_mats(a, b, True)
+    _dtype_out_shape(out, out_dtype, (a.shape[0], a.shape[1], b.shape[2]))
     c = prepare_out(out, (a.shape[0], a.shape[1], b.shape[2]), _result_dtype(a, out_dtype), a.device)
     launch(a, b, c, None, 1.0, 0.0)
     return c
@@ -70,6 +79,7 @@ def _addmm(bias, a, b, beta, alpha, out=None, out_dtype=None, inplace=False):
     _check_mats(a, b, False)
     beta, alpha = _scalar(beta, "beta"), _scalar(alpha, "alpha")
     M, N = a.shape[0], b.shape[1]
+    _dtype_out_shape(out, out_dtype, (M, N))
     dtype = _result_dtype(a, out_dtype)
     if bias.dtype != dtype:
         raise Unsupported(f"bias dtype {bias.dtype} differs from the result dtype {dtype}")

@@ -126,13 +126,15 @@ sub = pointwise("sub.Tensor", "sub.Scalar", "sub.out", "sub.Scalar_out", "sub_.T
 rsub = pointwise("rsub.Tensor", "rsub.Scalar", "rsub.Tensor_out", "rsub.Scalar_out",
                  body=_rsub, promotion="default", scalars=("alpha",), dtypes=NUMERIC, check=_no_bool_sub,
                  iter_order=("other", "self"))   # ATen's rsub is sub(other, self)
+# mul and div: ATen's CPU kernels read a 0-dim `other` beside fp16/bf16 tensors at fp32, unrounded
 mul = pointwise("mul.Tensor", "mul.Scalar", "mul.out", "mul.Scalar_out", "mul_.Tensor", "mul_.Scalar",
-                body=mul_f, promotion="default", dtypes=NUMERIC)
+                body=mul_f, promotion="default", dtypes=NUMERIC, cpu_exact_scalar="other")
 div = pointwise("div.Tensor", "div.Scalar", "div.out", "div.Scalar_out", "div_.Tensor", "div_.Scalar",
                 body=div_f, promotion="int_to_float", constexprs=("rounding_mode",),
-                defaults={"rounding_mode": None}, dtypes=NUMERIC)
+                defaults={"rounding_mode": None}, dtypes=NUMERIC, cpu_exact_scalar="other")
 div_mode = pointwise("div.Tensor_mode", "div.Scalar_mode", "div.out_mode", "div.Scalar_mode_out",
                      "div_.Tensor_mode", "div_.Scalar_mode",
                      body=div_f, promotion=lambda mode: "int_to_float" if mode is None else "default",
-                     constexprs={"rounding_mode": (None, "trunc", "floor")}, dtypes=NUMERIC, divisor="other")
+                     constexprs={"rounding_mode": (None, "trunc", "floor")}, dtypes=NUMERIC, divisor="other",
+                     cpu_exact_scalar="other")
 neg = pointwise("neg", "neg.out", "neg_", body=neg_f, operands=("self",), dtypes=NUMERIC)

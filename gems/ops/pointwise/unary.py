@@ -456,8 +456,16 @@ floor = _unary("floor", _floor, "default", NUMERIC)
 ceil = _unary("ceil", _ceil, "default", NUMERIC)
 round_op = _unary("round", _round, "default", NUMERIC)
 # decimals is a compile-time constant: one kernel per distinct value (models use one or two)
+def _round_dec_check(self, *args, **kwargs):
+    # ATen's CUDA kernel computes x * 10^d in fp16/bf16 (x * 1000 overflows to inf past 65.5 in fp16,
+    # and 10^d itself is rounded to the dtype); its CPU kernel, which the body follows, in fp32
+    if self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16):
+        return "16-bit round(decimals) on CUDA (ATen computes x * 10^d in the 16-bit dtype)"
+    return None
+
+
 round_decimals = pointwise("round.decimals", "round.decimals_out", "round_.decimals", body=_round_dec,
-                           operands=("self",), constexprs=("decimals",), dtypes=FLOATS)
+                           operands=("self",), constexprs=("decimals",), dtypes=FLOATS, check=_round_dec_check)
 trunc_ = _unary("trunc", _trunc, "default", NUMERIC)
 frac = _unary("frac", _frac, "default", FLOATS)
 # isnan.out, isinf, isfinite are CompositeExplicit/Implicit: only isnan.default has a backend kernel

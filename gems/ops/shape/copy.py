@@ -58,6 +58,15 @@ def _copy_check(self, src, non_blocking=False):
         return "copy across devices"
     if self.dtype not in ALL or src.dtype not in ALL:
         return "dtype"
+    return _float_to_uint8(src.dtype, self.dtype, self.device)
+
+
+def _float_to_uint8(src, dst, device):
+    # c10 casts a float to uint8 through int64 (C's float -> unsigned cast is undefined for negative
+    # values: -3.7 stores 253); the GPU's direct conversion saturates (0). The interpreter's numpy cast
+    # goes through an integer as c10 does
+    if dst is torch.uint8 and src.is_floating_point and device.type == "cuda":
+        return "float to uint8 on CUDA (c10 casts through int64)"
     return None
 
 
@@ -87,6 +96,9 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
     dt = self.dtype if dtype is None else dtype
     if dt not in ALL:
         raise Unsupported(f"dtype {dt}")
+    why = _float_to_uint8(self.dtype, dt, self.device)
+    if why:
+        raise Unsupported(why)
     strides = None
     if memory_format in (None, torch.preserve_format):
         strides = preserved_strides(self)
