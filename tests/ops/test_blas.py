@@ -305,6 +305,31 @@ def test_out_dtype_fp32(dtype):
     assert_close(out, (bias.double() + a.double() @ b.double()).cpu(), torch.float32, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="ATen implements the out_dtype overloads on CUDA only")
+def test_out_dtype_out_of_another_shape_like_aten():
+    # ATen's .dtype_out overloads write into out= as given, without resizing it (an empty bmm leaves
+    # a (0,) out as it is; mm raises for a 1-D out): such calls go to ATen, whatever it does with them
+    a, b, ba, bb = make((0, 16)), make((16, 0)), make((16, 0, 2)), make((16, 2, 33))
+    calls = {"mm": lambda o: torch.ops.aten.mm.dtype_out(a.half(), b.half(), torch.float16, out=o),
+             "bmm": lambda o: torch.ops.aten.bmm.dtype_out(ba.half(), bb.half(), torch.float16, out=o),
+             "addmm": lambda o: torch.ops.aten.addmm.dtype_out(make((3,), torch.float16), make((2, 4), torch.float16),
+                                                                make((4, 3), torch.float16), torch.float16, out=o)}
+    for name, call in calls.items():
+        outcome = []
+        for on in (False, True):
+            o = torch.empty(0, dtype=torch.float16, device=DEVICE)
+            try:
+                if on:
+                    with gems.use_gems():
+                        call(o)
+                else:
+                    call(o)
+                outcome.append(tuple(o.shape))
+            except RuntimeError as e:
+                outcome.append(str(e).splitlines()[0])
+        assert outcome[0] == outcome[1], (name, outcome)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the tuned search space runs on the GPU only")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
 def test_every_tuned_config(dtype):

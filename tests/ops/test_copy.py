@@ -134,6 +134,20 @@ def test_copy_casts_layouts(src_dt, dst_dt):
                 assert torch.equal(base[m], keep[m]), f"copy_ into {dname} wrote outside the view"
 
 
+@pytest.mark.parametrize("src_dt", DTYPES, ids=DT_IDS)
+def test_float_to_uint8_like_aten(src_dt):
+    # c10 casts a float to uint8 through int64 (-3.7 stores 253); the GPU's direct conversion would
+    # saturate (0), so CUDA leaves these copies to ATen; the interpreter serves them
+    src = torch.tensor([-3.7, -0.5, 0.0, 2.9, 200.0, 255.0, -128.0, -255.0], dtype=src_dt, device=DEVICE)
+    n = 0 if ON_GPU else 1
+    dst = torch.empty(8, dtype=torch.uint8, device=DEVICE)
+    with served("copy_", at_least=n), served("_to_copy", at_least=n), gems.use_gems():
+        dst.copy_(src)
+        got = src.to(torch.uint8)
+    want = torch.empty_like(dst).copy_(src)
+    assert torch.equal(dst, want) and torch.equal(got, src.to(torch.uint8)), (dst, got, want)
+
+
 def test_copy_0dim_empty_and_errors():
     d = make((), torch.float16)
     with served("copy_"), gems.use_gems():
