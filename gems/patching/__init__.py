@@ -28,10 +28,10 @@ gated MLP              down(act(gate(x)) * up(x)) with separate gate/up projecti
                        ``silu_and_mul`` / ``gelu_and_mul`` (``swiglu``); an ungated MLP (GPT-2, NeoX,
                        CLIP, ViT) has no fused op: listed, not strict
 rotary attention       a forward calling a module-global ``apply_rotary_pos_emb`` proven to be the
-                       rotate-half form -> ``gems.fused.rope`` (``rope``); partial rotary (cos
-                       narrower than the head: GPT-NeoX, Phi-3) the fused op on the rotated channels
-                       where the function is proven to pass the rest through, else the original
-                       function; GLM4's interleaved form is left
+                       rotate-half form, or GLM4's interleaved form -> ``gems.fused.rope``
+                       (``rope``, ``interleaved=True`` for GLM4); partial rotary (cos narrower than
+                       the head: GPT-NeoX, Phi-3, GLM4) the fused op on the rotated channels where the
+                       function is proven to pass the rest through, else the original function
 composite activation   a module without parameters computing SiLU / GELU / GELU-tanh from several torch
                        operations (GPT-2's ``gelu_new``, ``gelu_fast``) -> the one operator
                        (``F.gelu(x, approximate="tanh")``), proven on a probe input (``activation``)

@@ -7,6 +7,7 @@ when the patched model runs is what runs (tests bind stand-ins there).
 from __future__ import annotations
 
 import inspect
+import sys
 import types
 
 import torch
@@ -157,18 +158,19 @@ def gelu_tanh_forward(self, x):
 ACT_FORWARDS = {"silu": silu_forward, "gelu": gelu_forward, "gelu_tanh": gelu_tanh_forward}
 
 
-def gems_rope_for(orig, partial: bool = False):
+def gems_rope_for(orig, partial: bool = False, interleaved: bool = False):
     """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) through `gems.fused.rope`
-    where cos/sin are as wide as the heads. Partial rotary (narrower cos/sin, GPT-NeoX / Phi-3 style):
-    with `partial` (orig proven to rotate the first channels and pass the rest), the fused op on those
-    channels (strided views, read in place) and the rest concatenated as orig does; else orig itself."""
+    where cos/sin are as wide as the heads (`interleaved`: GLM's pairwise form). Partial rotary (narrower
+    cos/sin, GPT-NeoX / Phi-3 / GLM style): with `partial` (orig proven to rotate the first channels and
+    pass the rest), the fused op on those channels (strided views, read in place) and the rest
+    concatenated as orig does; else orig itself."""
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         d = cos.shape[-1]
         if d == q.shape[-1] and d == k.shape[-1]:
-            return F.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+            return F.rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, interleaved=interleaved)
         if partial and d % 2 == 0 and d < q.shape[-1] and d < k.shape[-1]:
-            qe, ke = F.rope(q[..., :d], k[..., :d], cos, sin, unsqueeze_dim=unsqueeze_dim)
+            qe, ke = F.rope(q[..., :d], k[..., :d], cos, sin, unsqueeze_dim=unsqueeze_dim, interleaved=interleaved)
             return torch.cat([qe, q[..., d:]], dim=-1), torch.cat([ke, k[..., d:]], dim=-1)
         return orig(q, k, cos, sin, unsqueeze_dim)
     return apply_rotary_pos_emb
@@ -176,6 +178,19 @@ def gems_rope_for(orig, partial: bool = False):
 
 _ROPE_SIGNATURE = ("q", "k", "cos", "sin", "unsqueeze_dim")
 _rope_clones: dict = {}   # original attention forward -> (its copy with Gems' rope in its globals, why not)
+
+
+def _globals_module(fn) -> dict:
+    """A copy of fn's globals as the namespace of a module of its own, registered in sys.modules:
+    torch.compile reaches an inlined function's globals by the module named in them (`__name__`), so
+    the copy must name a module whose namespace it is, or Dynamo's guards would read the original
+    module's apply_rotary_pos_emb (and its closure) instead of Gems'."""
+    mod = types.ModuleType(f"{fn.__globals__.get('__name__', 'module')}.gems_rope_{len(_rope_clones)}")
+    name = mod.__name__
+    mod.__dict__.update(fn.__globals__)
+    mod.__dict__["__name__"] = name
+    sys.modules[name] = mod
+    return mod.__dict__
 
 
 def rope_forward(fn):
@@ -193,11 +208,14 @@ def rope_forward(fn):
         except (TypeError, ValueError):
             params = ()
         why = "apply_rotary_pos_emb's signature is not (q, k, cos, sin, unsqueeze_dim)"
+        interleaved = False
         if params == _ROPE_SIGNATURE:
             why = prove_rope(orig)
+            if why is not None and prove_rope(orig, interleaved=True) is None:
+                why, interleaved = None, True     # GLM's pairwise form
         if why is None:
-            g = dict(fn.__globals__)
-            g["apply_rotary_pos_emb"] = gems_rope_for(orig, proves_partial_rope(orig))
+            g = _globals_module(fn)
+            g["apply_rotary_pos_emb"] = gems_rope_for(orig, proves_partial_rope(orig, interleaved), interleaved)
             clone = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
             clone.__kwdefaults__ = fn.__kwdefaults__
             clone.__qualname__ = fn.__qualname__

@@ -239,9 +239,9 @@ def looks_like_plain_mlp(m) -> bool:
 
 
 # ------------------------------------------------------------------------------------------- RoPE
-def prove_rope(fn):
-    """None when fn(q, k, cos, sin, unsqueeze_dim) is HF's rotate-half RoPE (the fused op's semantics)
-    for cos/sin as wide as the head, in both layouts; else why not."""
+def prove_rope(fn, interleaved=False):
+    """None when fn(q, k, cos, sin, unsqueeze_dim) is HF's rotate-half RoPE (the fused op's semantics;
+    `interleaved`: GLM's pairwise form) for cos/sin as wide as the head, in both layouts; else why not."""
     from ..fused.rotary import reference_rope   # lazily, as gems.fused loads its kernel modules
     g = _gen(4)
     try:
@@ -251,17 +251,19 @@ def prove_rope(fn):
             cs_shape = (2, 5, 8) if ud == 1 else (2, 3, 8)   # [B, S, D]
             cos, sin = torch.randn(cs_shape, generator=g), torch.randn(cs_shape, generator=g)
             got = fn(q, k, cos, sin, unsqueeze_dim=ud)
-            ref = reference_rope(q, k, cos, sin, unsqueeze_dim=ud)
+            ref = reference_rope(q, k, cos, sin, unsqueeze_dim=ud, interleaved=interleaved)
             if not (_close(got[0], ref[0], 1e-5, 1e-6) and _close(got[1], ref[1], 1e-5, 1e-6)):
-                return "apply_rotary_pos_emb is not the rotate-half form (interleaved or other)"
+                return ("apply_rotary_pos_emb is not the interleaved form" if interleaved else
+                        "apply_rotary_pos_emb is not the rotate-half form (interleaved or other)")
     except Exception as e:   # noqa: BLE001
         return f"apply_rotary_pos_emb failed on a probe ({type(e).__name__}: {e})"
     return None
 
 
-def proves_partial_rope(fn) -> bool:
+def proves_partial_rope(fn, interleaved=False) -> bool:
     """Whether fn, given cos/sin narrower than the head (width r), rotates the first r channels as the
-    fused op would and passes the rest through (GPT-NeoX's and Phi-3's partial rotary)."""
+    fused op would (`interleaved`: GLM's form) and passes the rest through (GPT-NeoX's, Phi-3's and GLM's
+    partial rotary)."""
     from ..fused.rotary import reference_rope   # lazily, as gems.fused loads its kernel modules
     g = _gen(6)
     q, k = torch.randn(2, 3, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
@@ -270,7 +272,7 @@ def proves_partial_rope(fn) -> bool:
         got = fn(q, k, cos, sin, unsqueeze_dim=1)
     except Exception:   # noqa: BLE001 - a function that cannot take partial cos/sin
         return False
-    rq, rk = reference_rope(q[..., :4], k[..., :4], cos, sin, unsqueeze_dim=1)
+    rq, rk = reference_rope(q[..., :4], k[..., :4], cos, sin, unsqueeze_dim=1, interleaved=interleaved)
     return (_close(got[0], torch.cat([rq, q[..., 4:]], -1), 1e-5, 1e-6)
             and _close(got[1], torch.cat([rk, k[..., 4:]], -1), 1e-5, 1e-6))
 

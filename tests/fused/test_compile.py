@@ -193,7 +193,7 @@ def _opcheck_cases():
         (ops.layer_norm.default, (x, r, w, b, 1e-5)),
         (ops.layer_norm.default, (x, None, None, None, 1e-5)),
         (ops.gated_and_mul.default, (x, r, 0)),
-        (ops.rope.default, (q, k, cs, cs, 1)),
+        (ops.rope.default, (q, k, cs, cs, 1, False)),
         (ops.cross_entropy.default, (logits, t, None, None, -100, 0.0, "mean", torch.float32, True)),
         (ops.cross_entropy.default, (logits, t, None, None, -100, 0.1, "none", torch.float32, True)),
         (ops.fused_linear_cross_entropy.default, (h, lw, t, None, None, -100, 0.0, "mean", 2, torch.float32,
@@ -201,6 +201,7 @@ def _opcheck_cases():
         (ops.fused_linear_cross_entropy.default, (h, lw, t, None, None, -100, 0.0, "none", 2, torch.float32,
                                                   True, True, False)),
         (ops.moe_experts.default, _moe_op_args()),
+        (ops.rope.default, (q, k, cs, cs, 1, True)),
     ]
 
 
@@ -218,7 +219,7 @@ def _moe_op_args():
     return x, ids, w, wgu[:, :i].contiguous(), wgu[:, i:].contiguous(), wd
 
 
-@pytest.mark.parametrize("case", range(11))
+@pytest.mark.parametrize("case", range(12))
 def test_opcheck(case):
     # the families define their operators when imported (gems.fused resolves names lazily)
     F.rms_norm, F.layer_norm, F.silu_and_mul, F.rope, F.cross_entropy, F.fused_linear_cross_entropy  # noqa: B018
@@ -312,6 +313,28 @@ def test_llama_compiles_without_graph_breaks_from_gems(patch, enabled):
         torch._dynamo.reset()
     _compare(got, eager)
     _compare(got, ref, atol=1e-4)
+
+
+def test_glm4_partial_interleaved_rotary_compiles():
+    """GLM4's rotary (interleaved pairs on the first half of each head) patched and compiled with
+    fullgraph=True: Dynamo reads the patched attention's apply_rotary_pos_emb, whose closure says
+    which form it computes, through the module namespace Gems gives the patched forward."""
+    torch.manual_seed(0)
+    cfg = transformers.Glm4Config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=16, vocab_size=128, pad_token_id=0)
+    ids = torch.randint(1, 128, (2, 8), device=DEVICE)
+    plain = transformers.Glm4ForCausalLM(cfg).to(DEVICE)
+    model = transformers.Glm4ForCausalLM(cfg).to(DEVICE)
+    model.load_state_dict(plain.state_dict())
+    assert "rope" in gems.patch(model).replaced
+    try:
+        assert _breaks(model, ids) <= _breaks(plain, ids)
+        eager = _step(model, model, ids)
+        got = _step(model, torch.compile(model, backend="aot_eager", fullgraph=True), ids)
+    finally:
+        torch._dynamo.reset()
+    _compare(got, eager)
+    _compare(got, _step(plain, plain, ids), atol=1e-4)
 
 
 def _inductor_available():

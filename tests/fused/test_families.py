@@ -57,8 +57,8 @@ FAMILIES = {
              {"rms_norm": 2 * L + 1, "silu_and_mul": L, "rope": L, **CAUSAL}),
     "olmo2": (_dec(T.Olmo2Config, T.Olmo2ForCausalLM, pad_token_id=0), "causal",   # post norms + q/k norms
               {"rms_norm": 4 * L + 1, "silu_and_mul": L, "rope": L, **CAUSAL}),
-    "glm4": (_dec(T.Glm4Config, T.Glm4ForCausalLM, head_dim=8, pad_token_id=0), "causal",   # interleaved rope
-             {"rms_norm": 4 * L + 1, "silu_and_mul": L, **CAUSAL}),
+    "glm4": (_dec(T.Glm4Config, T.Glm4ForCausalLM, head_dim=8, pad_token_id=0), "causal",   # interleaved, partial rope
+             {"rms_norm": 4 * L + 1, "silu_and_mul": L, "rope": L, **CAUSAL}),
     "granite": (_dec(T.GraniteConfig, T.GraniteForCausalLM, logits_scaling=2.0), "causal",   # scaled logits
                 {"rms_norm": 2 * L + 1, "silu_and_mul": L, "rope": L, "cross_entropy": 1}),
     "mixtral": (_dec(T.MixtralConfig, T.MixtralForCausalLM, num_local_experts=4, num_experts_per_tok=2), "causal",
@@ -107,8 +107,7 @@ FAMILIES["llava"] = (_llava, "llava", {"rms_norm": 2 * L + 1, "add_rms_norm": L,
 
 
 # family -> the ops recognized but not proven (report.unproven()), each for a reason in the architecture
-UNPROVEN = {"glm4": {"rope"},                                   # interleaved rotary halves
-            "gemma2": {"fused_linear_cross_entropy"},           # final_logit_softcapping
+UNPROVEN = {"gemma2": {"fused_linear_cross_entropy"},           # final_logit_softcapping
             "granite": {"fused_linear_cross_entropy"},          # logits / logits_scaling
             "mixtral": {"fused_linear_cross_entropy"},          # the router's auxiliary loss path
             "qwen3_moe": {"fused_linear_cross_entropy"}}
@@ -268,6 +267,10 @@ def test_what_cannot_be_proven_is_left():
     assert probes.prove_rms_norm(norm) == "no float eps attribute (variance_epsilon / eps)"
     glm = importlib.import_module("transformers.models.glm4.modeling_glm4")
     assert "not the rotate-half form" in probes.prove_rope(glm.apply_rotary_pos_emb)
+    assert probes.prove_rope(glm.apply_rotary_pos_emb, interleaved=True) is None
+    assert probes.proves_partial_rope(glm.apply_rotary_pos_emb, interleaved=True)
+    assert "not the interleaved form" in probes.prove_rope(
+        importlib.import_module("transformers.models.llama.modeling_llama").apply_rotary_pos_emb, interleaved=True)
     neox = importlib.import_module("transformers.models.gpt_neox.modeling_gpt_neox")
     assert probes.prove_rope(neox.apply_rotary_pos_emb) is None     # full width; partial runs its own
 

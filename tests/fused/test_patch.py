@@ -19,6 +19,7 @@ import gems
 import gems.fused
 import gems_models
 from gems.patching.modules import GemsRMSNorm
+from gems.fused.rotary import reference_rope
 from harness import DEVICE, ON_GPU, assert_close, make
 
 FUSED = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "silu_and_mul", "gelu_and_mul", "rope",
@@ -60,7 +61,9 @@ def _standins():
     def gelu_and_mul(gate, up, approximate="none"):
         return TF.gelu(gate, approximate=approximate) * up
 
-    def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, interleaved=False):
+        if interleaved:
+            return reference_rope(q, k, cos, sin, None, unsqueeze_dim, interleaved=True)
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 

@@ -25,18 +25,19 @@ def _inputs(B, HQ, HKV, S, D, dtype, ud=1, hf_view=True, cos_batch=None):
     return q, k, cos, sin
 
 
-def _check(q, k, cos, sin, dtype, ud=1):
+def _check(q, k, cos, sin, dtype, ud=1, interleaved=False):
     qg, kg = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
     # the same strides as the originals (clone keeps dense layouts; rebuild views if not dense)
     if qg.stride() != q.stride():
         qg = torch.empty_strided(q.shape, q.stride(), dtype=q.dtype, device=q.device).copy_(q).requires_grad_()
         kg = torch.empty_strided(k.shape, k.stride(), dtype=k.dtype, device=k.device).copy_(k).requires_grad_()
-    out = rope(qg, kg, cos, sin, unsqueeze_dim=ud)
+    out = rope(qg, kg, cos, sin, unsqueeze_dim=ud, interleaved=interleaved)
     assert out[0].dtype == dtype and out[1].dtype == dtype
     assert out[0].shape == q.shape and out[1].shape == k.shape
     r64 = [t.detach().cpu().double().requires_grad_() for t in (q, k)]
-    ref = reference_rope(r64[0], r64[1], cos.cpu().double(), sin.cpu().double(), unsqueeze_dim=ud)
-    low = reference_rope(q, k, cos, sin, unsqueeze_dim=ud) if dtype != torch.float32 else None
+    ref = reference_rope(r64[0], r64[1], cos.cpu().double(), sin.cpu().double(), unsqueeze_dim=ud,
+                         interleaved=interleaved)
+    low = reference_rope(q, k, cos, sin, unsqueeze_dim=ud, interleaved=interleaved) if dtype != torch.float32 else None
     assert_close(out, ref, dtype, low, msg="rope")
     gq, gk = make(q.shape, dtype), make(k.shape, dtype)
     got = torch.autograd.grad(out, (qg, kg), (gq, gk))
@@ -44,7 +45,8 @@ def _check(q, k, cos, sin, dtype, ud=1):
     aten = None
     if dtype != torch.float32:
         ql, kl = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
-        aten = torch.autograd.grad(reference_rope(ql, kl, cos, sin, unsqueeze_dim=ud), (ql, kl), (gq, gk))
+        aten = torch.autograd.grad(reference_rope(ql, kl, cos, sin, unsqueeze_dim=ud, interleaved=interleaved),
+                                   (ql, kl), (gq, gk))
     assert_close(got, want, dtype, aten, msg="rope grad")
     return out, got
 
@@ -92,6 +94,34 @@ def test_rope_matches_transformers():
     torch.testing.assert_close(got, want, rtol=1.3e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: FLOAT_IDS[d])
+@pytest.mark.parametrize("D", [64, 80])
+def test_rope_interleaved(dtype, D):
+    # GLM's pairs (2j, 2j + 1) by cos[..., j]: HF views with grouped-query heads, both layouts
+    _check(*_inputs(2, 4, 2, 5, D, dtype), dtype, interleaved=True)
+    _check(*_inputs(1, 3, 1, 4, D, dtype, ud=2), dtype, ud=2, interleaved=True)
+    # the second halves of cos/sin are not read: GLM's function ignores them
+    q, k, cos, sin = _inputs(1, 2, 2, 3, D, torch.float32, hf_view=False)
+    a = rope(q, k, cos, sin, interleaved=True)
+    cos[..., D // 2:], sin[..., D // 2:] = 7.0, -7.0
+    b = rope(q, k, cos, sin, interleaved=True)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_rope_interleaved_matches_transformers():
+    from transformers.models.glm4.modeling_glm4 import apply_rotary_pos_emb
+    q, k, cos, sin = _inputs(2, 4, 2, 6, 64, torch.float32, cos_batch=1)
+    got = rope(q, k, cos, sin, interleaved=True)
+    want = apply_rotary_pos_emb(q, k, cos, sin)
+    torch.testing.assert_close(got, want, rtol=1.3e-6, atol=1e-5)
+    # gradients for cos/sin: through the reference
+    cos.requires_grad_()
+    g = torch.autograd.grad(rope(q, k, cos, sin, interleaved=True)[0].sum(), cos)
+    c2 = cos.detach().clone().requires_grad_()
+    w = torch.autograd.grad(apply_rotary_pos_emb(q, k, c2, sin)[0].sum(), c2)
+    torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
 def test_rope_cos_sin_grad_fallback():
     q, k, cos, sin = _inputs(2, 2, 2, 3, 64, torch.float32, hf_view=False, cos_batch=1)
     cos.requires_grad_()
@@ -127,7 +157,7 @@ def test_rope_plans_cached():
     with torch.no_grad():
         a = rope(q, k, cos, sin)
         built = rotary._run.cache.built
-        p = rotary._run.cache.plans[rotary._run._sig(q, k, cos, sin, 1, False, None)]
+        p = rotary._run.cache.plans[rotary._run._sig(q, k, cos, sin, 1, False, None, False)]
         assert p is not NO_PLAN and callable(p)      # a plan, not "keep the full path"
         b = rope(q, k, cos, sin)
         assert rotary._run.cache.built == built
