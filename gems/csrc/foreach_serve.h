@@ -292,9 +292,9 @@ bool foreach_serve(const ForeachSpec& sp, ForeachLaunches& launches, const std::
         st.is_conj()) {
       return false;
     }
-    // a 0-dim tensor of the list and a scalar tensor of another dtype give a result of the wider dtype
-    // (ATen's per-tensor op): the Python path leaves such functional calls to ATen
-    if (!sp.inplace && zero_dim && st.scalar_type() != dtype) return false;
+    // a 0-dim tensor of the list and a scalar tensor of another dtype compute in the wider dtype
+    // (ATen's per-tensor op): the Python path leaves such calls to ATen
+    if (zero_dim && st.scalar_type() != dtype) return false;
     if (st.device() != device) {
       if (!st.device().is_cpu()) return false;
       s = st.item().toDouble();   // a CPU scalar beside device lists

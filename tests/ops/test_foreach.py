@@ -372,6 +372,15 @@ def test_special_values(dtype):
                         ("_foreach_neg.default", []), ("_foreach_sqrt.default", []),
                         ("_foreach_reciprocal.default", []), ("_foreach_pow.Scalar", [0.5]),
                         ("_foreach_addcdiv.Scalar", [sp, sp[::-1], 0.5])):
+        if name == "_foreach_pow.Scalar" and dtype == torch.float16 and not ON_GPU:
+            # ATen's CPU Half kernel is C pow for 0.5 too ((-inf) ** 0.5 is inf, not sqrt's NaN): its
+            # own answer, not float64's, is the reference there
+            want = torch._foreach_pow([sp[0].clone(), sp[1].clone()], 0.5)
+            with served(name), gems.use_gems():
+                got = torch._foreach_pow([sp[0].clone(), sp[1].clone()], 0.5)
+            assert all(torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(0), w.nan_to_num(0))
+                       for g, w in zip(got, want)), (got, want)
+            continue
         got, ref = check(name, [sp] + extra, {}, dtype)
         if "maximum" in name or "minimum" in name:
             continue   # a +-0.0 tie may give either zero (docs/known-differences.md; ATen's kernels differ)
@@ -538,7 +547,11 @@ def test_adamw_capturable(dtype, monkeypatch):
                 "_foreach_div_.List", "_foreach_addcdiv_.Scalar", "_foreach_maximum_.List"):
         got = _steps(make_opt, dtype, 2, True)
     fe = {k: v for k, v in gems.stats().items() if k.startswith("_foreach_")}
-    assert not any(v["fallback"] for v in fe.values()), fe
+    # 16-bit: the 0-dim parameter beside fp32 lr-derived tensors computes in fp32 in ATen's per-tensor
+    # loop (test_zero_dim_tensor_per_tensor_fallbacks): that call alone goes to ATen
+    zero_dim = {"a 0-dim tensor beside a scalar tensor of another dtype"}
+    assert not any(v["fallback"] and (dtype == torch.float32 or set(v["reasons"]) != zero_dim)
+                   for v in fe.values()), fe
     ref = _steps(make_opt, torch.float64, 2, False)
     aten = _steps(make_opt, dtype, 2, False)
     assert_close(got, ref, dtype, aten, msg="adamw capturable")

@@ -74,7 +74,7 @@ from ...runtime import fast as fastpath
 from ...runtime.abi import FOREACH_MAX_TABLES
 from ...runtime.utils import empty
 from ..pointwise.arith import add_f, div_f, mul_f, neg_f, sub_f
-from ..pointwise.binary import maximum_f, minimum_f, pow_f
+from ..pointwise.binary import c_pow_f, maximum_f, minimum_f, pow_f
 from ..pointwise.ternary import addcdiv_f, addcmul_f, lerp_f
 from ..pointwise.unary import reciprocal_f, sqrt_f
 
@@ -143,7 +143,12 @@ def _chunk(Base, d0, d1, d2, dout, lo, n, sv, alpha, OP: tl.constexpr, NIN: tl.c
             elif OP == "minimum":
                 r = minimum_f(x, b)
             elif OP == "pow":
-                r = pow_f(x, b)
+                if not GPU and Base.dtype.element_ty == tl.float16:
+                    # ATen's CPU Half kernel is C pow for every number exponent, without the sqrt forms
+                    # of +-0.5 ((-inf) ** 0.5 is inf there; pointwise pow leaves these calls to ATen)
+                    r = c_pow_f(x, b)
+                else:
+                    r = pow_f(x, b)
             elif OP == "rpow":
                 r = pow_f(tl.zeros([BLOCK], tl.float32) + sv, x)
             elif OP == "lerp":
@@ -199,9 +204,10 @@ def foreach_kernel(Base, Tab, N, TOP, LOGN, B0, s, alpha, S, S0,
             sv = tl.load(S).to(tl.float32)
         else:
             sv = tl.load(S + (tl.load(row + W - 1) - S0) // SES).to(tl.float32)
-        if GPU:
-            # a 0-dim tensor operand is cast to the list's dtype first by CUDA's TensorIterator (ATen's
-            # loop over the tensors, taken when the dtypes differ); its CPU kernels read it unrounded
+        if GPU or (OP != "mul" and OP != "div"):
+            # a 0-dim tensor operand is cast to the list's dtype first by ATen's TensorIterator (its loop
+            # over the tensors, taken when the dtypes differ); the CPU's mul and div kernels read their
+            # second operand unrounded instead
             sv = sv.to(Base.dtype.element_ty).to(tl.float32)
     if NIN < 2:
         d1 = d0

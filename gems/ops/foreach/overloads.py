@@ -75,21 +75,22 @@ def _tensor_variant(op, inplace, with_alpha):
     if with_alpha:
         def fn(self, other, *, alpha=1):
             a = _alpha(alpha, self[0].dtype) if self else 1.0
-            return launch(op, [self], inplace, alpha=a, smode=S_TENSOR, stensor=_scalar_tensor(other, self, inplace))
+            return launch(op, [self], inplace, alpha=a, smode=S_TENSOR, stensor=_scalar_tensor(other, self))
     else:
         def fn(self, other):
-            return launch(op, [self], inplace, smode=S_TENSOR, stensor=_scalar_tensor(other, self, inplace))
+            return launch(op, [self], inplace, smode=S_TENSOR, stensor=_scalar_tensor(other, self))
     return _doc(fn, f"{op} of every tensor with a 0-dim tensor's value (no host read): one launch")
 
 
-def _scalar_tensor(t, tensors, inplace):
+def _scalar_tensor(t, tensors):
     if t.dim() != 0:
         raise Unsupported("scalar tensor with dims")   # ATen raises
     if t.is_complex():
         raise Unsupported("complex scalar tensor")
-    if not inplace and tensors and t.dtype is not tensors[0].dtype and any(x.dim() == 0 for x in tensors):
+    if tensors and t.dtype is not tensors[0].dtype and any(x.dim() == 0 for x in tensors):
         # ATen computes self[i] op other per tensor there: a 0-dim self[i] and the 0-dim scalar tensor
-        # give a result of the wider dtype (fp16 / fp32 is fp32), where dimensioned tensors keep theirs
+        # compute in the wider dtype (fp16 / fp32 is fp32: the result's dtype, or in place the value
+        # before its rounding), where dimensioned tensors read the scalar in their own
         raise Unsupported("a 0-dim tensor beside a scalar tensor of another dtype")
     return t
 

@@ -50,7 +50,7 @@ def _fmod(a, b):
 # ---- pow -------------------------------------------------------------------------------------
 
 @triton.jit
-def _pow_float(a, b):
+def c_pow_f(a, b):
     """C's pow, which ATen computes for a tensor exponent on both devices (and for a scalar one but
     the special exponents of pow_f)"""
     if GPU:
@@ -105,9 +105,9 @@ def pow_f(a, b):
             elif b == -2.0:
                 g = tl.math.div_rn(tl.full(a.shape, 1.0, a.dtype), a * a)
             else:
-                g = _pow_float(a, b)
+                g = c_pow_f(a, b)
         else:
-            g = _pow_float(a, b)
+            g = c_pow_f(a, b)
         return g
     else:
         # integers by squaring over every bit of the exponent: products wrap like ATen's; negative
