@@ -13,6 +13,7 @@ from triton.language.extra import libdevice
 from ...codegen import pointwise
 from ...codegen.tlmath import GPU, clamp_f, exp_f, sigmoid, tanh
 from ...registry import FLOATS, INTS
+from ...runtime import backend
 from .unary import expm1_f, log1p_f
 
 
@@ -311,8 +312,16 @@ relu = pointwise("relu", "relu_", body=_relu, operands=_UN, dtypes=FLOATS + INTS
 _BW_ITER = ("self", "grad_output")
 threshold_backward = pointwise("threshold_backward", "threshold_backward.grad_input", body=_threshold_bwd,
                                operands=_BW, scalars=("threshold",), backward=True, iter_order=_BW_ITER)
+def _sigmoid_bwd_check(grad_output, output, *args, **kwargs):
+    # ATen's CPU Half kernel rounds every step to fp16 (grad * (1 - y) overflows to inf where the fp32 of
+    # CUDA and of the body does not): those calls go to ATen
+    if grad_output.dtype == torch.float16 and backend().name == "interpreter":
+        return "float16 sigmoid_backward on the CPU (ATen's Half kernel rounds each step)"
+    return None
+
+
 sigmoid_backward = pointwise("sigmoid_backward", "sigmoid_backward.grad_input", body=_sigmoid_bwd,
-                             operands=("grad_output", "output"), backward=True)
+                             operands=("grad_output", "output"), backward=True, check=_sigmoid_bwd_check)
 tanh_backward = pointwise("tanh_backward", "tanh_backward.grad_input", body=_tanh_bwd,
                           operands=("grad_output", "output"), backward=True)
 softplus = pointwise("softplus", "softplus.out", body=_softplus, operands=_UN, scalars=("beta", "threshold"))
