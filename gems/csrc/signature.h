@@ -61,9 +61,10 @@ void key_number(std::vector<int64_t>& w, const IValue& v, bool dynamic) {
   if (v.isDouble()) {
     double d = v.toDouble();
     w.push_back(10);
-    // per-call floats key NaN-ness, sign and range (an op's check may send such numbers to ATen)
-    // (signbit: -0.0 keys apart from +0.0, like _dyn_sig)
-    w.push_back(!dynamic ? bits(d) : std::isnan(d) ? -1 : int64_t(std::signbit(d)) | float_range(d) << 1);
+    // per-call floats key NaN-ness, sign and range (an op's check may send such numbers to ATen), and
+    // -0.0 apart from +0.0 and from the negative numbers, like _dyn_sig
+    w.push_back(!dynamic ? bits(d) : std::isnan(d) ? -1 : int64_t(std::signbit(d)) | float_range(d) << 1 |
+                int64_t(d == 0.0 && std::signbit(d)) << 8);
   } else if (v.isBool()) {
     w.push_back(11);
     w.push_back(v.toBool());   // passed as 0/1: 1 is specialized

@@ -105,8 +105,10 @@ def number_range(v) -> int:
 def _float_sig(v):
     if v != v:
         return _NAN_NUMBER          # NaN-ness too: an op's check may send NaN numbers to ATen
-    r, neg = number_range(v), _copysign(1.0, v) < 0    # -0.0 is "negative": its own signature
-    return float if r == 0 and not neg else (float, r, neg)
+    r, neg = number_range(v), _copysign(1.0, v) < 0
+    # -0.0 keys apart from the negative numbers too: a kernel argument equal to 0 loses its sign
+    # (number_misfit sends it to ATen), so x / -1.5's plan must not serve x / -0.0
+    return float if r == 0 and not neg else (float, r, neg, v == 0.0)
 
 
 _NAN_NUMBER = ("nan",)
