@@ -285,6 +285,20 @@ def _log_softmax_bwd_accepts(case, path, g, a, flags):
     return flags & ((g - a).abs() <= bound)
 
 
+def _sum_flags(case, shape):
+    """sum (its row): every element of an fp32 result, with its bound on the order of summation."""
+    x = _call_args(case).get("self")
+    ok = isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.numel() > 1
+    return torch.ones(tuple(shape), dtype=torch.bool) if ok else None
+
+
+def _sum_accepts(case, path, g, a, flags):
+    """An fp32 sum of n terms lies within (n - 1) * 2^-24 * sum(|x|) of the exact sum in any order: accepted
+    within n * 2^-23 * sum(|x|) of ATen's (sum(|x|) over the whole input bounds every output's terms)."""
+    x = _call_args(case)["self"].detach().cpu().double()
+    return flags & ((g - a).abs() <= x.numel() * 2.0 ** -23 * x.abs().sum())
+
+
 def _either_non_finite(case, path, g, a, flags):
     """At flagged elements: accepted where Gems' or ATen's value is not finite (the order of an IEEE sum
     decides which of NaN, +-inf or a finite value it ends at)."""
@@ -310,6 +324,8 @@ def _layer_norm_accepts(case, path, g, a, _flags):
         const = (rows == rows[:, :1]).all(1, keepdim=True) & torch.isfinite(rows).all(1, keepdim=True)
         inf_w = ~torch.isfinite(w.detach().cpu().double().reshape(1, N))
         ok |= const & inf_w & gr.isnan() & ~torch.isfinite(ar)
+    if out == "1":   # the mean: within the order of summation's bound of ATen's (Welford's lanes)
+        ok |= (gr - ar).abs() <= N * 2.0 ** -23 * rows.abs().mean(1, keepdim=True)
     odd = (~torch.isfinite(rows) | (rows.abs() >= 2.0 ** 63)).any(1)
     if odd.any():
         up = (lambda t: None if t is None else t.detach().cpu().double())
@@ -350,6 +366,7 @@ DOCUMENTED = {"mm": (_gemm_flags, _either_non_finite), "addmm": (_gemm_flags, _e
               "bmm": (_gemm_flags, _either_non_finite),
               "_softmax_backward_data": (_softmax_bwd_flags, _either_non_finite),
               "_log_softmax_backward_data": (_log_softmax_bwd_flags, _log_softmax_bwd_accepts),
+              "sum": (_sum_flags, _sum_accepts),
               "native_layer_norm": (lambda case, shape: True, _layer_norm_accepts),
               "logit": (_logit_flags, _logit_accepts)}
 

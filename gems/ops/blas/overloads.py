@@ -6,6 +6,8 @@ where the product has an inf or a NaN; on CUDA such calls go to ATen, whose cuBL
 beta * bias (or zeros), empty M/N gives an empty result, shape and dtype mismatches raise RuntimeError
 (ATen's own kernel raises them: we hand such calls to it).
 """
+import math
+
 import torch
 
 from ...codegen.generator import number_misfit
@@ -136,6 +138,9 @@ def _addmm_numbers(self, mat1, mat2, *args, beta=1, alpha=1, **kwargs):
         why = number_misfit(v, mat1.dtype)
         if why is not None:
             return f"alpha/beta {why}"
+        if not isinstance(v, complex) and not math.isfinite(v):
+            # an infinite or NaN scale: which terms meet it (0 * inf) is the BLAS's order of work
+            return "alpha/beta not finite"
     if alpha == 0 and mat1.device.type == "cuda" and mat1.dtype in (torch.float16, torch.bfloat16):
         # whether ATen's 16-bit CUDA GEMM computes 0 * (A @ B) (NaN where the product meets an inf or a
         # NaN) or skips the product depends on the cuBLAS kernel it picks: ATen answers these calls

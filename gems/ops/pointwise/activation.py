@@ -257,13 +257,10 @@ def _logit(x, EPS: tl.constexpr):
         z = x
     elif EPS < 0:
         z = x
-    elif GPU or EPS <= 0.5:
-        z = tl.where(x < EPS, EPS, tl.where(x > 1.0 - EPS, 1.0 - EPS, x))
     else:
-        # eps > 0.5 puts the lower bound above the upper: CUDA (as above) and ATen's CPU scalar tail test
-        # the lower bound first (z = eps: +inf), its CPU vector path clamps max-then-min (z = 1 - eps:
-        # -inf); on the CPU Gems takes the vector path's answer for every element
-        z = tl.minimum(tl.maximum(x, EPS), 1.0 - EPS)
+        # the lower bound first, as CUDA and ATen's CPU scalar path do: with eps > 0.5 the bounds cross
+        # and z = eps (+inf), where ATen's CPU vector path clamps max-then-min (-inf)
+        z = tl.where(x < EPS, EPS, tl.where(x > 1.0 - EPS, 1.0 - EPS, x))
     return tl.log(z / (1.0 - z))
 
 
