@@ -234,10 +234,11 @@ def _overflowing_terms(a, b, alpha=1.0):
     in some order: a term is infinite or NaN, the terms' magnitudes add up past fp32's range, or alpha
     times a factor does (in float64; ATen's CPU BLAS may scale either operand by alpha first)."""
     a, b = a.detach().cpu().double(), b.detach().cpu().double()
-    t = (a.unsqueeze(-1) * b.unsqueeze(-3)).abs() * abs(alpha)     # [..., M, K, N]
+    t = (a.unsqueeze(-1) * b.unsqueeze(-3)).abs()     # [..., M, K, N]
     scaled = (((a.abs() * abs(alpha)).amax(-1, keepdim=True) > FP32_MAX)
               | ((b.abs() * abs(alpha)).amax(-2, keepdim=True) > FP32_MAX)) if a.shape[-1] else False
-    return t.isnan().any(-2) | ~(t.sum(-2) <= FP32_MAX) | scaled
+    # the sum before alpha too: cuBLAS (and Gems) scale the fp32 sum, which may overflow for alpha < 1
+    return t.isnan().any(-2) | ~((t * abs(alpha)).sum(-2) <= FP32_MAX) | ~(t.sum(-2) <= FP32_MAX) | scaled
 
 
 def _gemm_flags(case, shape):
@@ -265,6 +266,22 @@ def _softmax_bwd_flags(case, shape):
     d = c["dim"]
     flags = (t.isnan().any(d, keepdim=True) | ~(t.sum(d, keepdim=True) <= FP32_MAX)).expand(g.shape)
     return flags if tuple(flags.shape) == tuple(shape) else None
+
+
+def _softmax_bwd_all(case, shape):
+    """_softmax_backward_data: every element (_softmax_bwd_accepts decides)."""
+    flags = _softmax_bwd_flags(case, shape)
+    return None if flags is None else torch.ones_like(flags)
+
+
+def _softmax_bwd_accepts(case, path, g, a, flags):
+    """y * (grad - sum(grad * y)): either non-finite where that sum may overflow (the row above), else
+    within |y| * n * 2^-23 * sum(|grad * y|) of ATen's, the order of summation's bound."""
+    c = _call_args(case)
+    gr, y, d = c["grad_output"].detach().cpu().double(), c["output"].detach().cpu().double(), c["dim"]
+    over = _softmax_bwd_flags(case, g.shape)
+    bound = y.abs() * gr.shape[d] * 2.0 ** -23 * (gr * y).abs().sum(d, keepdim=True)
+    return flags & ((over & ~(torch.isfinite(g) & torch.isfinite(a))) | ((g - a).abs() <= bound))
 
 
 def _log_softmax_bwd_flags(case, shape):
@@ -297,6 +314,19 @@ def _sum_accepts(case, path, g, a, flags):
     within n * 2^-23 * sum(|x|) of ATen's (sum(|x|) over the whole input bounds every output's terms)."""
     x = _call_args(case)["self"].detach().cpu().double()
     return flags & ((g - a).abs() <= x.numel() * 2.0 ** -23 * x.abs().sum())
+
+
+def _gelu_tanh_band(case, shape):
+    """gelu_backward, tanh (its row): a non-finite grad where 1 + tanh(inner) is near 2^-25, the last
+    value ATen's fp32 tanh rounds to -1 (its derivative 0: NaN), which its own tanh's rounding decides."""
+    c = _call_args(case)
+    if c.get("approximate") != "tanh":
+        return None
+    gr, x = c["grad_output"].detach().cpu().double(), c["self"].detach().cpu().double()
+    inner = 0.7978845608028654 * (x + 0.044715 * x ** 3)
+    flags = ~torch.isfinite(gr) & (inner.abs() > 8.5) & (inner.abs() < 9.5)
+    flags = torch.broadcast_to(flags, torch.broadcast_shapes(flags.shape, tuple(shape)))
+    return flags if tuple(flags.shape) == tuple(shape) else None
 
 
 def _either_non_finite(case, path, g, a, flags):
@@ -364,11 +394,12 @@ def _logit_accepts(case, path, g, a, flags):
 
 DOCUMENTED = {"mm": (_gemm_flags, _either_non_finite), "addmm": (_gemm_flags, _either_non_finite),
               "bmm": (_gemm_flags, _either_non_finite),
-              "_softmax_backward_data": (_softmax_bwd_flags, _either_non_finite),
+              "_softmax_backward_data": (_softmax_bwd_all, _softmax_bwd_accepts),
               "_log_softmax_backward_data": (_log_softmax_bwd_flags, _log_softmax_bwd_accepts),
               "sum": (_sum_flags, _sum_accepts),
               "native_layer_norm": (lambda case, shape: True, _layer_norm_accepts),
-              "logit": (_logit_flags, _logit_accepts)}
+              "logit": (_logit_flags, _logit_accepts),
+              "gelu_backward": (lambda case, shape: _gelu_tanh_band(case, shape), _either_non_finite)}
 
 
 def _documented_elements(case, path, g, a):

@@ -274,6 +274,8 @@ def test_unary_gradients(dtype):
                served_ops=["sqrt", "rsqrt", "log"])
     y = make((6, 11), dtype, low=-2.0, high=2.0)
     check_grad(lambda t: torch.sin(t) * torch.cos(t) + torch.tanh(t) + torch.sigmoid(t), [y], dtype=dtype,
-               served_ops=["sin", "cos", "tanh_backward", "sigmoid_backward"])
+               served_ops=["sin", "cos", "tanh_backward"]
+               # fp16 sigmoid_backward on the CPU is ATen's (its Half kernel rounds each step)
+               + (["sigmoid_backward"] if ON_GPU or dtype != torch.float16 else []))
     check_grad(lambda t: torch.atan(t) + torch.erf(t) + torch.expm1(t) + torch.reciprocal(t), [y], dtype=dtype,
                served_ops=["atan", "erf", "expm1", "reciprocal"])
