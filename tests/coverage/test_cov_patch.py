@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as TF
 
 import gems.fused
+from gems.fused.rotary import reference_rope
 from gems_coverage import cli
 
 
@@ -29,9 +30,10 @@ STANDINS = {
     "add_layer_norm": lambda x, r, w, b, eps=1e-5: (TF.layer_norm(x + r, (x.shape[-1],), w, b, eps), x + r),
     "silu_and_mul": lambda g, u: TF.silu(g) * u,
     "gelu_and_mul": lambda g, u, approximate="none": TF.gelu(g, approximate=approximate) * u,
-    "rope": lambda q, k, c, s, position_ids=None, unsqueeze_dim=1: (
-        q * c.unsqueeze(unsqueeze_dim) + _rot(q) * s.unsqueeze(unsqueeze_dim),
-        k * c.unsqueeze(unsqueeze_dim) + _rot(k) * s.unsqueeze(unsqueeze_dim)),
+    "rope": lambda q, k, c, s, position_ids=None, unsqueeze_dim=1, interleaved=False: (
+        reference_rope(q, k, c, s, None, unsqueeze_dim, interleaved) if interleaved else (
+            q * c.unsqueeze(unsqueeze_dim) + _rot(q) * s.unsqueeze(unsqueeze_dim),
+            k * c.unsqueeze(unsqueeze_dim) + _rot(k) * s.unsqueeze(unsqueeze_dim))),
     "cross_entropy": lambda x, t, **k: _ce(x, t, **k),
     "fused_linear_cross_entropy": lambda h, w, t, bias=None, **k: _ce(TF.linear(h, w, bias), t, **k),
 }

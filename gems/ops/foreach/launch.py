@@ -143,7 +143,9 @@ def _chunk(Base, d0, d1, d2, dout, lo, n, sv, alpha, OP: tl.constexpr, NIN: tl.c
             elif OP == "minimum":
                 r = minimum_f(x, b)
             elif OP == "pow":
-                if not GPU and Base.dtype.element_ty == tl.float16:
+                if GPU:
+                    r = pow_f(x, b)
+                elif Base.dtype.element_ty == tl.float16:
                     # ATen's CPU Half kernel is C pow for every number exponent, without the sqrt forms
                     # of +-0.5 ((-inf) ** 0.5 is inf there; pointwise pow leaves these calls to ATen)
                     r = c_pow_f(x, b)
@@ -204,11 +206,14 @@ def foreach_kernel(Base, Tab, N, TOP, LOGN, B0, s, alpha, S, S0,
             sv = tl.load(S).to(tl.float32)
         else:
             sv = tl.load(S + (tl.load(row + W - 1) - S0) // SES).to(tl.float32)
-        if GPU or (OP != "mul" and OP != "div"):
-            # a 0-dim tensor operand is cast to the list's dtype first by ATen's TensorIterator (its loop
-            # over the tensors, taken when the dtypes differ); the CPU's mul and div kernels read their
-            # second operand unrounded instead
+        # a 0-dim tensor operand is cast to the list's dtype first by ATen's TensorIterator (its loop
+        # over the tensors, taken when the dtypes differ); the CPU's mul and div kernels read their
+        # second operand unrounded instead
+        if GPU:
             sv = sv.to(Base.dtype.element_ty).to(tl.float32)
+        elif OP != "mul":
+            if OP != "div":
+                sv = sv.to(Base.dtype.element_ty).to(tl.float32)
     if NIN < 2:
         d1 = d0
     if NIN < 3:

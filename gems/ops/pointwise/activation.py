@@ -70,12 +70,10 @@ def _gelu_bwd(g, x, APPROX: tl.constexpr):
     if APPROX == "tanh":
         x2 = x * x
         p, m = _one_plus_minus_tanh(_SQRT_2_PI * (x + _KAPPA * x2 * x))
-        # ATen's 1 +- t is 0 where its fp32 t rounds to -+1 (|1 -+ |t|| < 2^-25): its derivative is then 0,
-        # and an infinite grad gives NaN there, not +-inf
-        p = tl.where(p < 2.9802322387695312e-08, 0.0, p)
-        m = tl.where(m < 2.9802322387695312e-08, 0.0, m)
         d = 0.5 * p + 0.5 * x * (p * m) * _SQRT_2_PI * (1.0 + 3.0 * _KAPPA * x2)
-        return g * d
+        # ATen's 1 + t is 0 where its fp32 t rounds to -1 (1 + t < 2^-25): its derivative is 0 there, so an
+        # infinite grad gives NaN; a finite grad keeps the accurate (tiny) derivative
+        return tl.where((p < 2.9802322387695312e-08) & (tl.abs(g) == float("inf")), float("nan"), g * d)
     else:
         cdf = 0.5 * (1.0 + tl.erf(x * _SQRT1_2))
         pdf = tl.exp(-0.5 * x * x) * _INV_SQRT_2PI
