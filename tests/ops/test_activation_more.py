@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import gems
-from harness import DEVICE, assert_close, check_grad, check_op, dtype_params, layouts, make, served, to_ref
+from harness import DEVICE, ON_GPU, assert_close, check_grad, check_op, dtype_params, layouts, make, served, to_ref
 
 A = torch.ops.aten
 # name -> (aten op packet, kwargs variants, domain, backward overload served by autograd or None,
@@ -115,9 +115,10 @@ GRAD_SERVED = {"elu_inplace": "elu_backward", "selu": "elu_backward", "leaky_rel
 
 
 def _served(name, dtype):
-    # fp16 sigmoid_backward is ATen's: its kernels round each step to fp16
-    # (test_sigmoid_backward_fp16_like_aten)
-    return [] if name.startswith("sigmoid_backward") and dtype == torch.float16 else [name]
+    # ATen's fp16 kernels that round each step to fp16 serve those calls (sigmoid_backward everywhere,
+    # tanh_backward on CUDA): test_fp16_backward_like_aten
+    rounds = name.startswith("sigmoid_backward") or (name.startswith("tanh_backward") and ON_GPU)
+    return [] if rounds and dtype == torch.float16 else [name]
 
 
 @dtype_params()
@@ -128,16 +129,21 @@ def test_gradients(name, dtype):
     check_grad(GRAD_FNS[name], [x], dtype=dtype, served_ops=_served(bw, dtype))
 
 
-def test_sigmoid_backward_fp16_like_aten():
-    # grad * (1 - y) * y past fp16's range on the way (y outside [0, 1]): ATen's fp16 kernels round each
-    # product to fp16 (-inf here) on the CPU and on CUDA; Gems gives ATen's answer
-    g = torch.tensor([64992.0, -1.85, 0.97, 30000.0], dtype=torch.float16, device=DEVICE)
-    y = torch.tensor(-0.6196, dtype=torch.float16, device=DEVICE)
-    want = A.sigmoid_backward(g, y)
-    with gems.use_gems():
-        got = A.sigmoid_backward(g, y)
-    assert want[0].isinf()
-    assert torch.equal(got, want), (got, want)
+@pytest.mark.parametrize("name", ["sigmoid_backward", "tanh_backward"])
+def test_fp16_backward_like_aten(name):
+    # products past fp16's range on the way (an output outside the function's range): ATen's fp16
+    # kernels round each step to fp16 (inf here; tanh_backward's CPU kernel computes in fp32: finite).
+    # Gems gives ATen's answer on each device
+    g = torch.tensor([64992.0, -1.85, 0.97, 30000.0, 1.0], dtype=torch.float16, device=DEVICE)
+    y = torch.tensor([-0.6196, -0.6196, 0.3, 2.5, 300.0], dtype=torch.float16, device=DEVICE)
+    op = getattr(A, name)
+    want = op(g, y)
+    with served(*_served(name, torch.float16)), gems.use_gems():
+        got = op(g, y)
+    assert want.isinf().any() or (name == "tanh_backward" and not ON_GPU)
+    assert torch.equal(got.isinf(), want.isinf()), (got, want)
+    fin = ~want.isinf()
+    assert_close(got[fin], to_ref(want)[fin.cpu()], torch.float16)
 
 
 # direct calls of the backward overloads: (aten packet, extra positional args, operand domain)

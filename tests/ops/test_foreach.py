@@ -372,9 +372,9 @@ def test_special_values(dtype):
                         ("_foreach_neg.default", []), ("_foreach_sqrt.default", []),
                         ("_foreach_reciprocal.default", []), ("_foreach_pow.Scalar", [0.5]),
                         ("_foreach_addcdiv.Scalar", [sp, sp[::-1], 0.5])):
-        if name == "_foreach_pow.Scalar" and dtype == torch.float16 and not ON_GPU:
-            # ATen's CPU Half kernel is C pow for 0.5 too ((-inf) ** 0.5 is inf, not sqrt's NaN): its
-            # own answer, not float64's, is the reference there
+        if name == "_foreach_pow.Scalar" and (dtype == torch.float16 or ON_GPU):
+            # ATen's CPU Half kernel and its CUDA foreach kernels are C pow for 0.5 too ((-inf) ** 0.5
+            # is inf, not sqrt's NaN): their own answer, not the CPU's float64 one, is the reference there
             want = torch._foreach_pow([sp[0].clone(), sp[1].clone()], 0.5)
             with served(name), gems.use_gems():
                 got = torch._foreach_pow([sp[0].clone(), sp[1].clone()], 0.5)

@@ -143,11 +143,10 @@ def _chunk(Base, d0, d1, d2, dout, lo, n, sv, alpha, OP: tl.constexpr, NIN: tl.c
             elif OP == "minimum":
                 r = minimum_f(x, b)
             elif OP == "pow":
-                if GPU:
-                    r = pow_f(x, b)
-                elif Base.dtype.element_ty == tl.float16:
-                    # ATen's CPU Half kernel is C pow for every number exponent, without the sqrt forms
-                    # of +-0.5 ((-inf) ** 0.5 is inf there; pointwise pow leaves these calls to ATen)
+                if GPU or Base.dtype.element_ty == tl.float16:
+                    # C pow for every exponent, without pointwise pow's sqrt and product forms
+                    # ((-inf) ** 0.5 is inf, not NaN): ATen's CUDA foreach kernels (the lists served
+                    # here take its fast route, powf in opmath) and its CPU Half kernel compute that
                     r = c_pow_f(x, b)
                 else:
                     r = pow_f(x, b)

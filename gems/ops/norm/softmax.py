@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...codegen.tlmath import fma_f
+from ...codegen.tlmath import exp_f, fma_f
 from ...registry import FLOATS, Unsupported, register
 from ...runtime import backend, kernel
 from ...runtime.autotune import Autotuner, bench_ms
@@ -97,7 +97,7 @@ def softmax_bwd(G, Y, DX, N, K, LOG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_
         g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
         y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
         if LOG:
-            dx = fma_f(tl.exp(y) * -1.0, tl.sum(g, 1)[:, None], g)   # (* -1: -x is 0 - x, +0.0 for 0)
+            dx = fma_f(exp_f(y) * -1.0, tl.sum(g, 1)[:, None], g)   # (* -1: -x is 0 - x, +0.0 for 0)
         else:
             dx = y * (g - tl.sum(g * y, 1)[:, None])
         tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
@@ -118,7 +118,7 @@ def softmax_bwd(G, Y, DX, N, K, LOG: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_
             g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
             y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
             if LOG:
-                dx = fma_f(tl.exp(y) * -1.0, acc, g)
+                dx = fma_f(exp_f(y) * -1.0, acc, g)
             else:
                 dx = y * (g - acc)
             tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)

@@ -322,8 +322,17 @@ def _sigmoid_bwd_check(grad_output, output, *args, **kwargs):
 
 sigmoid_backward = pointwise("sigmoid_backward", "sigmoid_backward.grad_input", body=_sigmoid_bwd,
                              operands=("grad_output", "output"), backward=True, check=_sigmoid_bwd_check)
+def _tanh_bwd_check(grad_output, output, *args, **kwargs):
+    # ATen's CUDA fp16 kernel rounds every step to fp16 (c10::Half): y * y overflows to inf for |y| past
+    # 256 where the body's fp32 does not. Those calls go to ATen; its CPU kernel computes in fp32 as the
+    # body does, and bf16 shares fp32's range
+    if grad_output.dtype == torch.float16 and backend().name != "interpreter":
+        return "float16 tanh_backward on CUDA (ATen rounds each step to fp16)"
+    return None
+
+
 tanh_backward = pointwise("tanh_backward", "tanh_backward.grad_input", body=_tanh_bwd,
-                          operands=("grad_output", "output"), backward=True)
+                          operands=("grad_output", "output"), backward=True, check=_tanh_bwd_check)
 softplus = pointwise("softplus", "softplus.out", body=_softplus, operands=_UN, scalars=("beta", "threshold"))
 softplus_backward = pointwise("softplus_backward", "softplus_backward.grad_input", body=_softplus_bwd,
                               operands=_BW, scalars=("beta", "threshold"), backward=True)
