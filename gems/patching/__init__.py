@@ -48,8 +48,9 @@ causal LM loss         an ``lm_head`` Linear whose forward calls ``loss_function
 masked LM loss         ``*ForMaskedLM`` whose loss is the mean cross entropy of its logits (BERT,
                        RoBERTa) -> ``cross_entropy``
 ``layer_norm=True``    every plain ``nn.LayerNorm`` -> ``gems.fused.layer_norm``; LayerNorm(dropout(
-(opt-in, see `patch`)  dense(h)) + input) modules (BertSelfOutput / BertOutput, RoBERTa's) and CLIP's
-                       encoder layer: the residual add + norm -> ``add_layer_norm``
+(opt-in, see `patch`)  dense(h)) + input) modules (BertSelfOutput / BertOutput, RoBERTa's), CLIP's
+                       encoder layer and GPT-2's block (the attention's residual add + ln_2): the
+                       residual add + norm -> ``add_layer_norm`` (autocast or two dtypes: as before)
 BERT layer (per       each layer whose forward and submodules' forwards are ``BertLayer``'s own code
 family)                (BERT, RoBERTa) -> one function computing the same without its 16 submodule
                        calls, query/key/value as one GEMM (``encoder_layer``; checked per call:

@@ -82,23 +82,46 @@ def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids
     return residual + hidden_states
 
 
+def _add_layer_norm(ln, x, residual):
+    """(ln(x + residual), x + residual), the add and the norm in one `add_layer_norm` where that computes
+    the same: x and residual of one dtype, autocast off (autocast runs LayerNorm in fp32, and x + residual
+    of two dtypes promotes); else the add and the module as before."""
+    if x.dtype == residual.dtype and not torch.is_autocast_enabled(x.device.type):
+        return F.add_layer_norm(x, residual, ln.weight, ln.bias, ln.eps)
+    s = x + residual
+    return ln(s), s
+
+
 def clip_layer_forward(self, hidden_states, attention_mask, **kwargs):
     """CLIP encoder layer (transformers 5.17) with the residual add and layer_norm2 in one `add_layer_norm`."""
     residual = hidden_states
     hidden_states = self.layer_norm1(hidden_states)
     hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask, **kwargs)
-    ln = self.layer_norm2
-    hidden_states, residual = F.add_layer_norm(hidden_states, residual, ln.weight, ln.bias, ln.eps)
+    hidden_states, residual = _add_layer_norm(self.layer_norm2, hidden_states, residual)
     hidden_states = self.mlp(hidden_states)
     return residual + hidden_states
+
+
+def gpt2_block_forward(self, hidden_states, past_key_values=None, attention_mask=None, encoder_hidden_states=None,
+                       encoder_attention_mask=None, use_cache=False, **kwargs):
+    """GPT-2 block (transformers 5.17) with the attention's residual add and ln_2 in one `add_layer_norm`;
+    a call with cross-attention (encoder_hidden_states) runs the class's own forward."""
+    if encoder_hidden_states is not None:
+        return type(self).forward(self, hidden_states, past_key_values, attention_mask, encoder_hidden_states,
+                                  encoder_attention_mask, use_cache, **kwargs)
+    residual = hidden_states
+    hidden_states = self.ln_1(hidden_states)
+    attn_output, _ = self.attn(hidden_states, past_key_values=past_key_values, attention_mask=attention_mask,
+                               use_cache=use_cache, **kwargs)
+    hidden_states, residual = _add_layer_norm(self.ln_2, attn_output, residual)
+    return residual + self.mlp(hidden_states)
 
 
 def bert_output_forward(self, hidden_states, input_tensor):
     """BertSelfOutput / BertOutput: dropout exactly as before (a no-op in eval or at p=0), then the residual
     add and LayerNorm in one `add_layer_norm`."""
     hidden_states = self.dropout(self.dense(hidden_states))
-    ln = self.LayerNorm
-    return F.add_layer_norm(hidden_states, input_tensor, ln.weight, ln.bias, ln.eps)[0]
+    return _add_layer_norm(self.LayerNorm, hidden_states, input_tensor)[0]
 
 
 def silu_mlp_forward(self, x):

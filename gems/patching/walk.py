@@ -9,8 +9,8 @@ What is recognized but not proven goes to the report's `left` list with the reas
 
 Per-family code only where structure cannot decide: BERT's encoder layer as one function
 (bert_layer.py, its own per-call checks; any layer running BertLayer's code, as RoBERTa's does), CLIP's
-encoder layer with add_layer_norm, and the decoder
-layer whose residual add + norm is fused (its forward must be transformers' Llama decoder layer's own
+encoder layer and GPT-2's block with add_layer_norm, and the decoder layer whose residual add + norm is
+fused (its forward must be transformers' Llama decoder layer's own
 code, compared instruction by instruction).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import nn
 from . import probes
 from .losses import causal_lm_forward, causal_lm_loss, masked_lm_forward
 from .modules import (ACT_FORWARDS, MLP_FORWARDS, GemsLayerNorm, GemsRMSNorm, bert_output_forward, clip_layer_forward,
-                      decoder_layer_forward, rope_forward)
+                      decoder_layer_forward, gpt2_block_forward, rope_forward)
 from .report import PatchReport
 
 # the model types the tests build and check family by family (tests/fused/test_families.py); any other
@@ -76,7 +76,7 @@ class Patcher:
         if o["encoder_layer"]:
             self.patch_bert_layers(mods)
         if o["layer_norm"]:
-            self.patch_clip_layers(mods)
+            self.patch_add_norm_layers(mods)
             self.patch_dense_add_norms(mods)
         for name, mod in mods:
             if id(mod) in self.done:
@@ -201,15 +201,21 @@ class Patcher:
                 self.r.add("encoder_layer", name)
             self.done.add(id(mod))
 
-    def patch_clip_layers(self, mods):
-        layer_cls = getattr(_modeling("clip"), "CLIPEncoderLayer", None)
-        for name, mod in mods:
-            if layer_cls is not None and type(mod) is layer_cls and id(mod) not in self.done:
-                if _signature(layer_cls.forward) == ("self", "hidden_states", "attention_mask", "kwargs") \
-                        and probes.plain_layer_norm(mod.layer_norm2):
-                    if self.set_forward(mod, clip_layer_forward, name):
-                        self.r.add("add_layer_norm", name)
+    def patch_add_norm_layers(self, mods):
+        """Layers whose forward is a family's own code (a copy counts) with a residual add before a plain
+        LayerNorm (_ADD_NORM_LAYERS): that add and norm as one add_layer_norm."""
+        for mt, cls_name, norm, fwd in _ADD_NORM_LAYERS:
+            cls = getattr(_modeling(mt), cls_name, None)
+            if cls is None or _signature(cls.forward) != _signature(fwd):
+                continue   # another transformers version: its code, not ours
+            for name, mod in mods:
+                if id(mod) in self.done or not _same_code(type(mod).forward, cls.forward):
+                    continue
                 self.done.add(id(mod))
+                if not probes.plain_layer_norm(getattr(mod, norm, None)):
+                    self.r.leave(name, "add_layer_norm", f"its {norm} is not a plain LayerNorm", strict=False)
+                elif self.set_forward(mod, fwd, name):
+                    self.r.add("add_layer_norm", name)
 
     def patch_dense_add_norms(self, mods):
         """LayerNorm(dropout(dense(h)) + input) modules (BertSelfOutput / BertOutput and their copies):
@@ -281,6 +287,9 @@ class Patcher:
 # the forward signatures (transformers 5.17) that the replacement forwards take over
 _DECODER_LAYER_PARAMS = ("self", "hidden_states", "attention_mask", "position_ids", "past_key_values",
                          "use_cache", "position_embeddings", "kwargs")
+# (family, layer class, the LayerNorm after the residual add, the forward with both in one add_layer_norm)
+_ADD_NORM_LAYERS = (("clip", "CLIPEncoderLayer", "layer_norm2", clip_layer_forward),
+                    ("gpt2", "GPT2Block", "ln_2", gpt2_block_forward))
 _BERT_LAYER_PARAMS = ("self", "hidden_states", "attention_mask", "encoder_hidden_states", "encoder_attention_mask",
                       "past_key_values", "kwargs")
 

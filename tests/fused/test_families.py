@@ -200,10 +200,10 @@ def test_family_patched_agrees_and_counts(name):
 
 
 # with layer_norm=True: every plain LayerNorm, and the residual add + norm where the structure is
-# LayerNorm(dropout(dense(h)) + input) (RoBERTa, as BERT) or CLIP's encoder layer
+# LayerNorm(dropout(dense(h)) + input) (RoBERTa, as BERT), CLIP's encoder layer or GPT-2's block
 LAYER_NORM = {"roberta": {"encoder_layer": L, "add_layer_norm": 2 * L, "layer_norm": 6, "cross_entropy": 1},
               "vit": {"layer_norm": 2 * L + 1},
-              "gpt2": {"layer_norm": 2 * L + 1, "activation": L, **CAUSAL},
+              "gpt2": {"add_layer_norm": L, "layer_norm": 2 * L + 1, "activation": L, **CAUSAL},
               "clip": {"add_layer_norm": L, "layer_norm": 2 * L + 2}}
 
 
@@ -217,6 +217,35 @@ def test_family_layer_norm_patched_agrees(name):
     report = gems.patch(model, layer_norm=True, strict=True)
     assert report.counts() == LAYER_NORM[name], report.summary()
     _assert_same(_run(model, inf, tr), ref)
+
+
+def test_gpt2_block_add_layer_norm_keeps_the_blocks_other_calls():
+    # GPT-2's block with add_layer_norm: a call with cross-attention runs GPT2Block's own forward; under
+    # autocast (LayerNorm in fp32, attention output in bf16: two dtypes) the add and ln_2 run as before
+    cfg = T.GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=64, n_positions=64, resid_pdrop=0, embd_pdrop=0,
+                       attn_pdrop=0, add_cross_attention=True)
+    torch.manual_seed(0)
+    model = T.GPT2LMHeadModel(cfg).float().to(DEVICE).eval()
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(2, 60, (2, 6), generator=g).to(DEVICE)
+    enc = torch.randn(2, 5, 32, generator=g).to(DEVICE)
+    dev = torch.device(DEVICE).type
+
+    def outputs():
+        with torch.no_grad():
+            cross = model(input_ids=ids, encoder_hidden_states=enc).logits
+            with torch.autocast(dev, dtype=torch.bfloat16):
+                auto = model(input_ids=ids).logits
+        return cross, auto
+
+    ref = outputs()
+    report = gems.patch(model, layer_norm=True)
+    assert report.counts()["add_layer_norm"] == 1, report.summary()
+    got = outputs()
+    _assert_close(got[0], ref[0], "cross-attention logits")
+    assert got[1].dtype == ref[1].dtype
+    torch.testing.assert_close(got[1].float(), ref[1].float(), rtol=2e-2, atol=2e-2)   # bf16 GEMMs
+    gems.unpatch(model)
 
 
 # ------------------------------------------------------------------------------------ the proofs themselves
