@@ -165,6 +165,8 @@ if want families; then
   C=benchmarks/configs
   bench gpt2m_train_patched "$C/gpt2-medium.json" train --batch 8 --seq-len 1024 --steps 5 --patch
   bench gpt2m_train_compile "$C/gpt2-medium.json" train --batch 8 --seq-len 1024 --steps 5 --compile
+  # the residual add + LayerNorm fused (opt-in): whether GPT-2's device-bound step gains from it
+  bench gpt2m_train_patched_ln "$C/gpt2-medium.json" train --batch 8 --seq-len 1024 --steps 5 --patch-options layer_norm=on
   bench qwen3_decode_patched "$C/qwen3-1.7b.json" decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 --patch
   bench mixtral4l_train_patched "$C/mixtral-4l.json" train --batch 4 --seq-len 1024 --steps 5 --patch
   bench llama1b_train_patch_compile llama-1.1b train --batch 4 --seq-len 1024 --steps 5 --patch --compile
