@@ -32,8 +32,6 @@ MAX_NUMEL = 4096
 # random streams, kernels with their own test files' generators): skipped, counted and listed.
 SKIP_OPS = {
     "convolution": "convolution geometry", "convolution_backward": "convolution geometry",
-    "embedding_dense_backward": "num_weights", "native_layer_norm_backward": "mean and rstd of the input",
-    "nll_loss_forward": "target index tensor", "nll_loss_backward": "target index tensor",
     "native_dropout": "random", "native_dropout_backward": "random mask", "multinomial": "random",
     "scatter": "duplicate indices write in any order", "scatter_": "duplicate indices write in any order",
     "index": "index tensors", "index_put": "index tensors",
@@ -83,6 +81,8 @@ class Case:
 def skip_reason(name: str):
     """Why `name` is not fuzzed from its schema (None when it is)."""
     base = name.split(".")[0]
+    if base in BUILDERS:
+        return None
     if base in SKIP_OPS:
         return SKIP_OPS[base]
     if any(w in base for w in SKIP_WORDS):
@@ -201,6 +201,12 @@ def make_case(name: str, seed: int, index: int, device: str = "cpu") -> Case:
     schema = registry.aten_overload(name)._schema
     draw = _Draw(name, seed, index, device)
     dtype = _dtype_of(impl, draw, backend)
+    base_name = name.split(".")[0]
+    if base_name in BUILDERS:
+        args = BUILDERS[base_name](draw, dtype)
+        kwargs = {a.name: torch.empty(0, dtype=_out_dtype(a.name, args, dtype), device=device)
+                  for a in schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write}
+        return Case(name, seed, index, args, kwargs, special=draw.special)
     is_list = any(str(a.type) == "List[Tensor]" for a in schema.arguments)
     base = draw.shape()
     list_shapes = [draw.shape() for _ in range(draw.rng.randint(1, 3))]
@@ -309,6 +315,78 @@ def make_case(name: str, seed: int, index: int, device: str = "cpu") -> Case:
     args = [draw.tensor(tuple(norm) if norm is not None else base[-1:], v[1])
             if isinstance(v, tuple) and len(v) == 2 and v[0] == "norm" else v for v in args]
     return Case(name, seed, index, args, kwargs, special=draw.special)
+
+
+# ---- ops whose arguments depend on each other: built whole (BUILDERS), positional in schema order ----
+def _ints(draw, shape, hi):
+    """int64 values in [0, hi) (and in range however drawn: an index out of range is a device-side assert
+    on the GPU, which ends the process's CUDA context)."""
+    if hi <= 0:
+        return torch.zeros(shape, dtype=torch.int64).to(draw.device)
+    return torch.randint(0, hi, shape, generator=draw.gen).to(draw.device)
+
+
+def _layer_norm_backward(draw, dtype):
+    """grad, input, normalized_shape, mean and rstd of ATen's forward on that input, weight, bias, mask."""
+    shape = draw.shape(draw.rng.randint(1, 3))
+    ns = list(shape[len(shape) - draw.rng.randint(1, len(shape)):])
+    x = draw.tensor(shape, dtype)
+    w = draw.tensor(ns, dtype) if draw.rng.random() < 0.7 else None
+    b = draw.tensor(ns, dtype) if draw.rng.random() < 0.7 else None
+    if dtype.is_floating_point:
+        _, mean, rstd = torch.ops.aten.native_layer_norm(x, ns, w, b, draw.rng.choice([1e-5, 0.1]))
+    else:   # no forward for this dtype: statistics of another dtype, for ATen to reject the call
+        mean = rstd = torch.ones(shape[:len(shape) - len(ns)] + (1,) * len(ns), device=draw.device)
+    mask = [draw.rng.random() < 0.8 for _ in range(3)]
+    return [draw.tensor(shape, dtype), x, ns, mean, rstd, w, b, mask]
+
+
+def _nll_inputs(draw, dtype):
+    """(log-probabilities [N, C] or [C], target, weight or None, reduction, ignore_index)."""
+    n, c = draw.rng.choice([0, 1, 3, 7, 33]), draw.rng.choice([1, 2, 5, 17])
+    one = draw.rng.random() < 0.15
+    x = draw.tensor((c,) if one else (n, c), dtype)
+    ignore = draw.rng.choice([-100, 0, 1])
+    t = _ints(draw, () if one else (n,), c)
+    if t.numel() and draw.rng.random() < 0.4:
+        t.view(-1)[draw.rng.randrange(t.numel())] = ignore
+    w = draw.tensor((c,), dtype) if draw.rng.random() < 0.5 else None
+    return x, t, w, draw.rng.choice([0, 1, 2]), ignore
+
+
+def _nll_loss_forward(draw, dtype):
+    x, t, w, red, ignore = _nll_inputs(draw, dtype)
+    return [x, t, w, red, ignore]
+
+
+def _nll_loss_backward(draw, dtype):
+    x, t, w, red, ignore = _nll_inputs(draw, dtype)
+    if dtype.is_floating_point:
+        out, total = torch.ops.aten.nll_loss_forward(x, t, w, red, ignore)
+        shape = tuple(out.shape)
+    else:   # no forward for this dtype: ATen rejects the call
+        shape, total = (), torch.ones((), device=draw.device)
+    return [draw.tensor(shape, dtype), x, t, w, red, ignore, total]
+
+
+def _embedding_dense_backward(draw, dtype):
+    """grad [*indices.shape, D], indices in range, num_weights, padding_idx, scale_grad_by_freq."""
+    nw, dim = draw.rng.choice([1, 3, 17, 100]), draw.rng.choice([1, 4, 33, 64])
+    idx = _ints(draw, draw.shape(draw.rng.randint(1, 2)), nw)
+    if draw.rng.random() < 0.2:
+        idx = idx.int()
+    pad = draw.rng.choice([-1, 0, nw - 1])
+    return [draw.tensor(tuple(idx.shape) + (dim,), dtype), idx, nw, pad, draw.rng.random() < 0.3]
+
+
+BUILDERS = {"native_layer_norm_backward": _layer_norm_backward, "nll_loss_forward": _nll_loss_forward,
+            "nll_loss_backward": _nll_loss_backward, "embedding_dense_backward": _embedding_dense_backward}
+
+
+def _out_dtype(name, args, dtype):
+    """The dtype of an out= argument of a built case: nll_loss's total_weight and the others are the
+    input's floating dtype."""
+    return dtype if dtype.is_floating_point else torch.float32
 
 
 def _fixed_shapes(base, draw):

@@ -115,8 +115,9 @@ def _strides(t):
     return tuple(s for s, n in zip(t.stride(), t.shape) if n > 1)
 
 
-def _value_diff(g, a, case, args, kwargs):
-    """None when Gems' `g` agrees with ATen's `a` (same dtype and shape), else a description."""
+def _value_diff(g, a, case, args, kwargs, path="result"):
+    """None when Gems' `g` (the output at `path`) agrees with ATen's `a` (same dtype and shape), else a
+    description."""
     g, a = g.detach().cpu(), a.detach().cpu()
     if not a.is_floating_point() and not a.is_complex():
         return None if torch.equal(g, a) else f"{int((g != a).sum())}/{a.numel()} elements differ"
@@ -128,7 +129,7 @@ def _value_diff(g, a, case, args, kwargs):
     if not torch.equal(g64[inf], a64[inf]):
         # an accumulation (a GEMM, a sum) near the dtype's limit: ATen's order may overflow where Gems'
         # does not; accepted where Gems' finite value is the float64 reference's
-        ref = _reference(case) if registry.get(case.name).category in ("blas", "reduction", "norm") else None
+        ref = _reference(case, path) if registry.get(case.name).category in ("blas", "reduction", "norm") else None
         if ref is None or ref.shape != a.shape or not _near(g64[inf], ref.double()[inf], a.dtype):
             return "infinities differ"
         g64, a64 = g64.masked_fill(inf, 0), a64.masked_fill(inf, 0)
@@ -139,7 +140,7 @@ def _value_diff(g, a, case, args, kwargs):
     if not bad.any():
         return None
     # the suite's rule against a float64 reference: within the tolerance, or 2x ATen's own error
-    ref = _reference(case)
+    ref = _reference(case, path)
     if ref is not None and ref.shape == a.shape:
         r = ref.double()[fin]
         bound = torch.clamp(atol + rtol * r.abs(), min=2 * (a64[fin] - r).abs().nan_to_num(0).max().item() + atol)
@@ -154,8 +155,27 @@ def _near(g, r, dtype):
     return bool(torch.isfinite(r).all() and ((g - r).abs() <= atol + 2 * rtol * r.abs()).all())
 
 
-def _reference(case):
-    """ATen's result on the inputs in float64 (the first tensor result), or None."""
+def _result_index(case, path):
+    """Which tensor of the call's result `path` names: result[i] or the i-th out= argument (0 for a
+    single result); None for an input."""
+    if path == "result":
+        return 0
+    if path.startswith("result["):
+        return int(path[len("result["):].split("]")[0])
+    if path.startswith("kwargs."):
+        outs = [a.name for a in registry.aten_overload(case.name)._schema.arguments
+                if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+        name = path[len("kwargs."):]
+        return outs.index(name) if name in outs else None
+    return None
+
+
+def _reference(case, path="result"):
+    """ATen's result on the inputs in float64 (the tensor of the result that `path` names), or None."""
+    i = _result_index(case, path)
+    if i is None:
+        return None
+
     def up(v):
         if isinstance(v, torch.Tensor):
             return v.detach().cpu().double() if v.is_floating_point() else v.detach().cpu()
@@ -169,7 +189,9 @@ def _reference(case):
         out = registry.aten_overload(case.name)(*up(clone_args(case.args)), **kwargs)
     except Exception:   # noqa: BLE001
         return None
-    return next((t for _, t in _tensors(out)), None)
+    if isinstance(out, torch.Tensor):
+        return out if i == 0 else None
+    return dict(_tensors(out)).get(f"result[{i}]")
 
 
 def _message(e):
@@ -209,7 +231,7 @@ def compare(case):
         elif tuple(gt.shape) != tuple(at.shape):
             found.append(("shape", f"{path}: {tuple(gt.shape)} vs {tuple(at.shape)}"))
         else:
-            d = _value_diff(*_documented_elements(case, path, gt, at), case, g_args, g_kwargs)
+            d = _value_diff(*_documented_elements(case, path, gt, at), case, g_args, g_kwargs, path)
             if d:
                 found.append(("value", f"{path}: {d}"))
             if _strides(gt) != _strides(at) and not path.startswith("args"):
@@ -303,7 +325,8 @@ def _log_softmax_bwd_accepts(case, path, g, a, flags):
 
 
 def _sum_flags(case, shape):
-    """sum (its row): every element of an fp32 result, with its bound on the order of summation."""
+    """sum and mean (their row): every element of an fp32 result, with its bound on the order of summation
+    (a mean's error is its sum's divided by the count: within the sum's bound too)."""
     x = _call_args(case).get("self")
     ok = isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.numel() > 1
     return torch.ones(tuple(shape), dtype=torch.bool) if ok else None
@@ -392,12 +415,88 @@ def _logit_accepts(case, path, g, a, flags):
     return flags & torch.isfinite(g) & ((g > 0) == (x > 0.5))
 
 
+def _every_element(case, shape):
+    return torch.ones(tuple(shape), dtype=torch.bool)
+
+
+def _layer_norm_bwd_accepts(case, path, g, a, flags):
+    """native_layer_norm_backward (its row): the formula's terms cancel (or, with non-finite and huge
+    inputs, overflow), and how they are grouped decides the rounding and which non-finite value results
+    (ATen's CPU kernel folds x into per-row coefficients, b * x + c, which cancels catastrophically for
+    huge x). Accepted where Gems' and ATen's values are both non-finite, or Gems' is within the order of
+    arithmetic's bound of the float64 answer of the grouped formula dx = rstd (gw - mean(gw) - xhat
+    mean(gw xhat)), dw = sum(g xhat), db = sum(g) (gw = g * w, xhat = (x - mean) rstd): (n + 4) 2^-23
+    times the sum of its terms' magnitudes."""
+    c = _call_args(case)
+    out = _result_index(case, path)
+    ns = [int(n) for n in c["normalized_shape"]]
+    N = math.prod(ns)
+    x = c["input"].detach().cpu().double()
+    if out is None or N == 0 or x.numel() == 0:
+        return None
+    up = (lambda t: t.detach().cpu().double())
+    x, go = x.reshape(-1, N), up(c["grad_out"]).reshape(-1, N)
+    mean, rstd = up(c["mean"]).reshape(-1, 1), up(c["rstd"]).reshape(-1, 1)
+    w = up(c["weight"]).reshape(1, N) if c.get("weight") is not None else torch.ones(1, N, dtype=torch.float64)
+    M = x.shape[0]
+    gw, xhat = go * w, (x - mean) * rstd
+    if out == 0:
+        ref = rstd * (gw - gw.mean(1, keepdim=True) - xhat * (gw * xhat).mean(1, keepdim=True))
+        mag = rstd.abs() * (gw.abs() + gw.abs().mean(1, keepdim=True) + xhat.abs() * (gw * xhat).abs().mean(1, keepdim=True))
+        n = N
+    else:
+        t = go * xhat if out == 1 else go
+        ref, mag, n = t.sum(0, keepdim=True), t.abs().sum(0, keepdim=True), M
+    ref, mag = ref.reshape(g.shape), mag.reshape(g.shape)
+    rtol, atol = TOL.get(c["input"].dtype, TOL[torch.float32])
+    near = (g - ref).abs() <= atol + 2 * rtol * ref.abs() + (n + 4) * 2.0 ** -23 * mag
+    return flags & ((~torch.isfinite(g) & ~torch.isfinite(a)) | (torch.isfinite(ref) & near))
+
+
+def _cpu_half_alpha_flags(case, shape):
+    """add / sub and their foreach forms, fp16 on the CPU with an alpha other than 1 (their row of the
+    interpreter's vector-path rule): every element."""
+    c = _call_args(case)
+    alpha, x = c.get("alpha", 1), c.get("self")
+    x0 = x[0] if isinstance(x, (list, tuple)) and x else x
+    if DEVICE == "cuda" or not isinstance(alpha, (int, float)) or alpha == 1 or \
+            not isinstance(x0, torch.Tensor) or x0.dtype != torch.float16:
+        return None
+    return torch.ones(tuple(shape), dtype=torch.bool)
+
+
+def _cpu_half_alpha_accepts(case, path, g, a, flags):
+    """ATen's CPU scalar tail computes self + alpha * other in fp16 arithmetic (alpha * other rounded to
+    fp16 first), its vector path and CUDA in fp32: accepted where ATen's value is the tail's and Gems' is
+    within one fp16 rounding of the exact value."""
+    c = _call_args(case)
+    x, y, alpha = c["self"], c["other"], c["alpha"]
+    if isinstance(x, (list, tuple)):
+        i = int(path.rsplit("[", 1)[1].rstrip("]"))
+        x, y = x[i], (y[i] if isinstance(y, (list, tuple)) else y)
+    if not isinstance(y, torch.Tensor):
+        y = torch.tensor(y, dtype=torch.float16)
+    if x.dtype != torch.float16 or y.dtype != torch.float16:
+        return None
+    sign = -1.0 if case.name.startswith(("sub", "_foreach_sub")) else 1.0
+    x64, y64 = torch.broadcast_tensors(x.detach().cpu().double(), y.detach().cpu().double())
+    if tuple(x64.shape) != tuple(g.shape):
+        return None
+    prod = (alpha * y64).half().float()
+    tail = (x64.float() + sign * prod).half().double()
+    exact = x64 + sign * alpha * y64
+    return flags & (a == tail) & ((g - exact).abs() <= exact.abs() * 2.0 ** -10 + 2.0 ** -24)
+
+
 DOCUMENTED = {"mm": (_gemm_flags, _either_non_finite), "addmm": (_gemm_flags, _either_non_finite),
               "bmm": (_gemm_flags, _either_non_finite),
               "_softmax_backward_data": (_softmax_bwd_all, _softmax_bwd_accepts),
               "_log_softmax_backward_data": (_log_softmax_bwd_flags, _log_softmax_bwd_accepts),
-              "sum": (_sum_flags, _sum_accepts),
+              "sum": (_sum_flags, _sum_accepts), "mean": (_sum_flags, _sum_accepts),
+              **{op: (_cpu_half_alpha_flags, _cpu_half_alpha_accepts)
+                 for op in ("add", "sub", "_foreach_add", "_foreach_sub")},
               "native_layer_norm": (lambda case, shape: True, _layer_norm_accepts),
+              "native_layer_norm_backward": (_every_element, _layer_norm_bwd_accepts),
               "logit": (_logit_flags, _logit_accepts),
               "gelu_backward": (lambda case, shape: _gelu_tanh_band(case, shape), _either_non_finite)}
 
