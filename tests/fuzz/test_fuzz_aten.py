@@ -472,8 +472,12 @@ def _cpu_half_alpha_accepts(case, path, g, a, flags):
     c = _call_args(case)
     x, y, alpha = c["self"], c["other"], c["alpha"]
     if isinstance(x, (list, tuple)):
+        if not path.startswith(("result[", "args[0][")):
+            return None
         i = int(path.rsplit("[", 1)[1].rstrip("]"))
         x, y = x[i], (y[i] if isinstance(y, (list, tuple)) else y)
+    elif path not in ("result", "args[0]") and not path.startswith("kwargs."):
+        return None
     if not isinstance(y, torch.Tensor):
         y = torch.tensor(y, dtype=torch.float16)
     if x.dtype != torch.float16 or y.dtype != torch.float16:
@@ -488,11 +492,43 @@ def _cpu_half_alpha_accepts(case, path, g, a, flags):
     return flags & (a == tail) & ((g - exact).abs() <= exact.abs() * 2.0 ** -10 + 2.0 ** -24)
 
 
+def _nll_flags(case, shape):
+    """nll_loss_forward, sum and mean (their row of the sum rule): the fp32 loss and total weight."""
+    c = _call_args(case)
+    x = c["self"]
+    ok = int(c["reduction"]) != 0 and x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] > 1
+    return torch.ones(tuple(shape), dtype=torch.bool) if ok else None
+
+
+def _nll_accepts(case, path, g, a, flags):
+    """The loss is an fp32 sum of -w[t] * x[i, t] (divided by the summed weights for the mean): within the
+    order of summation's bound of ATen's value, as for sum."""
+    c = _call_args(case)
+    out = _result_index(case, path)
+    x, t = c["self"].detach().cpu().double(), c["target"].detach().cpu()
+    keep = t != int(c["ignore_index"])
+    if out is None or not bool((t[keep] < x.shape[1]).all() and (t[keep] >= 0).all()):
+        return None
+    w = c["weight"].detach().cpu().double() if c.get("weight") is not None else torch.ones(x.shape[1], dtype=torch.float64)
+    wt = w[t[keep]]
+    terms = wt * x[keep.nonzero().flatten(), t[keep]]
+    n = max(int(keep.sum()), 1)
+    if out == 1:
+        bound = n * 2.0 ** -23 * wt.abs().sum()
+    elif int(c["reduction"]) == 2:
+        bound = n * 2.0 ** -23 * terms.abs().sum()
+    else:
+        W = wt.sum().abs()
+        bound = n * 2.0 ** -23 * (terms.abs().sum() + a.abs().max() * wt.abs().sum()) / W if W > 0 else float("inf")
+    return flags & ((g - a).abs() <= bound)
+
+
 DOCUMENTED = {"mm": (_gemm_flags, _either_non_finite), "addmm": (_gemm_flags, _either_non_finite),
               "bmm": (_gemm_flags, _either_non_finite),
               "_softmax_backward_data": (_softmax_bwd_all, _softmax_bwd_accepts),
               "_log_softmax_backward_data": (_log_softmax_bwd_flags, _log_softmax_bwd_accepts),
               "sum": (_sum_flags, _sum_accepts), "mean": (_sum_flags, _sum_accepts),
+              "nll_loss_forward": (_nll_flags, _nll_accepts),
               **{op: (_cpu_half_alpha_flags, _cpu_half_alpha_accepts)
                  for op in ("add", "sub", "_foreach_add", "_foreach_sub")},
               "native_layer_norm": (lambda case, shape: True, _layer_norm_accepts),
