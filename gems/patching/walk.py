@@ -10,8 +10,8 @@ What is recognized but not proven goes to the report's `left` list with the reas
 Per-family code only where structure cannot decide: BERT's encoder layer as one function
 (bert_layer.py, its own per-call checks; any layer running BertLayer's code, as RoBERTa's does), CLIP's
 encoder layer and GPT-2's block with add_layer_norm, and the decoder layer whose residual add + norm is
-fused (its forward must be transformers' Llama decoder layer's own
-code, compared instruction by instruction).
+fused (its forward must be transformers' Llama decoder layer's own code, compared instruction by
+instruction).
 """
 from __future__ import annotations
 
