@@ -7,8 +7,7 @@ so drift hits both. The ATen turns run with Gems *unregistered* (`gems.disable()
 call of a registered overload passes through Gems' Python kernel even with Gems off, a cost users
 without Gems never pay; call plans survive the unregistration, so the Gems turns stay warm.
 
-On CUDA (without --compile) `gems.warmup` first compiles the kernels of a Gems step in parallel
-processes, untimed. Per mode: one untimed run whose outputs are compared (parity's rules: logits and the first step's loss
+Per mode: one untimed run whose outputs are compared (parity's rules: logits and the first step's loss
 by the end-to-end tolerance of the model's dtype and, for bf16/fp16, against an fp32 run of the same
 weights; greedy tokens position by position, a flip accepted only on a near tie), `--warmup` untimed
 runs, `--steps` timed runs (synchronized on CUDA: end-to-end throughput, host work included), then one
@@ -71,9 +70,8 @@ class Workload:
 
     def compile_ahead(self) -> dict:
         """gems.warmup on this workload's step in Gems' mode (patched with --patch): the kernels its first
-        Gems run needs compiled in parallel processes, not one by one inside that run. gems.warmup's
-        summary plus "seconds", the wall time of the call. Decode warms its prompt's forward: the
-        one-token steps' kernels still compile in the first run."""
+        Gems run needs compiled in parallel processes. gems.warmup's summary plus "seconds", the wall
+        time of the call. Decode warms its prompt's forward only."""
         train = self.kind == "train"
         inputs = self.b.custom_args or (self.b.train_inputs if train else self.b.inputs)
         with self.mode(True):
@@ -477,16 +475,6 @@ def bench(model: str, *, workload: str = "prefill", device: str = "cpu", size: O
         return res
     wl = Workload(bundle, workload, new_tokens, optimizer, include, exclude, patch, popts)
     try:
-        if on_cuda and not compile:
-            # the first Gems run would compile its kernels one by one (minutes for a large model on a fresh
-            # machine); nothing timed depends on it
-            progress("compiling Gems' kernels ahead (gems.warmup)")
-            try:
-                info = wl.compile_ahead()
-                res.notes.append(f"gems.warmup compiled {info['kernels']} kernels in {info['seconds']:.1f} s "
-                                 f"before the first Gems run (untimed)")
-            except Exception as e:   # noqa: BLE001 - the runs below compile what warmup did not
-                res.notes.append(f"gems.warmup failed ({type(e).__name__}: {e}); the first Gems run compiled")
         res.agreement = _agreement(wl, dt, progress)
         wl.start = None   # the training start weights are not needed any more
         for i in range(warmup + steps):
