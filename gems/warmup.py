@@ -57,10 +57,11 @@ def warmup(model, example_inputs, *, train: bool = False, workers: int | None = 
     `train`: the step is forward and backward (of the output's `.loss` when it has one, else the sum
     of its first tensor). `workers`: compile processes (default: the CPU count, at most 32).
     Gems must be enabled (gems.enable() or inside use_gems()). Returns {"kernels", "rounds",
-    "compile_s", "failed", "seconds"}."""
+    "compile_s", "failed", "seconds", "per_round"}; "per_round" lists each round's collecting run,
+    compile (all jobs, and the slowest one alone) and load times in seconds, and its new kernels."""
     global _said_interpreter
     t_start = time.perf_counter()
-    info = {"kernels": 0, "rounds": 0, "compile_s": 0.0, "failed": 0, "seconds": 0.0}
+    info = {"kernels": 0, "rounds": 0, "compile_s": 0.0, "failed": 0, "seconds": 0.0, "per_round": []}
     if backends.interpreting():
         if not _said_interpreter:
             _said_interpreter = True
@@ -75,8 +76,12 @@ def warmup(model, example_inputs, *, train: bool = False, workers: int | None = 
     seen = set()
     try:
         for _ in range(max(1, rounds)):
+            t0 = time.perf_counter()
             jobs = _collect_round(model, example_inputs, train)
             info["rounds"] += 1
+            row = {"run_s": time.perf_counter() - t0, "kernels": 0, "compile_s": 0.0, "slowest_s": 0.0,
+                   "load_s": 0.0}
+            info["per_round"].append(row)
             jobs = [j for j in jobs if (id(j[0]), str(j[2])) not in seen]
             if not jobs:
                 break
@@ -84,10 +89,15 @@ def warmup(model, example_inputs, *, train: bool = False, workers: int | None = 
             progress.warming(len(jobs), min(workers, len(jobs)))
             t0 = time.perf_counter()
             results = collect.compile_jobs(jobs, workers)
-            info["compile_s"] += time.perf_counter() - t0
+            row["compile_s"] = time.perf_counter() - t0
+            row["slowest_s"] = max(t for t, _ in results)
+            row["kernels"] = len(jobs)
+            info["compile_s"] += row["compile_s"]
             info["kernels"] += len(jobs)
             info["failed"] += sum(err is not None for _, err in results)
+            t0 = time.perf_counter()
             collect.load_jobs(jobs)
+            row["load_s"] = time.perf_counter() - t0
     finally:
         with torch.no_grad():
             for b, saved in buffers:

@@ -88,6 +88,7 @@ def _child(spec: dict) -> dict:
     if spec["mode"] == "gems+warmup":
         info = wl.compile_ahead()
         row["warmup_s"], row["kernels"], row["warmup_failed"] = info["seconds"], info["kernels"], info["failed"]
+        row["warmup_rounds"] = [{k: round(v, 3) for k, v in r.items()} for r in info["per_round"]]
     for name in ("first_s", "second_s"):
         wl.sync()
         t0 = time.perf_counter()

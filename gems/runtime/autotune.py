@@ -174,7 +174,14 @@ TIMINGS = ("do_bench", "hold")
 
 
 def bench_ms(fn: Callable[[], object]) -> float:
-    """Median device time (ms) of one run of `fn`, L2 cleared before each run (TIMING says how)."""
+    """Median device time (ms) of one run of `fn`, L2 cleared before each run (TIMING says how).
+
+    In gems.warmup's collect mode `fn` runs once, untimed, and 0.0 is returned: that run records the
+    config's uncompiled kernels (or launches the compiled ones), and collect mode stores no pick, so a
+    timing would be thrown away; every collecting round would time every compiled config again."""
+    if collect.active():
+        fn()
+        return 0.0
     if TIMING == "hold":
         return held_ms(fn)
     if TIMING != "do_bench":

@@ -156,6 +156,21 @@ def test_tuning_miss_in_collect_mode_benches_every_config_and_stores_nothing(mon
     assert not (tmp_path / "autotune").exists()
 
 
+def test_a_collecting_tuning_run_times_nothing(monkeypatch, collecting):
+    # every collecting round benches each config again: timed, the picks would be thrown away anyway
+    def no_device(*a, **k):
+        raise AssertionError("a collecting run timed a config")
+    monkeypatch.setattr(autotune, "held_ms", no_device)
+    runs = []
+    assert autotune.bench_ms(lambda: runs.append(1)) == 0.0 and runs == [1]
+
+
+def test_outside_collect_mode_a_bench_is_timed(monkeypatch):
+    monkeypatch.setattr(autotune, "TIMING", "hold")
+    monkeypatch.setattr(autotune, "held_ms", lambda fn: 1.25)
+    assert autotune.bench_ms(lambda: None) == 1.25
+
+
 def _fake_compile(job):
     tag, delay = job
     if tag == "bad":
@@ -209,6 +224,8 @@ def test_warmup_loop_rounds_and_puts_state_back(monkeypatch, loud, capsys):
     mean, var = model.bn.running_mean.clone(), model.bn.running_var.clone()
     info = gems.warmup(model, x, train=True, workers=3)
     assert info["rounds"] == 3 and info["kernels"] == 3 and compiled == [2, 1] and loaded == [2, 1]
+    assert [r["kernels"] for r in info["per_round"]] == [2, 1, 0]
+    assert all(r["slowest_s"] == (0.1 if r["kernels"] else 0.0) for r in info["per_round"])
     assert all(p.grad is g for p, g in zip(model.parameters(), sentinel))
     assert torch.equal(model.bn.running_mean, mean) and torch.equal(model.bn.running_var, var)
     assert model.calls == 3          # the first round ended early at the raise, the others ran through
