@@ -70,16 +70,13 @@ class Workload:
 
     def compile_ahead(self) -> dict:
         """gems.warmup on this workload's step in Gems' mode (patched with --patch): the kernels its first
-        Gems run needs compiled in parallel processes. gems.warmup's summary plus "seconds", the wall
-        time of the call. Decode warms its prompt's forward only."""
+        Gems run needs compiled in parallel processes; gems.warmup's summary. Decode warms its prompt's
+        forward only."""
         train = self.kind == "train"
         inputs = self.b.custom_args or (self.b.train_inputs if train else self.b.inputs)
         with self.mode(True):
-            self.sync()
-            t0 = time.perf_counter()
-            info = self.gems.warmup(self.b.model, inputs, train=train)
-            self.sync()
-        return dict(info, seconds=time.perf_counter() - t0)
+            self.sync()   # earlier queued work stays out of warmup's own time
+            return self.gems.warmup(self.b.model, inputs, train=train)
 
     def restore(self):
         """Training: the starting weights and a fresh optimizer state."""
