@@ -62,6 +62,7 @@ suite() {  # tag files...
 # whole suite takes about 8 minutes with 16 workers, more than one 10-minute call leaves beside set-up)
 FILES=(tests/core/test_*.py tests/ops/test_*.py tests/codegen/test_*.py tests/benchmarks/test_*.py)
 [ -d tests/fused ] && FILES+=(tests/fused/test_*.py)
+[ -d tests/decode ] && FILES+=(tests/decode/test_*.py)
 HALF1=(); HALF2=(); THIRD1=(); THIRD2=(); THIRD3=()
 for i in "${!FILES[@]}"; do
   if (( i % 2 )); then HALF2+=("${FILES[$i]}"); else HALF1+=("${FILES[$i]}"); fi

@@ -1,19 +1,23 @@
-"""gems-coverage bench --cuda-graphs: runs (on the CPU: the static-cache eager path), agrees, and refuses
-what it does not measure."""
+"""gems-coverage bench --cuda-graphs: runs (on the CPU: the static-cache eager path; under
+GEMS_TEST_DEVICE=cuda: graphs captured and replayed), agrees, and refuses what it does not measure."""
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
 
 from gems_coverage import bench as B
 
+# the active Gems backend serves one device type: the benches run on the suite's device
+DEVICE = os.environ.get("GEMS_TEST_DEVICE", "cpu")
+
 
 def test_bench_cuda_graphs_runs_and_agrees():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        r = B.bench("llama2", workload="decode", device="cpu", new_tokens=3, steps=1, warmup=1, seq_len=4,
-                    cuda_graphs=True)
+        r = B.bench("llama2", workload="decode", device=DEVICE, size="tiny", dtype="float32", new_tokens=3,
+                    steps=1, warmup=1, seq_len=4, cuda_graphs=True)
     assert r.agree and len(r.aten_ms) == 1 and len(r.gems_ms) == 1
     assert any("gems.decode.graphed" in n for n in r.notes)
 
@@ -23,7 +27,7 @@ def test_bench_cuda_graphs_runs_and_agrees():
 def test_bench_cuda_graphs_refuses(kw):
     import gems_models as M
     with pytest.raises(M.ModelError, match="--cuda-graphs"):
-        B.bench("llama2", device="cpu", cuda_graphs=True, **kw)
+        B.bench("llama2", device=DEVICE, cuda_graphs=True, **kw)
 
 
 @pytest.mark.parametrize("argv", [["llama2", "--cuda-graphs"],                               # prefill
