@@ -105,9 +105,9 @@ def _gated_fwd(G, U, Y, N, sG, sU, ncb, ACT: tl.constexpr, BLOCK: tl.constexpr):
 
 @kernel
 @triton.jit
-def _gated_bwd(DY, G, U, DG, DU, N, sDY, sG, sU, ncb, ACT: tl.constexpr, DO_DG: tl.constexpr,
+def _gated_bwd(DY, G, U, DG, DU, N, sDY, sG, sU, sD, ncb, ACT: tl.constexpr, DO_DG: tl.constexpr,
                DO_DU: tl.constexpr, BLOCK: tl.constexpr):
-    """dgate = dy * up * act'(gate), dup = dy * round(act(gate)), fp32 math.
+    """dgate = dy * up * act'(gate), dup = dy * round(act(gate)), fp32 math; sD: the gradients' row stride.
     Bytes per element: read dy, gate, up; write dgate and/or dup."""
     pid = tl.program_id(0)
     row = pid // ncb
@@ -119,10 +119,10 @@ def _gated_bwd(DY, G, U, DG, DU, N, sDY, sG, sU, ncb, ACT: tl.constexpr, DO_DG: 
     a, d = _act_and_grad(g, ACT)
     if DO_DG:
         u = tl.load(U + r * sU + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(DG + r * N + cols, (dy * u * d).to(DG.dtype.element_ty), mask=mask)
+        tl.store(DG + r * sD + cols, (dy * u * d).to(DG.dtype.element_ty), mask=mask)
     if DO_DU:
         a = a.to(G.dtype.element_ty).to(tl.float32)
-        tl.store(DU + r * N + cols, (dy * a).to(DU.dtype.element_ty), mask=mask)
+        tl.store(DU + r * sD + cols, (dy * a).to(DU.dtype.element_ty), mask=mask)
 
 
 # ------------------------------------------------------------------------------------ launch and autograd
@@ -209,9 +209,35 @@ def _gated_backward(dy, gate, up, act, do_dg, do_du):
     dyv, gv, uv = as_rows(dy, M, N), as_rows(gate, M, N), as_rows(up, M, N)
     rows, n, (sdy, sg, su) = _plan(shape, dyv, gv, uv)
     grid, ncb, block, nw = _geometry(rows, n, backend().name, gate.device.index or 0)
-    _gated_bwd[grid](dyv[0], gv[0], uv[0], dg, du, n, sdy, sg, su, ncb, act, int(do_dg), int(do_du),
+    _gated_bwd[grid](dyv[0], gv[0], uv[0], dg, du, n, sdy, sg, su, n, ncb, act, int(do_dg), int(do_du),
                      block, num_warps=nw)
     return dg, du
+
+
+def packed_forward(gate_up, act=0):
+    """act(gate) * up for one [M, 2I] projection output (gate columns first, as a fused gate/up weight
+    gives it) -> [M, I]: one launch, no autograd (callers that own their backward use packed_backward).
+    act: 0 SiLU, 1 GELU (erf), 2 GELU (tanh)."""
+    i = gate_up.shape[-1] // 2
+    return _gated_forward(gate_up[..., :i], gate_up[..., i:], act, "packed_forward")
+
+
+def packed_backward(dy, gate_up, act=0):
+    """The gradient of packed_forward: dy [M, I], gate_up [M, 2I] -> [M, 2I], d gate then d up, packed
+    as gate_up is (so it feeds the projection's backward GEMM as it is); one launch."""
+    if gate_up.stride(-1) != 1:
+        gate_up = gate_up.contiguous()
+    M, i2 = gate_up.shape
+    i = i2 // 2
+    d = empty((M, i2), gate_up.dtype, gate_up.device)
+    if d.numel():
+        gate, up = gate_up[:, :i], gate_up[:, i:]
+        if dy.stride(-1) != 1:
+            dy = dy.contiguous()
+        grid, ncb, block, nw = _geometry(M, i, backend().name, gate_up.device.index or 0)
+        _gated_bwd[grid](dy, gate, up, d, d[:, i:], i, dy.stride(0), gate_up.stride(0), gate_up.stride(0), i2,
+                         ncb, act, 1, 1, block, num_warps=nw)
+    return d
 
 
 def _no_graph(gate, up):

@@ -19,6 +19,10 @@ Algorithm (every step on the device; no host sync, no per-expert loop):
   one per weight gradient (grouped over experts, reducing over each expert's rows).
 Memory kept for the backward: the gate/up projections [S, 2I] and H [S, I] at the input dtype.
 
+Where torch's grouped GEMM is the faster GEMM (bf16 on Hopper, a [E, 2I, h] gate/up tensor: see
+moe_grouped.py), eager calls run the same algorithm with its six GEMMs from `torch._grouped_mm` and
+Gems' kernels around them; elsewhere, and under torch.compile, the Triton kernels below.
+
 Ids outside [0, E) select no expert (their slot contributes zero), as the reference's per-expert loop
 and transformers' expert-parallel sentinels. Dtypes: fp32, fp16, bf16 (the three hidden/weight tensors
 alike; topk_weights any float dtype, its gradient in its own dtype). float64 and tensors on a device the
@@ -32,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..runtime import backend
-from . import library
+from . import library, moe_grouped
 from .library import first, maybe
 from ..runtime.utils import cdiv, empty, next_pow2, zeros
 from .moe_kernels import down_bwd_kernel, gate_up_kernel, rows_mm_kernel, tile_table_kernel, wgrad_kernel
@@ -319,6 +323,8 @@ def moe_experts(hidden, topk_ids, topk_weights, w_gate_up, w_down):
         return reference_moe_experts(hidden, topk_ids, topk_weights, w_gate_up, w_down)
     if torch.compiler.is_compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
         return _MOE_OP(hidden, topk_ids, topk_weights, w_gate, w_up, w_down)[0]
+    if moe_grouped.usable(hidden, fused, w_down):   # bf16 on Hopper: torch's grouped GEMM is the faster GEMM
+        return moe_grouped.moe_experts(hidden, topk_ids, topk_weights, fused, w_down)
     tensors = (hidden, topk_weights, w_gate, w_up, w_down) if fused is None else (hidden, topk_weights, fused, w_down)
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
         return _forward(hidden, topk_ids, topk_weights, w_gate, w_up, w_down, False)[0]

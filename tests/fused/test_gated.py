@@ -166,3 +166,27 @@ def test_check_can_fail():
         check("gelu", [g, u], torch.float32, ours=lambda g, u: F.gelu_and_mul(g, u, approximate="tanh"))
     with pytest.raises(AssertionError):
         check("silu", [g.half(), u.half()], torch.float16, ours=lambda g, u: F.silu_and_mul(u, g))
+
+
+@dtype_params()
+@pytest.mark.parametrize("act", [0, 1, 2], ids=["silu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("rows", [1, 13] + ([4096] if ON_GPU else []))
+def test_packed(dtype, act, rows):
+    """packed_forward / packed_backward (no autograd; the MoE grouped path owns its backward): one
+    [M, 2I] projection output in, the gradient packed the same way out, against the reference's autograd."""
+    name = ["silu", "gelu", "gelu_tanh"][act]
+    ref_fn = ACTS[name][1]
+    gu = make((rows, 2 * 37), dtype)
+    dy = make((rows, 37), dtype)
+    y = gated.packed_forward(gu, act)
+    d = gated.packed_backward(dy, gu, act)
+
+    def ref(t):
+        t = t.detach().clone().requires_grad_()
+        out = ref_fn(*t.chunk(2, -1))
+        return out, torch.autograd.grad(out, t, to_ref(dy).to(out.dtype))[0]
+    ry, rd = ref(to_ref(gu))
+    ly, ld = ref(gu)
+    kw = FP32_TOL if dtype == torch.float32 else {}
+    assert d.shape == gu.shape and y.shape == dy.shape
+    assert_close((y, d), (ry, rd), dtype, None if dtype == torch.float32 else (ly, ld), msg=name, **kw)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gems.fused as F
-from gems.fused import moe
+from gems.fused import moe, moe_grouped
 from gems.patching.moe import GemsSparseMoeBlock, patch_moe_block
 from harness import DEVICE, ON_GPU, assert_close, count_launches, dtype_params, to_ref
 
@@ -43,9 +43,9 @@ def _run(fn, leaves_in, ids, need=None, view=None, seed=1):
     return y, (torch.autograd.grad(y, req, dy) if req else ())
 
 
-def check(leaves, ids, dtype, need=None, view=None):
+def check(leaves, ids, dtype, need=None, view=None, fn=F.moe_experts):
     """Ours vs the reference in float64 (and, for 16-bit dtypes, the reference at `dtype` for the 2x rule)."""
-    y, g = _run(F.moe_experts, leaves, ids, need, view)
+    y, g = _run(fn, leaves, ids, need, view)
     ry, rg = _run(moe.reference_moe_experts, [to_ref(t) for t in leaves], to_ref(ids), need, view)
     assert y.dtype == leaves[0].dtype and y.shape == ry.shape
     if dtype == torch.float32:
@@ -174,6 +174,46 @@ def test_rejects():
         F.moe_experts(x, ids, w, wgu, wd[:, :, :8])
     with pytest.raises(ValueError, match="2I"):
         F.moe_experts(x, ids, w, wgu[:, :31], wd)
+
+
+# the torch grouped-GEMM path (moe_grouped.py): what `moe_experts` runs for bf16 on Hopper. Called directly
+# here so the CPU suite checks its routing, combine and backward too (CPU torch has `_grouped_mm`); on the
+# GPU only bf16, which its CUDA kernels take
+GROUPED_DTYPES = [torch.bfloat16] if ON_GPU else [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", GROUPED_DTYPES, ids=str)
+@pytest.mark.parametrize("case", [(1, 32, 48, 1), (37, 32, 48, 2), (19, 40, 24, 2), (64, 48, 32, 2)]
+                         + ([(1000, 512, 1408, 2), (2048, 256, 384, 8, 64)] if ON_GPU else []), ids=str)
+def test_grouped_path(dtype, case):
+    T, h, I, k, *e = case
+    leaves, ids = _inputs(T, h, I, k, dtype, *e)
+    ids = ids.clone()
+    ids[5::5, 0] = -1                # ids outside [0, E): no expert; expert 3 has no token
+    ids[1::7, -1] = e[0] if e else E
+    y, g = check(leaves, ids, dtype, fn=moe_grouped.moe_experts)
+    assert torch.count_nonzero(g[2][3]) == 0 and torch.count_nonzero(g[3][3]) == 0
+
+
+@pytest.mark.parametrize("need", [(True, False, False, False), (False, True, False, False),
+                                  (False, False, True, False), (False, False, False, True)], ids=str)
+def test_grouped_path_some_grads_and_strides(need):
+    dtype = GROUPED_DTYPES[0]
+    leaves, ids = _inputs(29, 32, 40, 2, dtype)
+
+    def view(x, w, wgu, wd):      # a transposed hidden and column-sliced routing weights
+        return x.t().contiguous().t(), w, wgu, wd
+    check(leaves, ids, dtype, need=list(need), view=view, fn=moe_grouped.moe_experts)
+
+
+def test_grouped_path_is_picked_for_bf16_on_hopper():
+    leaves, ids = _inputs(8, 32, 48, 2, torch.bfloat16)
+    x, w, wgu, wd = leaves
+    hopper = ON_GPU and torch.cuda.get_device_capability()[0] == 9
+    assert moe_grouped.usable(x, wgu, wd) == (hopper and hasattr(torch, "_grouped_mm"))
+    assert not moe_grouped.usable(x.float(), wgu.float(), wd.float())
+    assert not moe_grouped.usable(x, None, wd)                    # a (gate, up) pair: the Triton kernels
+    assert not moe_grouped.usable(x[:, :30], wgu[:, :, :30], wd[:, :30])    # rows not 16-byte aligned
 
 
 @pytest.mark.skipif(not ON_GPU, reason="host synchronization is a CUDA notion")
