@@ -170,6 +170,9 @@ if want families; then
   bench gpt2m_train_patched_ln "$C/gpt2-medium.json" train --batch 8 --seq-len 1024 --steps 5 --patch-options layer_norm=on
   bench qwen3_decode_patched "$C/qwen3-1.7b.json" decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 --patch
   bench mixtral4l_train_patched "$C/mixtral-4l.json" train --batch 4 --seq-len 1024 --steps 5 --patch
+  # the experts' GEMMs through torch's grouped GEMM, Gems' kernels around them (opt-in until measured)
+  bench mixtral4l_train_patched_torch_gemm "$C/mixtral-4l.json" train --batch 4 --seq-len 1024 --steps 5 \
+    --patch-options moe_torch_gemm=on
   bench llama1b_train_patch_compile llama-1.1b train --batch 4 --seq-len 1024 --steps 5 --patch --compile
   bench llama1b_train_compile llama-1.1b train --batch 4 --seq-len 1024 --steps 5 --compile
 fi

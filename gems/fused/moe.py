@@ -19,9 +19,10 @@ Algorithm (every step on the device; no host sync, no per-expert loop):
   one per weight gradient (grouped over experts, reducing over each expert's rows).
 Memory kept for the backward: the gate/up projections [S, 2I] and H [S, I] at the input dtype.
 
-Where torch's grouped GEMM is the faster GEMM (bf16 on Hopper, a [E, 2I, h] gate/up tensor: see
-moe_grouped.py), eager calls run the same algorithm with its six GEMMs from `torch._grouped_mm` and
-Gems' kernels around them; elsewhere, and under torch.compile, the Triton kernels below.
+With gemm="torch" (bf16 on Hopper, a [E, 2I, h] gate/up tensor: see moe_grouped.py), eager calls run the
+same algorithm with its six GEMMs from `torch._grouped_mm` and Gems' kernels around them. On an H200,
+ATen's `_grouped_mm` ran a Mixtral-4l layer's six expert GEMMs (4096 tokens, top-2 of 8, h 2048, I 5632)
+in 2.6 ms; the Triton kernels below took 1.4 ms forward and 4.2 ms backward.
 
 Ids outside [0, E) select no expert (their slot contributes zero), as the reference's per-expert loop
 and transformers' expert-parallel sentinels. Dtypes: fp32, fp16, bf16 (the three hidden/weight tensors
@@ -311,10 +312,14 @@ _MOE_OP = library.define(
     backward=_moe_grads, setup_context=_moe_save)
 
 
-def moe_experts(hidden, topk_ids, topk_weights, w_gate_up, w_down):
+def moe_experts(hidden, topk_ids, topk_weights, w_gate_up, w_down, *, gemm: str = "triton"):
     """Routed SwiGLU experts: hidden [T, h], topk_ids / topk_weights [T, k], w_gate_up [E, 2I, h] or a pair
     ([E, I, h], [E, I, h]), w_down [E, h, I] -> [T, h] at hidden's dtype. Differentiable in hidden,
-    topk_weights and the weights (grouped-GEMM kernels; see the module docstring)."""
+    topk_weights and the weights (grouped-GEMM kernels; see the module docstring).
+    gemm: "triton" (Gems' grouped-GEMM kernels) or "torch" (torch's grouped GEMM where moe_grouped.usable
+    says it runs: bf16 on Hopper, a [E, 2I, h] gate/up tensor; the Triton kernels elsewhere)."""
+    if gemm not in ("triton", "torch"):
+        raise ValueError(f"moe_experts: gemm must be 'triton' or 'torch', got {gemm!r}")
     w_gate, w_up, fused = _split(w_gate_up)
     if not _check(hidden, topk_ids, topk_weights, w_gate, w_up, w_down):
         return reference_moe_experts(hidden, topk_ids, topk_weights, w_gate_up, w_down)
@@ -323,7 +328,7 @@ def moe_experts(hidden, topk_ids, topk_weights, w_gate_up, w_down):
         return reference_moe_experts(hidden, topk_ids, topk_weights, w_gate_up, w_down)
     if torch.compiler.is_compiling():   # one opaque node for Dynamo; eager keeps the cheaper Function (library.py)
         return _MOE_OP(hidden, topk_ids, topk_weights, w_gate, w_up, w_down)[0]
-    if moe_grouped.usable(hidden, fused, w_down):   # bf16 on Hopper: torch's grouped GEMM is the faster GEMM
+    if gemm == "torch" and moe_grouped.usable(hidden, fused, w_down):
         return moe_grouped.moe_experts(hidden, topk_ids, topk_weights, fused, w_down)
     tensors = (hidden, topk_weights, w_gate, w_up, w_down) if fused is None else (hidden, topk_weights, fused, w_down)
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):

@@ -1,6 +1,6 @@
 """Routed SwiGLU experts through torch's grouped GEMM (`torch._grouped_mm`: CUTLASS on Hopper), with
-Gems' kernels for everything around the six GEMMs. `moe.py` picks this path where it is faster than its
-own Triton grouped GEMMs (see `usable`); the math is `moe.reference_moe_experts`'.
+Gems' kernels for everything around the six GEMMs: `moe.moe_experts(..., gemm="torch")` where `usable`
+says it runs; the math is `moe.reference_moe_experts`'.
 
 Rows. The S = T * k (token, slot) pairs are sorted by expert id (stable; ids outside [0, E) are sent to the
 end as the sentinel E). Sorted row r is slot Perm[r] = t * k + j, token Perm[r] // k; slot s sits at row

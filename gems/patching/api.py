@@ -11,7 +11,7 @@ from .report import PatchReport
 from .walk import TESTED, Patcher
 
 OPTIONS = ("rms_norm", "rope", "swiglu", "cross_entropy", "fused_linear_cross_entropy", "layer_norm", "encoder_layer",
-           "moe", "activation")
+           "moe", "moe_torch_gemm", "activation")
 SUPPORTED = TESTED      # the families checked one by one in the tests; any other model is walked the same way
 _ATTR = "_gems_patch"
 # a report's entry -> the gems.fused ops its replacement calls
@@ -45,7 +45,8 @@ def _check_ops(report: PatchReport):
 
 def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = True, cross_entropy: bool = True,
           fused_linear_cross_entropy: bool = True, layer_norm: bool = False, encoder_layer: bool = True,
-          moe: bool = True, activation: bool = True, strict: bool = False) -> PatchReport:
+          moe: bool = True, moe_torch_gemm: bool = False, activation: bool = True,
+          strict: bool = False) -> PatchReport:
     """Replace, in place, the parts of a model that `gems.fused` serves and that are proven to compute
     what the model's own modules compute (see the package docstring, gems/patching/__init__.py); returns
     a PatchReport (also kept as ``model._gems_patch`` until `unpatch`). Parts recognized but not proven
@@ -62,6 +63,10 @@ def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
     (gems/patching/bert_layer.py says when it steps aside).
 
     `moe`: sparse-MoE blocks through gems/patching/moe.py where it is installed and takes the block.
+    `moe_torch_gemm`: their experts' six GEMMs through torch's grouped GEMM (bf16 on Hopper; Gems' kernels
+    around them: gems/fused/moe_grouped.py) instead of Gems' Triton grouped GEMMs. Off by default: it has
+    not yet been timed in a model on a GPU, only ATen's own use of that GEMM has (faster than the Triton
+    kernels, docs/perf.md).
 
     `activation`: an activation module computing SiLU, GELU or GELU-tanh from several torch operations
     (GPT-2's gelu_new: eight kernels forward, each rounding to the model's dtype) runs the one torch
@@ -69,7 +74,8 @@ def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
     under gems.enable()."""
     opts = _options(dict(rms_norm=rms_norm, rope=rope, swiglu=swiglu, cross_entropy=cross_entropy,
                          fused_linear_cross_entropy=fused_linear_cross_entropy, layer_norm=layer_norm,
-                         encoder_layer=encoder_layer, moe=moe, activation=activation))
+                         encoder_layer=encoder_layer, moe=moe, moe_torch_gemm=moe_torch_gemm,
+                         activation=activation))
     if not isinstance(model, nn.Module):
         raise TypeError(f"gems.patch takes a torch.nn.Module, got {type(model).__name__}")
     prev = model.__dict__.get(_ATTR)

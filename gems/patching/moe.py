@@ -40,11 +40,12 @@ class GemsSparseMoeBlock(nn.Module):
     Same submodules (`gate`, `experts`) and so the same Parameters; returns what the block returns (the
     hidden states; router logits are recorded from `gate`, which runs as before)."""
 
-    def __init__(self, block, family: str):
+    def __init__(self, block, family: str, gemm: str = "triton"):
         super().__init__()
         for name, sub in block._modules.items():     # the block's order: named_parameters() lists the same
             setattr(self, name, sub)
         self.family = family
+        self.gemm = gemm
         self.top_k = block.gate.top_k
         self.jitter_noise = getattr(block, "jitter_noise", 0.0) if family == "mixtral" else 0.0
         self.train(block.training)
@@ -58,12 +59,13 @@ class GemsSparseMoeBlock(nn.Module):
         hidden_states = hidden_states.view(-1, hidden_dim)
         _, top_k_weights, top_k_index = self.gate(hidden_states)
         out = F.moe_experts(hidden_states, top_k_index, top_k_weights, self.experts.gate_up_proj,
-                            self.experts.down_proj)
+                            self.experts.down_proj, gemm=self.gemm)
         return out.reshape(batch_size, sequence_length, hidden_dim)
 
     def extra_repr(self):
         e = self.experts
-        return f"{self.family}, experts={e.gate_up_proj.shape[0]}, top_k={self.top_k}, gems.fused.moe_experts"
+        return (f"{self.family}, experts={e.gate_up_proj.shape[0]}, top_k={self.top_k}, gems.fused.moe_experts "
+                f"(gemm={self.gemm})")
 
 
 def _classes(family):
@@ -101,8 +103,9 @@ def _silu(act):
     return type(act) in (activations.SiLUActivation, nn.SiLU)
 
 
-def patch_moe_block(module) -> nn.Module | None:
-    """A `GemsSparseMoeBlock` computing what `module` computes, or None (see the module docstring)."""
+def patch_moe_block(module, gemm: str = "triton") -> nn.Module | None:
+    """A `GemsSparseMoeBlock` computing what `module` computes, or None (see the module docstring); gemm:
+    moe_experts' GEMM choice."""
     family = _family(module)
     if family is None:
         return None
@@ -135,4 +138,4 @@ def patch_moe_block(module) -> nn.Module | None:
         return None
     if family == "mixtral" and getattr(module, "top_k", gate.top_k) != gate.top_k:
         return None
-    return GemsSparseMoeBlock(module, family)
+    return GemsSparseMoeBlock(module, family, gemm)

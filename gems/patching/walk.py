@@ -162,7 +162,7 @@ class Patcher:
                 self.done.add(id(child))
                 if self.foreign(child, qual):
                     continue
-                new = patch_moe_block(child)
+                new = patch_moe_block(child, "torch" if self.opts["moe_torch_gemm"] else "triton")
                 if new is None:
                     self.r.leave(qual, "moe", "patch_moe_block does not handle this block")
                     continue

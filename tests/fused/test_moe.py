@@ -206,11 +206,21 @@ def test_grouped_path_some_grads_and_strides(need):
     check(leaves, ids, dtype, need=list(need), view=view, fn=moe_grouped.moe_experts)
 
 
-def test_grouped_path_is_picked_for_bf16_on_hopper():
+def test_grouped_path_is_picked_for_bf16_on_hopper(monkeypatch):
     leaves, ids = _inputs(8, 32, 48, 2, torch.bfloat16)
     x, w, wgu, wd = leaves
     hopper = ON_GPU and torch.cuda.get_device_capability()[0] == 9
     assert moe_grouped.usable(x, wgu, wd) == (hopper and hasattr(torch, "_grouped_mm"))
+    calls = []
+    monkeypatch.setattr(moe_grouped, "usable", lambda *a: True)
+    monkeypatch.setattr(moe_grouped, "moe_experts", lambda *a: calls.append(a) or a[0])
+    F.moe_experts(x, ids, w, wgu, wd)
+    assert not calls                                          # the default: Gems' Triton kernels
+    F.moe_experts(x, ids, w, wgu, wd, gemm="torch")
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="gemm"):
+        F.moe_experts(x, ids, w, wgu, wd, gemm="cublas")
+    monkeypatch.undo()
     assert not moe_grouped.usable(x.float(), wgu.float(), wd.float())
     assert not moe_grouped.usable(x, None, wd)                    # a (gate, up) pair: the Triton kernels
     assert not moe_grouped.usable(x[:, :30], wgu[:, :, :30], wd[:, :30])    # rows not 16-byte aligned
@@ -300,6 +310,22 @@ def test_patched_model_router_logits(family):
     assert len(out.router_logits) == len(ref.router_logits) == 1
     assert_close((out.logits, out.router_logits[0], out.aux_loss, out.loss),
                  (ref.logits, ref.router_logits[0], ref.aux_loss, ref.loss), torch.float32, rtol=1e-5, atol=1e-5)
+
+
+def test_patch_option_picks_the_torch_gemm(monkeypatch):
+    """gems.patch(model, moe_torch_gemm=True): the patched blocks call moe_experts with gemm="torch"."""
+    import gems
+    from transformers import MixtralForCausalLM
+    model = MixtralForCausalLM(_config("mixtral", num_hidden_layers=2)).to(DEVICE)
+    seen = []
+    real = F.moe_experts
+    monkeypatch.setattr(F, "moe_experts", lambda *a, **kw: seen.append(kw.get("gemm")) or real(*a, **kw))
+    ids = torch.randint(0, 64, (1, 5), device=DEVICE)
+    for on in (False, True):
+        with gems.patched(model, moe_torch_gemm=on) as report:
+            assert report.options["moe_torch_gemm"] is on and report.counts()["moe"] == 2
+            model(input_ids=ids)
+    assert seen == ["triton", "triton", "torch", "torch"]
 
 
 def test_mixtral_jitter_in_training():
