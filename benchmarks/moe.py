@@ -9,6 +9,8 @@ experts module, forward and forward+backward, at Mixtral-like shapes reduced in 
 
 Columns (median ms, `triton.testing.do_bench` on the GPU; a median of a few runs on the CPU):
   gems     `gems.fused.moe_experts` (Gems' ATen ops not enabled: the sort and sums are ATen's)
+  gems_tgmm  the same with gemm="torch": torch's grouped GEMM with Gems' kernels around it (bf16 on
+           Hopper; elsewhere it is the gems column again)
   loop     `gems.fused.moe.reference_moe_experts`, the per-expert loop (one host sync per expert)
   hf       transformers' `MixtralExperts` forward with `_experts_implementation="eager"` (its loop)
   hf_gmm   the same module with "grouped_mm" (torch._grouped_mm where the GPU has it); "-" where it fails
@@ -165,6 +167,7 @@ def main(argv=None):
         patched = patch_moe_block(block)
         impls = {
             "gems": lambda x, w, a, b: F.moe_experts(x, ids, w, a, b),
+            "gems_tgmm": lambda x, w, a, b: F.moe_experts(x, ids, w, a, b, gemm="torch"),
             "loop": lambda x, w, a, b: reference_moe_experts(x, ids, w, a, b),
             "hf": lambda x, w, a, b: ex(x, ids, w),
             "hf_gmm": (lambda x, w, a, b: gmm_block.experts(x, ids, w)) if gmm_block is not None else None,
@@ -203,6 +206,9 @@ def main(argv=None):
                     row[f"{impl}_error"] = f"{type(e).__name__}: {e}"[:200]
             g, lp = res["gems"], res["loop"]
             row["err"] = _err(g[0], lp[0]) if not grad else max(_err(a, b) for a, b in zip(g[1], lp[1]))
+            t = res.get("gems_tgmm")
+            if t is not None:
+                row["err_tgmm"] = _err(t[0], lp[0]) if not grad else max(_err(a, b) for a, b in zip(t[1], lp[1]))
             flops = (18 if grad else 6) * T * k * h * c["I"]
             row["gems_tflops"] = flops / (row["gems_ms"] * 1e-3) / 1e12
             rows.append(row)
@@ -210,13 +216,14 @@ def main(argv=None):
 
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
-    cols = ("gems", "loop", "hf", "hf_gmm", "block", "blk_gems")
-    hdr = f"{'case':34} {'mode':8} " + " ".join(f"{c + ' ms':>11}" for c in cols) + f" {'TFLOP/s':>8} {'err':>8}"
+    cols = ("gems", "gems_tgmm", "loop", "hf", "hf_gmm", "block", "blk_gems")
+    hdr = f"{'case':34} {'mode':8} " + " ".join(f"{c + ' ms':>11}" for c in cols) + f" {'TFLOP/s':>8} {'err':>8}" \
+        + f" {'err tgmm':>8}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r['case']:34} {r['mode']:8} " + " ".join(f(r.get(c + '_ms'), '11.3f') for c in cols)
-              + f" {f(r['gems_tflops'], '8.1f')} {f(r['err'], '8.1e')}")
+              + f" {f(r['gems_tflops'], '8.1f')} {f(r['err'], '8.1e')} {f(r.get('err_tgmm'), '8.1e')}")
     for r in rows:
         for c in cols:
             if f"{c}_error" in r:
