@@ -181,6 +181,9 @@ if want decode; then
   # static-cache steps; transformers' own compiled static decode is reported in the notes
   bench llama2_decode_graphs llama2 decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 --cuda-graphs
   bench llama2_decode_graphs_patched llama2 decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 --cuda-graphs --patch
+  # q/k/v and gate/up as one GEMM each (gems.patch's pack_projections, opt-in until measured)
+  bench llama2_decode_graphs_packed llama2 decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 --cuda-graphs \
+    --patch-options pack_projections=on
   bench llama2_decode_graphs_b8 llama2 decode --seq-len 128 --new-tokens 64 --batch 8 --steps 2 --warmup 1 --cuda-graphs --patch
 fi
 if want fuzz; then

@@ -164,7 +164,7 @@ def _run(q, k, cos, sin, unsqueeze_dim, backward, out_strides=None, interleaved=
     return qo, ko
 
 
-def _check(q, k, cos, sin, unsqueeze_dim):
+def _check(q, k, cos, sin, unsqueeze_dim, dtypes=_DTYPES):
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"rope: {name} must be a tensor, got {type(t).__name__}")
@@ -175,8 +175,9 @@ def _check(q, k, cos, sin, unsqueeze_dim):
         ud += 4
     if ud not in (1, 2):
         raise ValueError(f"rope: unsqueeze_dim must be 1 (q [B, H, S, D]) or 2 (q [B, S, H, D]), got {unsqueeze_dim}")
-    if q.dtype not in _DTYPES or k.dtype != q.dtype:
-        raise TypeError(f"rope: q and k must share a dtype among float32/float16/bfloat16, got {q.dtype} and {k.dtype}")
+    if q.dtype not in dtypes or k.dtype != q.dtype:
+        raise TypeError(f"rope: q and k must share a dtype among float32/float16/bfloat16 (float64: the reference), "
+                        f"got {q.dtype} and {k.dtype}")
     if not cos.is_floating_point() or not sin.is_floating_point():
         raise TypeError(f"rope: cos and sin must be floating point, got {cos.dtype} and {sin.dtype}")
     if not (q.device == k.device == cos.device == sin.device):
@@ -274,6 +275,9 @@ def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, interleaved=False):
         if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
             return reference_rope(q, k, cos, sin, None, unsqueeze_dim, interleaved)
         return _ROPE_OP(q, k, cos, sin, unsqueeze_dim, interleaved)
+    if getattr(q, "dtype", None) == torch.float64:   # as the other fused ops: float64 runs the reference
+        _check(q, k, cos, sin, unsqueeze_dim, dtypes=(torch.float64,))
+        return reference_rope(q, k, cos, sin, None, unsqueeze_dim, interleaved)
     if not getattr(q, "is_cuda", True) and q.device.type != library.device_type():
         # a model left on a device the backend does not launch on (the CPU beside a GPU)
         _check(q, k, cos, sin, unsqueeze_dim)

@@ -36,7 +36,9 @@ composite activation   a module without parameters computing SiLU / GELU / GELU-
                        operations (GPT-2's ``gelu_new``, ``gelu_fast``) -> the one operator
                        (``F.gelu(x, approximate="tanh")``), proven on a probe input (``activation``)
 sparse-MoE block       ``experts`` beside a router -> gems/patching/moe.py's ``patch_moe_block``
-                       (``moe``), when it is present and takes the block; else left
+                       (``moe``), when it is present and takes the block; else left. Its experts'
+                       GEMMs: Gems' Triton grouped GEMMs, or torch's (``moe_torch_gemm=True``, bf16 on
+                       Hopper, opt-in)
 causal LM loss         an ``lm_head`` Linear whose forward calls ``loss_function`` (ForCausalLMLoss):
                        the loss -> ``cross_entropy``; with labels in training mode, where the logits are
                        exactly lm_head(the base model's last hidden state) and the loss is the loss
@@ -55,6 +57,10 @@ BERT layer (per       each layer whose forward and submodules' forwards are ``Be
 family)                (BERT, RoBERTa) -> one function computing the same without its 16 submodule
                        calls, query/key/value as one GEMM (``encoder_layer``; checked per call:
                        gems/patching/bert_layer.py)
+``pack_projections``   sibling ``nn.Linear``s reading one input (``q_proj``/``k_proj``/``v_proj``,
+(opt-in)               ``gate_proj``/``up_proj``): their weights as rows of one tensor, one GEMM for the
+                       group in calls that record no gradient, each its own otherwise
+                       (gems/patching/packed.py: the separate Linears' results whatever calls them)
 =====================  ============================================================================
 
 Tested family by family (tests/fused/test_families.py, ``SUPPORTED``): llama, mistral, qwen2, qwen3,
@@ -77,7 +83,8 @@ The package, by job: `api.py` (patch / unpatch / patched: the options, strict, t
 `walk.py` (the walk over a model's modules that recognizes what to replace), `probes.py` (the checks that
 prove a replacement equivalent), `modules.py` (the replacement modules and forwards),
 `losses.py` (the causal-LM and masked-LM losses), `bert_layer.py` (BERT's encoder layer as one
-function), `report.py` (what was replaced, and how to undo it).
+function), `moe.py` (sparse-MoE blocks), `packed.py` (sibling Linears as one GEMM), `report.py` (what was
+replaced, and how to undo it).
 """
 from .api import OPTIONS, SUPPORTED, patch, patched, unpatch
 from .report import PatchReport

@@ -11,14 +11,14 @@ from .report import PatchReport
 from .walk import TESTED, Patcher
 
 OPTIONS = ("rms_norm", "rope", "swiglu", "cross_entropy", "fused_linear_cross_entropy", "layer_norm", "encoder_layer",
-           "moe", "moe_torch_gemm", "activation")
+           "moe", "moe_torch_gemm", "activation", "pack_projections")
 SUPPORTED = TESTED      # the families checked one by one in the tests; any other model is walked the same way
 _ATTR = "_gems_patch"
 # a report's entry -> the gems.fused ops its replacement calls
 _OPS = {"rms_norm": ("rms_norm",), "add_rms_norm": ("add_rms_norm",), "silu_and_mul": ("silu_and_mul",),
         "gelu_and_mul": ("gelu_and_mul",), "rope": ("rope",), "cross_entropy": ("cross_entropy",),
         "fused_linear_cross_entropy": ("fused_linear_cross_entropy",), "layer_norm": ("layer_norm",),
-        "add_layer_norm": ("add_layer_norm",), "encoder_layer": (), "activation": ()}
+        "add_layer_norm": ("add_layer_norm",), "encoder_layer": (), "activation": (), "packed_linear": ()}
 
 
 def _model_type(model) -> str:
@@ -46,7 +46,7 @@ def _check_ops(report: PatchReport):
 def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = True, cross_entropy: bool = True,
           fused_linear_cross_entropy: bool = True, layer_norm: bool = False, encoder_layer: bool = True,
           moe: bool = True, moe_torch_gemm: bool = False, activation: bool = True,
-          strict: bool = False) -> PatchReport:
+          pack_projections: bool = False, strict: bool = False) -> PatchReport:
     """Replace, in place, the parts of a model that `gems.fused` serves and that are proven to compute
     what the model's own modules compute (see the package docstring, gems/patching/__init__.py); returns
     a PatchReport (also kept as ``model._gems_patch`` until `unpatch`). Parts recognized but not proven
@@ -71,11 +71,16 @@ def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
     `activation`: an activation module computing SiLU, GELU or GELU-tanh from several torch operations
     (GPT-2's gelu_new: eight kernels forward, each rounding to the model's dtype) runs the one torch
     operator instead (F.gelu(x, approximate="tanh")), proven on a probe input; Gems' kernel serves it
-    under gems.enable()."""
+    under gems.enable().
+
+    `pack_projections`: sibling Linears that read one input (q/k/v projections, gate/up) as one GEMM in
+    calls that record no gradient (inference, decode): their weights become views of one tensor
+    (gems/patching/packed.py; unpatch before `save_pretrained`, which refuses shared storage). Off by
+    default until it is timed on a GPU: it targets batch-1 decode, where each GEMM's start costs."""
     opts = _options(dict(rms_norm=rms_norm, rope=rope, swiglu=swiglu, cross_entropy=cross_entropy,
                          fused_linear_cross_entropy=fused_linear_cross_entropy, layer_norm=layer_norm,
                          encoder_layer=encoder_layer, moe=moe, moe_torch_gemm=moe_torch_gemm,
-                         activation=activation))
+                         activation=activation, pack_projections=pack_projections))
     if not isinstance(model, nn.Module):
         raise TypeError(f"gems.patch takes a torch.nn.Module, got {type(model).__name__}")
     prev = model.__dict__.get(_ATTR)

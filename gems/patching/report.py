@@ -46,7 +46,7 @@ class PatchReport:
 
     __str__ = summary
 
-    # undo records: ("module", parent, name, original) | ("attr", obj, name, had, old)
+    # undo records: ("module", parent, name, original) | ("attr", obj, name, had, old) | ("call", fn)
     def log_module(self, parent, name: str, old):
         """Record that `parent._modules[name]` held `old` before it was replaced."""
         self._undo.append(("module", parent, name, old))
@@ -55,12 +55,18 @@ class PatchReport:
         """Record `obj.__dict__[name]` (or its absence) before it is set."""
         self._undo.append(("attr", obj, name, name in obj.__dict__, obj.__dict__.get(name)))
 
+    def log_call(self, fn):
+        """Record a function that undoes a change no attribute holds (Parameters' storage layout)."""
+        self._undo.append(("call", fn))
+
     def undo(self):
         """Put back every recorded module and attribute, newest first: the exact original objects."""
         for rec in reversed(self._undo):
             if rec[0] == "module":
                 _, parent, name, old = rec
                 parent._modules[name] = old
+            elif rec[0] == "call":
+                rec[1]()
             else:
                 _, obj, name, had, old = rec
                 if had:

@@ -22,6 +22,7 @@ import types
 from torch import nn
 
 from . import probes
+from .packed import GROUPS, Pack, first_forward, packable, sibling_forward
 from .losses import causal_lm_forward, causal_lm_loss, masked_lm_forward
 from .modules import (ACT_FORWARDS, MLP_FORWARDS, GemsLayerNorm, GemsRMSNorm, bert_output_forward, clip_layer_forward,
                       decoder_layer_forward, gpt2_block_forward, rope_forward)
@@ -92,6 +93,8 @@ class Patcher:
                 kind = probes.composite_activation(mod)
                 if kind is not None and self.set_forward(mod, ACT_FORWARDS[kind], name):
                     self.r.add("activation", name)
+        if o["pack_projections"]:
+            self.patch_packed(mods)
         if o["rms_norm"]:
             self._replace(root, prefix, probes.looks_like_rms_norm, self.rms_replacement, "rms_norm")
             self.patch_decoder_layers(root, prefix)
@@ -139,6 +142,30 @@ class Patcher:
                 self.r.leave(name, "add_rms_norm", "its post-attention norm was not replaced")
             elif self.set_forward(mod, decoder_layer_forward, name):
                 self.r.add("add_rms_norm", name)
+
+    def patch_packed(self, mods):
+        """Sibling Linears reading one input (q/k/v, gate/up) as one GEMM when no gradient is recorded
+        (packed.py: any calling code gets the separate Linears' results)."""
+        for name, mod in mods:
+            for group in GROUPS:
+                lins = [mod._modules.get(n) for n in group]
+                if not all(isinstance(m, nn.Module) for m in lins) or any(id(m) in self.done for m in lins):
+                    continue
+                what = "+".join(group)
+                if any(self.foreign(m, f"{name}.{n}") for m, n in zip(lins, group)):
+                    continue
+                why = packable(lins)
+                if why is not None:
+                    self.r.leave(name, "packed_linear", f"{what}: {why}", strict=False)
+                    continue
+                pack = Pack(lins)
+                self.r.log_call(pack.unpack)
+                for i, m in enumerate(lins):
+                    self.done.add(id(m))
+                    self.set_attr(m, "_gems_pack", pack)
+                    self.set_attr(m, "_gems_pack_index", i)
+                    self.set_attr(m, "forward", types.MethodType(first_forward if i == 0 else sibling_forward, m))
+                self.r.add("packed_linear", f"{name}: {what}" if name else what)
 
     def patch_moe(self, root, prefix):
         """Sparse-MoE blocks (experts beside a router) through gems/patching/moe.py's patch_moe_block,

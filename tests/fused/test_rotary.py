@@ -144,6 +144,10 @@ def test_rope_bad_inputs():
         rope(q[0], k, cos, sin)
     with pytest.raises(TypeError, match="dtype"):
         rope(q.double(), k, cos, sin)
+    # float64 q and k (a model moved to float64) run the reference, as the other fused ops
+    got = rope(q.double(), k.double(), cos, sin)
+    want = reference_rope(q.double(), k.double(), cos, sin)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
     with pytest.raises(TypeError, match="cos must be a tensor"):
         rope(q.requires_grad_(), k, 1.0, sin)
     q.requires_grad_(False)
