@@ -170,13 +170,15 @@ def test_ungraphed_restores_exactly():
     assert D.ungraphed(model) is False
 
 
-def test_composes_with_patch_and_enable():
-    """gems.patch, then graphed, with Gems' ATen ops on: the tokens of the plain model; undone in reverse."""
+@pytest.mark.parametrize("pack", [False, True], ids=["", "pack_projections"])
+def test_composes_with_patch_and_enable(pack):
+    """gems.patch (also with q/k/v and gate/up packed), then graphed, with Gems' ATen ops on: the tokens of
+    the plain model; undone in reverse."""
     model = tiny_llama()
     ids = prompt(2, 6)
     ref = gen(model, ids, 8)
     before_dict, _ = snapshot(model)
-    gems.patch(model)
+    gems.patch(model, pack_projections=pack)
     patched_forward = model.__dict__.get("forward")
     D.graphed(model, max_batch=2, max_cache_len=64)
     try:
@@ -226,13 +228,16 @@ cuda_only = pytest.mark.skipif(not ON_GPU, reason="CUDA graphs: GEMS_TEST_DEVICE
 
 
 @cuda_only
-@pytest.mark.parametrize("gems_on", [False, True], ids=["aten", "gems"])
+@pytest.mark.parametrize("gems_on", [False, True, "packed"], ids=["aten", "gems", "gems-packed"])
 def test_cuda_replay_matches_eager(gems_on):
     """32 tokens: graphed decode's tokens equal the eager static-cache decode's, in fp32, with and
-    without Gems' ATen ops; every one-token step after the first capture is a replay."""
+    without Gems' ATen ops (and with gems.patch's packed projections); every one-token step after the
+    first capture is a replay."""
     import contextlib
     from gems.decode.timing import generate_greedy
     model = tiny_llama()
+    if gems_on == "packed":
+        gems.patch(model, pack_projections=True)
     ids = prompt(2, 9)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     scope = gems.use_gems() if gems_on else contextlib.nullcontext()
