@@ -160,11 +160,8 @@ class Timer:
 
 def copy_roof_gbps(timer):
     """Device-to-device copy bandwidth (bytes read + written): the roof a weight stream can reach."""
-    import torch
-    x = torch.empty(2**29, device="cuda", dtype=torch.uint8)   # 512 MiB, far beyond L2
-    y = torch.empty_like(x)
-    ms = timer(lambda: y.copy_(x))
-    return 2 * x.numel() / ms / 1e6
+    from gems.decode.timing import copy_roof_gbps as roof
+    return roof("cuda", timer)
 
 
 def run_case(case, dev, dt, timer, roof, rounds=1):

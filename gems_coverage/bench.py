@@ -555,6 +555,7 @@ def graphed_decode(res: BenchResult, bundle, new_tokens, warmup, steps, include,
                   "generate's own per-step work included; ATen: static cache, eager steps (disable_compile); "
                   f"Gems: gems.decode.graphed ({counts}); no per-op attribution (a graph replay is one launch)",
                   f"Gems, eager steps on the static cache (no graphs): {med(gems_eager)} ms/token"]
+    hf = None
     if res.meaningful:
         gems.disable()
         progress("cuda graphs: transformers' compiled static-cache decode (ATen)")
@@ -564,6 +565,18 @@ def graphed_decode(res: BenchResult, bundle, new_tokens, warmup, steps, include,
                              f"ATen): {med(hf)} ms/token")
         except Exception as e:  # noqa: BLE001 -- a peer that does not compile is reported, not fatal
             res.notes.append(f"peer, transformers' compiled static-cache decode: failed ({type(e).__name__}: {e})")
+    if inputs["input_ids"].is_cuda:
+        res.notes.append(_roof_note(m, {"Gems": res.gems_ms, "ATen": res.aten_ms, "transformers compiled": hf}))
+
+
+def _roof_note(model, runs: dict) -> str:
+    """Each set-up's ms per token as a share of the copy bandwidth: a decode step reads every weight once."""
+    from gems.decode.timing import copy_roof_gbps, weight_bytes
+    gb, roof = weight_bytes(model) / 1e9, copy_roof_gbps()
+    shares = [f"{name} {gb / (sorted(ms)[len(ms) // 2] * 1e-3):.0f} GB/s "
+              f"({gb / (sorted(ms)[len(ms) // 2] * 1e-3) / roof:.0%})" for name, ms in runs.items() if ms]
+    return (f"read roof: a step reads {gb:.2f} GB of weights; this GPU copies {roof:.0f} GB/s (a 512 MiB "
+            f"device copy); weights read per second: " + ", ".join(shares))
 
 
 def _agreement(wl: Workload, dtype, progress) -> list:

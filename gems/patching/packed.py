@@ -13,6 +13,7 @@ the weights exists. Each Linear gets an instance forward:
   - a later sibling's call returns its kept columns when its input is the same tensor, unchanged since
     (identity and version counter), else computes its own F.linear.
 So the result is the separate Linears' whatever the calling code does; only the kernel count changes.
+Under torch.compile each Linear is traced as it is (inductor plans its own GEMMs).
 Calls that record autograd (training) run each Linear's own F.linear, because the Parameters are the
 leaves gradients must reach; so do calls after a Parameter was replaced or moved (`model.to`), whose
 rows are then no longer views of the packed tensor. Undoing (`gems.unpatch`) gives each Parameter its
@@ -76,7 +77,7 @@ def _version(x):
 def first_forward(self, x):
     """The group's first Linear: one GEMM for every member where it can (see the module docstring)."""
     pack = self._gems_pack
-    if pack.usable(x):
+    if not torch.compiler.is_compiling() and pack.usable(x):   # Dynamo traces the plain Linear
         parts = torch.nn.functional.linear(x, pack.weight, pack.bias).split(pack.sizes, -1)
         pack.kept = (x, _version(x), parts)
         return parts[0]
@@ -87,7 +88,7 @@ def first_forward(self, x):
 def sibling_forward(self, x):
     """A later Linear of the group: its columns of the first one's GEMM when it read this same input."""
     pack, i = self._gems_pack, self._gems_pack_index
-    kept = pack.kept
+    kept = None if torch.compiler.is_compiling() else pack.kept
     if kept is not None and kept[0] is x and kept[1] == _version(x):
         if i == len(pack.linears) - 1:
             pack.kept = None       # the last member: nothing is held past the group's calls

@@ -20,6 +20,7 @@ def test_bench_cuda_graphs_runs_and_agrees():
                     steps=1, warmup=1, seq_len=4, cuda_graphs=True)
     assert r.agree and len(r.aten_ms) == 1 and len(r.gems_ms) == 1
     assert any("gems.decode.graphed" in n for n in r.notes)
+    assert any(n.startswith("read roof:") for n in r.notes) == (DEVICE == "cuda")
 
 
 @pytest.mark.parametrize("kw", [dict(workload="prefill"), dict(workload="decode", compile=True),

@@ -195,6 +195,25 @@ def test_composes_with_patch_and_enable(pack):
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_weight_bytes_counts_what_a_step_reads(tied):
+    """Every weight once; the input embedding only where the output projection shares it."""
+    from gems.decode.timing import weight_bytes
+    model = tiny_llama()
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    every = sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in
+                                                           [*model.parameters(), *model.buffers()]}.values())
+    emb = model.model.embed_tokens.weight
+    assert weight_bytes(model) == every - (0 if tied else emb.numel() * emb.element_size())
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a device copy")
+def test_copy_roof():
+    from gems.decode.timing import copy_roof_gbps
+    assert 50 < copy_roof_gbps() < 50_000
+
+
 def test_bad_arguments():
     with pytest.raises(TypeError):
         D.graphed(torch.nn.Linear(2, 2))
