@@ -185,6 +185,12 @@ if want decode; then
   bench llama2_decode_graphs_packed llama2 decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 --cuda-graphs \
     --patch-options pack_projections=on
   bench llama2_decode_graphs_b8 llama2 decode --seq-len 128 --new-tokens 64 --batch 8 --steps 2 --warmup 1 --cuda-graphs --patch
+  bench llama2_decode_graphs_b32 llama2 decode --seq-len 128 --new-tokens 64 --batch 32 --steps 2 --warmup 1 --cuda-graphs --patch
+  # a 4096-token cache at batch 1
+  bench llama2_decode_graphs_4k llama2 decode --seq-len 4000 --new-tokens 64 --steps 2 --warmup 1 --cuda-graphs --patch
+  # GQA 32/8 with a 4096-token sliding window (docs/decode.md: its static layers keep a host counter)
+  bench mistral_decode_graphs benchmarks/configs/mistral-7b.json decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 \
+    --cuda-graphs --patch
 fi
 if want fuzz; then
   # the differential fuzz for GEMS_CHECK_FUZZ_S fuzzing seconds (default 1800), shared among the
