@@ -21,8 +21,9 @@ weight, eps; q/k norms casting rule and offset the check finds: Llama's ``weight
 too)                   Gemma's ``(h * (1 + w)).to(dtype)`` (offset 1), OLMo2's ``(w * h).to(dtype)``
                        (``rms_norm``)
 decoder layer          residual add + post-attention norm -> ``add_rms_norm``, where the layer's forward
-                       is transformers' Llama decoder layer's own code (Llama, Mistral, Qwen2/3, Gemma,
-                       Qwen3-MoE, ...; Gemma 2/3, Phi-3, OLMo2, GLM4, Granite differ: left, not strict)
+                       is transformers' Llama or Mixtral decoder layer's own code (Llama, Mistral, Qwen2/3,
+                       Gemma, Qwen3-MoE, Mixtral, ...; Gemma 2/3, Phi-3, OLMo2, GLM4, Granite differ: left,
+                       not strict)
 gated MLP              down(act(gate(x)) * up(x)) with separate gate/up projections or one
                        ``gate_up_proj`` (Phi-3, GLM4), act proven SiLU / GELU / GELU-tanh ->
                        ``silu_and_mul`` / ``gelu_and_mul`` (``swiglu``); an ungated MLP (GPT-2, NeoX,

@@ -82,6 +82,26 @@ def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids
     return residual + hidden_states
 
 
+def moe_decoder_layer_forward(self, hidden_states, position_embeddings=None, attention_mask=None, position_ids=None,
+                              past_key_values=None, **kwargs):
+    """Mixtral's decoder layer (transformers 5.17; its argument order, no use_cache) with the residual add
+    and the post-attention RMSNorm in one `add_rms_norm`."""
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    hidden_states, _ = self.self_attn(
+        hidden_states=hidden_states,
+        position_embeddings=position_embeddings,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=past_key_values,
+        **kwargs,
+    )
+    w, eps, kw = _norm_args(self.post_attention_layernorm)
+    hidden_states, residual = F.add_rms_norm(hidden_states, residual, w, eps, **kw)
+    hidden_states = self.mlp(hidden_states)
+    return residual + hidden_states
+
+
 def _add_layer_norm(ln, x, residual):
     """(ln(x + residual), x + residual), the add and the norm in one `add_layer_norm` where that computes
     the same: x and residual of one dtype, autocast off (autocast runs LayerNorm in fp32, and x + residual

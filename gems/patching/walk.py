@@ -25,7 +25,7 @@ from . import probes
 from .packed import GROUPS, Pack, first_forward, packable, sibling_forward
 from .losses import causal_lm_forward, causal_lm_loss, masked_lm_forward
 from .modules import (ACT_FORWARDS, MLP_FORWARDS, GemsLayerNorm, GemsRMSNorm, bert_output_forward, clip_layer_forward,
-                      decoder_layer_forward, gpt2_block_forward, rope_forward)
+                      decoder_layer_forward, gpt2_block_forward, moe_decoder_layer_forward, rope_forward)
 from .report import PatchReport
 
 # the model types the tests build and check family by family (tests/fused/test_families.py); any other
@@ -126,21 +126,20 @@ class Patcher:
         return GemsRMSNorm(m.weight, eps, casting=casting, offset=offset)
 
     def patch_decoder_layers(self, root, prefix):
-        """A decoder layer whose forward is transformers' Llama decoder layer's own code: its residual
-        add + post-attention norm as one add_rms_norm (the norm must have been replaced above)."""
-        ref = getattr(_modeling("llama"), "LlamaDecoderLayer", None)
+        """A decoder layer whose forward is transformers' Llama (or Mixtral) decoder layer's own code: its
+        residual add + post-attention norm as one add_rms_norm (the norm must have been replaced above)."""
         for name, mod in root.named_modules(prefix=prefix):
             if id(mod) in self.done or not all(hasattr(mod, a) for a in
                                                ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")):
                 continue
             self.done.add(id(mod))
-            if ref is None or not _same_code(type(mod).forward, ref.forward) \
-                    or _signature(type(mod).forward) != _DECODER_LAYER_PARAMS:
-                self.r.leave(name, "add_rms_norm", "its forward is not the Llama decoder layer's: residual add and "
-                             "norm left unfused", strict=False)
+            fwd = _decoder_layer_form(type(mod).forward)
+            if fwd is None:
+                self.r.leave(name, "add_rms_norm", "its forward is not the Llama or Mixtral decoder layer's: residual "
+                             "add and norm left unfused", strict=False)
             elif not isinstance(mod.post_attention_layernorm, GemsRMSNorm):
                 self.r.leave(name, "add_rms_norm", "its post-attention norm was not replaced")
-            elif self.set_forward(mod, decoder_layer_forward, name):
+            elif self.set_forward(mod, fwd, name):
                 self.r.add("add_rms_norm", name)
 
     def patch_packed(self, mods):
@@ -319,6 +318,25 @@ _ADD_NORM_LAYERS = (("clip", "CLIPEncoderLayer", "layer_norm2", clip_layer_forwa
                     ("gpt2", "GPT2Block", "ln_2", gpt2_block_forward))
 _BERT_LAYER_PARAMS = ("self", "hidden_states", "attention_mask", "encoder_hidden_states", "encoder_attention_mask",
                       "past_key_values", "kwargs")
+
+
+# (family, decoder layer class, its forward's parameters, the forward with add_rms_norm), in the order tried
+_DECODER_LAYERS = (("llama", "LlamaDecoderLayer", _DECODER_LAYER_PARAMS, decoder_layer_forward),
+                   ("mixtral", "MixtralDecoderLayer", ("self", "hidden_states", "position_embeddings", "attention_mask",
+                                                       "position_ids", "past_key_values", "kwargs"),
+                    moe_decoder_layer_forward))
+
+
+def _decoder_layer_form(forward):
+    """The replacement forward for a decoder layer whose forward is one of _DECODER_LAYERS' own code, or None
+    (a family's module is imported only when the ones before it do not match)."""
+    for family, cls_name, params, replacement in _DECODER_LAYERS:
+        if _signature(forward) != params:
+            continue
+        ref = getattr(_modeling(family), cls_name, None)
+        if ref is not None and _same_code(forward, ref.forward):
+            return replacement
+    return None
 
 
 def _signature(fn) -> tuple:

@@ -62,7 +62,7 @@ FAMILIES = {
     "granite": (_dec(T.GraniteConfig, T.GraniteForCausalLM, logits_scaling=2.0), "causal",   # scaled logits
                 {"rms_norm": 2 * L + 1, "silu_and_mul": L, "rope": L, "cross_entropy": 1}),
     "mixtral": (_dec(T.MixtralConfig, T.MixtralForCausalLM, num_local_experts=4, num_experts_per_tok=2), "causal",
-                {"rms_norm": 2 * L + 1, "rope": L, "cross_entropy": 1}),
+                {"rms_norm": 2 * L + 1, "add_rms_norm": L, "rope": L, "cross_entropy": 1}),
     "qwen3_moe": (_dec(T.Qwen3MoeConfig, T.Qwen3MoeForCausalLM, head_dim=8, num_experts=4, num_experts_per_tok=2,
                        moe_intermediate_size=32), "causal",
                   {"rms_norm": 4 * L + 1, "add_rms_norm": L, "rope": L, "cross_entropy": 1}),
