@@ -61,45 +61,34 @@ def _norm_args(norm):
     return norm.weight, norm.variance_epsilon, {"offset": 0.0, "casting": "llama"}
 
 
-def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
-                           use_cache=False, position_embeddings=None, **kwargs):
-    """Llama/Mistral/Qwen2 decoder layer (transformers 5.17) with the residual add and the post-attention
-    RMSNorm in one `add_rms_norm`."""
+def _add_norm_layer(self, hidden_states, **attn_kwargs):
+    """A pre-norm decoder layer's body with the residual add and the post-attention RMSNorm in one
+    `add_rms_norm`; attn_kwargs go to self_attn as the layer's own forward passes them."""
     residual = hidden_states
     hidden_states = self.input_layernorm(hidden_states)
-    hidden_states, _ = self.self_attn(
-        hidden_states=hidden_states,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        past_key_values=past_key_values,
-        use_cache=use_cache,
-        position_embeddings=position_embeddings,
-        **kwargs,
-    )
+    hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attn_kwargs)
     w, eps, kw = _norm_args(self.post_attention_layernorm)
     hidden_states, residual = F.add_rms_norm(hidden_states, residual, w, eps, **kw)
     hidden_states = self.mlp(hidden_states)
     return residual + hidden_states
+
+
+def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                          use_cache=False, position_embeddings=None, **kwargs):
+    """Llama/Mistral/Qwen2 decoder layer (transformers 5.17) with the residual add and the post-attention
+    RMSNorm in one `add_rms_norm`."""
+    return _add_norm_layer(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                           past_key_values=past_key_values, use_cache=use_cache,
+                           position_embeddings=position_embeddings, **kwargs)
 
 
 def moe_decoder_layer_forward(self, hidden_states, position_embeddings=None, attention_mask=None, position_ids=None,
                               past_key_values=None, **kwargs):
     """Mixtral's decoder layer (transformers 5.17; its argument order, no use_cache) with the residual add
     and the post-attention RMSNorm in one `add_rms_norm`."""
-    residual = hidden_states
-    hidden_states = self.input_layernorm(hidden_states)
-    hidden_states, _ = self.self_attn(
-        hidden_states=hidden_states,
-        position_embeddings=position_embeddings,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        past_key_values=past_key_values,
-        **kwargs,
-    )
-    w, eps, kw = _norm_args(self.post_attention_layernorm)
-    hidden_states, residual = F.add_rms_norm(hidden_states, residual, w, eps, **kw)
-    hidden_states = self.mlp(hidden_states)
-    return residual + hidden_states
+    return _add_norm_layer(self, hidden_states, position_embeddings=position_embeddings,
+                           attention_mask=attention_mask, position_ids=position_ids,
+                           past_key_values=past_key_values, **kwargs)
 
 
 def _add_layer_norm(ln, x, residual):
