@@ -12,6 +12,11 @@ The warm-ups and the check run the step on the live cache: each writes the KV of
 and advances the layers' `cumulative_length` counters. The counters are saved before and put back after
 each, so the real step (the first replay) writes that position again with the same values.
 
+Sliding-window layers (`StaticSlidingWindowLayer`) also count positions in a Python int, which picks
+the branch their `update` takes and the mask's size. A replay runs no Python, so the int is advanced
+after each replay, and the capture (which runs the Python once) puts it back. The graph holds the
+branch of a window not yet full; the dispatcher replays it only while the window stays under its size.
+
 The first replay is compared with an eager step on the same inputs (logits, per-dtype tolerance scaled
 to the logits' magnitude); a mismatch marks the graph bad, the step is redone eagerly, and the caller
 runs that shape eagerly from then on.
@@ -31,12 +36,20 @@ class GraphCaptureError(RuntimeError):
 
 
 def save_lengths(layers) -> list:
-    return [layer.cumulative_length.clone() for layer in layers]
+    """Each layer's position counters: the device tensor and, on sliding-window layers, the host int."""
+    return [(layer.cumulative_length.clone(), getattr(layer, "cumulative_length_int", None)) for layer in layers]
 
 
 def restore_lengths(layers, saved):
-    for layer, s in zip(layers, saved):
-        layer.cumulative_length.copy_(s)
+    for layer, (t, n) in zip(layers, saved):
+        layer.cumulative_length.copy_(t)
+        if n is not None:
+            layer.cumulative_length_int = n
+
+
+def host_counted(layers) -> list:
+    """The layers whose position is also a Python int (sliding-window layers)."""
+    return [layer for layer in layers if hasattr(layer, "cumulative_length_int")]
 
 
 @contextlib.contextmanager
@@ -102,6 +115,8 @@ class StepGraph:
         # each replay (beam search's reorder_cache replaces them)
         self.tensors = cache_tensors(cache)
         self.names = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+        self.host_counted = host_counted(self.layers)
+        self.step_len = kwargs["input_ids"].shape[1] if isinstance(kwargs.get("input_ids"), torch.Tensor) else 1
         self.static = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()
                        if k != "past_key_values"}
         self.graph = self.out = None
@@ -142,6 +157,7 @@ class StepGraph:
 
     def capture(self, cache, pool):
         g = torch.cuda.CUDAGraph()
+        saved = save_lengths(self.layers)
         try:
             with torch.cuda.graph(g, pool=pool):
                 out = self.forward(**self.static, past_key_values=cache)
@@ -150,11 +166,15 @@ class StepGraph:
         except Exception as e:  # noqa: BLE001 -- whatever capture refused, said with its cause
             raise GraphCaptureError(f"gems.decode: capturing the decode step into a CUDA graph failed: "
                                     f"{type(e).__name__}: {e}") from e
+        finally:
+            restore_lengths(self.layers, saved)   # the capture ran the Python once, and no kernel
         self.graph, self.out = g, out
 
     def replay(self, cache, kwargs):
         self.load(kwargs)
         self.graph.replay()
+        for layer in self.host_counted:
+            layer.cumulative_length_int += self.step_len
         # copied out at once: the pool is shared by every graph of the model, and another graph's replay
         # may reuse this one's output memory
         return clone_tree(self.out, cache)

@@ -29,11 +29,18 @@ MAX_SIGNATURES = 8
 
 
 def static_layers(cache) -> bool:
-    """Whether every layer of `cache` is a plain StaticLayer: its position lives in a device tensor.
-    Sliding-window layers keep a host-side counter a graph would freeze."""
-    from transformers.cache_utils import StaticLayer
+    """Whether every layer of `cache` is a StaticLayer (its position lives in a device tensor) or a
+    StaticSlidingWindowLayer (a device tensor and a host int, which capture.py advances per replay)."""
+    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is StaticLayer for layer in layers)
+    return bool(layers) and all(type(layer) in (StaticLayer, StaticSlidingWindowLayer) for layer in layers)
+
+
+def window_full(cache, step_len: int) -> bool:
+    """Whether a sliding-window layer of `cache` would reach its window's end in this step: its update
+    then rolls the window (a branch the graph, captured before, does not hold)."""
+    return any(layer.cumulative_length_int + step_len > layer.max_cache_len
+               for layer in cache.layers if hasattr(layer, "cumulative_length_int"))
 
 
 def graphs_available(device) -> bool:
@@ -92,8 +99,8 @@ class DecodeStep:
             facts = self.facts[cache] = (static_layers(cache), cache.get_max_length())
         is_static, capacity = facts
         if not is_static:
-            return (f"the cache is a {type(cache).__name__} with other than plain static layers (a dynamic or "
-                    f"sliding-window cache): decode steps run eager")
+            return (f"the cache is a {type(cache).__name__} with other than static layers (a dynamic or "
+                    f"offloaded cache): decode steps run eager")
         if not graphs_available(ids.device):
             return (f"no CUDA graphs on {ids.device.type}: decode steps run eagerly on the static cache "
                     f"(the same computation, without capture)")
@@ -108,6 +115,8 @@ class DecodeStep:
             return f"batch {ids.shape[0]} > max_batch {self.max_batch}: decode steps run eager"
         if capacity > self.max_cache_len:
             return f"a cache of {capacity} positions > max_cache_len {self.max_cache_len}: runs eager"
+        if window_full(cache, ids.shape[1]):
+            return "a sliding window is full: the steps that roll it run eager"
         for k, v in kwargs.items():
             if k == "past_key_values":
                 continue

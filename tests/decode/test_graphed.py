@@ -276,6 +276,33 @@ def test_cuda_replay_matches_eager(gems_on):
 
 
 @cuda_only
+@pytest.mark.parametrize("gems_on", [False, True], ids=["aten", "gems"])
+def test_cuda_sliding_window_replay_matches_eager(gems_on):
+    """A sliding-window model (Mistral): the graph replays while the window fills, the host counter a
+    replay cannot advance is advanced by the dispatcher, the steps that roll the window run eager, and
+    the tokens equal the eager static-cache decode's in fp32."""
+    import contextlib
+    from gems.decode.timing import generate_greedy
+    model = tiny_mistral(window=16)
+    ids = prompt(2, 5)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    scope = gems.use_gems() if gems_on else contextlib.nullcontext()
+    with scope:
+        ref, ref_logits = generate_greedy(model, inputs, 20, pad_token_id=0, disable_compile=True,
+                                          past_key_values=StaticCache(config=model.config, max_cache_len=64))
+        D.graphed(model, max_batch=2, max_cache_len=64)
+        try:
+            with pytest.warns(UserWarning, match="sliding window is full"):
+                got, logits = generate_greedy(model, inputs, 20, pad_token_id=0)
+            counts = D.graph_counts(model)
+        finally:
+            D.ungraphed(model)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    torch.testing.assert_close(torch.stack(logits), torch.stack(ref_logits), rtol=1e-5, atol=1e-5)
+    assert counts == {"captured": 1, "replayed": 11, "eager": 8}
+
+
+@cuda_only
 def test_cuda_host_sync_raises():
     """A step that synchronizes with the host cannot be captured: a clear error, not a wrong replay."""
     model = tiny_llama()
@@ -346,11 +373,16 @@ class FakeGraph:
     buffers and writes the results into the capture's output tensors, as a replay writes its static
     output. It re-runs Python, so it cannot show what a real graph freezes (the CUDA tests do)."""
 
-    def __init__(self, fn, out):
-        self.fn, self.out = fn, out
+    def __init__(self, fn, out, layers):
+        self.fn, self.out, self.layers = fn, out, layers
 
     def replay(self):
+        from gems.decode import capture as C
+        # a real replay runs no Python: the sliding-window layers' host counters stay where they were
+        counted = [(layer, layer.cumulative_length_int) for layer in C.host_counted(self.layers)]
         new = self.fn()
+        for layer, n in counted:
+            layer.cumulative_length_int = n
         self.out.logits.copy_(new.logits)
 
 
@@ -369,7 +401,8 @@ def fake_graphs(monkeypatch):
         saved = C.save_lengths(self.layers)
         out = self.forward(**self.static, past_key_values=cache)
         C.restore_lengths(self.layers, saved)    # a capture records, it does not run
-        self.graph, self.out = FakeGraph(lambda: self.forward(**self.static, past_key_values=cache), out), out
+        self.graph = FakeGraph(lambda: self.forward(**self.static, past_key_values=cache), out, self.layers)
+        self.out = out
     monkeypatch.setattr(S, "graphs_available", lambda device: True)
     monkeypatch.setattr(C.StepGraph, "capture", capture)
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
@@ -442,3 +475,32 @@ def test_dispatcher_runs_uncaptured_arguments_eager(fake_graphs):
         D.ungraphed(model)
     torch.testing.assert_close(out.sequences, ref, rtol=0, atol=0)
     assert counts == {"captured": 0, "replayed": 0, "eager": 4}
+
+
+def tiny_mistral(window, seed=0):
+    from transformers import MistralConfig, MistralForCausalLM
+    torch.manual_seed(seed)
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                        sliding_window=window)
+    return MistralForCausalLM(cfg).to(DEVICE, torch.float32).eval()
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU stand-in for CUDA graphs")
+def test_dispatcher_sliding_window(fake_graphs):
+    """Sliding-window layers: steps replay while the window is not full (the host counter advanced per
+    replay), the steps that roll a full window run eager, and the tokens equal the eager static-cache
+    decode's."""
+    model = tiny_mistral(window=16)
+    ids = prompt(1, 5)
+    ref = gen(model, ids, 20, cache_implementation="static", disable_compile=True)
+    D.graphed(model, max_batch=1, max_cache_len=64)
+    try:
+        with pytest.warns(UserWarning, match="sliding window is full"):
+            got = gen(model, ids, 20)
+        counts = D.graph_counts(model)
+    finally:
+        D.ungraphed(model)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    # positions 5..15 fit the window (11 steps; the first captures and replays), 16..23 roll it
+    assert counts == {"captured": 1, "replayed": 11, "eager": 8}
