@@ -38,8 +38,8 @@ composite activation   a module without parameters computing SiLU / GELU / GELU-
                        (``F.gelu(x, approximate="tanh")``), proven on a probe input (``activation``)
 sparse-MoE block       ``experts`` beside a router -> gems/patching/moe.py's ``patch_moe_block``
                        (``moe``), when it is present and takes the block; else left. Its experts'
-                       GEMMs: Gems' Triton grouped GEMMs, or torch's (``moe_torch_gemm=True``, bf16 on
-                       Hopper, opt-in)
+                       GEMMs: torch's grouped GEMM for bf16 on Hopper (``moe_torch_gemm``), else Gems'
+                       Triton grouped GEMMs
 causal LM loss         an ``lm_head`` Linear whose forward calls ``loss_function`` (ForCausalLMLoss):
                        the loss -> ``cross_entropy``; with labels in training mode, where the logits are
                        exactly lm_head(the base model's last hidden state) and the loss is the loss

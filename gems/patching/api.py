@@ -45,7 +45,7 @@ def _check_ops(report: PatchReport):
 
 def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = True, cross_entropy: bool = True,
           fused_linear_cross_entropy: bool = True, layer_norm: bool = False, encoder_layer: bool = True,
-          moe: bool = True, moe_torch_gemm: bool = False, activation: bool = True,
+          moe: bool = True, moe_torch_gemm: bool = True, activation: bool = True,
           pack_projections: bool = False, strict: bool = False) -> PatchReport:
     """Replace, in place, the parts of a model that `gems.fused` serves and that are proven to compute
     what the model's own modules compute (see the package docstring, gems/patching/__init__.py); returns
@@ -64,9 +64,10 @@ def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
 
     `moe`: sparse-MoE blocks through gems/patching/moe.py where it is installed and takes the block.
     `moe_torch_gemm`: their experts' six GEMMs through torch's grouped GEMM (bf16 on Hopper; Gems' kernels
-    around them: gems/fused/moe_grouped.py) instead of Gems' Triton grouped GEMMs. Off by default: it has
-    not yet been timed in a model on a GPU, only ATen's own use of that GEMM has (faster than the Triton
-    kernels, docs/perf.md).
+    around them: gems/fused/moe_grouped.py) instead of Gems' Triton grouped GEMMs, whose backward is the
+    slower one. Elsewhere (other dtypes, other GPUs) the Triton kernels serve either way. On an H200, a
+    4-layer Mixtral training step (bf16, 4 x 1024) ran 1.44x ATen with it and 1.15x with the Triton
+    GEMMs (docs/perf.md).
 
     `activation`: an activation module computing SiLU, GELU or GELU-tanh from several torch operations
     (GPT-2's gelu_new: eight kernels forward, each rounding to the model's dtype) runs the one torch
@@ -76,7 +77,9 @@ def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
     `pack_projections`: sibling Linears that read one input (q/k/v projections, gate/up) as one GEMM in
     calls that record no gradient (inference, decode): their weights become views of one tensor
     (gems/patching/packed.py; unpatch before `save_pretrained`, which refuses shared storage). Off by
-    default until it is timed on a GPU: it targets batch-1 decode, where each GEMM's start costs."""
+    default: it targets batch-1 decode, where each GEMM's start costs, and there it gained little (an
+    H200, Llama-2-7B graphed decode: 5.79 ms per token against 5.87 unpacked, docs/perf.md), while the
+    shared storage changes what a model's state dict holds."""
     opts = _options(dict(rms_norm=rms_norm, rope=rope, swiglu=swiglu, cross_entropy=cross_entropy,
                          fused_linear_cross_entropy=fused_linear_cross_entropy, layer_norm=layer_norm,
                          encoder_layer=encoder_layer, moe=moe, moe_torch_gemm=moe_torch_gemm,

@@ -39,7 +39,7 @@ def run(a, argv, env: Env, p: Plan, say) -> int:
          "checkpointing": a.checkpointing, "batch": p.batch, "micro_batch_per_rank": p.micro, "seq_len": p.seq_len,
          "steps": a.steps, "warmup": p.warmup, "seed": a.seed, "lr": a.lr, "clip": a.clip,
          "optimizer": "torch.optim.AdamW(lr, weight_decay=0.01), PyTorch's defaults (foreach on CUDA)",
-         "gems": a.gems, "include": p.include, "exclude": p.exclude, "patch": a.patch,
+         "gems": a.gems, "include": p.include, "exclude": p.exclude, "patch": a.patch, "compile": a.compile,
          "data": None, "runs": {}, "agreement": None, "throughput_ratio": None, "ops": None, "faults": [],
          "first_divergence": None, "divergences": [], "shadow_ran": False, "shadow_calls": 0,
          "notes": list(p.notes), "verdict": None,

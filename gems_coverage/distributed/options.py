@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude", default=None, help="comma-separated ATen names left to ATen")
     p.add_argument("--patch", action="store_true",
                    help="the Gems run also gems.patch(model) (fused ops); the ATen and fp32 runs stay unpatched")
+    p.add_argument("--compile", action="store_true",
+                   help="the Gems run also torch.compile(model) (after --patch: compile(patch(model))); the ATen "
+                        "and fp32 runs stay eager, so its losses are checked against eager ATen")
     p.add_argument("--data", default=None, help="a torch.save'd integer tensor of token ids (default: synthetic)")
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--lr", type=float, default=3e-4)

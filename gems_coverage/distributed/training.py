@@ -24,10 +24,12 @@ def decoder_layers(model):
     return list(best) if best is not None else []
 
 
-def build_model(a, p: Plan, env: Env, param_dtype=None, mixed: Optional[bool] = None, patch: bool = False):
+def build_model(a, p: Plan, env: Env, param_dtype=None, mixed: Optional[bool] = None, patch: bool = False,
+                compile: bool = False):
     """(wrapped model, optimizer, parameters, gems.patch's counts or None) built from the seed on every
     rank, with Gems off; `patch`: gems.patch(model) first (the Gems run under --patch: its losses are
-    compared with the unpatched ATen run's, as the fused ops' end-to-end check asks)."""
+    compared with the unpatched ATen run's, as the fused ops' end-to-end check asks); `compile`: then
+    torch.compile, in place (`model.compile()`: the wrappers below call the compiled forward)."""
     import torch
     import torch.distributed as dist
     import gems_models as M
@@ -46,6 +48,8 @@ def build_model(a, p: Plan, env: Env, param_dtype=None, mixed: Optional[bool] = 
     if patch:
         import gems
         patched = gems.patch(model).counts()
+    if compile:
+        model.compile()
     if a.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if a.strategy == "ddp":
@@ -143,7 +147,8 @@ def train(a, p: Plan, env: Env, mode: str, say, steps: Optional[int] = None, sha
     steps = steps or a.steps
     res = RunResult(mode)
     wrapped, opt, params, res.patched = build_model(a, p, env, param_dtype, mixed,
-                                                    patch=a.patch and mode == "gems")
+                                                    patch=a.patch and mode == "gems",
+                                                    compile=a.compile and mode == "gems")
     vocab = wrapped.module.config.vocab_size if a.strategy == "ddp" else wrapped.config.vocab_size
     data = Data(vocab, p.batch, p.micro, p.seq_len, env.rank, a.seed, p.tokens)
     use_autocast = a.strategy == "ddp" and (a.mixed_precision if mixed is None else mixed)
