@@ -184,7 +184,7 @@ def test_packed(dtype, act, rows):
     def ref(t):
         t = t.detach().clone().requires_grad_()
         out = ref_fn(*t.chunk(2, -1))
-        return out, torch.autograd.grad(out, t, to_ref(dy).to(out.dtype))[0]
+        return out, torch.autograd.grad(out, t, to_ref(dy).to(out.device, out.dtype))[0]
     ry, rd = ref(to_ref(gu))
     ly, ld = ref(gu)
     kw = FP32_TOL if dtype == torch.float32 else {}
