@@ -8,6 +8,7 @@ pool compiles jobs in forked processes. warmup's own loop is run with the compil
 when a round records nothing new, and puts back gradients, buffers and the dispatcher's counts and plans.
 The real compile path needs a GPU (docs/perf.md, cold start).
 """
+import os
 import time
 
 import pytest
@@ -178,21 +179,31 @@ def _fake_compile(job):
     if tag == "bad":
         raise ValueError("no such kernel")
     time.sleep(delay)
+    if _PIDS is not None:
+        with open(_PIDS, "a") as f:
+            f.write(f"{os.getpid()}\n")
     return type("K", (), {"src": None, "metadata": None})()
 
 
+_PIDS = None   # a file each fake compile appends its process id to
+
+
 @pytest.mark.skipif("fork" not in __import__("multiprocessing").get_all_start_methods(), reason="needs fork")
-def test_compile_jobs_run_in_forked_workers(monkeypatch):
+def test_compile_jobs_run_in_forked_workers(monkeypatch, tmp_path):
     monkeypatch.setattr(collect, "compile_one", _fake_compile)
-    jobs = [("a", 0.3), ("bad", 0.0), ("c", 0.3), ("d", 0.3)]
-    t0 = time.perf_counter()
+    pids = tmp_path / "pids"
+    monkeypatch.setitem(globals(), "_PIDS", str(pids))
+    jobs = [("a", 0.05), ("bad", 0.0), ("c", 0.05), ("d", 0.05)]
     out = collect.compile_jobs(jobs, workers=4)
     assert len(out) == 4
     assert out[1][1].startswith("ValueError: no such kernel")
     assert sum(err is None for _, err in out) == 3
-    assert time.perf_counter() - t0 < 0.85      # 0.9 s of compiles, overlapped
+    ran_in = pids.read_text().split()
+    assert len(ran_in) == 3 and str(os.getpid()) not in ran_in      # each in a forked worker
+    pids.unlink()
     serial = collect.compile_jobs(jobs[:2], workers=1)
     assert serial[0][1] is None and serial[1][1].startswith("ValueError")
+    assert pids.read_text().split() == [str(os.getpid())]            # workers=1: in this process
 
 
 class _BN(torch.nn.Module):
