@@ -14,7 +14,8 @@
 # BERT training at the sizes of docs/perf.md, also with a new length every step: --fresh-lengths), patched
 # (the same workloads with gems.patch, when it exists, and 20 training steps' losses of the patched
 # 1.1B and BERT against unpatched ATen: gems-coverage distributed --nproc 1 --patch --fp32-reference),
-# families (GPT-2-medium, Qwen3-1.7B, a 4-layer Mixtral patched; torch.compile peers), fuzz (the
+# families (GPT-2-medium, Qwen3-1.7B, a 4-layer Mixtral patched; torch.compile peers; 20 steps' losses of
+# GPT-2, Mixtral and torch.compile(gems.patch(model))), fuzz (the
 # differential fuzz for GEMS_CHECK_FUZZ_S seconds over the workers), decode (graph-replayed decode,
 # gems.decode.graphed, with --cuda-graphs).
 # Results go to $GEMS_CHECK_DIR (default gpu-check-<date>/): logs, JSON, summary.txt.
@@ -170,25 +171,39 @@ if want families; then
   bench gpt2m_train_patched_ln "$C/gpt2-medium.json" train --batch 8 --seq-len 1024 --steps 5 --patch-options layer_norm=on
   bench qwen3_decode_patched "$C/qwen3-1.7b.json" decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 --patch
   bench mixtral4l_train_patched "$C/mixtral-4l.json" train --batch 4 --seq-len 1024 --steps 5 --patch
-  # the experts' GEMMs through torch's grouped GEMM, Gems' kernels around them (opt-in until measured)
-  bench mixtral4l_train_patched_torch_gemm "$C/mixtral-4l.json" train --batch 4 --seq-len 1024 --steps 5 \
-    --patch-options moe_torch_gemm=on
+  # the experts' GEMMs through Gems' Triton grouped GEMMs (the default on Hopper bf16 is torch's)
+  bench mixtral4l_train_patched_triton_gemm "$C/mixtral-4l.json" train --batch 4 --seq-len 1024 --steps 5 \
+    --patch-options moe_torch_gemm=off
   bench llama1b_train_patch_compile llama-1.1b train --batch 4 --seq-len 1024 --steps 5 --patch --compile
   bench llama1b_train_compile llama-1.1b train --batch 4 --seq-len 1024 --steps 5 --compile
+  # 20 training steps' losses against unpatched eager ATen (fp32 reference): GPT-2, Mixtral (at lr 3e-4
+  # its runs turn chaotic by step 3, fp32 too: docs/perf.md) and torch.compile(gems.patch(model))
+  for spec in "gpt2m $C/gpt2-medium.json --batch 8 --seq-len 1024 --patch" \
+              "mixtral4l $C/mixtral-4l.json --batch 4 --seq-len 1024 --patch" \
+              "llama1b_compile llama-1.1b --batch 4 --seq-len 1024 --patch --compile"; do
+    set -- $spec
+    tag=$1; shift
+    step "losses over 20 steps: $tag"
+    $PY -m gems_coverage.cli distributed --nproc 1 "$@" --strategy ddp --steps 20 --fp32-reference \
+      --no-trace -q --format json -o "$OUTDIR/losses_$tag.json" > "$OUTDIR/losses_$tag.log" 2>&1
+    note "losses over 20 steps, $tag vs ATen (rc $?): $($PY -c "import json, sys; d = json.load(open(sys.argv[1])); \
+print(d['verdict'], 'max rel err', round(d['agreement']['max_rel_err'], 5), 'tokens/s ratio', d['throughput_ratio'])" \
+      "$OUTDIR/losses_$tag.json" 2>&1 | tail -1)"
+  done
 fi
 if want decode; then
   # generate's one-token steps replayed from CUDA graphs (gems.decode.graphed) against ATen's eager
   # static-cache steps; transformers' own compiled static decode is reported in the notes
   bench llama2_decode_graphs llama2 decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 --cuda-graphs
   bench llama2_decode_graphs_patched llama2 decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 --cuda-graphs --patch
-  # q/k/v and gate/up as one GEMM each (gems.patch's pack_projections, opt-in until measured)
+  # q/k/v and gate/up as one GEMM each (gems.patch's pack_projections, opt-in: it gained 0.08 ms per token)
   bench llama2_decode_graphs_packed llama2 decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 --cuda-graphs \
     --patch-options pack_projections=on
   bench llama2_decode_graphs_b8 llama2 decode --seq-len 128 --new-tokens 64 --batch 8 --steps 2 --warmup 1 --cuda-graphs --patch
   bench llama2_decode_graphs_b32 llama2 decode --seq-len 128 --new-tokens 64 --batch 32 --steps 2 --warmup 1 --cuda-graphs --patch
   # a 4096-token cache at batch 1
   bench llama2_decode_graphs_4k llama2 decode --seq-len 4000 --new-tokens 64 --steps 2 --warmup 1 --cuda-graphs --patch
-  # GQA 32/8 with a 4096-token sliding window (docs/decode.md: its static layers keep a host counter)
+  # GQA 32/8 with a 4096-token sliding window (docs/decode.md: graphed while the window fills)
   bench mistral_decode_graphs benchmarks/configs/mistral-7b.json decode --seq-len 128 --new-tokens 64 --steps 2 --warmup 1 \
     --cuda-graphs --patch
 fi

@@ -200,3 +200,34 @@ def test_launcher_checks_the_options_before_starting_processes(capsys):
     assert "--batch 3 does not divide over 2 ranks" in capsys.readouterr().err
     assert "RANK" not in os.environ and "WORLD_SIZE" not in os.environ
     assert launch_main(["--nproc", "x", "aquila"]) == 2
+
+
+def test_compile_compiles_the_gems_run_only(monkeypatch):
+    """--compile: build_model compiles (in place, after gems.patch) the model of the Gems run only; the
+    ATen and fp32 runs stay eager (their losses are the reference). model.compile is recorded, not run:
+    inductor on the CPU takes minutes."""
+    import socket
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+
+    import gems_models as M
+    from gems_coverage.distributed.options import Env, Plan
+    from gems_coverage.distributed.training import build_model
+    compiled = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: compiled.append(type(self).__name__))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        a = SimpleNamespace(seed=0, mixed_precision=False, checkpointing=False, strategy="ddp", lr=1e-3)
+        p = Plan(M.resolve("aquila"), "tiny", torch.float32, torch.float32, 8, 1, 1, 0, None, None, [])
+        env = Env(0, 1, 0, 1, "cpu", "gloo")
+        wrapped, *_ = build_model(a, p, env, compile=False)
+        assert compiled == []
+        wrapped, _, _, patched = build_model(a, p, env, patch=True, compile=True)
+        assert len(compiled) == 1 and patched
+    finally:
+        dist.destroy_process_group()
