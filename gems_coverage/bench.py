@@ -538,6 +538,9 @@ def graphed_decode(res: BenchResult, bundle, new_tokens, warmup, steps, include,
     res.aten_ms = [round(x, 4) for x in ms_per_token(m, inputs, new_tokens, steps, warmup, **eager)]
     with gems_mode():
         progress("cuda graphs: Gems, eager decode steps on a static cache")
+        # Gems' own eager tokens: a graph must replay exactly what its kernels compute eagerly, so a
+        # difference from ATen's tokens is told apart from one the graphs make
+        own, own_steps = generate_greedy(m, inputs, new_tokens, **eager)
         gems_eager = ms_per_token(m, inputs, new_tokens, steps, warmup, **eager)
         graphed(m, max_batch=inputs["input_ids"].shape[0],
                 max_cache_len=max(256, inputs["input_ids"].shape[1] + new_tokens))
@@ -549,7 +552,10 @@ def graphed_decode(res: BenchResult, bundle, new_tokens, warmup, steps, include,
         finally:
             ungraphed(m)
     c = token_check(got.cpu(), ref.cpu(), [t.cpu() for t in ref_steps])
-    res.agreement = [{"check": c.name, "ok": bool(c.ok), "detail": c.detail, "rel_err": None, "tol": None}]
+    o = token_check(got.cpu(), own.cpu(), [t.cpu() for t in own_steps])
+    res.agreement = [{"check": c.name, "ok": bool(c.ok), "detail": c.detail, "rel_err": None, "tol": None},
+                     {"check": "greedy tokens, graphed vs Gems' eager steps", "ok": bool(o.ok), "detail": o.detail,
+                      "rel_err": None, "tol": None}]
     res.notes += ["cuda graphs: the modes run one after the other, not alternating; ms per token = (generate of "
                   "--new-tokens - generate of 1 token) / (new tokens - 1), "
                   "generate's own per-step work included; ATen: static cache, eager steps (disable_compile); "

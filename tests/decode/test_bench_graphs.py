@@ -19,6 +19,7 @@ def test_bench_cuda_graphs_runs_and_agrees():
         r = B.bench("llama2", workload="decode", device=DEVICE, size="tiny", dtype="float32", new_tokens=3,
                     steps=1, warmup=1, seq_len=4, cuda_graphs=True)
     assert r.agree and len(r.aten_ms) == 1 and len(r.gems_ms) == 1
+    assert [c["check"] for c in r.agreement] == ["greedy tokens", "greedy tokens, graphed vs Gems' eager steps"]
     assert any("gems.decode.graphed" in n for n in r.notes)
     assert any(n.startswith("read roof:") for n in r.notes) == (DEVICE == "cuda")
 
