@@ -36,6 +36,14 @@ def gen(model, ids, n, **kw):
                               do_sample=False, pad_token_id=0, **kw)
 
 
+def sample(model, ids, n, seed, **kw):
+    """generate with temperature, top-k and top-p sampling from a fixed seed."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=True, temperature=0.8, top_k=20, top_p=0.9, pad_token_id=0, **kw)
+
+
 def snapshot(model):
     return ({k: v for k, v in model.__dict__.items()}, model.generation_config.to_dict())
 
@@ -303,6 +311,23 @@ def test_cuda_sliding_window_replay_matches_eager(gems_on):
 
 
 @cuda_only
+def test_cuda_sampling_draws_eagers_tokens():
+    """Sampling (temperature, top-k, top-p, multinomial) runs in generate after the replay and the graph
+    draws no random numbers: the same seed gives the eager static-cache decode's tokens."""
+    model = tiny_llama()
+    ids = prompt(2, 6)
+    ref = sample(model, ids, 24, seed=3, cache_implementation="static", disable_compile=True)
+    D.graphed(model, max_batch=2, max_cache_len=64)
+    try:
+        got = sample(model, ids, 24, seed=3)
+        counts = D.graph_counts(model)
+    finally:
+        D.ungraphed(model)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert counts["replayed"] == 23 and counts["eager"] == 0
+
+
+@cuda_only
 def test_cuda_host_sync_raises():
     """A step that synchronizes with the host cannot be captured: a clear error, not a wrong replay."""
     model = tiny_llama()
@@ -504,3 +529,22 @@ def test_dispatcher_sliding_window(fake_graphs):
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
     # positions 5..15 fit the window (11 steps; the first captures and replays), 16..23 roll it
     assert counts == {"captured": 1, "replayed": 11, "eager": 8}
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU stand-in for CUDA graphs")
+def test_dispatcher_sampling_draws_eagers_tokens(fake_graphs):
+    """Sampling from a seed through the graphed path draws the eager static-cache decode's tokens (and
+    differs from another seed's: the draws are random, not greedy)."""
+    model = tiny_llama()
+    ids = prompt(2, 6)
+    ref = sample(model, ids, 12, seed=3, cache_implementation="static", disable_compile=True)
+    other = sample(model, ids, 12, seed=4, cache_implementation="static", disable_compile=True)
+    D.graphed(model, max_batch=2, max_cache_len=64)
+    try:
+        got = sample(model, ids, 12, seed=3)
+        counts = D.graph_counts(model)
+    finally:
+        D.ungraphed(model)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert not torch.equal(ref, other)
+    assert counts == {"captured": 1, "replayed": 11, "eager": 0}
