@@ -328,6 +328,28 @@ def test_cuda_sampling_draws_eagers_tokens():
 
 
 @cuda_only
+def test_cuda_llava_replay_matches_eager():
+    """Llava's language model after its (eager) prefill: the replayed steps give the eager static-cache
+    decode's tokens and logits in fp32."""
+    import gems_models as M
+    from gems.decode.timing import generate_greedy
+    b = M.build(M.resolve("llava"), size="tiny", device=DEVICE, dtype="float32", batch=1, seq_len=8, seed=0)
+    model = b.model.eval()
+    ref, ref_logits = generate_greedy(model, b.inputs, 12, pad_token_id=0, disable_compile=True,
+                                      past_key_values=StaticCache(config=model.config.get_text_config(decoder=True),
+                                                                  max_cache_len=64))
+    D.graphed(model, max_batch=1, max_cache_len=64)
+    try:
+        got, logits = generate_greedy(model, b.inputs, 12, pad_token_id=0)
+        counts = D.graph_counts(model)
+    finally:
+        D.ungraphed(model)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    torch.testing.assert_close(torch.stack(logits), torch.stack(ref_logits), rtol=1e-5, atol=1e-5)
+    assert counts == {"captured": 1, "replayed": 11, "eager": 0}
+
+
+@cuda_only
 def test_cuda_host_sync_raises():
     """A step that synchronizes with the host cannot be captured: a clear error, not a wrong replay."""
     model = tiny_llama()
@@ -548,3 +570,25 @@ def test_dispatcher_sampling_draws_eagers_tokens(fake_graphs):
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
     assert not torch.equal(ref, other)
     assert counts == {"captured": 1, "replayed": 11, "eager": 0}
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU stand-in for CUDA graphs")
+def test_dispatcher_llava_language_model_after_its_prefill(fake_graphs):
+    """Llava: the prefill (image features merged into the prompt) runs eager, the language model's
+    one-token steps replay (generate drops pixel_values after the prefill); greedy tokens equal plain
+    generate's."""
+    import gems_models as M
+    b = M.build(M.resolve("llava"), size="tiny", device=DEVICE, dtype="float32", batch=1, seq_len=8, seed=0)
+    model = b.model.eval()
+    kw = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        ref = model.generate(**b.inputs, **kw)
+    D.graphed(model, max_batch=1, max_cache_len=64)
+    try:
+        with torch.no_grad():
+            got = model.generate(**b.inputs, **kw)
+        counts = D.graph_counts(model)
+    finally:
+        D.ungraphed(model)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    assert counts == {"captured": 1, "replayed": 9, "eager": 0}
