@@ -254,33 +254,44 @@ def test_first_replay_check_tolerance():
 cuda_only = pytest.mark.skipif(not ON_GPU, reason="CUDA graphs: GEMS_TEST_DEVICE=cuda")
 
 
+def replay_against_eager(model, inputs, n, capacity, *, gems_on=False, warns=None):
+    """Greedy decode of `n` tokens, graphed, against the eager decode on a static cache of `capacity`
+    positions (the bucket graphed picks: the same computation); fp32 tokens equal, logits within 1e-5.
+    Returns the graph counts."""
+    import contextlib
+    from gems.decode.timing import generate_greedy
+    config = model.config.get_text_config(decoder=True)
+    scope = gems.use_gems() if gems_on else contextlib.nullcontext()
+    with scope:
+        ref, ref_logits = generate_greedy(model, inputs, n, pad_token_id=0, disable_compile=True,
+                                          past_key_values=StaticCache(config=config, max_cache_len=capacity))
+        D.graphed(model, max_batch=inputs["input_ids"].shape[0], max_cache_len=capacity)
+        try:
+            with pytest.warns(UserWarning, match=warns) if warns else contextlib.nullcontext():
+                got, logits = generate_greedy(model, inputs, n, pad_token_id=0)
+            counts = D.graph_counts(model)
+        finally:
+            D.ungraphed(model)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    torch.testing.assert_close(torch.stack(logits), torch.stack(ref_logits), rtol=1e-5, atol=1e-5)
+    return counts
+
+
+def mask_of(ids):
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
 @cuda_only
 @pytest.mark.parametrize("gems_on", [False, True, "packed"], ids=["aten", "gems", "gems-packed"])
 def test_cuda_replay_matches_eager(gems_on):
     """32 tokens: graphed decode's tokens equal the eager static-cache decode's, in fp32, with and
     without Gems' ATen ops (and with gems.patch's packed projections); every one-token step after the
     first capture is a replay."""
-    import contextlib
-    from gems.decode.timing import generate_greedy
     model = tiny_llama()
     if gems_on == "packed":
         gems.patch(model, pack_projections=True)
-    ids = prompt(2, 9)
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    scope = gems.use_gems() if gems_on else contextlib.nullcontext()
-    with scope:
-        # the eager reference on a static cache of the bucket graphed picks (128): the same computation
-        ref, ref_logits = generate_greedy(model, inputs, 32, pad_token_id=0, disable_compile=True,
-                                          past_key_values=StaticCache(config=model.config, max_cache_len=128))
-        D.graphed(model, max_batch=2, max_cache_len=128)
-        try:
-            got, logits = generate_greedy(model, inputs, 32, pad_token_id=0)
-            counts = D.graph_counts(model)
-        finally:
-            D.ungraphed(model)
-    torch.testing.assert_close(got, ref, rtol=0, atol=0)
-    torch.testing.assert_close(torch.stack(logits), torch.stack(ref_logits), rtol=1e-5, atol=1e-5)
-    assert counts["captured"] == 1 and counts["replayed"] == 31 and counts["eager"] == 0
+    counts = replay_against_eager(model, mask_of(prompt(2, 9)), 32, 128, gems_on=bool(gems_on))
+    assert counts == {"captured": 1, "replayed": 31, "eager": 0}
 
 
 @cuda_only
@@ -289,24 +300,8 @@ def test_cuda_sliding_window_replay_matches_eager(gems_on):
     """A sliding-window model (Mistral): the graph replays while the window fills, the host counter a
     replay cannot advance is advanced by the dispatcher, the steps that roll the window run eager, and
     the tokens equal the eager static-cache decode's in fp32."""
-    import contextlib
-    from gems.decode.timing import generate_greedy
-    model = tiny_mistral(window=16)
-    ids = prompt(2, 5)
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    scope = gems.use_gems() if gems_on else contextlib.nullcontext()
-    with scope:
-        ref, ref_logits = generate_greedy(model, inputs, 20, pad_token_id=0, disable_compile=True,
-                                          past_key_values=StaticCache(config=model.config, max_cache_len=64))
-        D.graphed(model, max_batch=2, max_cache_len=64)
-        try:
-            with pytest.warns(UserWarning, match="sliding window is full"):
-                got, logits = generate_greedy(model, inputs, 20, pad_token_id=0)
-            counts = D.graph_counts(model)
-        finally:
-            D.ungraphed(model)
-    torch.testing.assert_close(got, ref, rtol=0, atol=0)
-    torch.testing.assert_close(torch.stack(logits), torch.stack(ref_logits), rtol=1e-5, atol=1e-5)
+    counts = replay_against_eager(tiny_mistral(window=16), mask_of(prompt(2, 5)), 20, 64, gems_on=gems_on,
+                                  warns="sliding window is full")
     assert counts == {"captured": 1, "replayed": 11, "eager": 8}
 
 
@@ -332,20 +327,8 @@ def test_cuda_llava_replay_matches_eager():
     """Llava's language model after its (eager) prefill: the replayed steps give the eager static-cache
     decode's tokens and logits in fp32."""
     import gems_models as M
-    from gems.decode.timing import generate_greedy
     b = M.build(M.resolve("llava"), size="tiny", device=DEVICE, dtype="float32", batch=1, seq_len=8, seed=0)
-    model = b.model.eval()
-    ref, ref_logits = generate_greedy(model, b.inputs, 12, pad_token_id=0, disable_compile=True,
-                                      past_key_values=StaticCache(config=model.config.get_text_config(decoder=True),
-                                                                  max_cache_len=64))
-    D.graphed(model, max_batch=1, max_cache_len=64)
-    try:
-        got, logits = generate_greedy(model, b.inputs, 12, pad_token_id=0)
-        counts = D.graph_counts(model)
-    finally:
-        D.ungraphed(model)
-    torch.testing.assert_close(got, ref, rtol=0, atol=0)
-    torch.testing.assert_close(torch.stack(logits), torch.stack(ref_logits), rtol=1e-5, atol=1e-5)
+    counts = replay_against_eager(b.model.eval(), b.inputs, 12, 64)
     assert counts == {"captured": 1, "replayed": 11, "eager": 0}
 
 
