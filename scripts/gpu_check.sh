@@ -176,12 +176,12 @@ if want families; then
     --patch-options moe_torch_gemm=off
   bench llama1b_train_patch_compile llama-1.1b train --batch 4 --seq-len 1024 --steps 5 --patch --compile
   bench llama1b_train_compile llama-1.1b train --batch 4 --seq-len 1024 --steps 5 --compile
-  # 20 training steps' losses against unpatched eager ATen (fp32 reference): GPT-2, Mixtral (at the
-  # tool's lr 3e-4 its runs turn chaotic by step 3, fp32 too, docs/perf.md: also at 1e-4, as BERT's check
-  # runs) and torch.compile(gems.patch(model))
+  # 20 training steps' losses against unpatched eager ATen (fp32 reference): GPT-2, Qwen3, Mixtral and
+  # torch.compile(gems.patch(model)). Mixtral at lr 1e-4, as BERT's check: at the tool's 3e-4 without
+  # warm-up every run, fp32 too, spikes at step 3 and near-tied router logits send the runs apart
   for spec in "gpt2m $C/gpt2-medium.json --batch 8 --seq-len 1024 --patch" \
-              "mixtral4l $C/mixtral-4l.json --batch 4 --seq-len 1024 --patch" \
-              "mixtral4l_lr1e-4 $C/mixtral-4l.json --batch 4 --seq-len 1024 --patch --lr 1e-4" \
+              "qwen3 $C/qwen3-1.7b.json --batch 4 --seq-len 1024 --patch" \
+              "mixtral4l $C/mixtral-4l.json --batch 4 --seq-len 1024 --patch --lr 1e-4" \
               "llama1b_compile llama-1.1b --batch 4 --seq-len 1024 --patch --compile"; do
     set -- $spec
     tag=$1; shift
