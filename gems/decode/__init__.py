@@ -11,7 +11,7 @@ A decode step is host-bound: the host issues every kernel launch of every layer 
 replays the whole step's launches in one call. docs/decode.md says what is captured and what is not.
 
 api.py: graphed / ungraphed; step.py: the forward that picks graph or eager; capture.py: warm-up,
-capture, replay and the first replay's check; pool.py: the static caches graphs are bound to.
+capture, replay and the first replay's check; pool.py: the static caches graphs are bound to; kv_cache.py: their layers' one-launch update.
 """
 from .api import graph_counts, graphed, ungraphed
 from .capture import GraphCaptureError

@@ -52,7 +52,7 @@ class Graphed:
                              prefill_chunk_size=None, model_kwargs=None, **rest):
         """transformers' `_prepare_static_cache`, answered from the pool; what the pool does not serve
         gets transformers' own fresh cache, whose steps run eager (said once)."""
-        from transformers import StaticCache
+        from .kv_cache import static_cache    # imports transformers: only once a model generates
         o = self.options
         bucket = capacity_bucket(max_cache_len, o["min_cache_len"], o["max_cache_len"])
         why = None
@@ -72,7 +72,8 @@ class Graphed:
             return cache
         key = (batch_size, bucket, model.dtype, model.device)
         config = model.config.get_text_config(decoder=True)
-        cache = self.pool.get(key, lambda: StaticCache(config=config, max_cache_len=bucket))
+        # its full-attention layers write a step's keys and values in one launch (kv_cache.py)
+        cache = self.pool.get(key, lambda: static_cache(config, bucket))
         # a pooled cache refused for the last call (its tensors reallocated by beam search) starts over
         self.step.eager_caches.pop(cache, None)
         return cache

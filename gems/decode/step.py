@@ -29,16 +29,21 @@ MAX_SIGNATURES = 8
 
 
 def static_layers(cache) -> bool:
-    """Whether every layer of `cache` is a StaticLayer (its position lives in a device tensor) or a
-    StaticSlidingWindowLayer (a device tensor and a host int, which capture.py advances per replay)."""
+    """Whether every layer of `cache` is a StaticLayer (its position lives in a device tensor), Gems'
+    AppendingStaticLayer or a StaticSlidingWindowLayer (a device tensor and a host int, which capture.py
+    advances per replay)."""
     from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
+
+    from .kv_cache import AppendingStaticLayer    # imports transformers, as the line above
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) in (StaticLayer, StaticSlidingWindowLayer) for layer in layers)
+    return bool(layers) and all(type(layer) in (StaticLayer, AppendingStaticLayer, StaticSlidingWindowLayer)
+                                for layer in layers)
 
 
 def window_full(cache, step_len: int) -> bool:
-    """Whether a sliding-window layer of `cache` would reach its window's end in this step: its update
-    then rolls the window (a branch the graph, captured before, does not hold)."""
+    """Whether a layer counting its positions on the host would pass its capacity in this step: a
+    sliding window's update then rolls the window (a branch the graph, captured before, does not hold);
+    an AppendingStaticLayer's raises the IndexError of a full cache (which a replay could not)."""
     return any(layer.cumulative_length_int + step_len > layer.max_cache_len
                for layer in cache.layers if hasattr(layer, "cumulative_length_int"))
 
@@ -116,7 +121,7 @@ class DecodeStep:
         if capacity > self.max_cache_len:
             return f"a cache of {capacity} positions > max_cache_len {self.max_cache_len}: runs eager"
         if window_full(cache, ids.shape[1]):
-            return "a sliding window is full: the steps that roll it run eager"
+            return "a sliding window (or the static cache) is full: the steps that roll the window run eager"
         for k, v in kwargs.items():
             if k == "past_key_values":
                 continue

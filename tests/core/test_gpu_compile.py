@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import gems.decode
 import gems.fused
 import gems.ops
 from gems.runtime.launch import LaunchCache
@@ -29,7 +30,7 @@ HOW = ("record them: GEMS_COMPILE_RECORD=/tmp/k.jsonl python -m pytest -n 2 test
 
 def _launch_caches():
     found = {}
-    for pkg in (gems.ops, gems.fused):
+    for pkg in (gems.ops, gems.fused, gems.decode):
         for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
             mod = importlib.import_module(info.name)
             for name, obj in vars(mod).items():
