@@ -9,6 +9,8 @@
 - `model._prepare_static_cache` (over transformers' method): caches from the pool;
 - `model._valid_auto_compile_criteria`: False, so `generate` does not wrap the graphed forward in
   torch.compile (transformers compiles the decode step of a static cache on CUDA by itself).
+With `decode_attention` (the default) it also gives the text config's `_attn_implementation` the name
+of Gems' decode attention (attention.py) in place of `sdpa`, and puts `sdpa` back.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Optional
 
 from torch import nn
 
+from .attention import install as install_attention
 from .pool import CachePool, capacity_bucket
 from .step import DecodeStep
 
@@ -37,6 +40,8 @@ class Graphed:
         self.pool = CachePool(options["max_caches"], self.step.drop)
         self.prepare_hf = type(model)._prepare_static_cache.__get__(model)
         self.generate_hf = model.__dict__.get("generate") or type(model).generate.__get__(model)
+        # decode steps' attention by Gems' kernel, on the cache's keys as they are (attention.py)
+        self.restore_attention = install_attention(model) if options["decode_attention"] else None
 
     def generate(self, *args, **kwargs):
         """transformers' generate, with a static cache unless the call chooses a cache (or none)."""
@@ -89,11 +94,13 @@ class Graphed:
                 model.__dict__.pop(k, None)
         self.pool.clear()
         self.step.graphs.clear()
+        if self.restore_attention is not None:
+            self.restore_attention()
         return ours
 
 
 def graphed(model, *, max_batch: int = 8, max_cache_len: int = 4096, min_cache_len: Optional[int] = None,
-            max_caches: int = 4, warmups: int = 3, verify: bool = True):
+            max_caches: int = 4, warmups: int = 3, verify: bool = True, decode_attention: bool = True):
     """Make `model.generate(...)` decode through CUDA graphs; returns the model.
 
     After this call `generate` uses a static KV cache (`cache_implementation="static"` unless the call
@@ -116,7 +123,12 @@ def graphed(model, *, max_batch: int = 8, max_cache_len: int = 4096, min_cache_l
 
     Order with Gems: `gems.patch(model)` first, then `graphed(model)`; `gems.enable()` (or a
     `use_gems` scope) may be on or off: the active op selection is part of a graph's key, so each
-    selection gets its own graph. Undo in reverse: `ungraphed(model)`, then `gems.unpatch(model)`."""
+    selection gets its own graph. Undo in reverse: `ungraphed(model)`, then `gems.unpatch(model)`.
+
+    `decode_attention`: a model using transformers' `sdpa` attention runs its decode steps' attention
+    in Gems' kernel, on the cache's keys and values and mask as they are (gems/decode/attention.py:
+    no per-layer copy of a grouped-query cache, no per-layer mask conversion); its prefill keeps
+    `sdpa`. False leaves the model's attention as it is."""
     if not isinstance(model, nn.Module) or not hasattr(model, "generate"):
         raise TypeError(f"gems.decode.graphed takes a transformers generative model, got {type(model).__name__}")
     if getattr(model.config, "is_encoder_decoder", False):
@@ -130,7 +142,7 @@ def graphed(model, *, max_batch: int = 8, max_cache_len: int = 4096, min_cache_l
         raise ValueError("gems.decode.graphed: need max_batch >= 1, 1 <= min_cache_len <= max_cache_len, "
                          "max_caches >= 1, warmups >= 1")
     options = dict(max_batch=max_batch, max_cache_len=max_cache_len, min_cache_len=min_cache_len,
-                   max_caches=max_caches, warmups=warmups, verify=verify)
+                   max_caches=max_caches, warmups=warmups, verify=verify, decode_attention=bool(decode_attention))
     prev = model.__dict__.get(ATTR)
     if prev is not None:
         if prev.options != options:

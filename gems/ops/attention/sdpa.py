@@ -98,7 +98,8 @@ import math
 import torch
 
 from ...registry import FLOATS, Unsupported
-from ...runtime import kernel, plan
+from ...runtime import backend, kernel, plan
+from ...runtime.backends import unserved_dtypes
 from ...runtime.alloc import empty
 from ...runtime.utils import cdiv, next_pow2, sm_count, span
 from . import kernels as K
@@ -542,3 +543,18 @@ def grads_like(q, k, v, perm=None):
         return (alloc_permuted(q.shape, perm, q.dtype, q.device), alloc_permuted(k.shape, perm, k.dtype, k.device),
                 alloc_permuted(v.shape, perm, v.dtype, v.device))
     return alloc_like(q.shape, q), alloc_like(k.shape, k), alloc_like(v.shape, v)
+
+
+def attend(q, k, v, mask, scale):
+    """softmax(q k^T * scale + mask) v, forward only, for callers outside SDPA (gems.decode's attention):
+    q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D] with GQA indexed (never repeated), `mask` None, bool (keep
+    where True) or float (added), broadcastable to [B, Hq, Sq, Sk]; `scale` None = 1 / sqrt(D). No
+    causal flag, no dropout, no logsumexp. Raises Unsupported, before writing anything, for what the
+    dispatcher would leave to ATen (the backend's unserved dtypes, validate)."""
+    why = unserved_dtypes(backend()).get(q.dtype)
+    if why is not None:     # what the dispatcher leaves to ATen on this backend (bf16 on the interpreter)
+        raise Unsupported(why)
+    validate(q, k, v, mask, 0.0)
+    out = alloc_like(q.shape, q)
+    forward(q, k, v, mask, False, softmax_scale(q, scale), out, None)
+    return out
