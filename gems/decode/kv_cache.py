@@ -19,6 +19,9 @@ plus one 8-byte counter read per program.
 The position also lives on the host (`cumulative_length_int`, the name transformers' sliding-window
 layers use, so capture.py advances it after each replay): a write past the cache's capacity raises
 IndexError before anything is launched, as `index_copy_` would, instead of writing out of bounds.
+`AppendingSlidingWindowLayer` does the same for a sliding window's updates that leave it not yet full
+(transformers' `index_copy_` branch, the only one a graph replays); filling or rolling the window
+stays transformers'.
 
 Inputs the kernel does not take (another device than Gems launches on, a dtype other than the cache's,
 shapes that do not match, gradients, tracing by torch.compile) go through transformers' own update.
@@ -28,7 +31,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from transformers.cache_utils import StaticCache, StaticLayer
+from transformers.cache_utils import StaticCache, StaticLayer, StaticSlidingWindowLayer
 
 from ..fused import library
 from ..runtime import kernel
@@ -83,50 +86,72 @@ def append(keys, values, k, v, length, ticket):
         num_warps=4 if block_l * max(bdk, bdv) >= 2048 else 1)
 
 
-class AppendingStaticLayer(StaticLayer):
-    """transformers' StaticLayer whose `update` is one launch (`append`) where Gems can run it."""
+class _OneLaunch:
+    """What both layers share: the ticket tensor, the test for inputs the kernel takes, the launch."""
 
-    def __init__(self, max_cache_len: int, **kwargs):
-        super().__init__(max_cache_len, **kwargs)
-        self.cumulative_length_int = 0
-        self.ticket = None
+    ticket = None
 
     def lazy_initialization(self, key_states, value_states) -> None:
         super().lazy_initialization(key_states, value_states)
         self.ticket = torch.zeros((), dtype=torch.int32, device=self.device)
 
-    def _fusable(self, k, v) -> bool:
-        return (not torch.compiler.is_compiling()
+    def fusable(self, k, v) -> bool:
+        return (k.shape[-2] > 0 and not torch.compiler.is_compiling()
                 and k.device.type == library.device_type() and k.device == self.keys.device
                 and k.dtype == self.keys.dtype and v.dtype == self.values.dtype and k.dim() == v.dim() == 4
                 and k.shape[:2] == v.shape[:2] == self.keys.shape[:2] and k.shape[2] == v.shape[2]
                 and k.shape[3] == self.keys.shape[3] and v.shape[3] == self.values.shape[3]
                 and not (torch.is_grad_enabled() and (k.requires_grad or v.requires_grad)))
 
+    def append(self, k, v):
+        append(self.keys, self.values, k, v, self.cumulative_length, self.ticket)
+        self.cumulative_length_int += k.shape[-2]
+        return self.keys, self.values
+
+
+class AppendingStaticLayer(_OneLaunch, StaticLayer):
+    """transformers' StaticLayer whose `update` is one launch (`append`) where Gems can run it."""
+
+    def __init__(self, max_cache_len: int, **kwargs):
+        super().__init__(max_cache_len, **kwargs)
+        self.cumulative_length_int = 0
+
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[-2]
-        if not self._fusable(key_states, value_states):
+        if not self.fusable(key_states, value_states):
             self.cumulative_length_int += n    # first, as transformers advances its counter before writing
             return super().update(key_states, value_states, *args, **kwargs)
         if self.cumulative_length_int + n > self.max_cache_len:
             raise IndexError(f"static KV cache: writing {n} positions at position {self.cumulative_length_int} "
                              f"overflows its capacity of {self.max_cache_len} (give generate a larger max_length "
                              f"or the cache a larger max_cache_len)")
-        append(self.keys, self.values, key_states, value_states, self.cumulative_length, self.ticket)
-        self.cumulative_length_int += n
-        return self.keys, self.values
+        return self.append(key_states, value_states)
 
     def reset(self) -> None:
         super().reset()
         self.cumulative_length_int = 0
 
 
+class AppendingSlidingWindowLayer(_OneLaunch, StaticSlidingWindowLayer):
+    """transformers' StaticSlidingWindowLayer whose updates that leave the window not yet full (the
+    only ones a graph replays) are one launch; the updates that fill or roll the window are transformers'."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if self.cumulative_length_int + key_states.shape[-2] <= self.max_cache_len \
+                and self.fusable(key_states, value_states):
+            return self.append(key_states, value_states)
+        return super().update(key_states, value_states, *args, **kwargs)
+
+
 def static_cache(config, max_cache_len: int) -> StaticCache:
-    """transformers' StaticCache for `config`, its full-attention layers AppendingStaticLayers
-    (sliding-window layers stay transformers')."""
+    """transformers' StaticCache for `config`, its layers the one-launch ones above."""
     cache = StaticCache(config=config, max_cache_len=max_cache_len)
-    cache.layers = [AppendingStaticLayer(max_cache_len=layer.max_cache_len) if type(layer) is StaticLayer else layer
+    swap = {StaticLayer: lambda n: AppendingStaticLayer(max_cache_len=n),
+            StaticSlidingWindowLayer: lambda n: AppendingSlidingWindowLayer(max_cache_len=n, sliding_window=n)}
+    cache.layers = [swap[type(layer)](layer.max_cache_len) if type(layer) in swap else layer
                     for layer in cache.layers]
     return cache

@@ -29,15 +29,15 @@ MAX_SIGNATURES = 8
 
 
 def static_layers(cache) -> bool:
-    """Whether every layer of `cache` is a StaticLayer (its position lives in a device tensor), Gems'
-    AppendingStaticLayer or a StaticSlidingWindowLayer (a device tensor and a host int, which capture.py
-    advances per replay)."""
+    """Whether every layer of `cache` is a StaticLayer (its position lives in a device tensor) or a
+    StaticSlidingWindowLayer (a device tensor and a host int, which capture.py advances per replay), or
+    Gems' one-launch form of either (kv_cache.py)."""
     from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 
-    from .kv_cache import AppendingStaticLayer    # imports transformers, as the line above
+    from .kv_cache import AppendingSlidingWindowLayer, AppendingStaticLayer    # imports transformers too
+    kinds = (StaticLayer, AppendingStaticLayer, StaticSlidingWindowLayer, AppendingSlidingWindowLayer)
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) in (StaticLayer, AppendingStaticLayer, StaticSlidingWindowLayer)
-                                for layer in layers)
+    return bool(layers) and all(type(layer) in kinds for layer in layers)
 
 
 def window_full(cache, step_len: int) -> bool:

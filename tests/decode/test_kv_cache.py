@@ -10,7 +10,7 @@ from transformers import LlamaConfig, MistralConfig, StaticCache
 from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 
 from gems.decode import kv_cache
-from gems.decode.kv_cache import AppendingStaticLayer, append, static_cache
+from gems.decode.kv_cache import AppendingSlidingWindowLayer, AppendingStaticLayer, append, static_cache
 
 
 def config(**kw):
@@ -112,11 +112,34 @@ def test_append_fills_exactly_the_rows_at_the_position():
     assert int(length) == 9 and int(ticket) == 0
 
 
-def test_static_cache_swaps_only_full_attention_layers():
+def test_static_cache_swaps_both_kinds_of_layers():
     cache = static_cache(config(), 32)
     assert [type(layer) for layer in cache.layers] == [AppendingStaticLayer] * 2
     assert all(layer.max_cache_len == 32 for layer in cache.layers)
     mistral = MistralConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, sliding_window=16)
-    assert all(type(layer) is StaticSlidingWindowLayer for layer in static_cache(mistral, 32).layers)
+    layers = static_cache(mistral, 32).layers
+    assert all(type(layer) is AppendingSlidingWindowLayer and layer.max_cache_len == 16 for layer in layers)
     assert type(StaticCache(config=config(), max_cache_len=32).layers[0]) is StaticLayer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("steps", [(5, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1), (3, 4, 9, 1, 2), (12, 1, 1, 1, 1, 7, 1)])
+def test_sliding_window_updates_equal_transformers(dtype, steps, monkeypatch):
+    """Filling, reaching and rolling a window of 16: the one-launch updates while it is not yet full,
+    transformers' from there on; keys, values, returned states and both counters as transformers'."""
+    torch.manual_seed(0)
+    launches = []
+    monkeypatch.setattr(kv_cache, "append", lambda *a: launches.append(1) or append(*a))
+    ours = AppendingSlidingWindowLayer(max_cache_len=32, sliding_window=16)
+    ref = StaticSlidingWindowLayer(max_cache_len=32, sliding_window=16)
+    fused = 0
+    for n in steps:
+        fused += ours.cumulative_length_int + n <= 16
+        k, v = kv(2, 2, n, 8, dtype, "transposed"), kv(2, 2, n, 8, dtype, "contiguous")
+        got, want = ours.update(k, v), ref.update(k, v)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert torch.equal(ours.keys, ref.keys) and torch.equal(ours.values, ref.values)
+        assert ours.cumulative_length_int == ref.cumulative_length_int
+        assert int(ours.cumulative_length) == int(ref.cumulative_length)
+    assert len(launches) == fused > 0
