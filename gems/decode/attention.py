@@ -35,7 +35,8 @@ def decode_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     """transformers' attention-interface signature; returns (output [B, Sq, Hq, D], None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward  # optional dependency
     sq = query.shape[2] if query.dim() == 4 else 0
-    if (0 < sq <= DECODE_QUERIES and (attention_mask is not None or sq == 1) and not dropout
+    mask_ok = attention_mask is None or attention_mask.dtype in (torch.bool, query.dtype)   # as SDPA accepts
+    if (0 < sq <= DECODE_QUERIES and (attention_mask is not None or sq == 1) and mask_ok and not dropout
             and kwargs.get("position_bias") is None and query.device.type == library.device_type()
             and not (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad))
             and not torch.compiler.is_compiling()):

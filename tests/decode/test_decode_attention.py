@@ -75,6 +75,15 @@ def test_kernel_serves_decode_and_the_rest_goes_to_transformers(monkeypatch):
     assert served == []
 
 
+def test_a_float_mask_of_another_dtype_raises_what_sdpa_raises():
+    q, k, v = qkv(1, 2, 1, 1, 8, 16, torch.float32)
+    mask = cache_mask(1, 1, 8, 4, torch.float64)
+    with pytest.raises(RuntimeError) as want:
+        sdpa_attention_forward(Module(2), q, k, v, mask)
+    with pytest.raises(type(want.value)):
+        A.decode_attention(Module(2), q, k, v, mask)
+
+
 def test_unsupported_inputs_go_to_transformers():
     """A head dim the kernel leaves to ATen (> 256): transformers' sdpa answers."""
     q, k, v = qkv(1, 2, 1, 1, 8, 320, torch.float32)
