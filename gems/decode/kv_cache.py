@@ -11,9 +11,9 @@ launch slot and ramp-up on the device. `AppendingStaticLayer` does the same in o
     length = pos + L                               (by the last program to finish: a ticket)
 
 Grid (B * H, ceil(L / BLOCK_L)): a program copies BLOCK_L positions of one (batch, head) for both
-tensors. Every program reads `length` before it takes a ticket (an acq_rel atomic add on a per-layer
-int32); the program that draws the last ticket has therefore seen every other program's read, stores
-`pos + L` and puts the ticket back to 0. Bytes: the new keys and values read once and written once,
+tensors. Every program reads `length` before it takes a ticket (a barrier of its threads, then an
+acq_rel atomic add on a per-layer int32); the program that draws the last ticket has therefore seen
+every other program's read, stores `pos + L` and puts the ticket back to 0. Bytes: the new keys and values read once and written once,
 plus one 8-byte counter read per program.
 
 The position also lives on the host (`cumulative_length_int`, the name transformers' sliding-window
@@ -65,6 +65,8 @@ def kv_append_kernel(K, V, KN, VN, LEN, TICKET, H, L, DK, DV,
     _copy_rows(KN, K, b, h, pos, ls, lmask, kn_b, kn_h, kn_l, kn_d, k_b, k_h, k_l, k_d, DK, BLOCK_DK)
     _copy_rows(VN, V, b, h, pos, ls, lmask, vn_b, vn_h, vn_l, vn_d, v_b, v_h, v_l, v_d, DV, BLOCK_DV)
     programs = tl.num_programs(0) * tl.num_programs(1)
+    # every thread of the program has its LEN loaded (its stores used it) before the ticket is taken
+    tl.debug_barrier()
     if tl.atomic_add(TICKET, 1, sem="acq_rel") == programs - 1:
         tl.store(LEN, pos + L)
         tl.store(TICKET, 0)
