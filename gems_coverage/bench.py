@@ -517,6 +517,7 @@ def graphed_decode(res: BenchResult, bundle, new_tokens, warmup, steps, include,
     reduce-overhead: its CUDA graphs, ATen) in the notes. The modes run one after the other."""
     import gems
     from gems.decode import graph_counts, graphed, ungraphed
+    from gems.decode.attention import install as install_decode_attention
     from gems.decode.timing import generate_greedy, ms_per_token
     from .parity import token_check
     m = bundle.model.eval()
@@ -539,9 +540,15 @@ def graphed_decode(res: BenchResult, bundle, new_tokens, warmup, steps, include,
     with gems_mode():
         progress("cuda graphs: Gems, eager decode steps on a static cache")
         # Gems' own eager tokens: a graph must replay exactly what its kernels compute eagerly, so a
-        # difference from ATen's tokens is told apart from one the graphs make
-        own, own_steps = generate_greedy(m, inputs, new_tokens, **eager)
-        gems_eager = ms_per_token(m, inputs, new_tokens, steps, warmup, **eager)
+        # difference from ATen's tokens is told apart from one the graphs make; with the attention the
+        # graphed model's decode steps run (gems.decode.attention), as graphed installs it below
+        restore = install_decode_attention(m)
+        try:
+            own, own_steps = generate_greedy(m, inputs, new_tokens, **eager)
+            gems_eager = ms_per_token(m, inputs, new_tokens, steps, warmup, **eager)
+        finally:
+            if restore is not None:
+                restore()
         graphed(m, max_batch=inputs["input_ids"].shape[0],
                 max_cache_len=max(256, inputs["input_ids"].shape[1] + new_tokens))
         try:
@@ -560,7 +567,8 @@ def graphed_decode(res: BenchResult, bundle, new_tokens, warmup, steps, include,
                   "--new-tokens - generate of 1 token) / (new tokens - 1), "
                   "generate's own per-step work included; ATen: static cache, eager steps (disable_compile); "
                   f"Gems: gems.decode.graphed ({counts}); no per-op attribution (a graph replay is one launch)",
-                  f"Gems, eager steps on the static cache (no graphs): {med(gems_eager)} ms/token"]
+                  f"Gems, eager steps on the static cache (no graphs; the decode attention of gems.decode): "
+                  f"{med(gems_eager)} ms/token"]
     hf = None
     if res.meaningful:
         gems.disable()
