@@ -211,6 +211,25 @@ def test_constant_row_normalizes_to_zero(n, value):
     torch.testing.assert_close(rstd, rstda)
 
 
+@pytest.mark.parametrize("n", [240, 300])   # 240: one block of registers, 300: the looping path on the interpreter
+def test_values_near_the_mean_keep_their_digits(n):
+    """A row whose first element is far from its mean (3 against values near 0.09): x - mean at an
+    element close to the mean is small beside x - x[0], and a weight of 3e38 shows every lost digit.
+    Gems' y and mean are within 2x ATen's own error of the float64 answer."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, n, generator=g) * 0.01 - 0.086).to(DEVICE)
+    x[:, 0] = 2.97
+    w = torch.full((n,), 3e38, device=DEVICE)
+    with served("native_layer_norm"), gems.use_gems():
+        y, mean, _ = LN(x, [n], w, None, 2.5)
+    ya, meana, _ = LN(x, [n], w, None, 2.5)
+    ry, rmean, _ = LN(x.double(), [n], w.double(), None, 2.5)
+    for got, aten, ref in ((y, ya, ry), (mean, meana, rmean)):
+        err = ((got.double() - ref).abs() / ref.abs()).max()
+        aten_err = ((aten.double() - ref).abs() / ref.abs()).max()
+        assert err <= 2 * aten_err + 2e-6, (err, aten_err)
+
+
 @pytest.mark.parametrize("n", [4, 33, 300])   # 300: the looping path on the interpreter
 def test_rows_whose_statistics_overflow_fp32(n):
     """A row with |x| past 2^64 (its squares, or its sum shifted by the first element, overflow fp32):

@@ -8,10 +8,14 @@ other layouts, e.g. a sliced or expanded tensor normalized over more than its la
 Forward: each program holds BLOCK_M whole rows in registers (N <= max_n; one row of 4096 bf16 on
 the GPU), so x is read once and y written once: 2 passes over memory, the minimum. Mean and
 variance are computed in fp32 from the registers (two-pass variance, no E[x^2] - E[x]^2
-cancellation) of the row shifted by its first element (a constant row has mean exactly that element
-and normalizes to exactly 0, as under ATen's Welford; an fp32 sum of N copies of 0.1 is not N * 0.1),
-dividing by N with IEEE division (Triton's `/` is approximate on the GPU). Wider rows loop over the
-row three times (mean, variance, write). A row whose shifted sum or squares overflow fp32 (a value past
+cancellation), dividing by N with IEEE division (Triton's `/` is approximate on the GPU). The first
+estimate of the mean sums the row shifted by its first element (a constant row then has mean exactly
+that element and normalizes to exactly 0, as under ATen's Welford; an fp32 sum of N copies of 0.1 is
+not N * 0.1); one correction step adds the mean of x - mean, and y is (x - mean) * rstd, each
+difference taken from x itself: where x - mean is small beside the shifted values (a row whose first
+element is far from its mean) the shifted form loses digits, which a large weight then shows (values
+near 0.09 in a row starting near 3, times a weight of 3e38: y 1.5e-4 off in fp32, 8x ATen's error). Wider rows loop over the row three times
+(mean; the correction and the variance; write). A row whose shifted sum or squares overflow fp32 (a value past
 2^64; its variance is then not finite) is normalized again from x * 2^-80, exact for normal numbers,
 and gets the float64 answer (ATen's Welford answers NaN or 0 there: docs/known-differences.md); the
 branch is taken only by a program that has such a row (or one holding inf / NaN), so other rows pay a
@@ -75,18 +79,18 @@ SCALE_UP: tl.constexpr = tl.constexpr(2.0 ** 80)
 
 
 @triton.jit
-def _write_rows(src, W, B, Y, yrow, rmask, cols, N, shift, mean_s, rstd, scale, SCALED: tl.constexpr,
+def _write_rows(src, W, B, Y, yrow, rmask, cols, N, mean, rstd, scale, SCALED: tl.constexpr,
                 HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The forward's write pass over rows longer than a block: y = ((x [* scale]) - shift - mean_s) * rstd
-    (* W + B). SCALED: the rows normalized from x * 2^-80 (shift 0)."""
+    """The forward's write pass over rows longer than a block: y = (x [* scale] - mean) * rstd (* W + B).
+    SCALED: the rows normalized from x * 2^-80."""
     for start in range(0, N, BLOCK_N):
         c = cols + start
         mask = rmask & (c < N)
         x = tl.load(src + c, mask=mask, other=0.0).to(tl.float32)
         if SCALED:
-            y = (x * scale - mean_s[:, None]) * rstd[:, None]
+            y = (x * scale - mean[:, None]) * rstd[:, None]
         else:
-            y = ((x - shift) - mean_s[:, None]) * rstd[:, None]
+            y = (x - mean[:, None]) * rstd[:, None]
         if HAS_W:
             y = y * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
         if HAS_B:
@@ -126,12 +130,14 @@ def layer_norm_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
             x = (x.to(tl.float32) + tl.load(R + rows_l * sR + cols, mask=mask, other=0.0).to(tl.float32))
             x = x.to(S.dtype.element_ty)
             tl.store(S + rows_l * N + cols, x, mask=mask)     # the new residual: contiguous rows
-        xs = tl.where(mask, x.to(tl.float32) - shift, 0.0)
-        mean_s = tl.div_rn(tl.sum(xs, 1), N * 1.0)
-        xc = tl.where(mask, xs - mean_s[:, None], 0.0)
+        x32 = x.to(tl.float32)
+        xs = tl.where(mask, x32 - shift, 0.0)
+        mean = tl.sum(shift, 1) + tl.div_rn(tl.sum(xs, 1), N * 1.0)
+        # one correction step (module doc): the mean of x - mean, each difference taken from x itself
+        mean += tl.div_rn(tl.sum(tl.where(mask, x32 - mean[:, None], 0.0), 1), N * 1.0)
+        xc = tl.where(mask, x32 - mean[:, None], 0.0)
         var = tl.div_rn(tl.sum(xc * xc, 1), N * 1.0)
         rstd = 1.0 / tl.sqrt(var + eps)
-        mean = tl.sum(shift, 1) + mean_s
         y = xc * rstd[:, None]
         if tl.max(tl.where(var < float("inf"), 0, 1), 0) > 0:
             # a row whose shifted sum or squares overflowed fp32 (or that holds inf / NaN): its statistics
@@ -166,18 +172,23 @@ def layer_norm_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
                 x = x.to(S.dtype.element_ty)
                 tl.store(src + start + cols, x, mask=mask)
             acc += tl.where(mask, x.to(tl.float32) - shift, 0.0)
-        mean_s = tl.div_rn(tl.sum(acc, 1), N * 1.0)
+        mean = tl.sum(shift, 1) + tl.div_rn(tl.sum(acc, 1), N * 1.0)
         if HAS_RES:
             tl.debug_barrier()   # the sums stored above are read back below (by the same threads anyway)
+        # the second pass sums x - mean and its squares: the mean's correction and the corrected two-pass
+        # variance (S2 - S1^2 / N) / N, in the pass the variance needs anyway
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc1 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for start in range(0, N, BLOCK_N):
             mask = rmask & (cols + start < N)
             x = tl.load(src + start + cols, mask=mask, other=0.0).to(tl.float32)
-            xc = tl.where(mask, (x - shift) - mean_s[:, None], 0.0)
+            xc = tl.where(mask, x - mean[:, None], 0.0)
+            acc1 += xc
             acc += xc * xc
-        var = tl.div_rn(tl.sum(acc, 1), N * 1.0)
+        corr = tl.div_rn(tl.sum(acc1, 1), N * 1.0)
+        var = tl.maximum(tl.div_rn(tl.sum(acc, 1), N * 1.0) - corr * corr, 0.0)
         rstd = 1.0 / tl.sqrt(var + eps)
-        mean = tl.sum(shift, 1) + mean_s
+        mean += corr
         if tl.max(tl.where(var < float("inf"), 0, 1), 0) > 0:
             # (one row per program here) the statistics of x * 2^-80, as in the single-block case: the
             # written y is then (x * 2^-80 - mean_q) * rstd_q, i.e. shift = 0, a scale on x
@@ -194,13 +205,11 @@ def layer_norm_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
                 xc = tl.where(mask, x - mean_s[:, None], 0.0)
                 acc += xc * xc
             rstd = 1.0 / tl.sqrt(tl.div_rn(tl.sum(acc, 1), N * 1.0))
-            _write_rows(src, W, B, Y, yrow, rmask, cols, N, 0.0, mean_s, rstd, SCALE_DOWN, True, HAS_W, HAS_B,
-                        BLOCK_N)
+            _write_rows(src, W, B, Y, yrow, rmask, cols, N, mean_s, rstd, SCALE_DOWN, True, HAS_W, HAS_B, BLOCK_N)
             mean = mean_s * SCALE_UP
             rstd = rstd * SCALE_DOWN
         else:
-            _write_rows(src, W, B, Y, yrow, rmask, cols, N, shift, mean_s, rstd, 1.0, False, HAS_W, HAS_B,
-                        BLOCK_N)
+            _write_rows(src, W, B, Y, yrow, rmask, cols, N, mean, rstd, 1.0, False, HAS_W, HAS_B, BLOCK_N)
     tl.store(MEAN + rows, mean.to(MEAN.dtype.element_ty), mask=rows < M)
     tl.store(RSTD + rows, rstd.to(RSTD.dtype.element_ty), mask=rows < M)
 
