@@ -33,7 +33,6 @@ DECODE_QUERIES = 16    # the attention kernel's decode form (GQA groups packed p
 def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                      **kwargs):
     """transformers' attention-interface signature; returns (output [B, Sq, Hq, D], None)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # optional dependency
     sq = query.shape[2] if query.dim() == 4 else 0
     mask_ok = attention_mask is None or attention_mask.dtype in (torch.bool, query.dtype)   # as SDPA accepts
     if (0 < sq <= DECODE_QUERIES and (attention_mask is not None or sq == 1) and mask_ok and not dropout
@@ -46,6 +45,7 @@ def decode_attention(module, query, key, value, attention_mask, dropout=0.0, sca
             pass
         else:
             return out.transpose(1, 2).contiguous(), None
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # optional dependency
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, **kwargs)
 
