@@ -301,7 +301,7 @@ def cmd_bench(a, ctx):
         from .cold import cold_bench, format_cold
         r = cold_bench(a.model, workload=a.workload, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
                        seq_len=a.seq_len, new_tokens=new_tokens, optimizer=a.optimizer, include=_split(a.include),
-                       exclude=_split(a.exclude), progress=ctx.say)
+                       exclude=_split(a.exclude), patch=_patch_arg(a), progress=ctx.say)
         _emit(json.dumps(r, indent=1) if a.format == "json" else format_cold(r), a.output, ctx)
         return
     r = B.bench(a.model, workload=a.workload, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,

@@ -8,6 +8,7 @@ loaded or tuned helps it:
 - gems+warmup: gems.warmup(model, inputs) first (its own time reported), then the steps. Warmup runs
   the model's forward (train: and backward) on the bench's inputs: the optimizer's kernels, and decode's
   one-token steps, still compile in the first step.
+With --patch the two Gems modes run the model patched by gems.patch (warmup too); aten runs it unpatched.
 Per mode: the first and second step's wall time (decode: the whole first run, prompt and tokens; the
 second run's per-token time is in the regular bench), and for gems+warmup the warmup's time and kernel
 count. Model building is outside every timing. The child prints one JSON line, prefixed COLD_TAG.
@@ -27,11 +28,13 @@ COLD_TAG = "GEMS_COLD_RESULT "
 
 def cold_bench(model: str, *, workload: str = "prefill", device: str = "cpu", size=None, dtype=None, batch: int = 1,
                seq_len=None, new_tokens: int = 16, optimizer: str = "adamw", include=None, exclude=None,
-               modes=None, timeout_s: float = 3600.0, progress=lambda s: None) -> dict:
-    """Run each of `modes` in a fresh process with empty cache folders; {"model", ..., "modes": {mode: row}}."""
+               patch=False, modes=None, timeout_s: float = 3600.0, progress=lambda s: None) -> dict:
+    """Run each of `modes` in a fresh process with empty cache folders; {"model", ..., "modes": {mode: row}}.
+    `patch` (True or gems.patch's options): the Gems modes run the model patched, as bench --patch."""
+    from .runner import patch_options, patched
     spec = {"model": model, "workload": workload, "device": device, "size": size, "dtype": dtype, "batch": batch,
             "seq_len": seq_len, "new_tokens": new_tokens, "optimizer": optimizer, "include": include,
-            "exclude": exclude}
+            "exclude": exclude, "patch": patch_options(patch) if patched(patch) else None}
     out = {**spec, "modes": {}}
     with tempfile.TemporaryDirectory(prefix="gems-cold-") as tmp:
         for mode in modes or MODES:
@@ -81,8 +84,12 @@ def _child(spec: dict) -> dict:
     train = spec["workload"] == "train"
     bundle = M.build(recipe, size=size, device=spec["device"], dtype=dtype_name, batch=spec["batch"],
                      seq_len=seq_len, seed=0, dropout=0.0 if train else None)
+    popts = spec.get("patch")
+    if popts is not None:   # refuses a model gems.patch replaces nothing in, before anything is timed
+        from .runner import patch_report
+        row["patched"] = patch_report(bundle.model, popts, spec["model"])["replaced"]
     wl = Workload(bundle, spec["workload"], spec["new_tokens"], spec["optimizer"], spec["include"], spec["exclude"],
-                  keep_start=False)
+                  patch=popts is not None, patch_options=popts, keep_start=False)
     on = spec["mode"] != "aten"
     row.update(size=size, dtype=dtype_name)
     if spec["mode"] == "gems+warmup":

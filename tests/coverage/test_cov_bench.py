@@ -265,3 +265,26 @@ def test_cold_runs_each_mode_in_a_fresh_process_from_empty_caches(tmp_path, monk
     assert d["modes"]["gems+warmup"]["kernels"] == 0
     table = cold.format_cold(d)
     assert "to 1st step s" in table and "nothing compiles" in table
+
+
+def test_cold_with_patch_runs_the_gems_modes_patched(tmp_path, monkeypatch):
+    """--cold --patch: the child builds the model, proves gems.patch replaces something (its report's
+    counts in the row) and times the Gems mode on the patched model."""
+    from gems_coverage import cold
+    monkeypatch.setattr(cold, "MODES", ("gems",))
+    out = tmp_path / "cold.json"
+    rc = cli.main(["-q", "bench", "llama2", "--device", "cpu", "--seq-len", "6", "--include", "rsqrt", "--cold",
+                   "--patch", "--format", "json", "-o", str(out)])
+    assert rc == 0
+    row = json.loads(out.read_text())["modes"]["gems"]
+    assert row["patched"] and row["first_s"] > 0
+    # the child's spec carries the options; without --patch it carries none
+    spec = {}
+    monkeypatch.setattr(cold.subprocess, "run", lambda argv, **kw: spec.update(json.loads(argv[-1])) or
+                        type("P", (), {"returncode": 1, "stdout": "", "stderr": "stop"})())
+    with pytest.raises(RuntimeError, match="stop"):
+        cold.cold_bench("llama2", patch={"layer_norm": True})
+    assert spec["patch"] == {"layer_norm": True}
+    with pytest.raises(RuntimeError):
+        cold.cold_bench("llama2")
+    assert spec["patch"] is None
