@@ -17,7 +17,8 @@
 # families (GPT-2-medium, Qwen3-1.7B, a 4-layer Mixtral patched; torch.compile peers; 20 steps' losses of
 # GPT-2, Mixtral and torch.compile(gems.patch(model))), fuzz (the
 # differential fuzz for GEMS_CHECK_FUZZ_S seconds over the workers), decode (graph-replayed decode,
-# gems.decode.graphed, with --cuda-graphs).
+# gems.decode.graphed, with --cuda-graphs), cold (time to the first step from empty caches, bench --cold,
+# plain and patched), tune (gems-coverage tune over the models' workloads, then scripts/ship_tuned.py).
 # Results go to $GEMS_CHECK_DIR (default gpu-check-<date>/): logs, JSON, summary.txt.
 # Env: GEMS_CHECK_QUICK=1 for fewer timed runs; GEMS_CHECK_WORKERS (default 8) test processes;
 # GEMS_CHECK_SUITE_S the suite's limit (SIGINT: the tracebacks still print), GEMS_CHECK_TEST_S one test's.
@@ -192,6 +193,43 @@ if want families; then
 print(d['verdict'], 'max rel err', round(d['agreement']['max_rel_err'], 5), 'tokens/s ratio', d['throughput_ratio'])" \
       "$OUTDIR/losses_$tag.json" 2>&1 | tail -1)"
   done
+fi
+if want cold; then
+  # the time to a model's first step from empty Triton and Gems caches (gems-coverage bench --cold): ATen,
+  # Gems, Gems after gems.warmup, each mode in a fresh process; plain and patched
+  C=benchmarks/configs
+  cold() {  # tag model workload args...
+    local tag=$1 m=$2 w=$3; shift 3
+    step "cold $tag"
+    $PY -m gems_coverage.cli bench "$m" --device cuda --workload "$w" --cold "$@" --format json \
+      -o "$OUTDIR/cold_$tag.json" > "$OUTDIR/cold_$tag.log" 2>&1
+    note "cold $tag (rc $?): $($PY -c "import json, sys; d = json.load(open(sys.argv[1])); \
+print({m: (round(r['first_s'] + (r.get('warmup_s') or 0), 2), round(r['second_s'], 2)) for m, r in d['modes'].items()})" \
+      "$OUTDIR/cold_$tag.json" 2>&1 | tail -1)"
+  }
+  cold llama2_prefill llama2 prefill --seq-len 2048
+  cold llama2_generate llama2 decode --seq-len 128 --new-tokens 64
+  cold llama1b_train llama-1.1b train --batch 4 --seq-len 1024
+  cold llama1b_train_patched llama-1.1b train --batch 4 --seq-len 1024 --patch
+  cold bert_train bert train --batch 32 --seq-len 128
+  cold bert_train_patched bert train --batch 32 --seq-len 128 --patch
+  cold gpt2m_train "$C/gpt2-medium.json" train --batch 8 --seq-len 1024
+  cold gpt2m_train_patched "$C/gpt2-medium.json" train --batch 8 --seq-len 1024 --patch
+fi
+if want tune; then
+  # every GEMM bucket the models' workloads meet, tuned on this GPU and merged into the shipped table
+  # (gems/runtime/tuned/<arch>/, copied to $OUTDIR/tuned to bring it back)
+  for spec in "llama2 --workloads prefill,decode --seq-len 2048" "llama2 --workloads prefill,decode --seq-len 2048 --patch" \
+              "llama-1.1b --workloads train --batch 4 --seq-len 1024" "llama-1.1b --workloads train --batch 4 --seq-len 1024 --patch" \
+              "bert --workloads train --batch 32 --seq-len 128" "bert --workloads train --batch 32 --seq-len 128 --patch" \
+              "benchmarks/configs/gpt2-medium.json --workloads train --batch 8 --seq-len 1024" \
+              "benchmarks/configs/gpt2-medium.json --workloads train --batch 8 --seq-len 1024 --patch"; do
+    step "tune $spec"
+    $PY -m gems_coverage.cli tune $spec --device cuda >> "$OUTDIR/tune.txt" 2>&1 || note "tune $spec failed"
+  done
+  $PY scripts/ship_tuned.py >> "$OUTDIR/tune.txt" 2>&1
+  note "tune (rc $?): $(tail -3 "$OUTDIR/tune.txt" | tr '\n' ' ')"
+  cp -r gems/runtime/tuned "$OUTDIR/tuned" 2>/dev/null
 fi
 if want decode; then
   # generate's one-token steps replayed from CUDA graphs (gems.decode.graphed) against ATen's eager
