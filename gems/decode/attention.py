@@ -14,9 +14,9 @@ masks of `sdpa`) and gives it to the model's text config in place of `sdpa`; `un
 back. Steps of at most DECODE_QUERIES queries with a mask (or a single query) take Gems' kernel;
 everything else (prefill, gradients, dropout, a position bias, a device Gems does not launch on,
 shapes the kernel leaves to ATen) runs transformers' `sdpa_attention_forward` unchanged.
-Differences from SDPA: none in what is computed; a query row whose mask hides every key gives 0 (ATen's
-CPU answer, where SDPA's CUDA kernels give NaN), which a decode step of `generate` never has (the new
-token always sees itself).
+Differences from SDPA: none in what is computed, except a query row whose mask hides every key: it
+gives 0 (ATen's CPU answer; on CUDA SDPA gives NaN, or through cuDNN an average of every value). A
+decode step of `generate` never has such a row: the new token always sees itself.
 """
 from __future__ import annotations
 
