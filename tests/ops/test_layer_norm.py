@@ -268,6 +268,23 @@ def test_rows_whose_statistics_overflow_fp32(n):
     assert_close([yh[1:], meanh[1:], rstdh[1:]], [t[1:] for t in LN(xh.double(), [n], None, None, 1e-5)], torch.float16)
 
 
+@pytest.mark.parametrize("n", [7, 300])   # 300: the looping path on the interpreter
+def test_huge_values_that_cancel_keep_the_small_ones(n):
+    """A row holding 3e38 and -3e38 (its statistics overflow fp32, so it is normalized from x * 2^-80):
+    the two cancel, and the mean is that of the small values, as the exact (math.fsum) mean says; ATen's
+    Welford answers NaN there (docs/known-differences.md)."""
+    import math
+    x = make((2, n), torch.float32)
+    x[0, 1], x[0, n - 2] = 3e38, -3e38
+    with served("native_layer_norm"), gems.use_gems():
+        y, mean, rstd = LN(x, [n], None, None, 1e-5)
+    exact = math.fsum(x[0].double().tolist()) / n
+    assert abs(float(mean[0]) - exact) <= 1e-6 * max(1.0, abs(exact)), (float(mean[0]), exact)
+    ry, _, rrstd = LN(x.double(), [n], None, None, 1e-5)
+    torch.testing.assert_close(rstd[0].double(), rrstd[0], rtol=1e-5, atol=0)
+    torch.testing.assert_close(y.double(), ry, rtol=1e-5, atol=1e-6)
+
+
 def test_constant_row_with_an_infinite_weight_is_nan():
     """docs/known-differences.md: x - mean is exactly 0 on a constant row, and 0 * inf NaN (ATen's CUDA
     formula); ATen's CPU leaves a rounding residue there (+-inf)."""

@@ -17,7 +17,8 @@ element is far from its mean) the shifted form loses digits, which a large weigh
 near 0.09 in a row starting near 3, times a weight of 3e38: y 1.5e-4 off in fp32, 8x ATen's error). Wider rows loop over the row three times
 (mean; the correction and the variance; write). A row whose shifted sum or squares overflow fp32 (a value past
 2^64; its variance is then not finite) is normalized again from x * 2^-80, exact for normal numbers,
-and gets the float64 answer (ATen's Welford answers NaN or 0 there: docs/known-differences.md); the
+and gets the float64 answer, its sum carried with each addition's rounding error so that huge values
+that cancel keep the small ones (ATen's Welford answers NaN or 0 there: docs/known-differences.md); the
 branch is taken only by a program that has such a row (or one holding inf / NaN), so other rows pay a
 per-row test.
 
@@ -76,6 +77,28 @@ def _warps(elems, key="elems_per_warp"):
 # numbers): its deviations stay below 2^49 and their squares below 2^98, summed over any row length
 SCALE_DOWN: tl.constexpr = tl.constexpr(2.0 ** -80)
 SCALE_UP: tl.constexpr = tl.constexpr(2.0 ** 80)
+
+
+@triton.jit
+def _two_sum(a, b):
+    """(s, e) with s = fl(a + b) and s + e = a + b exactly (Knuth's TwoSum; no reassociation on Triton)."""
+    s = a + b
+    bp = s - a
+    return s, (a - (s - bp)) + (b - bp)
+
+
+@triton.jit
+def _two_sum_combine(s1, e1, s2, e2):
+    s, e = _two_sum(s1, s2)
+    return s, e1 + e2 + e
+
+
+@triton.jit
+def _exact_sum(x, err):
+    """Per row, sum(x + err) with every partial sum's rounding error carried (cascaded TwoSum): a row
+    whose huge values cancel keeps its small ones. Only the rows that overflow fp32 take it."""
+    s, e = tl.reduce((x, err), 1, _two_sum_combine)
+    return tl.where(s - s == 0.0, s + e, s)    # an infinite (or NaN) sum as it is: its errors are NaN
 
 
 @triton.jit
@@ -144,7 +167,7 @@ def layer_norm_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
             # again from x * 2^-80 (module doc), taken only when some row of this program needs it
             over = var < float("inf")
             xq = tl.where(mask, x.to(tl.float32) * SCALE_DOWN, 0.0)
-            mean_q = tl.div_rn(tl.sum(xq, 1), N * 1.0)
+            mean_q = tl.div_rn(_exact_sum(xq, tl.zeros_like(xq)), N * 1.0)
             xcq = tl.where(mask, xq - mean_q[:, None], 0.0)
             rstd_q = 1.0 / tl.sqrt(tl.div_rn(tl.sum(xcq * xcq, 1), N * 1.0))
             y = tl.where(over[:, None], y, xcq * rstd_q[:, None])
@@ -186,18 +209,22 @@ def layer_norm_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
             acc1 += xc
             acc += xc * xc
         corr = tl.div_rn(tl.sum(acc1, 1), N * 1.0)
-        var = tl.maximum(tl.div_rn(tl.sum(acc, 1), N * 1.0) - corr * corr, 0.0)
+        var = tl.div_rn(tl.sum(acc, 1), N * 1.0) - corr * corr
+        var = tl.where(var < 0.0, 0.0, var)    # rounding below 0; a NaN stays (it takes the branch below)
         rstd = 1.0 / tl.sqrt(var + eps)
         mean += corr
         if tl.max(tl.where(var < float("inf"), 0, 1), 0) > 0:
             # (one row per program here) the statistics of x * 2^-80, as in the single-block case: the
             # written y is then (x * 2^-80 - mean_q) * rstd_q, i.e. shift = 0, a scale on x
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            err = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for start in range(0, N, BLOCK_N):
                 mask = rmask & (cols + start < N)
-                acc += tl.where(mask, tl.load(src + start + cols, mask=mask, other=0.0).to(tl.float32) * SCALE_DOWN,
-                                0.0)
-            mean_s = tl.div_rn(tl.sum(acc, 1), N * 1.0)
+                xq = tl.where(mask, tl.load(src + start + cols, mask=mask, other=0.0).to(tl.float32) * SCALE_DOWN,
+                              0.0)
+                acc, e = _two_sum(acc, xq)
+                err += e
+            mean_s = tl.div_rn(_exact_sum(acc, err), N * 1.0)
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for start in range(0, N, BLOCK_N):
                 mask = rmask & (cols + start < N)
