@@ -322,10 +322,25 @@ def cmd_tune(a, ctx):
 
     from . import tune as T
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if a.table:
+        if a.model:
+            raise UsageError("tune --table runs the shipped table's workloads: give no MODEL with it")
+        results = []
+        for i, spec in enumerate(T.TABLE_WORKLOADS, 1):
+            ctx.say(f"table workload {i}/{len(T.TABLE_WORKLOADS)}: {spec['model']} {','.join(spec['workloads'])}"
+                    f"{' patched' if spec['patch'] else ''}")
+            results.append(T.tune(T.table_model(spec["model"]), **{k: v for k, v in spec.items() if k != "model"},
+                                  device=device, dtype=a.dtype, layers=a.layers, progress=ctx.say))
+        out = (json.dumps(results, indent=1) + "\n" if a.format == "json"
+               else "".join(T.format_result(r, a.format) for r in results))
+        _emit(out, a.output, ctx)
+        return
+    if not a.model:
+        raise UsageError("tune: give a MODEL, or --table")
     wls = _split(a.workloads) or []
     r = T.tune(a.model, workloads=wls, device=device, size=a.size, dtype=a.dtype, batch=a.batch,
                seq_len=a.seq_len, new_tokens=_new_tokens(a, "decode" in wls, "--workloads with decode"),
-               optimizer=a.optimizer, patch=_patch_arg(a), progress=ctx.say)
+               optimizer=a.optimizer, patch=_patch_arg(a), layers=a.layers, progress=ctx.say)
     _emit(T.format_result(r, a.format), a.output, ctx)
 
 

@@ -43,15 +43,23 @@ def cold_bench(model: str, *, workload: str = "prefill", device: str = "cpu", si
             env["TRITON_CACHE_DIR"] = os.path.join(tmp, mode, "triton")
             env["GEMS_CACHE_DIR"] = os.path.join(tmp, mode, "gems")
             env.pop("GEMS_QUIET", None)
+            # the child's stderr is the user's: Gems' own progress notes (compiling, tuning) show as they come
             proc = subprocess.run([sys.executable, "-m", "gems_coverage.cold", json.dumps({**spec, "mode": mode})],
-                                  env=env, capture_output=True, text=True, timeout=timeout_s)
+                                  env=env, stdout=subprocess.PIPE, text=True, timeout=timeout_s)
             rows = [line[len(COLD_TAG):] for line in proc.stdout.splitlines() if line.startswith(COLD_TAG)]
             if proc.returncode != 0 or not rows:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-                raise RuntimeError(f"cold {mode}: the child process failed (exit {proc.returncode}): "
-                                   + " | ".join(tail))
-            out["modes"][mode] = json.loads(rows[-1])
+                tail = proc.stdout.strip().splitlines()[-5:]
+                raise RuntimeError(f"cold {mode}: the child process failed (exit {proc.returncode}; its errors "
+                                   f"are printed above)" + (": " + " | ".join(tail) if tail else ""))
+            row = out["modes"][mode] = json.loads(rows[-1])
+            progress(f"cold: {mode}: {_summary(row)}")
     return out
+
+
+def _summary(row: dict) -> str:
+    w = row.get("warmup_s")
+    warm = f"warmup {w:.2f} s ({row.get('kernels', '?')} kernels), then " if w is not None else ""
+    return f"{warm}first step {row['first_s']:.2f} s, second {row['second_s']:.2f} s"
 
 
 def format_cold(r: dict) -> str:

@@ -169,8 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     tu = sub.add_parser("tune", help="run a model's workloads once with Gems on so that every GEMM bucket they "
                                      "call is tuned and stored on disk before serving or training")
-    tu.add_argument("model", help="built-in model or alias (llama2, bert, llava, aquila, llama-1.1b), a "
-                                  "config.json or a model folder")
+    tu.add_argument("model", nargs="?", help="built-in model or alias (llama2, bert, llava, aquila, llama-1.1b), "
+                                             "a config.json or a model folder (none with --table)")
+    tu.add_argument("--table", action="store_true",
+                    help="tune the workloads whose picks Gems ships (the models of docs/perf.md, plain and patched); "
+                         "then `python scripts/ship_tuned.py` copies them into the shipped table")
+    tu.add_argument("--layers", type=positive_int, default=None,
+                    help="build the model this many layers deep: every layer makes the same calls, so the buckets "
+                         "are the full model's, in a fraction of the time and memory")
     tu.add_argument("--workloads", default="prefill,train",
                     help="comma-separated, some of prefill, train, decode (default prefill,train)")
     tu.add_argument("--device", default=None, help="default: cuda when available, else cpu (which tunes nothing)")

@@ -16,6 +16,11 @@ length in another power-of-two range is another bucket. With `--patch` the patch
 
 On a backend that cannot time kernels (the CPU interpreter) nothing is tuned or stored; the command still
 runs the workloads and says so.
+
+`--layers N` builds the model N layers deep: every layer makes the same calls, so a shallow copy meets the
+same buckets in a fraction of the time and memory. `--table` runs TABLE_WORKLOADS, the workloads whose
+picks Gems ships (`python scripts/ship_tuned.py` then copies them into gems/runtime/tuned/<arch>/); a GPU
+test runs them again in an empty cache and requires that nothing is tuned.
 """
 from __future__ import annotations
 
@@ -23,6 +28,31 @@ import json
 import time
 from pathlib import Path
 from typing import Callable, Optional
+
+# The workloads whose buckets the shipped tables cover: the models of docs/perf.md at its sizes, plain and
+# patched. Each entry is tune()'s keyword arguments.
+TABLE_WORKLOADS = tuple(
+    dict(spec, patch=patch) for spec in (
+        dict(model="llama2", workloads=("prefill", "decode"), seq_len=2048),
+        dict(model="llama-1.1b", workloads=("train",), batch=4, seq_len=1024),
+        dict(model="bert", workloads=("train",), batch=32, seq_len=128),
+        dict(model="gpt2-medium", workloads=("train",), batch=8, seq_len=1024),
+    ) for patch in (False, True))
+
+
+def table_model(name: str) -> str:
+    """A TABLE_WORKLOADS model name as tune() takes it: a built-in name, or a config under
+    benchmarks/configs/ (the families beyond the built-ins)."""
+    from gems_models import ModelError, resolve
+    try:
+        resolve(name)
+        return name
+    except ModelError:
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / "configs" / f"{name}.json"
+        if not path.is_file():
+            raise ModelError(f"tune --table: {name} is neither a built-in nor {path}") from None
+        return str(path)
+
 
 def _snapshot(root: Path) -> dict:
     """{tuner name: {bucket: config}} of the autotune cache files under `root`."""
@@ -47,7 +77,8 @@ def _added(before: dict, after: dict) -> dict:
 
 def tune(model: str, *, workloads=("prefill", "train"), device: str = "cuda", size: Optional[str] = None,
          dtype: Optional[str] = None, batch: int = 1, seq_len: Optional[int] = None, new_tokens: int = 4,
-         optimizer: str = "adamw", patch=False, progress: Callable[[str], None] = lambda s: None) -> dict:
+         optimizer: str = "adamw", patch=False, layers: Optional[int] = None,
+         progress: Callable[[str], None] = lambda s: None) -> dict:
     """Run each workload of `model` once with Gems on; returns what the autotune cache gained (see the
     module docstring)."""
     import torch
@@ -68,16 +99,16 @@ def tune(model: str, *, workloads=("prefill", "train"), device: str = "cuda", si
     be = backend()
     root = cache_dir() / "autotune" / be.arch
     res = {"model": recipe.name, "device": device, "size": size, "dtype": dtype_name, "batch": batch,
-           "seq_len": seq_len, "patched": bool(patch), "cache": str(root), "backend": be.name,
+           "seq_len": seq_len, "layers": layers, "patched": bool(patch), "cache": str(root), "backend": be.name,
            "can_tune": bool(be.can_benchmark), "workloads": [], "notes": []}
     if not be.can_benchmark:
         res["notes"].append(f"the {be.name} backend cannot time kernels: nothing is tuned or stored "
                             f"(each bucket takes the first config)")
     if on_cuda and torch.device(device).index is not None:
         torch.cuda.set_device(torch.device(device))
-    progress(f"building {recipe.name} ({size}, {dtype_name}) on {device}")
+    progress(f"building {recipe.name} ({size}, {dtype_name}{f', {layers} layers' if layers else ''}) on {device}")
     bundle = M.build(recipe, size=size, device=device, dtype=dtype_name, batch=batch, seq_len=seq_len, seed=0,
-                     dropout=0.0 if "train" in workloads else None)
+                     dropout=0.0 if "train" in workloads else None, layers=layers)
     if patch:
         patch_report(bundle.model, popts, model)   # a model gems.patch refuses: bad input, before any run
     try:
@@ -106,8 +137,9 @@ def format_result(r: dict, fmt: str = "table") -> str:
     from tabulate import tabulate
     rows = [[w["workload"], w["seconds"], w["tuned"], w["aten"],
              ", ".join(f"{k} {v['tuned']}" for k, v in w["added"].items()) or "-"] for w in r["workloads"]]
+    depth = f", {r['layers']} layers" if r.get("layers") else ""
     head = (f"gems-coverage tune {r['model']} ({r['size']}, {r['dtype']}, batch {r['batch']}, seq {r['seq_len']}"
-            f"{', patched' if r['patched'] else ''}) on {r['device']}: cache {r['cache']}\n")
+            f"{depth}{', patched' if r['patched'] else ''}) on {r['device']}: cache {r['cache']}\n")
     table = tabulate(rows, headers=["workload", "seconds", "buckets tuned", "chose cuBLAS", "per tuner"])
     total = ", ".join(f"{k}: {n}" for k, n in r["cache_entries"].items()) or "empty"
     return head + table + f"\ncache now holds: {total}\n" + "".join(f"note: {n}\n" for n in r["notes"])

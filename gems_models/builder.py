@@ -73,8 +73,10 @@ def _model_class(recipe: Recipe, config):
 
 def build(name_or_recipe, *, size: str = "full", device="meta", dtype="float32", batch: int = 1,
           seq_len: int = 16, seed: int = 0, attn_implementation: Optional[str] = None,
-          dropout: Optional[float] = None) -> ModelBundle:
+          dropout: Optional[float] = None, layers: Optional[int] = None) -> ModelBundle:
     """Build a model with random weights on ``device`` (meta for tracing), plus example inputs.
+
+    ``layers`` builds every layer stack that deep (a shallow copy makes the same calls per layer).
 
     ``dropout=0.0`` zeroes every dropout probability in the config (parity runs use it so that training
     is deterministic); None keeps the model's own values.
@@ -87,8 +89,10 @@ def build(name_or_recipe, *, size: str = "full", device="meta", dtype="float32",
         raise ModelError("batch and seq-len must be >= 1")
     torch.manual_seed(seed)
     if recipe.factory is not None:
+        if layers is not None:
+            raise ModelError(f"{recipe.name}: a module:function model has no config whose layers can be set")
         return _build_custom(recipe, size=size, device=dev, dtype=dt, batch=batch, seq_len=seq_len)
-    config = load_config(recipe, size)
+    config = load_config(recipe, size, layers)
     if dropout is not None:
         _set_dropout(config, dropout)
     if attn_implementation:

@@ -24,8 +24,9 @@ def import_transformers():
 _LLAMA_LIKE = {"aquila": "llama"}
 
 
-def load_config(recipe: Recipe, size: str = "full"):
-    """The transformers config object of a recipe (full size or tiny)."""
+def load_config(recipe: Recipe, size: str = "full", layers: Optional[int] = None):
+    """The transformers config object of a recipe (full size or tiny); `layers` sets every stack's depth
+    (the shapes of each layer's calls stay those of the model)."""
     if recipe.factory is not None:
         raise ModelError(f"{recipe.name}: a module:function model has no config")
     if size not in ("full", "tiny"):
@@ -34,7 +35,29 @@ def load_config(recipe: Recipe, size: str = "full"):
         read_json(CONFIG_DIR / recipe.config_file)
     if size == "tiny":
         d = _merge(d, recipe.tiny) if recipe.tiny else tiny_config(d)
+    if layers is not None:
+        if layers < 1:
+            raise ModelError(f"layers must be >= 1 (got {layers})")
+        d = with_layers(d, layers)
     return _config_from_dict(d, recipe.name)
+
+
+_DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+
+
+def with_layers(d: dict, n: int) -> dict:
+    """A copy of an HF-style config dict whose layer stacks (the model's and every nested config's) hold
+    `n` layers; per-layer lists (`layer_types`) are cut to match."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            v = with_layers(v, n)
+        elif k in _DEPTH_KEYS and isinstance(v, int):
+            v = n
+        elif k == "layer_types" and isinstance(v, list):
+            v = v[:n]
+        out[k] = v
+    return out
 
 
 def _merge(base: dict, over: dict) -> dict:

@@ -24,6 +24,9 @@
 # GEMS_CHECK_SUITE_S the suite's limit (SIGINT: the tracebacks still print), GEMS_CHECK_TEST_S one test's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# the checkout's packages for scripts run by path too (python -m finds them from the cwd; a script's own
+# folder is what `python scripts/x.py` puts first)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
 OUTDIR=${GEMS_CHECK_DIR:-gpu-check-$(date +%Y%m%d-%H%M)}
 mkdir -p "$OUTDIR"
@@ -217,16 +220,11 @@ print({m: (round(r['first_s'] + (r.get('warmup_s') or 0), 2), round(r['second_s'
   cold gpt2m_train_patched "$C/gpt2-medium.json" train --batch 8 --seq-len 1024 --patch
 fi
 if want tune; then
-  # every GEMM bucket the models' workloads meet, tuned on this GPU and merged into the shipped table
+  # every bucket the shipped table's workloads meet (gems_coverage/tune.py: TABLE_WORKLOADS), tuned on this
+  # GPU and merged into the shipped table
   # (gems/runtime/tuned/<arch>/, copied to $OUTDIR/tuned to bring it back)
-  for spec in "llama2 --workloads prefill,decode --seq-len 2048" "llama2 --workloads prefill,decode --seq-len 2048 --patch" \
-              "llama-1.1b --workloads train --batch 4 --seq-len 1024" "llama-1.1b --workloads train --batch 4 --seq-len 1024 --patch" \
-              "bert --workloads train --batch 32 --seq-len 128" "bert --workloads train --batch 32 --seq-len 128 --patch" \
-              "benchmarks/configs/gpt2-medium.json --workloads train --batch 8 --seq-len 1024" \
-              "benchmarks/configs/gpt2-medium.json --workloads train --batch 8 --seq-len 1024 --patch"; do
-    step "tune $spec"
-    $PY -m gems_coverage.cli tune $spec --device cuda >> "$OUTDIR/tune.txt" 2>&1 || note "tune $spec failed"
-  done
+  step "tune --table"
+  $PY -m gems_coverage.cli tune --table --device cuda >> "$OUTDIR/tune.txt" 2>&1 || note "tune --table failed"
   $PY scripts/ship_tuned.py >> "$OUTDIR/tune.txt" 2>&1
   note "tune (rc $?): $(tail -3 "$OUTDIR/tune.txt" | tr '\n' ' ')"
   cp -r gems/runtime/tuned "$OUTDIR/tuned" 2>/dev/null

@@ -281,10 +281,24 @@ def test_cold_with_patch_runs_the_gems_modes_patched(tmp_path, monkeypatch):
     # the child's spec carries the options; without --patch it carries none
     spec = {}
     monkeypatch.setattr(cold.subprocess, "run", lambda argv, **kw: spec.update(json.loads(argv[-1])) or
-                        type("P", (), {"returncode": 1, "stdout": "", "stderr": "stop"})())
+                        type("P", (), {"returncode": 1, "stdout": "stop"})())
     with pytest.raises(RuntimeError, match="stop"):
         cold.cold_bench("llama2", patch={"layer_norm": True})
     assert spec["patch"] == {"layer_norm": True}
     with pytest.raises(RuntimeError):
         cold.cold_bench("llama2")
     assert spec["patch"] is None
+
+
+def test_cold_says_each_modes_times_as_it_finishes(monkeypatch):
+    """A cold run takes minutes per mode: each mode's times are printed when it ends, so a run cut off by a
+    time limit still tells what it measured."""
+    from gems_coverage import cold
+    rows = {"aten": {"first_s": 1.25, "second_s": 0.5}, "gems+warmup": {"first_s": 2.0, "second_s": 0.5,
+                                                                      "warmup_s": 30.0, "kernels": 41}}
+    monkeypatch.setattr(cold.subprocess, "run", lambda argv, **kw: type("P", (), {"returncode": 0, "stdout": (
+        cold.COLD_TAG + json.dumps(rows[json.loads(argv[-1])["mode"]]) + "\n")})())
+    said = []
+    cold.cold_bench("llama2", modes=("aten", "gems+warmup"), progress=said.append)
+    assert "cold: aten: first step 1.25 s, second 0.50 s" in said
+    assert "cold: gems+warmup: warmup 30.00 s (41 kernels), then first step 2.00 s, second 0.50 s" in said

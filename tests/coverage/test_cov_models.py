@@ -6,6 +6,7 @@ import torch
 
 import gems_models
 from gems_models import ModelError
+from gems_models.config import with_layers
 
 
 @pytest.mark.parametrize("alias,name", [("llama2", "meta-llama/Llama-2-7b"),
@@ -158,3 +159,21 @@ def test_dropout_zero_reaches_every_dropout_probability(tmp_path):
     gems_models.builder._set_dropout(cfg, 0.0)
     assert (cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob) == (0.0, 0.0)
     assert cfg.classifier_dropout is None and cfg.layer_norm_eps == 0.5
+
+
+def test_layers_sets_every_stacks_depth_and_cuts_per_layer_lists():
+    d = {"num_hidden_layers": 28, "layer_types": ["full_attention", "sliding_attention"] * 14, "hidden_size": 8,
+         "text_config": {"num_hidden_layers": 32}, "vision_config": {"num_hidden_layers": 24}, "n_layer": 12}
+    out = with_layers(d, 2)
+    assert out["num_hidden_layers"] == 2 and out["n_layer"] == 2 and out["hidden_size"] == 8
+    assert out["layer_types"] == ["full_attention", "sliding_attention"]
+    assert out["text_config"]["num_hidden_layers"] == 2 and out["vision_config"]["num_hidden_layers"] == 2
+    assert d["num_hidden_layers"] == 28                    # the input is not changed
+
+
+def test_build_layers_builds_a_shallow_model_of_the_same_widths():
+    full, shallow = gems_models.load_config(gems_models.resolve("bert")), gems_models.build("bert", size="full", layers=1).model
+    assert len(shallow.bert.encoder.layer) == 1
+    assert shallow.config.hidden_size == full.hidden_size and shallow.config.intermediate_size == full.intermediate_size
+    with pytest.raises(ModelError, match="layers must be >= 1"):
+        gems_models.load_config(gems_models.resolve("bert"), layers=0)

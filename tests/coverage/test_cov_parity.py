@@ -187,3 +187,30 @@ def test_parity_patch_refuses_an_unpatchable_model_before_running(tmp_path, caps
     err = capsys.readouterr().err
     assert rc == 2 and "--patch: gems.patch replaces nothing in" in err, err
     assert "ATen ..." not in err and "Gems ..." not in err, err
+
+
+def _steps(rows):
+    return [torch.tensor([r], dtype=torch.bfloat16) for r in rows]
+
+
+def test_token_check_judges_a_flip_at_its_first_step():
+    from gems_coverage.parity import token_check
+    # step 1: token 0 leads token 2 by 0.125
+    ref_rows = [[0.0, 4.0, 1.0, 0.5, 0.0, 0.0], [3.0, 0.0, 2.875, 0.0, -3.0, 2.5]]
+    a = torch.tensor([[1, 0]])
+    g = torch.tensor([[1, 2]])
+    assert token_check(a.clone(), a, _steps(ref_rows)).ok
+    # 0.125 is above the bf16 tie tolerance here (3e-2 x max |logit| 3 = 0.09): without Gems' logits, a failure
+    c = token_check(g, a, _steps(ref_rows))
+    assert not c.ok and "first difference at step 1" in c.detail
+    # Gems' logits of that step within the end-to-end rule of ATen's (rel err 0.14 / 5.7): the flip is rounding
+    close = _steps([ref_rows[0], [2.9375, 0.0, 3.0, 0.0, -3.0, 2.5]])
+    c = token_check(g, a, _steps(ref_rows), close)
+    assert c.ok and "within the rule" in c.detail, c.detail
+    # ... and far from them (a wrong kernel): a failure that says so
+    far = _steps([ref_rows[0], [0.0, 3.0, 4.0, 0.0, -3.0, 2.5]])
+    c = token_check(g, a, _steps(ref_rows), far)
+    assert not c.ok and "outside the rule" in c.detail, c.detail
+    # a margin inside the tie tolerance passes on its own
+    tie = _steps([ref_rows[0], [3.0, 0.0, 2.9375, 0.0, -3.0, 2.5]])
+    assert "near tie" in token_check(g, a, tie).detail

@@ -53,3 +53,15 @@ def test_tune_patch_refuses_an_unpatchable_model_before_running(capsys, tmp_path
     err = capsys.readouterr().err
     assert rc == 2 and "--patch: gems.patch replaces nothing in" in err, err
     assert "one run with Gems on" not in err, err
+
+
+def test_tune_layers_is_reported_and_table_takes_no_model(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GEMS_CACHE_DIR", str(tmp_path))
+    out = tmp_path / "t.json"
+    assert cli.main(["-q", "tune", "bert", "--device", "cpu", "--seq-len", "6", "--workloads", "prefill",
+                     "--layers", "1", "--format", "json", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["layers"] == 1
+    assert cli.main(["-q", "tune", "bert", "--table"]) == 2
+    assert "give no MODEL with it" in capsys.readouterr().err
+    assert cli.main(["-q", "tune"]) == 2
+    assert "give a MODEL, or --table" in capsys.readouterr().err

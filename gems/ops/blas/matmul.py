@@ -297,16 +297,23 @@ def _tuner(itemsize, triton_only=False):
     t = _TUNERS.get(key)
     if t is None:
         groups = sorted(check_candidates(CANDIDATES)) if itemsize <= 2 else []
-        name = (("mm16v4" if itemsize <= 2 else "mm32v4") + "".join(_GROUP_SUFFIX[g] for g in groups)
-                + ("" if triton_only else "-auto2"))
-        if backend().name == "interpreter":
-            configs = [INTERP_CONFIG]
-        else:
-            extra = [c for g in groups for c in CANDIDATE_GROUPS[g]]
-            configs = ((_CONFIGS_16 + extra if itemsize <= 2 else _CONFIGS_32)
-                       + ([] if triton_only else [_ATEN]))
-        t = _TUNERS[key] = Autotuner(name, configs)
+        configs = ([INTERP_CONFIG] if backend().name == "interpreter"
+                   else tuner_configs(itemsize, triton_only, groups))
+        t = _TUNERS[key] = Autotuner(tuner_name(itemsize, triton_only, groups), configs)
     return t
+
+
+def tuner_name(itemsize, triton_only, groups) -> str:
+    """The name of the GEMM tuner (its cache and shipped files) for these operands and candidate groups."""
+    return (("mm16v4" if itemsize <= 2 else "mm32v4") + "".join(_GROUP_SUFFIX[g] for g in groups)
+            + ("" if triton_only else "-auto2"))
+
+
+def tuner_configs(itemsize, triton_only, groups) -> list:
+    """The configs that GEMM tuner times on a GPU: the tiles, the candidate groups' and cuBLAS (unless
+    triton_only)."""
+    extra = [c for g in groups for c in CANDIDATE_GROUPS[g]]
+    return (_CONFIGS_16 + extra if itemsize <= 2 else _CONFIGS_32) + ([] if triton_only else [_ATEN])
 
 
 def _aten_gemm(a, b, bias, alpha, beta, out):

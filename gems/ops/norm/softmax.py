@@ -183,6 +183,10 @@ def _launch_bwd(grad, y, dim, in_dtype, log, out=None):
     return dx
 
 
+# the num_warps a large softmax times (tuners softmax_fwd and softmax_bwd)
+TUNE_CONFIGS = [{"num_warps": w} for w in (4, 8, 16, 32)]
+
+
 def _warps(which, x, M, bk, bn, launch):
     """num_warps: the heuristic for small problems, tuned once per (rows bucket, tile, dtype) otherwise."""
     block = bk * bn
@@ -191,7 +195,7 @@ def _warps(which, x, M, bk, bn, launch):
         return guess
     tuner = _TUNERS.get(which)
     if tuner is None:
-        tuner = _TUNERS[which] = Autotuner(f"softmax_{which}", [{"num_warps": w} for w in (4, 8, 16, 32)])
+        tuner = _TUNERS[which] = Autotuner(f"softmax_{which}", TUNE_CONFIGS)
     bucket = (next_pow2(M), bk, bn, str(x.dtype))
     return tuner.pick(bucket, lambda c: bench_ms(lambda: launch(c["num_warps"])))["num_warps"]
 
