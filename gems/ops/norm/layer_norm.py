@@ -18,7 +18,9 @@ near 0.09 in a row starting near 3, times a weight of 3e38: y 1.5e-4 off in fp32
 (mean; the correction and the variance; write). A row whose shifted sum or squares overflow fp32 (a value past
 2^64; its variance is then not finite) is normalized again from x * 2^-80, exact for normal numbers,
 and gets the float64 answer, its sum carried with each addition's rounding error so that huge values
-that cancel keep the small ones (ATen's Welford answers NaN or 0 there: docs/known-differences.md); the
+that cancel keep the small ones (ATen's Welford answers NaN or 0 there: docs/known-differences.md). The
+errors themselves are summed in fp32, so where huge values' own rounding errors meet the small values
+first the small ones may still be lost: the mean is then within fp32 summation's bound. The
 branch is taken only by a program that has such a row (or one holding inf / NaN), so other rows pay a
 per-row test.
 
@@ -95,8 +97,9 @@ def _two_sum_combine(s1, e1, s2, e2):
 
 @triton.jit
 def _exact_sum(x, err):
-    """Per row, sum(x + err) with every partial sum's rounding error carried (cascaded TwoSum): a row
-    whose huge values cancel keeps its small ones. Only the rows that overflow fp32 take it."""
+    """Per row, sum(x + err) with every partial sum's rounding error carried (cascaded TwoSum, the errors
+    summed in fp32): a row whose huge values cancel keeps its small ones unless the huge values' own
+    errors absorb them first. Only the rows that overflow fp32 take it."""
     s, e = tl.reduce((x, err), 1, _two_sum_combine)
     return tl.where(s - s == 0.0, s + e, s)    # an infinite (or NaN) sum as it is: its errors are NaN
 
