@@ -23,7 +23,7 @@ SHIPPED_ARCHS = ("sm90",)   # the GPUs measured (H200; H100 shares sm90's kernel
 
 def _tuners() -> dict:
     """{file name in the shipped table: the configs that tuner times on a GPU}."""
-    groups = sorted(matmul.CANDIDATES)
+    groups = sorted(matmul.DEFAULT_CANDIDATES)
     out = {}
     for itemsize in (2, 4):
         for triton_only in (False, True):
@@ -39,7 +39,7 @@ def test_every_shipped_pick_is_a_config_its_tuner_still_times(arch):
     files = sorted((autotune.SHIPPED_DIR / arch).glob("*.json"))
     assert files, f"no shipped table for {arch}"
     tuners = _tuners()
-    gemm = matmul.tuner_name(2, False, sorted(matmul.CANDIDATES))
+    gemm = matmul.tuner_name(2, False, sorted(matmul.DEFAULT_CANDIDATES))
     assert any(f.name.startswith(gemm) for f in files), f"the bf16 GEMM tuner {gemm} has no shipped picks"
     for f in files:
         assert f.name in tuners, f"{f.name}: no tuner of that name (renamed? re-ship the table)"

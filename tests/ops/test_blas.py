@@ -1,10 +1,11 @@
+import os
 import pytest
 import torch
 import torch.nn.functional as F
 
 import gems
 from gems.ops.blas import matmul as blas
-from harness import DEVICE, ON_GPU, assert_close, check_grad, dtype_params, layouts, make, served
+from harness import DEVICE, DTYPES, ON_GPU, assert_close, check_grad, dtype_params, layouts, make, served
 from harness import check_op as _check_op
 
 
@@ -399,3 +400,32 @@ def test_tile_configs_for_other_gemms():
         assert len({tuple(sorted(c.items())) for c in tiles}) == len(tiles)
         plain = [c for c in space if not c.get("GLUON")]     # (another kernel, whose tiles mean ring slots)
         assert {tuple(sorted((k, c[k]) for k in keys)) for c in plain} == {tuple(sorted(c.items())) for c in tiles}
+
+
+# the group is offered to 16-bit inputs only (its 4 stages of fp32 tiles would not fit shared memory on a
+# GPU); the interpreter runs fp32 (its dtype set)
+@dtype_params([d for d in DTYPES if d.itemsize == 2] if ON_GPU else None)
+def test_skinny_32_row_candidates(dtype):
+    # the opt-in "skinny" candidate group: 32-row tiles for the buckets of M = 17..32, one with K split;
+    # each must compute what the other tiles do (transposed B, a bias, alpha and beta, K off the tile)
+    m, n, k = 27, 70, 300
+    a, b, bias = make((m, k), dtype), make((n, k), dtype).t(), make((n,), dtype)
+    ref = (0.5 * bias.double() + 2.0 * (a.double() @ b.double())).cpu()
+    atol = 1e-4 if dtype == torch.float32 else None
+    for cfg in blas.CANDIDATE_GROUPS["skinny"]:
+        assert cfg["BLOCK_M"] == 32 and cfg["MAX_M"] == 32
+        out = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+        blas.launch(a, b, out, bias.expand(m, n), 2.0, 0.5, config=cfg)
+        assert_close(out, ref, dtype, atol=atol, msg=str(cfg))
+
+
+def test_gemm_candidates_come_from_the_environment():
+    import subprocess
+    import sys
+    code = "from gems.ops.blas import matmul; print(','.join(matmul.CANDIDATES))"
+    env = dict(os.environ, GEMS_GEMM_CANDIDATES="wide,skinny")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "wide,skinny", p.stderr[-500:]
+    p = subprocess.run([sys.executable, "-c", code], env=dict(env, GEMS_GEMM_CANDIDATES="tall"), capture_output=True,
+                       text=True)
+    assert p.returncode != 0 and "unknown group(s) ['tall']" in p.stderr
