@@ -21,7 +21,8 @@
 # plain and patched), tune (gems-coverage tune over the models' workloads, then scripts/ship_tuned.py).
 # Results go to $GEMS_CHECK_DIR (default gpu-check-<date>/): logs, JSON, summary.txt.
 # Env: GEMS_CHECK_QUICK=1 for fewer timed runs; GEMS_CHECK_WORKERS (default 8) test processes;
-# GEMS_CHECK_SUITE_S the suite's limit (SIGINT: the tracebacks still print), GEMS_CHECK_TEST_S one test's.
+# GEMS_CHECK_SUITE_S the suite's limit (SIGINT: the tracebacks still print), GEMS_CHECK_TEST_S one test's;
+# GEMS_CHECK_COLD_MODES the cold part's modes (bench --cold-modes; default all three).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # the checkout's packages for scripts run by path too (python -m finds them from the cwd; a script's own
@@ -204,7 +205,8 @@ if want cold; then
   cold() {  # tag model workload args...
     local tag=$1 m=$2 w=$3; shift 3
     step "cold $tag"
-    $PY -m gems_coverage.cli bench "$m" --device cuda --workload "$w" --cold "$@" --format json \
+    $PY -m gems_coverage.cli bench "$m" --device cuda --workload "$w" --cold "$@" \
+      ${GEMS_CHECK_COLD_MODES:+--cold-modes "$GEMS_CHECK_COLD_MODES"} --format json \
       -o "$OUTDIR/cold_$tag.json" > "$OUTDIR/cold_$tag.log" 2>&1
     note "cold $tag (rc $?): $($PY -c "import json, sys; d = json.load(open(sys.argv[1])); \
 print({m: (round(r['first_s'] + (r.get('warmup_s') or 0), 2), round(r['second_s'], 2)) for m, r in d['modes'].items()})" \

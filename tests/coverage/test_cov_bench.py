@@ -302,3 +302,18 @@ def test_cold_says_each_modes_times_as_it_finishes(monkeypatch):
     cold.cold_bench("llama2", modes=("aten", "gems+warmup"), progress=said.append)
     assert "cold: aten: first step 1.25 s, second 0.50 s" in said
     assert "cold: gems+warmup: warmup 30.00 s (41 kernels), then first step 2.00 s, second 0.50 s" in said
+
+
+def test_cold_modes_selects_the_modes_run(tmp_path, monkeypatch, capsys):
+    from gems_coverage import cold
+    ran = []
+    monkeypatch.setattr(cold.subprocess, "run", lambda argv, **kw: ran.append(json.loads(argv[-1])["mode"]) or type(
+        "P", (), {"returncode": 0, "stdout": cold.COLD_TAG + json.dumps({"first_s": 1.0, "second_s": 0.5}) + "\n"})())
+    out = tmp_path / "cold.json"
+    assert cli.main(["-q", "bench", "llama2", "--device", "cpu", "--cold", "--cold-modes", "gems,aten",
+                     "--format", "json", "-o", str(out)]) == 0
+    assert ran == ["gems", "aten"] and list(json.loads(out.read_text())["modes"]) == ["gems", "aten"]
+    assert cli.main(["-q", "bench", "llama2", "--device", "cpu", "--cold", "--cold-modes", "gems,hot"]) == 2
+    assert "unknown mode(s) ['hot']" in capsys.readouterr().err
+    assert cli.main(["-q", "bench", "llama2", "--device", "cpu", "--cold-modes", "gems"]) == 2
+    assert "give --cold too" in capsys.readouterr().err
