@@ -537,7 +537,8 @@ def _nll_flags(case, shape):
 
 def _nll_accepts(case, path, g, a, flags):
     """The loss is an fp32 sum of -w[t] * x[i, t] (divided by the summed weights for the mean): within the
-    order of summation's bound of ATen's value, as for sum."""
+    order of summation's bound of ATen's value, as for sum; and as for sum, where the finite terms of the
+    loss or of the total weight reach fp32's range in magnitude, either side may be non-finite."""
     c = _call_args(case)
     out = _result_index(case, path)
     x, t = c["self"].detach().cpu().double(), c["target"].detach().cpu()
@@ -555,7 +556,9 @@ def _nll_accepts(case, path, g, a, flags):
     else:
         W = wt.sum().abs()
         bound = n * 2.0 ** -23 * (terms.abs().sum() + a.abs().max() * wt.abs().sum()) / W if W > 0 else float("inf")
-    return flags & ((g - a).abs() <= bound)
+    big = torch.finfo(torch.float32).max
+    overflows = any(bool(v[torch.isfinite(v)].abs().sum() >= big) for v in ((wt,) if out == 1 else (wt, terms)))
+    return flags & (((g - a).abs() <= bound) | (overflows & ~(torch.isfinite(g) & torch.isfinite(a))))
 
 
 DOCUMENTED = {"mm": (_gemm_flags, _either_non_finite), "addmm": (_gemm_flags, _either_non_finite),
