@@ -30,8 +30,9 @@ def _tuners() -> dict:
             g = groups if itemsize <= 2 else []
             out[matmul.tuner_name(itemsize, triton_only, g)] = matmul.tuner_configs(itemsize, triton_only, g)
     out.update({f"softmax_{w}": softmax.TUNE_CONFIGS for w in ("fwd", "bwd")})
-    suffix = "" if autotune.TIMING == "do_bench" else f"-{autotune.TIMING}"
-    return {f"{name}{suffix}.json": configs for name, configs in out.items()}
+    # each timing keeps its own file (autotune.Autotuner._file): "do_bench" the bare name
+    suffixes = ["" if t == "do_bench" else f"-{t}" for t in autotune.TIMINGS]
+    return {f"{name}{sfx}.json": configs for name, configs in out.items() for sfx in suffixes}
 
 
 @pytest.mark.parametrize("arch", SHIPPED_ARCHS)
