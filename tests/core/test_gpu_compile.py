@@ -220,7 +220,7 @@ def test_gluon_gemm_configs_fit_sm90(tmp_path):
     # compiles here for sm_90 in the layouts the models pass (a weight read transposed with a bias row, a
     # transposed activation, plain), and fits its ring and output tile in shared memory
     from gems.ops.blas import matmul as blas
-    cfgs = [c for c in blas._CONFIGS_16 if c.get("GLUON")] + [c for g in blas.CANDIDATE_GROUPS.values() for c in g]
+    cfgs = [c for c in blas._CONFIGS_16 + [c for g in blas.CANDIDATE_GROUPS.values() for c in g] if c.get("GLUON")]
     assert cfgs
     # a K-split config runs the plain kernel where a call does not split: both kernels compile
     cfgs += [{k: v for k, v in c.items() if k != "FILL_K"} for c in cfgs if c.get("FILL_K")]
@@ -233,23 +233,25 @@ def test_gluon_gemm_configs_fit_sm90(tmp_path):
 def test_decode_gemm_configs_fit_sm90(tmp_path):
     # the decode (M <= 16) tiles are chosen without tuning (blas._skinny) and the interpreter runs its own
     # tile: each one the models' decode shapes pick (narrow, wide, K split) compiles for sm_90 and fits
-    # its stages in shared memory, in 16-bit and fp32 (K halves the stride-1 tile: twice the bytes)
+    # its stages in shared memory, in 16-bit and fp32 (K halves the stride-1 tile: twice the bytes); so
+    # do the 32-row tiles of the opt-in "skinny" candidate group (16-bit only: the group is offered there)
     from gems.ops.blas import matmul as blas
     base = next(r for r in _records() if (r["module"], r["name"]) == ("gems.ops.blas.kernels", "matmul_kernel"))
-    recs = []
-    for dtype, size in (("bf16", 2), ("fp32", 4)):
-        for N, K in ((4096, 4096), (4096, 11008), (32000, 4096), (512, 4096)):
-            cfg = blas._skinny(N, K, size, 132)
-            split, _ = blas.split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], N)
-            r = json.loads(json.dumps(base))
-            for p in ("A", "B", "Bias"):
-                r["signature"][p] = "*" + dtype
-            r["signature"]["C"] = "*fp32" if split > 1 or dtype == "fp32" else "*" + dtype
-            r["constexprs"].update(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-                                   GROUP_M=cfg["GROUP_M"], SPLIT_K=split, EVEN_K=True, HAS_BIAS=False)
-            r["divisible_16"] = [n for n, t in r["signature"].items() if t.startswith("*")] + ["K", "k_per"]
-            r["num_warps"], r["num_stages"] = cfg["num_warps"], cfg["num_stages"]
-            recs.append(r)
+
+    def record(cfg, dtype, K, N):
+        split, _ = blas.split_k(cfg.get("SPLIT_K", 1), K, cfg["BLOCK_K"], N)
+        r = json.loads(json.dumps(base))
+        for p in ("A", "B", "Bias"):
+            r["signature"][p] = "*" + dtype
+        r["signature"]["C"] = "*fp32" if split > 1 or dtype == "fp32" else "*" + dtype
+        r["constexprs"].update(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+                               GROUP_M=cfg["GROUP_M"], SPLIT_K=split, EVEN_K=True, HAS_BIAS=False)
+        r["divisible_16"] = [n for n, t in r["signature"].items() if t.startswith("*")] + ["K", "k_per"]
+        r["num_warps"], r["num_stages"] = cfg["num_warps"], cfg["num_stages"]
+        return r
+    recs = [record(blas._skinny(N, K, size, 132), dtype, K, N) for dtype, size in (("bf16", 2), ("fp32", 4))
+            for N, K in ((4096, 4096), (4096, 11008), (32000, 4096), (512, 4096))]
+    recs += [record(cfg, "bf16", 4096, 32 * 4096) for cfg in blas.CANDIDATE_GROUPS["skinny"]]
     _compile_all(tmp_path / "decode_gemm.jsonl", recs, "decode GEMM configs that do not fit sm_90")
 
 

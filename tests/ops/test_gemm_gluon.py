@@ -10,7 +10,7 @@ from gems.ops.blas import matmul as blas
 from gems.ops.blas import tma as gemm_tma
 from harness import DEVICE, ON_GPU, assert_close, check_planned_gemm, make
 
-CONFIGS = [c for c in blas._CONFIGS_16 if c.get("GLUON")] + [c for g in blas.CANDIDATE_GROUPS.values() for c in g]
+CONFIGS = [c for c in blas._CONFIGS_16 + [c for g in blas.CANDIDATE_GROUPS.values() for c in g] if c.get("GLUON")]
 hopper = pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] != 9,
                             reason="Gluon kernels run on a Hopper GPU only (no interpreter)")
 
