@@ -297,3 +297,19 @@ def test_constant_row_with_an_infinite_weight_is_nan():
     torch.testing.assert_close(rstd, torch.full_like(rstd, 1e-5).rsqrt())
     if ON_GPU:
         assert LN(x, [4], w, None, 1e-5)[0][:, :2].isnan().all()
+
+
+@pytest.mark.parametrize("n", [3, 4099], ids=["one-block", "looping"])
+def test_a_product_past_fp32s_range_plus_an_infinite_bias_is_that_infinity(n):
+    """y = xhat * w + b rounded once, as ATen's kernels (a fused multiply-add): xhat * w = -4.2e38 rounded
+    alone is -inf, which would meet b = +inf as NaN; the exact value, and ATen's, is +inf. Both the
+    one-block path and the looping one (rows longer than a block)."""
+    x = make((1, n), torch.float32)
+    x[0, -3:] = torch.tensor([-1.5868253707885742, -2.1238176822662354, 6.232839584350586])
+    w, b = make((n,), torch.float32), make((n,), torch.float32)
+    w[-1], b[-1] = -3e38, float("inf")
+    with served("native_layer_norm"), gems.use_gems():
+        y, _, _ = LN(x, [n], w, b, 0.1)
+    ry, _, _ = LN(x.double(), [n], w.double(), b.double(), 0.1)
+    assert float(y[0, -1]) == float("inf") and float(ry[0, -1]) == float("inf")
+    torch.testing.assert_close(y[:, :-1].double().cpu(), ry[:, :-1].cpu(), rtol=1e-5, atol=1e-5)

@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...codegen.tlmath import fma_f
 from ...registry import FLOATS, Unsupported, register
 from ...runtime import backend, kernel
 from ...runtime.utils import as_rows, cdiv, empty, next_pow2, prepare_out, sm_count, zeros
@@ -105,6 +106,21 @@ def _exact_sum(x, err):
 
 
 @triton.jit
+def _affine(y, W, B, c, N, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """y * w + b rounded once (a fused multiply-add, as ATen's kernels compute it): a product past fp32's
+    range plus an infinite bias is that infinity, where a rounded product would meet it as inf - inf."""
+    if HAS_W:
+        w = tl.broadcast_to(tl.load(W + c, mask=c < N, other=0.0).to(tl.float32), y.shape)
+        if HAS_B:
+            y = fma_f(y, w, tl.broadcast_to(tl.load(B + c, mask=c < N, other=0.0).to(tl.float32), y.shape))
+        else:
+            y = y * w
+    elif HAS_B:
+        y = y + tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
 def _write_rows(src, W, B, Y, yrow, rmask, cols, N, mean, rstd, scale, SCALED: tl.constexpr,
                 HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr):
     """The forward's write pass over rows longer than a block: y = (x [* scale] - mean) * rstd (* W + B).
@@ -117,10 +133,7 @@ def _write_rows(src, W, B, Y, yrow, rmask, cols, N, mean, rstd, scale, SCALED: t
             y = (x * scale - mean[:, None]) * rstd[:, None]
         else:
             y = (x - mean[:, None]) * rstd[:, None]
-        if HAS_W:
-            y = y * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
-        if HAS_B:
-            y = y + tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)
+        y = _affine(y, W, B, c, N, HAS_W, HAS_B)
         tl.store(yrow + c, y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -176,10 +189,7 @@ def layer_norm_fwd(X, R, W, B, Y, S, MEAN, RSTD, M, N, sX, sR, eps,
             y = tl.where(over[:, None], y, xcq * rstd_q[:, None])
             rstd = tl.where(over, rstd, rstd_q * SCALE_DOWN)
             mean = tl.where(over, mean, mean_q * SCALE_UP)
-        if HAS_W:
-            y = y * tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
-        if HAS_B:
-            y = y + tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)
+        y = _affine(y, W, B, cols, N, HAS_W, HAS_B)
         tl.store(yrow + cols, y.to(Y.dtype.element_ty), mask=mask)
     else:
         # three passes over the row (mean, variance, write); with a residual the first pass writes the
