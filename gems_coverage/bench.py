@@ -560,9 +560,18 @@ def graphed_decode(res: BenchResult, bundle, new_tokens, warmup, steps, include,
             counts = graph_counts(m)
         finally:
             ungraphed(m)
-    # Gems' eager logits stand for the replay's where the replay's tokens are Gems' eager ones
+    # Gems' eager logits stand for the replay's where the replay's tokens are Gems' eager ones; generate
+    # hands logits over in fp32, the tolerances are the model's dtype's
+    dtype = next(m.parameters()).dtype
+
+    def reference(step, row):
+        progress(f"cuda graphs: a token differs at step {step}: ATen in fp32 on that context, to judge it")
+        return fp32_step_logits(bundle, inputs, ref, step, row)
+    own_ok = torch.equal(got.cpu(), own.cpu())
     c = token_check(got.cpu(), ref.cpu(), [t.cpu() for t in ref_steps],
-                    [t.cpu() for t in own_steps] if torch.equal(got.cpu(), own.cpu()) else None)
+                    [t.cpu() for t in own_steps] if own_ok else None, dtype=dtype,
+                    reference=reference if dtype in (torch.bfloat16, torch.float16) else None)
+    # a replay must give Gems' eager tokens: a flip there is judged at fp32's tie tolerance only
     o = token_check(got.cpu(), own.cpu(), [t.cpu() for t in own_steps])
     res.agreement = [{"check": c.name, "ok": bool(c.ok), "detail": c.detail, "rel_err": None, "tol": None},
                      {"check": "greedy tokens, graphed vs Gems' eager steps", "ok": bool(o.ok), "detail": o.detail,
@@ -585,6 +594,24 @@ def graphed_decode(res: BenchResult, bundle, new_tokens, warmup, steps, include,
             res.notes.append(f"peer, transformers' compiled static-cache decode: failed ({type(e).__name__}: {e})")
     if inputs["input_ids"].is_cuda:
         res.notes.append(_roof_note(m, {"Gems": res.gems_ms, "ATen": res.aten_ms, "transformers compiled": hf}))
+
+
+def fp32_step_logits(bundle, inputs: dict, tokens, step: int, row: int):
+    """ATen's logits in fp32 (on the CPU) for the context that picks token `step` of batch row `row`: the
+    prompt and `tokens[row, :step]`, the tokens decoded before it (greedy runs agree up to their first
+    difference, so this is the context both decoded there). One forward without a cache, the model in
+    fp32 for it (_as_fp32) and exactly as before afterwards."""
+    import torch
+    ids = torch.cat([inputs["input_ids"][row:row + 1], tokens[row:row + 1, :step].to(inputs["input_ids"].device)], 1)
+    kw = {"input_ids": ids}
+    if "attention_mask" in inputs:
+        mask = inputs["attention_mask"][row:row + 1]
+        kw["attention_mask"] = torch.cat([mask, mask.new_ones((1, step))], dim=1)
+    with _as_fp32(bundle), torch.no_grad():
+        out = bundle.model(**kw).logits[0, -1].float().cpu()
+    if ids.is_cuda:
+        torch.cuda.empty_cache()    # the fp32 copy's memory goes back
+    return out
 
 
 def _roof_note(model, runs: dict) -> str:

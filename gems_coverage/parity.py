@@ -150,10 +150,11 @@ def _allclose_elementwise(g: torch.Tensor, a: torch.Tensor):
     return False, float(bad_err.flat[i]), float(allowed.flat[i])
 
 
-def compare_e2e(g: torch.Tensor, a: torch.Tensor, floor: float = 0.0):
+def compare_e2e(g: torch.Tensor, a: torch.Tensor, floor: float = 0.0, dtype=None):
     """(ok, rel_err, max_abs, tol) between a Gems and an ATen tensor of the whole model.
 
-    rel_err = ||g - a|| / (||a|| + floor * sqrt(numel)).
+    rel_err = ||g - a|| / (||a|| + floor * sqrt(numel)); the tolerance is that of `dtype`, the dtype the
+    runs computed in (default: the tensors' own).
     """
     if g is None and a is None:
         return True, 0.0, 0.0, 0.0
@@ -163,7 +164,7 @@ def compare_e2e(g: torch.Tensor, a: torch.Tensor, floor: float = 0.0):
     if not a.is_floating_point():
         nbad = int((gn != an).sum())
         return nbad == 0, 0.0 if nbad == 0 else 1.0, float(nbad), 0.0
-    tol = E2E_TOL.get(a.dtype, E2E_TOL[torch.float32])
+    tol = E2E_TOL.get(dtype or a.dtype, E2E_TOL[torch.float32])
     if not np.isfinite(gn).all() and np.isfinite(an).all():
         return False, float("inf"), float("inf"), tol
     diff = np.nan_to_num(gn - an)
@@ -526,14 +527,18 @@ def _many(phase, name, g: dict, a: dict, hi: Optional[dict] = None) -> Check:
     return Check(phase, f"{name} ({n})", not bad, detail, worst, mx_all, tol)
 
 
-def token_check(g: torch.Tensor, a: torch.Tensor, ref_steps: list, got_steps: Optional[list] = None) -> Check:
+def token_check(g: torch.Tensor, a: torch.Tensor, ref_steps: list, got_steps: Optional[list] = None,
+                dtype=None, reference: Optional[Callable] = None) -> Check:
     """Greedy tokens equal, up to a flip that rounding explains.
 
     At the first step where the tokens differ both runs decoded the same context, so the flip is judged
     there: it is accepted where ATen's own top-2 logits are within tolerance (a tie), or, given Gems'
     logits of that step (`got_steps`), where the two runs' logits of that step agree by the end-to-end rule
-    (a flip then only says the margin was below the rounding both runs are allowed). Later steps decode
-    different contexts and are not compared."""
+    (a flip then only says the margin was below the rounding both runs are allowed), or, given
+    `reference(step, row)` (ATen's logits of that context computed in fp32), by the low-precision rule:
+    Gems' logits are at most twice as far from fp32 as ATen's. Later steps decode different contexts and
+    are not compared. `dtype`: what the runs computed in, whose tolerances apply (generate hands its
+    logits over in fp32 whatever the model's dtype); default the logits' own."""
     n = a.numel()
     if torch.equal(g, a):
         return Check("inference", "greedy tokens", True, f"{n}/{n} equal")
@@ -541,19 +546,21 @@ def token_check(g: torch.Tensor, a: torch.Tensor, ref_steps: list, got_steps: Op
     b, s = int(diff[0, 0]), int(diff[0, 1])
     logits = _np(ref_steps[s][b])
     margin = float(logits[int(a[b, s])] - logits[int(g[b, s])])
-    tol = E2E_TOL.get(ref_steps[s].dtype, 1e-4) * max(1.0, float(np.abs(logits).max()))
+    tol = E2E_TOL.get(dtype or ref_steps[s].dtype, 1e-4) * max(1.0, float(np.abs(logits).max()))
     same = int((g == a).sum())
     if margin <= tol:
         return Check("inference", "greedy tokens", True,
                      f"{same}/{n} equal; step {s} differs on a near tie (margin {margin:.1e})")
     where = (f"{same}/{n} equal; first difference at step {s} (batch {b}): {int(g[b, s])} vs {int(a[b, s])},"
              f" ATen margin {margin:.2e}")
-    if got_steps is not None and s < len(got_steps):
-        ok, rel, _, etol = compare_e2e(got_steps[s][b], ref_steps[s][b])
-        verdict = "within" if ok else "outside"
-        return Check("inference", "greedy tokens", ok,
-                     f"{where}; that step's logits (same context) {verdict} the rule: rel err {rel:.2e} (tol {etol:.0e})")
-    return Check("inference", "greedy tokens", False, where)
+    if got_steps is None or s >= len(got_steps):
+        return Check("inference", "greedy tokens", False, where)
+    ok, rel, _, etol = compare_e2e(got_steps[s][b], ref_steps[s][b], dtype=dtype)
+    detail = f"{where}; that step's logits (same context): rel err {rel:.2e} (tol {etol:.0e})"
+    if not ok and reference is not None:
+        ok, eg, ea = lowp_rule(got_steps[s][b], ref_steps[s][b], reference(s, b))
+        detail += f"; vs fp32: Gems {eg:.2e}, ATen {ea:.2e}"
+    return Check("inference", "greedy tokens", ok, f"{detail}: {'within' if ok else 'outside'} the rule")
 
 
 # ------------------------------------------------------------------------------------------- format

@@ -214,3 +214,27 @@ def test_token_check_judges_a_flip_at_its_first_step():
     # a margin inside the tie tolerance passes on its own
     tie = _steps([ref_rows[0], [3.0, 0.0, 2.9375, 0.0, -3.0, 2.5]])
     assert "near tie" in token_check(g, a, tie).detail
+
+
+def test_token_check_takes_the_runs_dtype_and_an_fp32_reference():
+    from gems_coverage.parity import token_check
+    # generate hands logits over in fp32 whatever the model computed in: a bf16 run's flip is judged by
+    # bf16's tolerance when the dtype is given (rel err 0.02 here: within bf16's 3e-2, far outside fp32's)
+    a, g = torch.tensor([[1, 0]]), torch.tensor([[1, 2]])
+    ref = [torch.tensor([r]) for r in ([0.0, 4.0, 1.0], [3.0, 0.0, 2.5])]
+    got = [ref[0], torch.tensor([[2.95, 0.0, 2.56]])]
+    assert not token_check(g, a, ref, got).ok
+    c = token_check(g, a, ref, got, dtype=torch.bfloat16)
+    assert c.ok and "within the rule" in c.detail, c.detail
+    # farther than bf16's tolerance (rel err 0.1): the fp32 reference of that step decides, Gems' logits at
+    # most twice as far from it as ATen's
+    far = [ref[0], torch.tensor([[2.7, 0.0, 2.9]])]
+    calls = []
+
+    def reference(step, row):
+        calls.append((step, row))
+        return torch.tensor([2.75, 0.0, 2.85])     # nearer Gems' logits than ATen's
+    c = token_check(g, a, ref, far, dtype=torch.bfloat16, reference=reference)
+    assert c.ok and calls == [(1, 0)] and "vs fp32" in c.detail, c.detail
+    c = token_check(g, a, ref, far, dtype=torch.bfloat16, reference=lambda s, b: ref[1][0])
+    assert not c.ok and "outside the rule" in c.detail, c.detail
