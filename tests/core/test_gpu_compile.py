@@ -231,7 +231,7 @@ def test_gluon_gemm_configs_fit_sm90(tmp_path):
 
 @pytest.mark.skipif(ON_GPU, reason="on the GPU test_blas launches these configs")
 def test_decode_gemm_configs_fit_sm90(tmp_path):
-    # the decode (M <= 16) tiles are chosen without tuning (blas._skinny) and the interpreter runs its own
+    # the decode (M <= 32) tiles are chosen without tuning (blas._skinny) and the interpreter runs its own
     # tile: each one the models' decode shapes pick (narrow, wide, K split) compiles for sm_90 and fits
     # its stages in shared memory, in 16-bit and fp32 (K halves the stride-1 tile: twice the bytes); so
     # do the 32-row tiles of the opt-in "skinny" candidate group (16-bit only: the group is offered there)
@@ -249,8 +249,8 @@ def test_decode_gemm_configs_fit_sm90(tmp_path):
         r["divisible_16"] = [n for n, t in r["signature"].items() if t.startswith("*")] + ["K", "k_per"]
         r["num_warps"], r["num_stages"] = cfg["num_warps"], cfg["num_stages"]
         return r
-    recs = [record(blas._skinny(N, K, size, 132), dtype, K, N) for dtype, size in (("bf16", 2), ("fp32", 4))
-            for N, K in ((4096, 4096), (4096, 11008), (32000, 4096), (512, 4096))]
+    recs = [record(blas._skinny(M, N, K, size, 132), dtype, K, N) for dtype, size in (("bf16", 2), ("fp32", 4))
+            for M in (1, 32) for N, K in ((4096, 4096), (4096, 11008), (32000, 4096), (512, 4096))]
     recs += [record(cfg, "bf16", 4096, 32 * 4096) for cfg in blas.CANDIDATE_GROUPS["skinny"]]
     _compile_all(tmp_path / "decode_gemm.jsonl", recs, "decode GEMM configs that do not fit sm_90")
 

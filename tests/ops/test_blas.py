@@ -339,15 +339,17 @@ def test_every_tuned_config(dtype):
     a, b, bias = make((300, 200), dtype), make((777, 200), dtype).t(), make((777,), dtype)
     aten = torch.addmm(bias, a, b)
     configs = blas._CONFIGS_16 if dtype != torch.float32 else blas._CONFIGS_32
-    skinny = [blas._skinny(n, 200, a.element_size(), sms) for n in (777, 9000, 40) for sms in (132, 8)]
+    skinny = [blas._skinny(m, n, 200, a.element_size(), sms) for m in (16, 32) for n in (777, 9000, 40)
+              for sms in (132, 8)]
     for cfg in configs + list(blas._SMALL.values()) + skinny:
         # a column slice of a wider buffer: a row-major result with a 16-byte aligned leading stride,
         # which the TMA configs need (777 x 2 bytes is not)
         out = torch.full((300, 784), float("nan"), dtype=dtype, device=DEVICE)[:, :777]
         blas.launch(a, b, out, bias.expand(300, 777), 1.0, 1.0, config=cfg)
         _check_gemm(out, a, b, bias, aten, msg=str(cfg))
-    # decode shapes (M = 1..16, the skinny tile), K not a multiple of the tile, transposed weight
-    for m in (1, 5, 16):
+    # decode shapes (M = 1..32, the skinny tiles of 16 and 32 rows), K not a multiple of the tile, transposed
+    # weight
+    for m in (1, 5, 16, 17, 32):
         x, w = make((m, 1000), dtype), make((9000, 1000), dtype)
         with served("mm"), gems.use_gems():
             out = torch.nn.functional.linear(x, w)

@@ -16,7 +16,7 @@ cached on disk; the interpreter takes the first (small) config. ATen's own GEMM 
 one more candidate of each tuned bucket (docs/design.md, decision 12): where it beats every Triton config
 (by 10 us, its extra host cost, when it takes under 50 us: _ATEN_HOST_MS), the bucket's calls run ATen (an
 ATen plan per signature, replayed from C++), counted in `gems.stats()` as fallbacks "aten faster".
-`GEMS_GEMM=triton` keeps Triton for every bucket. Skinny (decode, M <= 16) and small GEMMs are not
+`GEMS_GEMM=triton` keeps Triton for every bucket. Skinny (decode, M <= 32) and small GEMMs are not
 tuned and always run Triton.
 """
 import os
@@ -189,8 +189,13 @@ INTERP_CONFIG = _cfg(32, 32, 32, 4, 1, group=4)
 _SMALL = {16: _cfg(64, 64, 64, 4, 3), 32: _cfg(64, 64, 32, 4, 3)}
 
 
-def _skinny(N, K, itemsize, sms):
-    """Decode GEMMs (M <= 16, one batch): the weight stream is the whole cost, so a 16-row tile, deep K
+# decode GEMMs up to this many rows take a fixed tile (_skinny), untuned
+SKINNY_MAX_M = 32
+
+
+def _skinny(M, N, K, itemsize, sms):
+    """Decode GEMMs (M <= SKINNY_MAX_M, one batch): the weight stream is the whole cost, so a 16-row tile
+    (32 rows for M = 17..32, batch-32 decode), deep K
     steps with 4 stages in flight, and N tiles narrow enough that every SM gets a program (4096 / 32 =
     128 on 132 SMs) but, for wide N (vocab projections), 128 wide. H200 sweep (bf16, M = 1 /
     4 / 16, time / cuBLAS's): N = 4096: 0.96 / 0.97 / 0.91 (16x32x256); N = 11008: 1.00 / 1.00 / 0.98
@@ -200,13 +205,18 @@ def _skinny(N, K, itemsize, sms):
     1.32 -> 1.09 (split 5); at N = 2048 (64 tiles) a split of 3 lost (1.03 -> 1.17).
     Narrow N takes 6 stages (H200, kernel time with a cold L2 over 162 configs): 1 x 4096 x 4096
     14.8 -> 14.3 us, 1 x 4096 x 11008 32.8 -> 30.9, M = 4 15.2 -> 14.2, M = 16 15.8 -> 14.4 (cuBLAS 15.3-33.2); wide N is already the best config seen (1 x 32000 x 4096 69.9,
-    cuBLAS 71.1). That is 57% of the 4.19 TB/s copy roof at 4096 x 4096 and 70-90% at the larger weights."""
+    cuBLAS 71.1). That is 57% of the 4.19 TB/s copy roof at 4096 x 4096 and 70-90% at the larger weights.
+    M = 17..32 takes the same tiles 32 rows tall: a program still streams the same weight tile, and its
+    activation tile (32 x BLOCK_K) is a quarter of the stage or less. The tuned tiles (64 rows and up)
+    left half of each tile idle and, at N = 4096, made 32 programs for 132 SMs: Llama-2-7B batch-32
+    decode read its weights at 46% of the copy roof (7.17 ms per step, H200); the same 32-row tiles
+    timed by the tuner made it 6.42 ms."""
     wide = N >= 8192
     bn = 128 if wide else 32
     bk = (128 if wide else 256) // (1 if itemsize <= 2 else 2)
     tiles = cdiv(N, bn)
     split = min(cdiv(sms, tiles), 8) if 4 * tiles <= sms else 1
-    return _cfg(16, bn, bk, 4, 4 if wide else 6, split=split)
+    return _cfg(16 if M <= 16 else 32, bn, bk, 4, 4 if wide else 6, split=split)
 
 
 TUNE_MIN_MACS = 2**27
@@ -469,8 +479,8 @@ def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision
         run(config, c)
         return c
     tuner = _tuner(a.element_size(), triton_only)
-    if backend().name != "interpreter" and M <= 16 and nb == 1:
-        run(_picked(_skinny(N, K, a.element_size(), sm_count(a.device))), c)
+    if backend().name != "interpreter" and M <= SKINNY_MAX_M and nb == 1:
+        run(_picked(_skinny(M, N, K, a.element_size(), sm_count(a.device))), c)
         return c
     small = small_config(nb * M * N * K, a.element_size())
     if small is not None:
