@@ -14,8 +14,17 @@ from .patching import patch, patched, unpatch
 from .registry import Unsupported
 from .runtime.backends import backend
 from .warmup import warmup   # (the name then means the function; the module is sys.modules['gems.warmup'])
-from . import decode          # gems.decode.graphed(model): generate's decode steps through CUDA graphs
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # gems.decode (generate's decode steps through CUDA graphs) on first use: it defines the fused ops'
+    # custom operators, whose compile support imports torch._dynamo (about a second with warm caches,
+    # many more where Python must compile dynamo's sources), which `import gems; gems.enable()` need not pay
+    if name == "decode":
+        import importlib
+        return importlib.import_module(".decode", __name__)
+    raise AttributeError(f"module 'gems' has no attribute {name!r}")
 __all__ = ["enable", "disable", "use_gems", "is_enabled", "registered_ops", "stats", "plan_stats", "reset_stats",
            "backend", "warmup", "registry", "Unsupported", "patch", "unpatch", "patched"]

@@ -139,3 +139,20 @@ def test_the_checker_sees_a_cycle():
     assert _cycles({"gems.p": {"gems.p.x"}, "gems.p.x": set()}) == []
     assert _cycles({"gems.m": {"gems.p"}, "gems.p": {"gems.p.y"}, "gems.p.y": {"gems.m"}}) == \
         [["gems.m", "gems.p", "gems.p.y"]]
+
+
+def test_import_and_enable_stay_light():
+    # `import gems; gems.enable()` is on every user's start-up path: it must not pull in torch.compile's
+    # machinery (torch._dynamo, sympy: seconds where Python has no cached bytecode for them) or transformers;
+    # gems.decode, which defines custom operators for torch.compile, loads on first use
+    import os
+    import subprocess
+    import sys
+    code = ("import sys, gems; gems.enable(); heavy = [m for m in ('torch._dynamo', 'sympy', 'transformers') "
+            "if m in sys.modules]; print(heavy); gems.decode.graphed; print('torch._dynamo' in sys.modules)")
+    env = dict(os.environ)
+    if env.get("GEMS_TEST_DEVICE", "cpu") == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split("\n")[:2] == ["[]", "True"], p.stdout
