@@ -333,7 +333,7 @@ def main(argv=None) -> int:
                    help="cap M, N, K at this (default: 64 on cpu, none on cuda)")
     p.add_argument("--candidates", default=None,
                    help="the tuner's extra candidate groups for 16-bit inputs, comma-separated ('' for none; "
-                        "blas.CANDIDATE_GROUPS: wide, wave, deep, ksplit, skinny); default blas.CANDIDATES")
+                        "blas.CANDIDATE_GROUPS: wide, wave, deep, ksplit); default blas.CANDIDATES")
     p.add_argument("--confirm-rounds", type=int, default=None,
                    help="the tuner re-times its fastest configs this many more times before choosing "
                         "(runtime.autotune.CONFIRM_ROUNDS; for an A/B give each side its own GEMS_CACHE_DIR)")

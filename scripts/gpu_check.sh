@@ -241,10 +241,6 @@ if want decode; then
     --patch-options pack_projections=on
   bench llama2_decode_graphs_b8 llama2 decode --seq-len 128 --new-tokens 64 --batch 8 --steps 2 --warmup 1 --cuda-graphs --patch
   bench llama2_decode_graphs_b32 llama2 decode --seq-len 128 --new-tokens 64 --batch 32 --steps 2 --warmup 1 --cuda-graphs --patch
-  # the same with the opt-in 32-row GEMM tiles among the tuner's candidates (gems/ops/blas/matmul.py: the
-  # "skinny" group; their own tuning cache, so this row tunes its buckets first)
-  GEMS_GEMM_CANDIDATES=wide,wave,deep,skinny bench llama2_decode_graphs_b32_skinny llama2 decode --seq-len 128 \
-    --new-tokens 64 --batch 32 --steps 2 --warmup 1 --cuda-graphs --patch
   # a 4096-token cache at batch 1
   bench llama2_decode_graphs_4k llama2 decode --seq-len 4000 --new-tokens 64 --steps 2 --warmup 1 --cuda-graphs --patch
   # GQA 32/8 with a 4096-token sliding window (docs/decode.md: graphed while the window fills)

@@ -41,7 +41,7 @@ def aten_bucket(monkeypatch):
 
 
 def test_an_aten_bucket_is_recorded_once_and_replayed(aten_bucket):
-    a, b = make((40, 24)), make((24, 17))     # M > 16: the tuned path on the GPU too
+    a, b = make((40, 24)), make((24, 17))     # M > 32: the tuned path on the GPU too
     with gems.use_gems():
         outs = [torch.mm(a, b) for _ in range(4)]
     for o in outs:
@@ -67,7 +67,7 @@ def test_other_signatures_still_decide_for_themselves(aten_bucket):
 
 
 def test_inplace_addmm_goes_to_aten_untouched(aten_bucket):
-    bias, a, b = make((20, 12)), make((20, 7)), make((7, 12))
+    bias, a, b = make((40, 12)), make((40, 7)), make((7, 12))     # M > 32: the tuned path on the GPU too
     want = 0.5 * to_ref(bias) + 2.0 * (to_ref(a) @ to_ref(b))
     with gems.use_gems():
         bias.addmm_(a, b, beta=0.5, alpha=2.0)

@@ -233,8 +233,8 @@ def test_gluon_gemm_configs_fit_sm90(tmp_path):
 def test_decode_gemm_configs_fit_sm90(tmp_path):
     # the decode (M <= 32) tiles are chosen without tuning (blas._skinny) and the interpreter runs its own
     # tile: each one the models' decode shapes pick (narrow, wide, K split) compiles for sm_90 and fits
-    # its stages in shared memory, in 16-bit and fp32 (K halves the stride-1 tile: twice the bytes); so
-    # do the 32-row tiles of the opt-in "skinny" candidate group (16-bit only: the group is offered there)
+    # its stages in shared memory, in 16-bit and fp32 (K halves the stride-1 tile: twice the bytes), 16 and
+    # 32 rows tall
     from gems.ops.blas import matmul as blas
     base = next(r for r in _records() if (r["module"], r["name"]) == ("gems.ops.blas.kernels", "matmul_kernel"))
 
@@ -251,7 +251,6 @@ def test_decode_gemm_configs_fit_sm90(tmp_path):
         return r
     recs = [record(blas._skinny(M, N, K, size, 132), dtype, K, N) for dtype, size in (("bf16", 2), ("fp32", 4))
             for M in (1, 32) for N, K in ((4096, 4096), (4096, 11008), (32000, 4096), (512, 4096))]
-    recs += [record(cfg, "bf16", 4096, 32 * 4096) for cfg in blas.CANDIDATE_GROUPS["skinny"]]
     _compile_all(tmp_path / "decode_gemm.jsonl", recs, "decode GEMM configs that do not fit sm_90")
 
 
