@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from . import collect, progress
+from . import collect, launcher_build, progress
 from .plan import recording
 from .plan.launchers import hooks_active
 from .source import compile_source
@@ -130,8 +130,10 @@ class LaunchCache:
                 kernel = collect.launch(self.fn, grid, args, num_warps, num_stages, maxnreg)
             else:
                 t0 = progress.clock()
-                # (Triton's options treat maxnreg=None as unset: the binary of a launch without a cap)
-                kernel = self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
+                # (Triton's options treat maxnreg=None as unset: the binary of a launch without a cap); a
+                # compile builds the kernel's C launcher beside it, not after it (launcher_build.py)
+                with launcher_build.building_ahead():
+                    kernel = self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
                 progress.compiled(self.name, progress.clock() - t0)    # one line if first runs stall
             if len(self._cache) >= _MAX_ENTRIES:
                 self._cache.pop(next(iter(self._cache)))
