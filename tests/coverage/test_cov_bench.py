@@ -78,6 +78,25 @@ def test_decode_bf16_checks_against_fp32_and_attributes_decode_steps_only(tmp_pa
     assert calls == ops["silu"]["fallback"] * d["profiled_units"] > 0 and "bfloat16" in why, d["fallbacks"]
 
 
+def test_decode_bf16_judges_a_token_flip_against_fp32_logits_of_its_context(tmp_path, monkeypatch):
+    # the greedy-token check gets ATen's fp32 logits of a flip's context (prompt and the tokens before it)
+    # for the low-precision rule: the reference the check is handed computes them
+    import torch
+
+    from gems_coverage import parity
+    real, seen = parity.token_check, []
+
+    def spy(g, a, ref_steps, got_steps=None, dtype=None, reference=None):
+        out = reference(1, 0)
+        seen.append((out.dtype, tuple(out.shape), bool(torch.isfinite(out).all()), tuple(ref_steps[1][0].shape)))
+        return real(g, a, ref_steps, got_steps, dtype, reference)
+    monkeypatch.setattr(parity, "token_check", spy)
+    rc, d = _bench(tmp_path, "--workload", "decode", "--new-tokens", "3", "--dtype", "bfloat16", include="rsqrt")
+    assert rc == 0, d
+    (dtype, shape, finite, vocab), = seen
+    assert dtype == torch.float32 and finite and shape == vocab
+
+
 def test_decode_fresh_lengths_gives_every_run_new_kv_lengths(tmp_path, monkeypatch):
     from gems_coverage import runner
     seen = []
