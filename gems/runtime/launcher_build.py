@@ -14,26 +14,23 @@ is free for Triton's compile meanwhile); its jit_post_compile_hook waits for tha
 that follows finds the launcher in Triton's disk cache instead of building it. The hooks Triton had
 are called first and put back afterwards. Left to Triton as before: a kernel with tensor-descriptor
 arguments (its launcher depends on the compiled metadata), a launch that compiles nothing, and any
-build that fails here (Triton then builds it itself). `GEMS_LAUNCHER_AHEAD=0` turns this off.
+build that fails here (Triton then builds it itself). `GEMS_LAUNCHER_AHEAD=0` turns this off (settings.py).
 """
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import types
 
 import triton
+
+from . import settings
 
 JOIN_S = 120.0     # how long a compile's end waits for its launcher before Triton builds one itself
 # what CudaLauncher reads of a compiled kernel's metadata besides the source's signature and constants;
 # the early build needs none of it (it only fills the disk cache), so neutral values
 _META = dict(tensordesc_meta=None, num_ctas=1, global_scratch_size=0, global_scratch_align=1,
              profile_scratch_size=0, profile_scratch_align=1, launch_cooperative_grid=False, launch_pdl=False)
-
-
-def enabled() -> bool:
-    return os.environ.get("GEMS_LAUNCHER_AHEAD", "1") not in ("", "0")
 
 
 def build(jf, signature, constants, attrs):
@@ -54,7 +51,7 @@ def _has_descriptors(signature) -> bool:
 def building_ahead(builder=build):
     """For the block: a compile Triton starts also starts its launcher's build on a thread, and Triton
     waits for that build when the compile ends. `builder(jf, signature, constants, attrs)` builds."""
-    if not enabled():
+    if not settings.LAUNCHER_AHEAD:
         yield
         return
     rt = triton.knobs.runtime

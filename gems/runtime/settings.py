@@ -24,6 +24,9 @@ GEMS_PLAN_AFTER=2
 GEMS_POISON=1
     Fresh outputs start as NaN (or -1 for integers), so an element a kernel forgets to write can
     never pass as a right answer, in plans too (a test aid).
+GEMS_LAUNCHER_AHEAD=0
+    A kernel's C launcher is built after its compile, as Triton does, not on a thread beside it
+    (runtime/launcher_build.py; for an A/B of first-call time).
 """
 from __future__ import annotations
 
@@ -42,4 +45,5 @@ PLAN_AFTER: int = int(os.environ.get("GEMS_PLAN_AFTER", "2") or 2)
 if PLAN_AFTER not in (1, 2):
     raise ValueError(f"GEMS_PLAN_AFTER must be 1 or 2, not {PLAN_AFTER}")
 POISON: bool = _flag("GEMS_POISON", "0")
+LAUNCHER_AHEAD: bool = _flag("GEMS_LAUNCHER_AHEAD", "1")
 del _check

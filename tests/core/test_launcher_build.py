@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import triton
 
-from gems.runtime import launcher_build
+from gems.runtime import launcher_build, settings
 from harness import ON_GPU
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ def _miss(rt, jf, key="k", signature=None, prev_calls=None):
 
 
 def test_the_build_runs_beside_the_compile_and_is_waited_for(monkeypatch):
-    monkeypatch.delenv("GEMS_LAUNCHER_AHEAD", raising=False)
+    monkeypatch.setattr(settings, "LAUNCHER_AHEAD", True)
     rt = triton.knobs.runtime
     seen, release = [], threading.Event()
     prev_before = lambda **kw: seen.append(("before", kw["key"])) and False   # noqa: E731
@@ -57,7 +57,7 @@ def test_the_build_runs_beside_the_compile_and_is_waited_for(monkeypatch):
 
 
 def test_nothing_is_built_where_no_compile_follows_or_the_launcher_needs_the_binary(monkeypatch):
-    monkeypatch.delenv("GEMS_LAUNCHER_AHEAD", raising=False)
+    monkeypatch.setattr(settings, "LAUNCHER_AHEAD", True)
     rt = triton.knobs.runtime
     built = []
     builder = lambda *a: built.append(a)    # noqa: E731
@@ -73,7 +73,7 @@ def test_nothing_is_built_where_no_compile_follows_or_the_launcher_needs_the_bin
         assert rt.jit_post_compile_hook(key="k", fn=SimpleNamespace(jit_function=object())) is None
     assert built == []
     # switched off: Triton's hooks are not touched
-    monkeypatch.setenv("GEMS_LAUNCHER_AHEAD", "0")
+    monkeypatch.setattr(settings, "LAUNCHER_AHEAD", False)
     with launcher_build.building_ahead(builder):
         assert rt.jit_cache_hook is None and rt.jit_post_compile_hook is None
 
