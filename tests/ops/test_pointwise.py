@@ -1,6 +1,6 @@
-import contextlib
 """Pointwise ops from gems.codegen: add, sub, rsub, mul, div (all rounding modes), neg, exp, silu, gelu
 (+ backwards) against ATen in float64, over layouts, broadcasting, scalars, 0-dim, empty, out=, in-place."""
+import contextlib
 import math
 import warnings
 
@@ -134,6 +134,24 @@ def test_gelu_tanh_negative_tail_is_accurate(dtype):
         spacing = (ref.abs() * rel).clamp(min=tiny)
         worst = ((got - ref).abs() / spacing).max().item()
         assert worst <= ulps, f"{name}: {worst:.2f} ulps off the float64 value"
+
+
+def test_gelu_backward_negative_tail_is_accurate():
+    # 'none' in x in [-13, -3]: Phi(x) = (1 + erf(x / sqrt(2))) / 2 cancels (1 + erf is ~1e-6 at x = -4.8,
+    # 0 below -5.45 in fp32) while x phi(x) does not: formed so, the derivative was 3e-4 off its value at
+    # -4.8 and wholly x phi(x) below; Gems takes Phi = erfc(-x / sqrt(2)) / 2. fp32 within 64 ulp of float64
+    # (exp's and erfc's own errors, times the terms' partial cancellation), and an infinite grad gives the
+    # opposite infinity where the derivative is a tiny negative number
+    x = torch.linspace(-13.0, -3.0, 2001, device=DEVICE)
+    g = torch.full_like(x, 65000.0)
+    with served("gelu_backward"), gems.use_gems():
+        got = torch.ops.aten.gelu_backward(g, x).cpu().double()
+        inf = torch.ops.aten.gelu_backward(torch.full_like(x, float("-inf")), x).cpu()
+    x64 = x.cpu().double()     # (ATen's formula cancels in float64 too, below x = -8)
+    ref = 65000.0 * (0.5 * torch.erfc(-x64 / math.sqrt(2)) + x64 * torch.exp(-0.5 * x64 * x64) / math.sqrt(2 * math.pi))
+    worst = ((got - ref).abs() / (ref.abs() * 2.0 ** -23).clamp(min=2.0 ** -149)).max().item()
+    assert worst <= 64, f"{worst:.1f} ulps off the float64 value"
+    assert (inf == float("inf")).all(), inf[inf != float("inf")]
 
 
 @dtype_params()

@@ -311,7 +311,7 @@ def _erf(x):
 
 
 @triton.jit
-def _erfc(x):
+def erfc_accurate(x):
     """1 - erf(self): libdevice's erfc on the GPU (the fitted tail is 1.2e-7 absolute, ATen's erfcf
     keeps relative accuracy down to 1e-38); the fitted form in the interpreter"""
     if GPU:
@@ -450,7 +450,7 @@ sinh = _unary("sinh", _sinh)
 cosh = _unary("cosh", _cosh)
 sigmoid_ = _unary("sigmoid", _sigmoid)
 erf = _unary("erf", _erf)
-erfc = _unary("erfc", _erfc)
+erfc = _unary("erfc", erfc_accurate)
 erfinv = _unary("erfinv", _erfinv)
 floor = _unary("floor", _floor, "default", NUMERIC)
 ceil = _unary("ceil", _ceil, "default", NUMERIC)
