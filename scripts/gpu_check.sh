@@ -21,7 +21,8 @@
 # plain and patched), tune (gems-coverage tune over the models' workloads, then scripts/ship_tuned.py).
 # Results go to $GEMS_CHECK_DIR (default gpu-check-<date>/): logs, JSON, summary.txt.
 # Env: GEMS_CHECK_QUICK=1 for fewer timed runs; GEMS_CHECK_WORKERS (default 8) test processes;
-# GEMS_CHECK_SUITE_S the suite's limit (SIGINT: the tracebacks still print), GEMS_CHECK_TEST_S one test's;
+# GEMS_CHECK_SUITE_S the suite's limit (SIGINT: the tracebacks still print), GEMS_CHECK_DEADLINE_S a limit
+# counted from this script's start (its own start-up, about 50 s, included), GEMS_CHECK_TEST_S one test's;
 # GEMS_CHECK_COLD_MODES the cold part's modes (bench --cold-modes; default all three).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +58,13 @@ suite() {  # tag files...
   # the limit sends SIGINT first: pytest then stops and still prints the failures' tracebacks and the
   # summary (a plain SIGTERM loses them); with pytest-timeout installed, a test hung past
   # GEMS_CHECK_TEST_S is failed with its stack
-  GEMS_TEST_DEVICE=cuda timeout -s INT -k 30 "${GEMS_CHECK_SUITE_S:-3000}" $PY -m pytest -n "$WORKERS" -o addopts= -v \
+  # GEMS_CHECK_DEADLINE_S (seconds from this script's start, its own start-up included) caps the limit too
+  local cap=${GEMS_CHECK_SUITE_S:-3000}
+  if [ -n "${GEMS_CHECK_DEADLINE_S:-}" ]; then
+    local left=$(( GEMS_CHECK_DEADLINE_S - ($(date +%s) - T0) - 40 ))
+    (( left < cap )) && cap=$left
+  fi
+  GEMS_TEST_DEVICE=cuda timeout -s INT -k 30 "$cap" $PY -m pytest -n "$WORKERS" -o addopts= -v \
     $($PY -c "import pytest_timeout" 2>/dev/null && echo --timeout "${GEMS_CHECK_TEST_S:-240}") \
     -p no:cacheprovider -rfEX --tb=short --durations=15 "$@" > "$OUTDIR/$tag.txt" 2>&1
   note "$tag (rc $?): $(tail -1 "$OUTDIR/$tag.txt")"
