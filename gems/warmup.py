@@ -58,7 +58,9 @@ def warmup(model, example_inputs, *, train: bool = False, workers: int | None = 
     of its first tensor). `workers`: compile processes (default: the CPU count, at most 32).
     Gems must be enabled (gems.enable() or inside use_gems()). Returns {"kernels", "rounds",
     "compile_s", "failed", "seconds", "per_round"}; "per_round" lists each round's collecting run,
-    compile (all jobs, and the slowest one alone) and load times in seconds, and its new kernels."""
+    compile (all jobs, and the slowest one alone) and load times in seconds, its new kernels, and its
+    three slowest compiles ("slowest": "name[constexprs] seconds" strings, for finding the kernel
+    that bounds a round)."""
     global _said_interpreter
     t_start = time.perf_counter()
     info = {"kernels": 0, "rounds": 0, "compile_s": 0.0, "failed": 0, "seconds": 0.0, "per_round": []}
@@ -80,7 +82,7 @@ def warmup(model, example_inputs, *, train: bool = False, workers: int | None = 
             jobs = _collect_round(model, example_inputs, train)
             info["rounds"] += 1
             row = {"run_s": time.perf_counter() - t0, "kernels": 0, "compile_s": 0.0, "slowest_s": 0.0,
-                   "load_s": 0.0}
+                   "load_s": 0.0, "slowest": []}
             info["per_round"].append(row)
             jobs = [j for j in jobs if (id(j[0]), str(j[2])) not in seen]
             if not jobs:
@@ -91,6 +93,7 @@ def warmup(model, example_inputs, *, train: bool = False, workers: int | None = 
             results = collect.compile_jobs(jobs, workers)
             row["compile_s"] = time.perf_counter() - t0
             row["slowest_s"] = max(t for t, _ in results)
+            row["slowest"] = _slowest(jobs, results)
             row["kernels"] = len(jobs)
             info["compile_s"] += row["compile_s"]
             info["kernels"] += len(jobs)
@@ -107,6 +110,12 @@ def warmup(model, example_inputs, *, train: bool = False, workers: int | None = 
         _restore_dispatch(snap)
     info["seconds"] = time.perf_counter() - t_start
     return info
+
+
+def _slowest(jobs: list, results: list, n: int = 3) -> list:
+    """The `n` longest compiles of a round, slowest first, each "name[constexprs] seconds"."""
+    ranked = sorted(zip(results, jobs), key=lambda r: -r[0][0])[:n]
+    return [f"{collect.describe(job)} {t:.2f}" for (t, _), job in ranked]
 
 
 def _collect_round(model, example_inputs, train: bool) -> list:

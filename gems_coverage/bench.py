@@ -518,7 +518,7 @@ def graphed_decode(res: BenchResult, bundle, new_tokens, warmup, steps, include,
     import torch
 
     import gems
-    from gems.decode import graph_counts, graphed, ungraphed
+    from gems.decode import graph_counts, graphed, replay_ms, ungraphed
     from gems.decode.attention import install as install_decode_attention
     from gems.decode.timing import generate_greedy, ms_per_token
     from .parity import token_check
@@ -558,6 +558,7 @@ def graphed_decode(res: BenchResult, bundle, new_tokens, warmup, steps, include,
             got, _ = generate_greedy(m, inputs, new_tokens, **kw)
             res.gems_ms = [round(x, 4) for x in ms_per_token(m, inputs, new_tokens, steps, warmup, **kw)]
             counts = graph_counts(m)
+            replay = replay_ms(m) if inputs["input_ids"].is_cuda else None
         finally:
             ungraphed(m)
     # Gems' eager logits stand for the replay's where the replay's tokens are Gems' eager ones; generate
@@ -582,6 +583,10 @@ def graphed_decode(res: BenchResult, bundle, new_tokens, warmup, steps, include,
                   f"Gems: gems.decode.graphed ({counts}); no per-op attribution (a graph replay is one launch)",
                   f"Gems, eager steps on the static cache (no graphs; the decode attention of gems.decode): "
                   f"{med(gems_eager)} ms/token"]
+    if replay is not None:
+        res.notes.append(f"Gems, one decode step's graph replay alone (device time, CUDA events): {replay:.3f} ms; "
+                         f"the rest of the {med(res.gems_ms)} ms per token is generate's per-step host work, "
+                         f"which the GPU waits for")
     hf = None
     if res.meaningful:
         gems.disable()

@@ -72,6 +72,11 @@ def format_cold(r: dict) -> str:
         w = row.get("warmup_s")
         lines.append(f"{mode:<13} {'' if w is None else f'{w:.2f}':>9} {row.get('kernels', ''):>8} "
                      f"{row['first_s']:>11.3f} {row['first_s'] + (w or 0.0):>14.3f} {row['second_s']:>11.3f}")
+    for mode, row in r["modes"].items():
+        for i, rnd in enumerate(row.get("warmup_rounds") or (), 1):
+            if rnd.get("kernels"):
+                lines.append(f"{mode} round {i}: {rnd['kernels']} kernels compiled in {rnd['compile_s']:.2f} s; "
+                             f"slowest: {'; '.join(rnd.get('slowest') or ()) or '-'}")
     if r["device"] == "cpu":
         lines.append("(CPU: kernels are interpreted, nothing compiles; timings say nothing about a GPU)")
     return "\n".join(lines)
@@ -103,7 +108,8 @@ def _child(spec: dict) -> dict:
     if spec["mode"] == "gems+warmup":
         info = wl.compile_ahead()
         row["warmup_s"], row["kernels"], row["warmup_failed"] = info["seconds"], info["kernels"], info["failed"]
-        row["warmup_rounds"] = [{k: round(v, 3) for k, v in r.items()} for r in info["per_round"]]
+        row["warmup_rounds"] = [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}
+                                for r in info["per_round"]]
     for name in ("first_s", "second_s"):
         wl.sync()
         t0 = time.perf_counter()

@@ -13,7 +13,7 @@ replays the whole step's launches in one call. docs/decode.md says what is captu
 api.py: graphed / ungraphed; step.py: the forward that picks graph or eager; capture.py: warm-up,
 capture, replay and the first replay's check; pool.py: the static caches graphs are bound to; kv_cache.py: their layers' one-launch update.
 """
-from .api import graph_counts, graphed, ungraphed
+from .api import graph_counts, graphed, replay_ms, ungraphed
 from .capture import GraphCaptureError
 
-__all__ = ["graphed", "ungraphed", "graph_counts", "GraphCaptureError"]
+__all__ = ["graphed", "ungraphed", "graph_counts", "replay_ms", "GraphCaptureError"]

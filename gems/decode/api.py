@@ -177,3 +177,14 @@ def graph_counts(model) -> dict:
     """{'captured', 'replayed', 'eager'}: the graphed model's decode steps so far (empty when not graphed)."""
     g = model.__dict__.get(ATTR)
     return dict(g.step.counts) if g is not None else {}
+
+
+def replay_ms(model, runs: int = 20) -> Optional[float]:
+    """Device milliseconds of one decode-step graph's replay alone, without generate's per-step work
+    around it (the median of `runs`): the graph most recently captured and replayed, on its last inputs.
+    None when the model holds no replayable graph. What `generate` spends per token beyond it is host
+    work the GPU waits for."""
+    g = model.__dict__.get(ATTR)
+    steps = [s for graphs in (g.step.graphs.values() if g is not None else ()) for s in graphs.values()
+             if s.graph is not None and s.bad is None]
+    return steps[-1].replay_ms(runs) if steps else None

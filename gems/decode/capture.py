@@ -179,6 +179,25 @@ class StepGraph:
         # may reuse this one's output memory
         return clone_tree(self.out, cache)
 
+    def replay_ms(self, runs: int) -> float:
+        """Device milliseconds of one replay alone (the median of `runs`, CUDA events around each), on the
+        inputs of the last step. Each replay writes that step's KV position again with the same values;
+        the position counters are put back after each, so none advances past the cache."""
+        saved = save_lengths(self.layers)
+        times = []
+        try:
+            for _ in range(max(1, runs)):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                self.graph.replay()
+                b.record()
+                restore_lengths(self.layers, saved)
+                b.synchronize()
+                times.append(a.elapsed_time(b))
+        finally:
+            restore_lengths(self.layers, saved)
+        return sorted(times)[len(times) // 2]
+
     def first_replay(self, cache, kwargs):
         """(output, None) after checking the replay against an eager step, or (eager output, why) when
         they differ (the graph is then marked bad)."""

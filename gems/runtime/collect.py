@@ -110,6 +110,21 @@ def _record(*, key, fn, compile, **_):
     return True
 
 
+def describe(job) -> str:
+    """A job as "name[constexpr=value, ..., warps, stages]": which kernel, in which configuration."""
+    jf = job[0]
+    constants, options = (job[4], job[6]) if len(job) > 6 else ({}, None)
+    name = getattr(getattr(jf, "fn", None), "__name__", None) or getattr(jf, "__name__", None) or str(jf)
+    try:
+        names = jf.arg_names
+        consts = ", ".join(f"{names[k[0]]}={v}" for k, v in constants.items()
+                           if isinstance(k, tuple) and len(k) == 1 and isinstance(v, (int, float, bool, str)))
+    except Exception:  # noqa: BLE001 - a description only: the name alone will do
+        consts = ""
+    launch = ", ".join(f"{k}={getattr(options, k)}" for k in ("num_warps", "num_stages") if hasattr(options, k))
+    return f"{name}[{', '.join(p for p in (consts, launch) if p)}]"
+
+
 def compile_one(job):
     """Compile `job` (fills Triton's disk cache); the compiled kernel."""
     jf, _, _, signature, constants, attrs, options, target = job

@@ -239,6 +239,8 @@ def test_warmup_loop_rounds_and_puts_state_back(monkeypatch, loud, capsys):
     assert info["rounds"] == 3 and info["kernels"] == 3 and compiled == [2, 1] and loaded == [2, 1]
     assert [r["kernels"] for r in info["per_round"]] == [2, 1, 0]
     assert all(r["slowest_s"] == (0.1 if r["kernels"] else 0.0) for r in info["per_round"])
+    assert [len(r["slowest"]) for r in info["per_round"]] == [2, 1, 0]
+    assert all(s.endswith(" 0.10") for r in info["per_round"] for s in r["slowest"])
     assert all(p.grad is g for p, g in zip(model.parameters(), sentinel))
     assert torch.equal(model.bn.running_mean, mean) and torch.equal(model.bn.running_var, var)
     assert model.calls == 3          # the first round ended early at the raise, the others ran through
@@ -275,3 +277,18 @@ def test_dispatcher_state_is_put_back(monkeypatch):
 ])
 def test_training_loss_of_an_output(out, expected):
     assert float(warmup_module._loss(out).detach()) == expected
+
+
+def test_a_job_is_described_by_its_kernel_and_configuration():
+    # warmup's per-round "slowest" list names the kernel and the constexprs and launch options it compiles
+    # with, so that the compile bounding a round can be found
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def probe_kernel(x_ptr, n, BLOCK: tl.constexpr, ACC: tl.constexpr):
+        pass
+
+    options = type("Options", (), {"num_warps": 8, "num_stages": 3})()
+    job = (probe_kernel, 0, "key", {}, {(2,): 64, (3,): tl.float32}, {}, options, None)
+    assert collect.describe(job) == "probe_kernel[BLOCK=64, num_warps=8, num_stages=3]"

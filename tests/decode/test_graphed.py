@@ -560,3 +560,53 @@ def test_dispatcher_llava_language_model_after_its_prefill(fake_graphs):
         D.ungraphed(model)
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
     assert counts == {"captured": 1, "replayed": 9, "eager": 0}
+
+
+def _replay_ms_keeps_the_cache(model, ids):
+    """replay_ms: a positive time, the cache's position counters where generate left them, and a later
+    generate still gives plain generate's tokens."""
+    ref = gen(model, ids, 12)
+    assert D.replay_ms(model) is None                  # not graphed
+    D.graphed(model, max_batch=2, max_cache_len=64, min_cache_len=32)
+    try:
+        assert D.replay_ms(model) is None              # graphed, nothing captured yet
+        got = gen(model, ids, 12)
+        g = model.__dict__["_gems_decode"]
+        (cache, graphs), = g.step.graphs.items()
+        before = [layer.cumulative_length.clone() for layer in cache.layers]
+        ms = D.replay_ms(model, runs=5)
+        after = [layer.cumulative_length.clone() for layer in cache.layers]
+        again = gen(model, ids, 12)
+    finally:
+        D.ungraphed(model)
+    assert ms > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    torch.testing.assert_close(again, ref, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU stand-in for CUDA graphs")
+def test_replay_ms_puts_the_positions_back(fake_graphs, monkeypatch):
+    # the stand-in replay re-runs the step, which advances the layers' counters as a real replay does
+    class Event:
+        clock = [0.0]
+
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            Event.clock[0] += 1.5
+            self.t = Event.clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    _replay_ms_keeps_the_cache(tiny_llama(), prompt(2, 7))
+
+
+@cuda_only
+def test_cuda_replay_ms_puts_the_positions_back():
+    _replay_ms_keeps_the_cache(tiny_llama(), prompt(2, 7))
