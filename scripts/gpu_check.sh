@@ -62,11 +62,14 @@ suite() {  # tag files...
   # --dist worksteal: a worker that runs out takes tests queued for another, so one long test queued
   # last does not keep the others waiting
   local cap=${GEMS_CHECK_SUITE_S:-3000}
+  local DIST=
+  $PY -c "import sys, xdist; sys.exit(tuple(map(int, xdist.__version__.split('.')[:2])) < (3, 2))" 2>/dev/null \
+    && DIST="--dist worksteal"
   if [ -n "${GEMS_CHECK_DEADLINE_S:-}" ]; then
     local left=$(( GEMS_CHECK_DEADLINE_S - ($(date +%s) - T0) - 40 ))
     (( left < cap )) && cap=$left
   fi
-  GEMS_TEST_DEVICE=cuda timeout -s INT -k 30 "$cap" $PY -m pytest -n "$WORKERS" --dist worksteal -o addopts= -v \
+  GEMS_TEST_DEVICE=cuda timeout -s INT -k 30 "$cap" $PY -m pytest -n "$WORKERS" $DIST -o addopts= -v \
     $($PY -c "import pytest_timeout" 2>/dev/null && echo --timeout "${GEMS_CHECK_TEST_S:-240}") \
     -p no:cacheprovider -rfEX --tb=short --durations=15 "$@" > "$OUTDIR/$tag.txt" 2>&1
   note "$tag (rc $?): $(tail -1 "$OUTDIR/$tag.txt")"
