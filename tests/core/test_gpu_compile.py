@@ -127,13 +127,6 @@ def _attention_gpu_records():
                                      (n.startswith("stride_") and t != "constexpr")]
                 r["num_warps"], r["num_stages"] = w, st
                 out.append(r)
-                if kind == "decode":
-                    # a decode step over a static cache: a bool mask row shared by the block's (packed) rows,
-                    # scanned for its last visible key (kernels._visible_end)
-                    row = json.loads(json.dumps(r))
-                    row["signature"]["Bias"] = "*i1"
-                    row["constexprs"].update(BIAS_ROW=True, BIAS_BOOL=True, PACK=True)
-                    out.append(row)
                 if kind == "decode" and block_d <= 128:
                     # decode on Hopper: K and V through TMA descriptors (attention._decode_tma)
                     t = json.loads(json.dumps(r))
@@ -141,10 +134,6 @@ def _attention_gpu_records():
                     t["signature"].update(KD=box, VD=box)
                     t["constexprs"]["TMA"] = True
                     t["divisible_16"] = [n for n in t["divisible_16"] if n not in ("KD", "VD")]
-                    out.append(t)
-                    t = json.loads(json.dumps(t))
-                    t["signature"]["Bias"] = "*i1"
-                    t["constexprs"].update(BIAS_ROW=True, BIAS_BOOL=True, PACK=True)
                     out.append(t)
                 # with dropout (Philox mask per tile; the forward's per-call seed/offset are 64-bit): a
                 # forward with dropout takes kind fwd_dropout's, fwd_causal's or decode's tiles (attention._fwd_kind). Mode 2: the

@@ -224,37 +224,6 @@ def test_decode_split_kv(Sk, dtype):
     check(*qkv(1, 2, 2, 1, Sk, D2, dtype), f"decode head dim {D2}")
 
 
-@dtype_params()
-def test_keys_after_the_last_visible_one_are_not_read(dtype):
-    """A static KV cache's mask [B, 1, 1, Sk] hides its unwritten tail: each program stops after the last
-    key the mask shows (kernels._visible_end), so a decode step does not stream the whole capacity. NaN
-    keys and values from the first block wholly past the visible keys must not reach the output, which
-    is attention over the keys before them. Split and unsplit, GQA packed and not, several queries, bool
-    and float masks, hidden keys at the head of a row too (left padding), a mask row scanned in steps."""
-    D = HEAD_DIMS[-1] if ON_GPU else 32
-    Sk, cut = 1100, 384                      # visible keys end by 300; NaN from the block at 384 on
-    split_seen = False
-    for B, Hq, Hk, Sq in ((2, 4, 2, 1), (1, 2, 2, 1), (2, 2, 2, 1), (1, 4, 1, 3)):
-        q, k, v = qkv(B, Hq, Hk, Sq, Sk, D, dtype)
-        k[..., cut:, :] = float("nan")
-        v[..., cut:, :] = float("nan")
-        shown = torch.zeros(B, 1, 1, Sk, dtype=torch.bool)
-        shown[0, ..., :37] = True
-        shown[-1, ..., 5:300] = True
-        split_seen |= A.num_splits(B, Hq, Sq, Sk, D, dtype, False, torch.device(DEVICE), Hkv=Hk) > 1
-        for mask in (shown, torch.zeros(B, 1, 1, Sk).masked_fill(~shown, float("-inf")).to(dtype)):
-            mask = mask.to(DEVICE)
-            kw = dict(attn_mask=mask, enable_gqa=Hq != Hk)
-            with served_attention(lambda: F.scaled_dot_product_attention(q, k, v, **kw)), gems_on():
-                out = F.scaled_dot_product_attention(q, k, v, **kw)
-            head = (q, k[..., :cut, :], v[..., :cut, :])
-            ref = ref_attention(*(t.cpu().double() for t in head), mask=mask[..., :cut].cpu())
-            aten = (F.scaled_dot_product_attention(*head, attn_mask=mask[..., :cut], enable_gqa=Hq != Hk)
-                    if dtype != torch.float32 else None)
-            assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg=f"{B, Hq, Hk, Sq} {mask.dtype}")
-    assert split_seen
-
-
 def test_split_decode_replays_its_plan(monkeypatch):
     """A split-KV decode (its workspaces of partial outputs, maxima and sums, and the combine launch)
     replays from the call plan: three calls of one signature with fresh data, only the first through the

@@ -37,9 +37,6 @@ POS_INF = tl.constexpr(float("inf"))
 # a stored dropout mask's bytes per 128 keys of a query pair (a bit per score); sdpa.py sizes the
 # state tensor with it
 MASK_BYTES_PER_128 = tl.constexpr(32)
-# keys a program's bias-row scan reads per step (_visible_end): one load of a 4096-key static cache's
-# mask row takes 4 steps
-SCAN_KEYS = tl.constexpr(1024)
 
 
 @triton.jit
@@ -76,22 +73,6 @@ def _bias_keys(b_row, n, stride_bn, Sk, BIAS_BOOL: tl.constexpr):
     vector over the block's keys, in the log2 domain, broadcast over the rows by the caller (BLOCK_M
     times fewer loads than a tile)."""
     return _bias_tile(b_row + n * stride_bn, n < Sk, BIAS_BOOL)
-
-
-@triton.jit
-def _visible_end(b_row, lo, hi, stride_bn, Sk, BIAS_BOOL: tl.constexpr):
-    """One past the last key of [lo, hi) that the bias row does not hide (lo when it hides them all).
-
-    A key whose bias is -inf (a bool mask's False) gets softmax weight exactly 0, so the keys after the
-    last visible one need not be read: a static KV cache's mask hides its unwritten tail, which a
-    decode step would otherwise stream (K and V of every position of the capacity, for every head).
-    A NaN bias counts as visible (it must reach the output, as in ATen)."""
-    end = tl.full([], 0, tl.int32) + lo
-    for s0 in range(lo, hi, SCAN_KEYS):
-        n = s0 + tl.arange(0, SCAN_KEYS)
-        shown = (_bias_keys(b_row, n, stride_bn, Sk, BIAS_BOOL) != NEG_INF) & (n < hi)
-        end = tl.maximum(end, tl.max(tl.where(shown, n + 1, 0), 0))
-    return end
 
 
 @triton.jit
@@ -433,10 +414,6 @@ def attn_fwd(Q, K, V, KD, VD, Bias, O, LSE, ML,
         hi_full_s = hi_full
         lo2 = hi_full
         hi_s = hi
-    if HAS_BIAS:
-        if BIAS_ROW:    # every row of the block has this bias row: stop after its last visible key
-            hi_s = _visible_end(b_rows, lo, hi_s, stride_bn, Sk, BIAS_BOOL)
-            hi_full_s = tl.minimum(hi_full_s, hi_s)
     m_i = tl.full([BLOCK_M], NEG_INF, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)

@@ -55,10 +55,7 @@ run in a padded BLOCK_D with masks; fp32 inputs (efficient attention on CUDA) us
 Decode (<= 16 queries): GQA groups are packed into one program per KV head, and when that still
 leaves SMs idle the keys are split over programs (flash-decoding) and merged by a combine kernel that
 reads every split of a row in one tile; on Hopper K and V arrive by TMA (DECODE_TMA). Device time
-0.73-1.06x cuDNN's over 15 decode shapes, geomean 0.975 (H200). A mask shared by a block's rows (a
-static KV cache's [B, 1, 1, Sk]) is scanned first and the keys after its last visible one are not read
-(their weights are exactly 0): a NaN there does not reach the output, where ATen's math, which reads
-every key, gives NaN (docs/known-differences.md).
+0.73-1.06x cuDNN's over 15 decode shapes, geomean 0.975 (H200).
 Dropout: the forward's keep mask is stored (a bit per score, in words packed from the MMA's registers,
 after [seed, offset] in the state tensor the overloads return as philox_seed) where it is no larger
 than Q (Sk <= 16 * head dim, `dropout_bits_words`), so the backward kernels read it instead of
