@@ -181,10 +181,15 @@ def graph_counts(model) -> dict:
 
 def replay_ms(model, runs: int = 20) -> Optional[float]:
     """Device milliseconds of one decode-step graph's replay alone, without generate's per-step work
-    around it (the median of `runs`): the graph most recently captured and replayed, on its last inputs.
-    None when the model holds no replayable graph. What `generate` spends per token beyond it is host
-    work the GPU waits for."""
+    around it (the median of `runs`): the graph that served the last decode step of a cache, replayed on
+    that step's inputs at that step's position (the cache is left as the step left it). None when no
+    cache's last step was a replay. What `generate` spends per token beyond it is host work the GPU
+    waits for."""
     g = model.__dict__.get(ATTR)
-    steps = [s for graphs in (g.step.graphs.values() if g is not None else ()) for s in graphs.values()
-             if s.graph is not None and s.bad is None]
-    return steps[-1].replay_ms(runs) if steps else None
+    for graphs in reversed(list(g.step.graphs.values()) if g is not None else ()):
+        for s in reversed(list(graphs.values())):
+            if s.graph is not None and s.bad is None:
+                ms = s.replay_ms(runs)
+                if ms is not None:
+                    return ms
+    return None

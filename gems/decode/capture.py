@@ -122,6 +122,7 @@ class StepGraph:
         self.graph = self.out = None
         self.verified = False
         self.bad = None     # why this graph is not replayed (its first replay disagreed with eager)
+        self.last_end = None
 
     def holds(self, cache) -> bool:
         """Whether `cache` still has the tensors the graph was captured on."""
@@ -173,25 +174,34 @@ class StepGraph:
     def replay(self, cache, kwargs):
         self.load(kwargs)
         self.graph.replay()
+        end = None
         for layer in self.host_counted:
-            layer.cumulative_length_int += self.step_len
+            end = layer.cumulative_length_int = layer.cumulative_length_int + self.step_len
+        self.last_end = end     # the host position after this graph's latest replay (replay_ms)
         # copied out at once: the pool is shared by every graph of the model, and another graph's replay
         # may reuse this one's output memory
         return clone_tree(self.out, cache)
 
-    def replay_ms(self, runs: int) -> float:
-        """Device milliseconds of one replay alone (the median of `runs`, CUDA events around each), on the
-        inputs of the last step. Each replay writes that step's KV position again with the same values;
-        the position counters are put back after each, so none advances past the cache."""
+    def replay_ms(self, runs: int):
+        """Device milliseconds of one replay alone (the median of `runs`, CUDA events around each), or
+        None where the cache's last step was not this graph's replay (a later eager step, a reset, a
+        layer without a host counter). Before each replay the position counters are moved back one step,
+        so the replay writes the last step's position again, with the values that step wrote (its
+        inputs are still in the static buffers); they are put back after each, and the cache is left as
+        the step left it."""
+        last = self.host_counted[-1] if self.host_counted else None
+        if last is None or len(self.host_counted) != len(self.layers) or last.cumulative_length_int != self.last_end:
+            return None
         saved = save_lengths(self.layers)
+        back = [(t - self.step_len, n - self.step_len) for t, n in saved]
         times = []
         try:
             for _ in range(max(1, runs)):
+                restore_lengths(self.layers, back)
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
                 self.graph.replay()
                 b.record()
-                restore_lengths(self.layers, saved)
                 b.synchronize()
                 times.append(a.elapsed_time(b))
         finally:
