@@ -354,6 +354,33 @@ def _sum_accepts(case, path, g, a, flags):
                     | (overflows & ~(torch.isfinite(g) & torch.isfinite(a))))
 
 
+def _cumsum_flags(case, shape):
+    """cumsum (its row): every element of an fp32 result, with its bound on the order of summation."""
+    c = _call_args(case)
+    x = c.get("self")
+    if not isinstance(x, torch.Tensor) or x.numel() < 2:
+        return None
+    result = c.get("dtype") or x.dtype
+    return torch.ones(tuple(shape), dtype=torch.bool) if result == torch.float32 else None
+
+
+def _cumsum_accepts(case, path, g, a, flags):
+    """Each output is the fp32 sum of a prefix of its slice along dim, within (n - 1) * 2^-24 * sum(|x|) of
+    the exact sum in any order: accepted within n * 2^-23 * sum(|x|) over the slice of ATen's value (ATen's
+    CPU kernel accumulates fp32 in double, its CUDA scan and Gems' in fp32). Where a slice's finite terms'
+    sum(|x|) reaches fp32's range, a partial sum can overflow in some orders and not in others."""
+    c = _call_args(case)
+    x = c["self"].detach().cpu().double()
+    if x.dim() == 0:
+        return None
+    dim = c["dim"] % x.dim()
+    mag = x.nan_to_num(0.0, 0.0, 0.0).abs().sum(dim, keepdim=True)
+    n = x.shape[dim]
+    overflows = mag >= torch.finfo(torch.float32).max
+    return flags & (((g - a).abs() <= n * 2.0 ** -23 * mag)
+                    | (overflows & ~(torch.isfinite(g) & torch.isfinite(a))))
+
+
 def _gelu_tanh_band(case, shape):
     """gelu_backward, tanh (its row): a non-finite grad where 1 + tanh(inner) is near 2^-25, the last
     value ATen's fp32 tanh rounds to -1 (its derivative 0: NaN), which its own tanh's rounding decides."""
@@ -641,6 +668,7 @@ DOCUMENTED = {"mm": (_gemm_flags, _either_non_finite), "addmm": (_gemm_flags, _e
               "_softmax_backward_data": (_softmax_bwd_all, _softmax_bwd_accepts),
               "_log_softmax_backward_data": (_log_softmax_bwd_flags, _log_softmax_bwd_accepts),
               "sum": (_sum_flags, _sum_accepts), "mean": (_sum_flags, _sum_accepts),
+              "cumsum": (_cumsum_flags, _cumsum_accepts),
               "nll_loss_forward": (_nll_flags, _nll_accepts),
               **{op: (_cpu_half_alpha_flags, _cpu_half_alpha_accepts)
                  for op in ("add", "sub", "_foreach_add", "_foreach_sub")},
