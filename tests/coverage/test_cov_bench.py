@@ -336,3 +336,21 @@ def test_cold_modes_selects_the_modes_run(tmp_path, monkeypatch, capsys):
     assert "unknown mode(s) ['hot']" in capsys.readouterr().err
     assert cli.main(["-q", "bench", "llama2", "--device", "cpu", "--cold-modes", "gems"]) == 2
     assert "give --cold too" in capsys.readouterr().err
+
+
+def test_cold_table_names_each_rounds_slowest_compiles():
+    # a warmup's rounds that compiled something get a line with their three slowest compiles, so the
+    # kernel that bounds a round is named where the first-step times are
+    from gems_coverage import cold
+    row = {"mode": "gems+warmup", "first_s": 2.0, "second_s": 0.1, "warmup_s": 23.2, "kernels": 72,
+           "warmup_rounds": [{"run_s": 2.6, "kernels": 71, "compile_s": 13.9, "slowest_s": 11.8, "load_s": 0.2,
+                              "slowest": ["embedding_bwd_sort[BLOCK=4096, num_warps=4, num_stages=3] 11.80"]},
+                             {"run_s": 0.5, "kernels": 1, "compile_s": 1.6, "slowest_s": 1.5, "load_s": 0.0,
+                              "slowest": ["k[num_warps=4, num_stages=3] 1.50"]},
+                             {"run_s": 0.5, "kernels": 0, "compile_s": 0.0, "slowest_s": 0.0, "load_s": 0.0,
+                              "slowest": []}]}
+    table = cold.format_cold({"model": "m", "workload": "train", "device": "cuda", "modes": {"gems+warmup": row}})
+    lines = [line for line in table.splitlines() if " round " in line]
+    assert lines == ["gems+warmup round 1: 71 kernels compiled in 13.90 s; slowest: "
+                     "embedding_bwd_sort[BLOCK=4096, num_warps=4, num_stages=3] 11.80",
+                     "gems+warmup round 2: 1 kernels compiled in 1.60 s; slowest: k[num_warps=4, num_stages=3] 1.50"]
