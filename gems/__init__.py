@@ -26,5 +26,7 @@ def __getattr__(name):
         import importlib
         return importlib.import_module(".decode", __name__)
     raise AttributeError(f"module 'gems' has no attribute {name!r}")
+
+
 __all__ = ["enable", "disable", "use_gems", "is_enabled", "registered_ops", "stats", "plan_stats", "reset_stats",
            "backend", "warmup", "registry", "Unsupported", "patch", "unpatch", "patched"]

@@ -201,8 +201,8 @@ def _skinny(M, N, K, itemsize, sms):
     activation tile (32 x BLOCK_K) is a quarter of the stage or less. The tuned tiles (64 rows and up)
     left half of each tile idle and, at N = 4096, made 32 programs for 132 SMs: Llama-2-7B batch-32
     decode read its weights at 46% of the copy roof (7.17 ms per step, H200); with these tiles 6.68 ms (the
-    same tiles timed by the tuner, one of them split over K, made it 6.42 ms on another H200 of the same
-    session, whose transformers peer ran 8% faster too: within the machines' spread)."""
+    same tiles timed by the tuner, one of them split over K, made it 6.42 ms on another H200, whose
+    transformers peer ran 8% faster too: within the machines' spread)."""
     wide = N >= 8192
     bn = 128 if wide else 32
     bk = (128 if wide else 256) // (1 if itemsize <= 2 else 2)
