@@ -585,8 +585,9 @@ def graphed_decode(res: BenchResult, bundle, new_tokens, warmup, steps, include,
                   f"{med(gems_eager)} ms/token"]
     if replay is not None:
         res.notes.append(f"Gems, one decode step's graph replay alone (device time, CUDA events): {replay:.3f} ms; "
-                         f"the rest of the {med(res.gems_ms)} ms per token is generate's per-step host work, "
-                         f"which the GPU waits for")
+                         f"the rest of the {med(res.gems_ms)} ms per token is generate's per-step work outside "
+                         f"the graph: its own kernels (logits copy, token choice, stop flag) and host work the GPU "
+                         f"waits for")
     hf = None
     if res.meaningful:
         gems.disable()

@@ -11,7 +11,8 @@ A decode step is host-bound: the host issues every kernel launch of every layer 
 replays the whole step's launches in one call. docs/decode.md says what is captured and what is not.
 
 api.py: graphed / ungraphed; step.py: the forward that picks graph or eager; capture.py: warm-up,
-capture, replay and the first replay's check; pool.py: the static caches graphs are bound to; kv_cache.py: their layers' one-launch update.
+capture, replay and the first replay's check; pool.py: the static caches graphs are bound to; kv_cache.py:
+their layers' one-launch update; stop_check.py: generate's stop check one step late on those caches.
 """
 from .api import graph_counts, graphed, replay_ms, ungraphed
 from .capture import GraphCaptureError

@@ -9,6 +9,9 @@
 - `model._prepare_static_cache` (over transformers' method): caches from the pool;
 - `model._valid_auto_compile_criteria`: False, so `generate` does not wrap the graphed forward in
   torch.compile (transformers compiles the decode step of a static cache on CUDA by itself).
+With `defer_stop` (the default) the pool's caches are registered with stop_check.py, whose wrapper
+around transformers' `DeferredStopCheck.is_supported` (installed once per process, transformers' own
+answer for any other cache) lets generate read its stop flag a step late on them.
 With `decode_attention` (the default) it also gives the text config's `_attn_implementation` the name
 of Gems' decode attention (attention.py) in place of `sdpa`, and puts `sdpa` back.
 """
@@ -18,6 +21,7 @@ from typing import Optional
 
 from torch import nn
 
+from . import stop_check
 from .attention import install as install_attention
 from .pool import CachePool, capacity_bucket
 from .step import DecodeStep
@@ -37,7 +41,9 @@ class Graphed:
         self.step = DecodeStep(model, forward, max_batch=options["max_batch"],
                                max_cache_len=options["max_cache_len"], warmups=options["warmups"],
                                verify=options["verify"])
-        self.pool = CachePool(options["max_caches"], self.step.drop)
+        self.pool = CachePool(options["max_caches"], self.evict)
+        # generate checks its stop condition one step late on the pooled caches (stop_check.py)
+        self.defer_stop = options["defer_stop"] and stop_check.install()
         self.prepare_hf = type(model)._prepare_static_cache.__get__(model)
         self.generate_hf = model.__dict__.get("generate") or type(model).generate.__get__(model)
         # decode steps' attention by Gems' kernel, on the cache's keys as they are (attention.py)
@@ -81,7 +87,13 @@ class Graphed:
         cache = self.pool.get(key, lambda: static_cache(config, bucket))
         # a pooled cache refused for the last call (its tensors reallocated by beam search) starts over
         self.step.eager_caches.pop(cache, None)
+        if self.defer_stop:
+            stop_check.defer(cache)
         return cache
+
+    def evict(self, cache):
+        self.step.drop(cache)
+        stop_check.forget(cache)
 
     def undo(self, model):
         ours = model.__dict__.get("forward") is self.step
@@ -100,7 +112,8 @@ class Graphed:
 
 
 def graphed(model, *, max_batch: int = 8, max_cache_len: int = 4096, min_cache_len: Optional[int] = None,
-            max_caches: int = 4, warmups: int = 3, verify: bool = True, decode_attention: bool = True):
+            max_caches: int = 4, warmups: int = 3, verify: bool = True, decode_attention: bool = True,
+            defer_stop: bool = True):
     """Make `model.generate(...)` decode through CUDA graphs; returns the model.
 
     After this call `generate` uses a static KV cache (`cache_implementation="static"` unless the call
@@ -128,7 +141,13 @@ def graphed(model, *, max_batch: int = 8, max_cache_len: int = 4096, min_cache_l
     `decode_attention`: a model using transformers' `sdpa` attention runs its decode steps' attention
     in Gems' kernel, on the cache's keys and values and mask as they are (gems/decode/attention.py:
     no per-layer copy of a grouped-query cache, no per-layer mask conversion); its prefill keeps
-    `sdpa`. False leaves the model's attention as it is."""
+    `sdpa`. False leaves the model's attention as it is.
+
+    `defer_stop`: on the pooled caches, on CUDA, `generate` reads its stop condition one step late
+    (transformers' DeferredStopCheck), so the host prepares and launches the next step while the GPU
+    runs this one; when every sequence ends early on an end-of-sequence token one extra step runs and
+    its token is dropped. Not when generate returns the cache (`return_dict_in_generate=True`).
+    gems/decode/stop_check.py says what else it changes; False keeps transformers' per-step check."""
     if not isinstance(model, nn.Module) or not hasattr(model, "generate"):
         raise TypeError(f"gems.decode.graphed takes a transformers generative model, got {type(model).__name__}")
     if getattr(model.config, "is_encoder_decoder", False):
@@ -142,7 +161,8 @@ def graphed(model, *, max_batch: int = 8, max_cache_len: int = 4096, min_cache_l
         raise ValueError("gems.decode.graphed: need max_batch >= 1, 1 <= min_cache_len <= max_cache_len, "
                          "max_caches >= 1, warmups >= 1")
     options = dict(max_batch=max_batch, max_cache_len=max_cache_len, min_cache_len=min_cache_len,
-                   max_caches=max_caches, warmups=warmups, verify=verify, decode_attention=bool(decode_attention))
+                   max_caches=max_caches, warmups=warmups, verify=verify, decode_attention=bool(decode_attention),
+                   defer_stop=bool(defer_stop))
     prev = model.__dict__.get(ATTR)
     if prev is not None:
         if prev.options != options:
@@ -183,8 +203,8 @@ def replay_ms(model, runs: int = 20) -> Optional[float]:
     """Device milliseconds of one decode-step graph's replay alone, without generate's per-step work
     around it (the median of `runs`): the graph that served the last decode step of a cache, replayed on
     that step's inputs at that step's position (the cache is left as the step left it). None when no
-    cache's last step was a replay. What `generate` spends per token beyond it is host work the GPU
-    waits for."""
+    cache's last step was a replay. What `generate` spends per token beyond it is its work outside the
+    graph (its small kernels, and host work the GPU waits for)."""
     g = model.__dict__.get(ATTR)
     for graphs in reversed(list(g.step.graphs.values()) if g is not None else ()):
         for s in reversed(list(graphs.values())):
