@@ -10,26 +10,13 @@ import warnings
 
 import pytest
 import torch
-from harness import DEVICE, ON_GPU
-from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+from decode_models import prompt, tiny_llama
+from harness import ON_GPU
+from transformers import StaticCache
 from transformers.generation import utils as gen_utils
 
 import gems.decode as D
 from gems.decode import stop_check
-
-VOCAB = 128
-
-
-def tiny_llama():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    return LlamaForCausalLM(cfg).to(DEVICE, torch.float32).eval()
-
-
-def prompt(batch, length, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, VOCAB, (batch, length), generator=g).to(DEVICE)
 
 
 def generate(model, ids, n, **kw):
