@@ -120,8 +120,8 @@ def graphed(model, *, max_batch: int = 8, max_cache_len: int = 4096, min_cache_l
     passes its own cache or cache implementation: a user's StaticCache is graphed too); the prompt's
     forward (prefill) runs eagerly, and every one-token step is served by a CUDA graph captured once
     per (batch, cache-capacity bucket, step signature) and replayed. Caches come from a pool of at most
-    `max_caches` StaticCaches, one per (batch <= max_batch, capacity bucket): powers of two from
-    `min_cache_len` (default min(256, max_cache_len)) up to `max_cache_len`, reused (reset in place)
+    `max_caches` StaticCaches, one per (batch <= max_batch, capacity bucket): powers of two and 1.5x
+    powers of two from `min_cache_len` (default min(128, max_cache_len)) up to `max_cache_len`, reused (reset in place)
     by later generate calls, so their graphs replay. A call needing more is served eagerly by
     transformers' own cache, said once.
 
@@ -156,7 +156,7 @@ def graphed(model, *, max_batch: int = 8, max_cache_len: int = 4096, min_cache_l
         raise ValueError("gems.decode.graphed: this transformers version has no _prepare_static_cache "
                          "(written for transformers 5.17)")
     if min_cache_len is None:
-        min_cache_len = min(256, max_cache_len)
+        min_cache_len = min(128, max_cache_len)
     if max_batch < 1 or min_cache_len < 1 or max_cache_len < min_cache_len or max_caches < 1 or warmups < 1:
         raise ValueError("gems.decode.graphed: need max_batch >= 1, 1 <= min_cache_len <= max_cache_len, "
                          "max_caches >= 1, warmups >= 1")

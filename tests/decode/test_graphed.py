@@ -93,13 +93,13 @@ def test_static_cache_is_pooled_and_bucketed():
             warnings.simplefilter("ignore")
             gen(model, prompt(1, 5), 4)          # 9 positions -> the 16 bucket
             gen(model, prompt(1, 6), 4)          # 10 -> 16 again: the same cache object
-            gen(model, prompt(1, 20), 4)         # 24 -> 32
+            gen(model, prompt(1, 20), 4)         # 24 -> the 24 bucket (1.5 x 16)
         object.__setattr__(model, "forward", orig)
     finally:
         D.ungraphed(model)
     first, second, third = caches[0], caches[5], caches[10]
     assert isinstance(first, StaticCache) and first is second and third is not first
-    assert first.get_max_length() == 16 and third.get_max_length() == 32
+    assert first.get_max_length() == 16 and third.get_max_length() == 24
 
 
 def test_over_the_limits_runs_eager_with_one_warning():
@@ -218,8 +218,12 @@ def test_bad_arguments():
 
 def test_capacity_bucket():
     from gems.decode.pool import capacity_bucket
-    assert [capacity_bucket(n, 16, 100) for n in (1, 16, 17, 33, 64, 65, 100, 101)] == \
-        [16, 16, 32, 64, 64, 100, 100, None]
+    assert [capacity_bucket(n, 16, 100) for n in (1, 16, 17, 24, 25, 33, 64, 65, 97, 100, 101)] == \
+        [16, 16, 24, 24, 32, 48, 64, 96, 100, 100, None]
+    # a 128-token prompt with 64 new tokens fits its bucket exactly; 4064 positions take 4096
+    assert [capacity_bucket(n, 128, 4096) for n in (1, 129, 192, 193, 4064, 4097)] == \
+        [128, 192, 192, 256, 4096, None]
+    assert [capacity_bucket(n, 1, 8) for n in (1, 2, 3, 4, 5, 7)] == [1, 2, 3, 4, 6, 8]
 
 
 def test_first_replay_check_tolerance():
