@@ -420,13 +420,12 @@ def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision
     sx = _s3(bias) if has_bias else (0, 0, 0)
     ab = (float(alpha), float(beta))
     s_ab = (*sa, *sb)
-    s_x = (*sx, has_bias, prec)
 
-    def reduce_splits(ws, out, split, s_ws, s_wm):
+    def reduce_splits(ws, out, split, s_ws, s_wm, m=M, n=N, s_out=None, s_bias=sx):
         # the K splits' fp32 partials added in fixed order (deterministic) with alpha, the bias and the cast
-        splitk_reduce_kernel[(cdiv(M, _RED_M) * cdiv(N, _RED_N), nb)](
-            ws, out, bias, M, N, *ab, s_ws, s_wm, *_s3(out), *sx, has_bias, i64, split, _RED_M, _RED_N,
-            num_warps=4)
+        splitk_reduce_kernel[(cdiv(m, _RED_M) * cdiv(n, _RED_N), nb)](
+            ws, out, bias, m, n, *ab, s_ws, s_wm, *(s_out or _s3(out)), *s_bias, has_bias, i64, split,
+            _RED_M, _RED_N, num_warps=4)
 
     def run(cfg, out):
         if cfg.get("TMA") or cfg.get("GLUON"):
@@ -452,20 +451,27 @@ def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision
             reduce_splits(ws, out, split, rows * cols, cols)
             return
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-        tiles = nb * cdiv(M, bm) * cdiv(N, bn)
+        if cfg.get("SWAP"):
+            # C^T = B^T A^T by strides alone (no views): the kernel's M is N, its N the few rows of A
+            x, y, m, n = b, a, N, M
+            st_xy = (sb[0], sb[2], sb[1], sa[0], sa[2], sa[1])
+            st_c, st_x = (sc[0], sc[2], sc[1]), (sx[0], sx[2], sx[1])
+        else:
+            x, y, m, n, st_xy, st_c, st_x = a, b, M, N, s_ab, sc, sx
+        tiles = nb * cdiv(m, bm) * cdiv(n, bn)
         split, k_per = split_k(cfg.get("SPLIT_K", 1), K, bk, nb * M * N)
         if split == 1:
-            matmul_kernel[(tiles, 1)](a, b, out, bias, M, N, K, K, *ab, *s_ab, 0, *sc, *s_x, K % bk == 0, i64, 1,
-                                      bm, bn, bk, cfg["GROUP_M"], num_warps=cfg["num_warps"],
+            matmul_kernel[(tiles, 1)](x, y, out, bias, m, n, K, K, *ab, *st_xy, 0, *st_c, *st_x, has_bias, prec,
+                                      K % bk == 0, i64, 1, bm, bn, bk, cfg["GROUP_M"], num_warps=cfg["num_warps"],
                                       num_stages=cfg["num_stages"])
             return
-        # K split over `split` programs per tile: raw fp32 partials into a workspace [split, nb, M, N],
+        # K split over `split` programs per tile: raw fp32 partials into a workspace [split, nb, m, n],
         # then one small launch adds them
-        ws = empty((split, nb, M, N), torch.float32, out.device)
-        matmul_kernel[(tiles, split)](a, b, ws, bias, M, N, K, k_per, *ab, *s_ab, nb * M * N, M * N, N, 1, *s_x,
-                                      K % bk == 0, i64, split, bm, bn, bk, cfg["GROUP_M"],
+        ws = empty((split, nb, m, n), torch.float32, out.device)
+        matmul_kernel[(tiles, split)](x, y, ws, bias, m, n, K, k_per, *ab, *st_xy, nb * M * N, M * N, n, 1, *st_x,
+                                      has_bias, prec, K % bk == 0, i64, split, bm, bn, bk, cfg["GROUP_M"],
                                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-        reduce_splits(ws, out, split, nb * M * N, N)
+        reduce_splits(ws, out, split, nb * M * N, n, m, n, st_c, st_x)
 
     if config is not None:
         run(config, c)
