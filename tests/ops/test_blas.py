@@ -406,20 +406,31 @@ def test_tile_configs_for_other_gemms():
 
 @dtype_params()
 def test_skinny_tiles(dtype):
-    # the decode tiles (blas._skinny: 16 rows up to M = 16, 32 up to 32; narrow N, wide N, a K split where N
-    # leaves SMs idle) are chosen without tuning; each must compute what the tuned tiles do (transposed B,
-    # a bias, alpha and beta, K off the tile). The GPU reaches them through the dispatcher too
+    # the decode tiles (blas._skinny: 16 rows up to M = 16, 32 up to 32; narrow N, wide N (swapped operands
+    # at M > 16), a K split where N leaves SMs idle) are chosen without tuning; each must compute what the
+    # tuned tiles do (transposed B, a bias, alpha and beta, K off the tile). The GPU reaches them through the dispatcher too
     # (test_every_tuned_config); the interpreter only when asked for, as here
     k = 300
     for m, n, sms in ((5, 70, 132), (27, 70, 132), (27, 9000, 132), (32, 70, 8)):
         a, b, bias = make((m, k), dtype), make((n, k), dtype).t(), make((n,), dtype)
         ref = (0.5 * bias.double() + 2.0 * (a.double() @ b.double())).cpu()
         cfg = blas._skinny(m, n, k, a.element_size(), sms)
-        assert cfg["BLOCK_M"] == (16 if m <= 16 else 32)
+        # wide N at M > 16 swaps the operands: the tile's 64 rows are the weight's
+        swapped = m > 16 and n >= 8192
+        assert cfg.get("SWAP", False) == swapped
+        assert cfg["BLOCK_M"] == (64 if swapped else 16 if m <= 16 else 32)
         out = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
         blas.launch(a, b, out, bias.expand(m, n), 2.0, 0.5, config=cfg)
         aten = torch.addmm(bias, a, b, beta=0.5, alpha=2.0)   # 16-bit: within twice ATen's own error
         assert_close(out, ref, dtype, aten, atol=1e-4 if dtype == torch.float32 else None, msg=str(cfg))
+    # swapped operands with a K split: the workspace and its reduce in the swapped orientation
+    a, b, bias = make((19, k), dtype), make((90, k), dtype).t(), make((90,), dtype)
+    cfg = dict(blas._cfg(64, 32, 64, 4, 2, split=3), SWAP=True)
+    out = torch.full((19, 90), float("nan"), dtype=dtype, device=DEVICE)
+    blas.launch(a, b, out, bias.expand(19, 90), 2.0, 0.5, config=cfg)
+    ref = (0.5 * bias.double() + 2.0 * (a.double() @ b.double())).cpu()
+    aten = torch.addmm(bias, a, b, beta=0.5, alpha=2.0)
+    assert_close(out, ref, dtype, aten, atol=1e-4 if dtype == torch.float32 else None, msg=str(cfg))
 
 
 def test_gemm_candidates_come_from_the_environment():

@@ -202,8 +202,16 @@ def _skinny(M, N, K, itemsize, sms):
     left half of each tile idle and, at N = 4096, made 32 programs for 132 SMs: Llama-2-7B batch-32
     decode read its weights at 46% of the copy roof (7.17 ms per step, H200); with these tiles 6.68 ms (the
     same tiles timed by the tuner, one of them split over K, made it 6.42 ms on another H200, whose
-    transformers peer ran 8% faster too: within the machines' spread)."""
+    transformers peer ran 8% faster too: within the machines' spread).
+    Except wide N at M = 17..32: 32 x 128 tiles made 96 programs for the 132 SMs at N = 12288 (q/k/v
+    packed) and 172 (1.3 waves) at 22016 (gate/up packed). There the operands swap (SWAP: C^T = W X^T)
+    and the tile is 64 weight rows by 32 activation rows, Hopper's 64-row MMA filled by the weight:
+    H200, bf16, M = 32, cold L2, us (cuBLAS): 12288 x 4096 37.7 -> 37.7 (38.4), 22016 x 4096 62.6 ->
+    56.5 (56.6), 32000 x 4096 75.6 -> 75.5 (78.2). At N = 4096 the swapped tiles lost (17.8 -> 20.8,
+    4096 x 11008 34.7 -> 38.0), as they did at M = 8."""
     wide = N >= 8192
+    if wide and M > 16:
+        return dict(_cfg(64, 32, 128 // (1 if itemsize <= 2 else 2), 4, 6), SWAP=True)
     bn = 128 if wide else 32
     bk = (128 if wide else 256) // (1 if itemsize <= 2 else 2)
     tiles = cdiv(N, bn)
