@@ -8,7 +8,11 @@ loaded or tuned helps it:
 - gems+warmup: gems.warmup(model, inputs) first (its own time reported), then the steps. Warmup runs
   the model's forward (train: and backward) on the bench's inputs: the optimizer's kernels, and decode's
   one-token steps, still compile in the first step.
-With --patch the two Gems modes run the model patched by gems.patch (warmup too); aten runs it unpatched.
+- gems+background (only when asked for): GEMS_COMPILE=background, so a functional op's call whose kernel
+  is not compiled yet is answered by ATen while the kernel compiles on a thread pool
+  (gems/runtime/background.py); after the two steps, the wait for the compiles still queued and a third
+  step, with Gems serving what compiled, are reported too, and how many calls ATen answered meanwhile.
+With --patch the Gems modes run the model patched by gems.patch (warmup too); aten runs it unpatched.
 Per mode: the first and second step's wall time (decode: the whole first run, prompt and tokens; the
 second run's per-token time is in the regular bench), and for gems+warmup the warmup's time and kernel
 count. Model building is outside every timing. The child prints one JSON line, prefixed COLD_TAG.
@@ -22,7 +26,8 @@ import sys
 import tempfile
 import time
 
-MODES = ("aten", "gems", "gems+warmup")
+MODES = ("aten", "gems", "gems+warmup")             # the default
+ALL_MODES = MODES + ("gems+background",)
 COLD_TAG = "GEMS_COLD_RESULT "
 
 
@@ -43,6 +48,9 @@ def cold_bench(model: str, *, workload: str = "prefill", device: str = "cpu", si
             env["TRITON_CACHE_DIR"] = os.path.join(tmp, mode, "triton")
             env["GEMS_CACHE_DIR"] = os.path.join(tmp, mode, "gems")
             env.pop("GEMS_QUIET", None)
+            env.pop("GEMS_COMPILE", None)
+            if mode == "gems+background":
+                env["GEMS_COMPILE"] = "background"
             # the child's stderr is the user's: Gems' own progress notes (compiling, tuning) show as they come
             proc = subprocess.run([sys.executable, "-m", "gems_coverage.cold", json.dumps({**spec, "mode": mode})],
                                   env=env, stdout=subprocess.PIPE, text=True, timeout=timeout_s)
@@ -59,7 +67,10 @@ def cold_bench(model: str, *, workload: str = "prefill", device: str = "cpu", si
 def _summary(row: dict) -> str:
     w = row.get("warmup_s")
     warm = f"warmup {w:.2f} s ({row.get('kernels', '?')} kernels), then " if w is not None else ""
-    return f"{warm}first step {row['first_s']:.2f} s, second {row['second_s']:.2f} s"
+    bg = (f"; {row['aten_answers']} calls answered by ATen while {row['kernels']} kernels compiled, "
+          f"{row['drain_s']:.2f} s more for the last ones, third step {row['third_s']:.2f} s"
+          if "third_s" in row else "")
+    return f"{warm}first step {row['first_s']:.2f} s, second {row['second_s']:.2f} s{bg}"
 
 
 def format_cold(r: dict) -> str:
@@ -73,6 +84,10 @@ def format_cold(r: dict) -> str:
         lines.append(f"{mode:<13} {'' if w is None else f'{w:.2f}':>9} {row.get('kernels', ''):>8} "
                      f"{row['first_s']:>11.3f} {row['first_s'] + (w or 0.0):>14.3f} {row['second_s']:>11.3f}")
     for mode, row in r["modes"].items():
+        if "third_s" in row:
+            lines.append(f"{mode}: {row['aten_answers']} calls answered by ATen while {row['kernels']} kernels "
+                         f"compiled; {row['drain_s']:.2f} s more for the last ones after the second step, then "
+                         f"a third step in {row['third_s']:.3f} s")
         for i, rnd in enumerate(row.get("warmup_rounds") or (), 1):
             if rnd.get("kernels"):
                 lines.append(f"{mode} round {i}: {rnd['kernels']} kernels compiled in {rnd['compile_s']:.2f} s; "
@@ -115,6 +130,21 @@ def _child(spec: dict) -> dict:
         t0 = time.perf_counter()
         wl.timed(on)
         row[name] = time.perf_counter() - t0
+    if spec["mode"] == "gems+background":
+        from gems.runtime import background
+        from gems.runtime import settings
+        row["background"] = settings.BACKGROUND_COMPILE
+        row["aten_answers"] = sum(st["reasons"].get(r, 0) for st in gems.stats().values() for r in st["reasons"]
+                                  if "not compiled yet" in r)
+        t0 = time.perf_counter()
+        background.wait()
+        row["drain_s"] = time.perf_counter() - t0
+        st = background.stats()
+        row["kernels"], row["background_failed"] = st["compiled"], st["failed"]
+        wl.sync()
+        t0 = time.perf_counter()
+        wl.timed(on)
+        row["third_s"] = time.perf_counter() - t0
     gems.disable()
     return row
 

@@ -15,7 +15,9 @@ overload and the backend is computed there, once, so the call does only what dep
    kernel and is counted with its reason (fallback.py).
 4. The implementation runs (the signature's recording call records its plan, runtime/plan/publish.py).
    `Unsupported` sends the call to ATen, any other exception goes through the error policy
-   (fallback.after_error).
+   (fallback.after_error). With GEMS_COMPILE=background a functional overload's implementation runs
+   marked deferrable (runtime/background.py): a kernel it needs that is not compiled yet raises
+   NotCompiled, and ATen answers that call without the signature's plan state changing.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import torch
 from .. import registry
 from ..codegen.numbers import tensor_positions
 from ..registry import AtenError, Unsupported
-from ..runtime import backends, reentry, settings
+from ..runtime import background, backends, collect, reentry, settings
 from ..runtime.plan import cache as plan_cache
 from ..runtime.plan.publish import record_and_publish
 from ..runtime.plan.signature import make_signature
@@ -82,6 +84,12 @@ def make_kernel(state: DispatchState, impl: registry.OpImpl, op: OpRuntime, orig
     tls, guard, scopes = state.thread, reentry.THREAD, state.scopes
     get_device = torch._C._cuda_getDevice if on_cuda else None
     MISS, NO_PLAN, AtenPlan, SEEN = plan_cache.MISS, plan_cache.NO_PLAN, plan_cache.AtenPlan, plan_cache.SEEN
+    # GEMS_COMPILE=background: whether this overload's calls may be answered by ATen while a kernel
+    # compiles (functional only: nothing it writes could have been half-written when ATen takes over)
+    background_on = settings.BACKGROUND_COMPILE
+    deferrable = background_on and not writes_an_argument(schema)
+    set_deferring = background.set_deferring
+    NotCompiled = collect.not_compiled()
 
     def fallback(reason, args, kwargs):
         counts[1] += 1
@@ -101,9 +109,10 @@ def make_kernel(state: DispatchState, impl: registry.OpImpl, op: OpRuntime, orig
 
     def unsupported(e, key, args, kwargs):
         # the implementation raised Unsupported: ATen runs the call; with signature=True the decision
-        # holds for every call of the signature
+        # holds for every call of the signature (a kernel still compiling in the background decides
+        # nothing about the signature)
         reason = str(e) or "unsupported arguments"
-        if key is not None:
+        if key is not None and e.__class__ is not NotCompiled:
             if e.signature:
                 cache.put(key, AtenPlan(reason))
                 if fast_op is not None:
@@ -199,33 +208,44 @@ def make_kernel(state: DispatchState, impl: registry.OpImpl, op: OpRuntime, orig
             if reason is not None:
                 return fallback(reason, args, kwargs)
         # 4. the implementation (recording the signature's plan on its recording call)
-        guard.depth += 1
+        if background_on:
+            prev = set_deferring(deferrable)
         try:
-            if key is not None and not unseen:
-                out = record_and_publish(impl, schema, cache, key, args, kwargs, on_cuda,
-                                         cache.built < settings.PLAN_CHECK, fast_op)
-            else:
-                out = impl.fn(*args, **kwargs)
-                if unseen and key is not None:
-                    cache.put_seen(key)
-        except AtenError as e:
+            guard.depth += 1
+            try:
+                if key is not None and not unseen:
+                    out = record_and_publish(impl, schema, cache, key, args, kwargs, on_cuda,
+                                             cache.built < settings.PLAN_CHECK, fast_op)
+                else:
+                    out = impl.fn(*args, **kwargs)
+                    if unseen and key is not None:
+                        cache.put_seen(key)
+            except AtenError as e:
+                guard.depth -= 1
+                raise e.error from None
+            except Unsupported as e:
+                guard.depth -= 1
+                return unsupported(e, key, args, kwargs)
+            except Exception as e:  # noqa: BLE001 - the error policy, fallback.after_error
+                guard.depth -= 1
+                return after_error(impl, op, e, call_orig, keyset, args, kwargs)
+            except BaseException:
+                # KeyboardInterrupt, a test's timeout: the thread's depth must not stay raised (every
+                # later call would go to ATen)
+                guard.depth -= 1
+                raise
             guard.depth -= 1
-            raise e.error from None
-        except Unsupported as e:
-            guard.depth -= 1
-            return unsupported(e, key, args, kwargs)
-        except Exception as e:  # noqa: BLE001 - the error policy, fallback.after_error
-            guard.depth -= 1
-            return after_error(impl, op, e, call_orig, keyset, args, kwargs)
-        except BaseException:
-            # KeyboardInterrupt, a test's timeout: the thread's depth must not stay raised (every
-            # later call would go to ATen)
-            guard.depth -= 1
-            raise
-        guard.depth -= 1
-        counts[0] += 1
-        return out
+            counts[0] += 1
+            return out
+        finally:
+            if background_on:
+                set_deferring(prev)
 
     kernel.__name__ = f"gems_{name.replace('.', '_')}"
     kernel.__gems_planned__ = sig is not None
     return kernel
+
+
+def writes_an_argument(schema) -> bool:
+    """Whether an overload writes one of its arguments (in place, out=)."""
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)

@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Sequence
 
-from . import backends, collect, progress
+from . import background, backends, collect, progress
 from .plan.recording import suspended, taint
 
 try:
@@ -103,6 +103,11 @@ class Autotuner:
         taint("autotuning", transient=True)   # benchmark launches are not the call's: plan the next call
         if collect.active():    # gems.warmup's collecting run: every config's kernels recorded, nothing timed
             return collect.tune(self.configs, bench)
+        if background.deferring():
+            with suspended():
+                ready = background.tune_ready(self.configs, bench)
+            if not ready:   # GEMS_COMPILE=background: some config is compiling; ATen answers, nothing stored
+                raise collect.not_compiled()(f"{self.name}: tuning's kernels not compiled yet")
         t0 = progress.clock()
         timings = []
         with suspended():
@@ -179,7 +184,7 @@ def bench_ms(fn: Callable[[], object]) -> float:
     In gems.warmup's collect mode `fn` runs once, untimed, and 0.0 is returned: that run records the
     config's uncompiled kernels (or launches the compiled ones), and collect mode stores no pick, so a
     timing would be thrown away; every collecting round would time every compiled config again."""
-    if collect.active():
+    if collect.active() or background.probing():
         fn()
         return 0.0
     if TIMING == "hold":

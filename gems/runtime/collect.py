@@ -8,6 +8,9 @@ target) and tells Triton to skip the compile; the launch then raises NotCompiled
 hook only acts on launches that come through a launch-cache miss in collect mode (a thread-local flag):
 any other Triton launch compiles as usual, so no code gets an unlaunched kernel it does not expect.
 
+The same hook serves background compilation (runtime/background.py): there a launch-cache miss of a
+functional op hands its job to a sink (`launch(..., sink=...)`) that compiles it on a thread pool.
+
 `compile_jobs` then compiles the jobs (and builds their C launchers) in forked worker processes, which
 fill Triton's disk cache, and
 `load_jobs` loads each binary from that cache into the JIT function's in-memory cache, so the next
@@ -50,37 +53,61 @@ def active() -> bool:
 _saved_hook = None    # the jit_cache_hook collect mode replaced, put back when it stops
 
 
+_installs = 0         # collect mode and background compilation each hold the hook while they need it
+
+
+def install_hook():
+    """Put `_record` in Triton's jit_cache_hook (the hook it replaces is kept and put back by the
+    last `uninstall_hook`; it still sees every launch `_record` does not record)."""
+    global _installs, _saved_hook
+    if _installs == 0 and triton.knobs.runtime.jit_cache_hook is not _record:
+        _saved_hook = triton.knobs.runtime.jit_cache_hook
+        triton.knobs.runtime.jit_cache_hook = _record
+    _installs += 1
+
+
+def uninstall_hook():
+    global _installs, _saved_hook
+    _installs = max(0, _installs - 1)
+    if _installs == 0:
+        if triton.knobs.runtime.jit_cache_hook is _record:
+            triton.knobs.runtime.jit_cache_hook = _saved_hook
+        _saved_hook = None
+
+
 def start():
     """Turn collect mode on (one collector at a time, process-wide: the hook is Triton's global knob)."""
-    global _active, _saved_hook
+    global _active
     _jobs.clear()
-    _saved_hook = triton.knobs.runtime.jit_cache_hook
-    triton.knobs.runtime.jit_cache_hook = _record
+    install_hook()
     _active = True
 
 
 def stop() -> list:
-    """Turn collect mode off (the hook it replaced is back); the compile jobs it recorded."""
-    global _active, _saved_hook
-    _active = False
-    if triton.knobs.runtime.jit_cache_hook is _record:
-        triton.knobs.runtime.jit_cache_hook = _saved_hook
-    _saved_hook = None
+    """Turn collect mode off (the hook it replaced is back unless background compilation holds it);
+    the compile jobs it recorded."""
+    global _active
+    if _active:
+        _active = False
+        uninstall_hook()
     jobs = list(_jobs.values())
     _jobs.clear()
     return jobs
 
 
-def launch(fn, grid, args, num_warps, num_stages, maxnreg):
-    """A launch-cache miss in collect mode: the kernel Triton holds in memory (launched), or
-    NotCompiled once the compile is recorded."""
+def launch(fn, grid, args, num_warps, num_stages, maxnreg, sink=None):
+    """A launch-cache miss in collect mode (or, with `sink`, of a call background compilation may
+    defer): the kernel Triton holds in memory (launched), or NotCompiled once the compile job is
+    recorded (`sink(job)` takes it; a sink returning False has Triton compile it here instead)."""
     _tls.recording = True
+    _tls.sink = sink
     try:
         kernel = fn[grid](*args, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
     finally:
         _tls.recording = False
+        _tls.sink = None
     if kernel is None:
-        raise not_compiled()("gems warmup: kernel not compiled yet")
+        raise not_compiled()("kernel not compiled yet")
     return kernel
 
 
@@ -95,10 +122,11 @@ def tune(configs, bench):
     return configs[0]
 
 
-def _record(*, key, fn, compile, **_):
-    """Triton's jit_cache_hook: True (skip the compile) for a launch-cache miss in collect mode."""
-    if not (_active and getattr(_tls, "recording", False)):
-        return False
+def _record(*, key, fn, compile, **kw):
+    """Triton's jit_cache_hook: True (skip the compile) for a launch-cache miss in collect mode or one
+    background compilation takes; any other launch goes to the hook this one replaced."""
+    if not getattr(_tls, "recording", False):
+        return _saved_hook(key=key, fn=fn, compile=compile, **kw) if _saved_hook is not None else False
     jf = fn.jit_function
     device = compile["device"]
     _, _, target, backend, _ = jf.device_caches[device]
@@ -106,6 +134,9 @@ def _record(*, key, fn, compile, **_):
     opts = json.loads(compile["specialization_data"])["options"]
     options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v for k, v in opts.items()})
     job = (jf, device, key, compile["signature"], compile["constants"], compile["configs"][0], options, target)
+    sink = getattr(_tls, "sink", None)
+    if sink is not None:
+        return sink(job) is not False
     _jobs.setdefault((id(jf), str(key)), job)
     return True
 

@@ -10,7 +10,8 @@ whether they equal 1, are divisible by 16 and need 64 bits; float/bool/None type
 and the launch options (num_warps, num_stages). Sizes do not appear, so one binary serves all shapes
 of a class. A miss goes through Triton's own `run` (which compiles, or finds the binary on disk) and
 records the kernel it returns; its time counts towards runtime/progress.py's one-line note (in
-gems.warmup's collect mode, runtime/collect.py records the compile instead). The cache is bounded
+gems.warmup's collect mode, runtime/collect.py records the compile instead; with GEMS_COMPILE=background
+runtime/background.py compiles it on a thread pool while ATen answers the call). The cache is bounded
 (LRU-ish: oldest entry dropped).
 
 Under the interpreter (TRITON_INTERPRET=1) there is no binary: calls go straight to the interpreter.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from . import collect, launcher_build, progress
+from . import background, collect, launcher_build, progress
 from .plan import recording
 from .plan.launchers import hooks_active
 from .source import compile_source
@@ -128,6 +129,8 @@ class LaunchCache:
             self.misses += 1
             if collect.active():    # gems.warmup's collecting run: record the compile, ATen answers
                 kernel = collect.launch(self.fn, grid, args, num_warps, num_stages, maxnreg)
+            elif background.deferring():    # GEMS_COMPILE=background: compile on the pool, ATen answers
+                kernel = background.launch(self.fn, grid, args, num_warps, num_stages, maxnreg)
             else:
                 t0 = progress.clock()
                 # (Triton's options treat maxnreg=None as unset: the binary of a launch without a cap); a

@@ -24,6 +24,11 @@ GEMS_PLAN_AFTER=2
 GEMS_POISON=1
     Fresh outputs start as NaN (or -1 for integers), so an element a kernel forgets to write can
     never pass as a right answer, in plans too (a test aid).
+GEMS_COMPILE=background
+    A functional op's call that needs a kernel not compiled yet is answered by ATen (counted) while
+    the kernel compiles on a thread pool; its later calls run Gems once the binary is in (runtime/
+    background.py). In-place and out= ops, and kernels launched outside the dispatcher (gems.patch's
+    fused modules), still compile on the calling thread. Default: compile on the calling thread.
 GEMS_LAUNCHER_AHEAD=0
     A kernel's C launcher is built after its compile, as Triton does, not on a thread beside it
     (runtime/launcher_build.py; for an A/B of first-call time).
@@ -46,4 +51,9 @@ if PLAN_AFTER not in (1, 2):
     raise ValueError(f"GEMS_PLAN_AFTER must be 1 or 2, not {PLAN_AFTER}")
 POISON: bool = _flag("GEMS_POISON", "0")
 LAUNCHER_AHEAD: bool = _flag("GEMS_LAUNCHER_AHEAD", "1")
+_compile = os.environ.get("GEMS_COMPILE", "")
+if _compile not in ("", "inline", "background"):
+    raise ValueError(f"GEMS_COMPILE must be 'inline' or 'background', not {_compile!r}")
+BACKGROUND_COMPILE: bool = _compile == "background"
+del _compile
 del _check

@@ -1,0 +1,169 @@
+"""Background compilation (`GEMS_COMPILE=background`): ATen answers a call while its kernel compiles.
+
+Why: Gems compiles each Triton kernel at its first launch, on the calling thread, one after the other: a
+fresh process's first training step of a 1.1B Llama spends ~25 s compiling ~75 kernels, where ATen's
+takes 2 s. `gems.warmup` compiles them in parallel ahead of time, but needs the model and its inputs
+before the first step; this mode needs nothing but the environment variable.
+
+How: the dispatcher marks the calls of functional overloads (no argument written, no out=) as
+deferrable while their implementation runs (`deferring()`, one thread-local flag). A launch-cache miss
+there goes through collect mode's hook (runtime/collect.py): a kernel Triton holds in memory launches
+as usual; one it would compile is handed to `submit`, which compiles it on a thread pool, and the launch
+raises NotCompiled, an `Unsupported`, so ATen answers the call (counted in `gems.stats()` under
+"kernel not compiled yet"). The op's outputs were fresh, so whatever its earlier kernels wrote is
+dropped with them. Once the worker has put the binary into the JIT function's in-memory cache, the
+next call's launch finds it. A shape bucket's first tuning in a deferrable call runs every config once
+untimed (`probing()`): when one of them is not compiled yet, ATen answers and nothing is stored; when
+all are, the tuning times them as usual.
+
+What still compiles on the calling thread: in-place and out= overloads (a first kernel may have written
+an argument before a second one is found missing, and ATen would then read what it wrote), kernels
+launched outside the dispatcher (gems.patch's fused modules, which have no ATen call to fall back to),
+and a kernel whose background compile failed (its own launch then raises the compile error, and the
+dispatcher's error policy takes it from there).
+
+Why threads: a worker shares the JIT functions (generated kernels have no module to import them by),
+and forking a process whose other threads are running CUDA work is not safe. Triton's front end holds the
+GIL, so threads gain less than warmup's processes: 64 compiles of one small kernel took 13.8 s serially,
+3.97 s on 8 threads and 2.10 s in 8 processes of a 16-core host (gems/warmup.py).
+
+Results: ATen's answers in place of Gems' differ only within the op's tolerance; random ops draw
+from ATen's generator state instead of Gems' Philox counters for those calls.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from . import collect, progress
+
+_tls = threading.local()
+_lock = threading.Lock()
+_pool = None            # the compile workers, made (and the hook installed) at the first deferred miss
+_queued: set = set()    # (id(JIT function), Triton's key) of every job handed to the pool
+_failed: set = set()    # jobs whose compile raised: their launches compile (and raise) on the calling thread
+_pending = 0
+_done = threading.Condition(_lock)
+_stats = {"submitted": 0, "compiled": 0, "failed": 0, "compile_s": 0.0}
+_said = False
+
+
+def workers() -> int:
+    """Compile threads: $GEMS_COMPILE_WORKERS, else the CPU count less one, at least 1, at most 16."""
+    n = os.environ.get("GEMS_COMPILE_WORKERS")
+    if n:
+        return max(1, int(n))
+    return max(1, min(16, (os.cpu_count() or 2) - 1))
+
+
+def deferring() -> bool:
+    """Whether a launch-cache miss on this thread may be answered by ATen (inside a deferrable call)."""
+    return getattr(_tls, "defer", False)
+
+
+def set_deferring(on: bool) -> bool:
+    """Mark this thread's calls deferrable or not; the previous mark (the dispatcher puts it back)."""
+    prev = getattr(_tls, "defer", False)
+    _tls.defer = on
+    return prev
+
+
+def probing() -> bool:
+    """Whether a tuning bench on this thread runs its config once, untimed (see `tune_ready`)."""
+    return getattr(_tls, "probe", False)
+
+
+def launch(fn, grid, args, num_warps, num_stages, maxnreg):
+    """A launch-cache miss in a deferrable call: the kernel (compiled here only when its background
+    compile failed), or NotCompiled while it compiles on the pool."""
+    global _pool
+    if _pool is None:
+        with _lock:
+            if _pool is None:   # the hook first: it is what hands a compile to `submit`
+                collect.install_hook()
+                _pool = ThreadPoolExecutor(workers(), thread_name_prefix="gems-compile")
+    return collect.launch(fn, grid, args, num_warps, num_stages, maxnreg, sink=submit)
+
+
+def tune_ready(configs, bench) -> bool:
+    """A tuning miss in a deferrable call: every config runs once, untimed; True when all of them
+    had their kernels (the tuner then times them), False when some went to the pool."""
+    ready = True
+    _tls.probe = True
+    try:
+        for c in configs:
+            try:
+                bench(c)
+            except collect.not_compiled():
+                ready = False
+            except Exception:  # noqa: BLE001 - a config that fails as it would when tuned
+                continue
+    finally:
+        _tls.probe = False
+    return ready
+
+
+def submit(job) -> bool:
+    """The jit_cache_hook's sink: queue `job`'s compile (once); False (compile it on the calling
+    thread) for a job whose background compile failed."""
+    global _pending, _said
+    k = (id(job[0]), str(job[2]))
+    with _lock:
+        if k in _failed:
+            return False
+        if k in _queued:
+            return True
+        _queued.add(k)
+        _pending += 1
+        _stats["submitted"] += 1
+        first = not _said
+        _said = True
+    if first:
+        progress.say("gems: compiling kernels in the background (first run only, cached on disk); ATen answers "
+                     "their calls meanwhile ...")
+    _pool.submit(_compile, job, k)
+    return True
+
+
+def _compile(job, k):
+    global _pending
+    t0 = time.perf_counter()
+    err = None
+    try:
+        kernel = collect.compile_one(job)
+        try:
+            # the kernel's C launcher (Triton builds it with the host C compiler at the first launch):
+            # built here, the first launch only loads it
+            import triton
+            triton.runtime.driver.active.launcher_cls(kernel.src, kernel.metadata)
+        except Exception:  # noqa: BLE001 - the first launch builds it
+            pass
+        jf, device, key = job[0], job[1], job[2]
+        jf.device_caches[device][0][key] = kernel      # as Triton's own compile path caches it
+    except Exception as e:  # noqa: BLE001 - the launch compiles it on the calling thread and raises there
+        err = e
+    with _lock:
+        _stats["compile_s"] += time.perf_counter() - t0
+        if err is None:
+            _stats["compiled"] += 1
+        else:
+            _stats["failed"] += 1
+            _failed.add(k)
+            _queued.discard(k)
+        _pending -= 1
+        if _pending == 0:
+            _done.notify_all()
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Block until every queued compile has finished (True), or `timeout` seconds passed (False)."""
+    with _lock:
+        return _done.wait_for(lambda: _pending == 0, timeout)
+
+
+def stats() -> dict:
+    """{"submitted", "compiled", "failed", "pending", "compile_s" (summed over the workers)}."""
+    with _lock:
+        return {**_stats, "pending": _pending}

@@ -1,0 +1,217 @@
+"""Background compilation (GEMS_COMPILE=background, runtime/background.py), on the CPU.
+
+The interpreter compiles nothing, so the launch path is checked with a stand-in for a compiled-backend
+JIT function and a fake compile: a launch-cache miss in a deferrable call queues the compile on the
+pool and raises NotCompiled (ATen answers); the next launch finds the binary the worker put into the
+function's cache; outside a deferrable call, or after a failed background compile, the miss compiles
+on the calling thread; a tuning miss stores nothing until every config's kernels are in. The
+dispatcher's part runs in a process with the variable set: functional overloads run deferrable,
+in-place and out= ones do not, and a NotCompiled answer is counted and leaves the signature's plan
+state alone. The real compiles need a GPU (`gems-coverage bench MODEL --cold --cold-modes
+gems+background`).
+"""
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+import gems
+from gems.runtime import autotune, background, backends, collect, launch, progress
+from harness import launch_without_a_device
+
+
+class _Kernel:
+    function = packed_metadata = None
+
+    def run(self, *a):
+        pass
+
+
+class _Jit:
+    """A compiled-backend JITFunction stand-in: a value is compiled once it is in `held` or in the
+    in-memory cache (`device_caches`, where a background worker puts it); otherwise its launch asks the
+    cache hook, and one that answers True skips the compile (the launch returns None)."""
+    __name__ = "fake_kernel"
+    params = [type("P", (), {"num": 0, "is_constexpr": True})()]
+
+    def __init__(self, held=()):
+        self.held = set(held)
+        self.device_caches = {"dev": ({},)}
+        self.inline = []          # values compiled on the calling thread
+
+    def __getitem__(self, grid):
+        def run(value, **opts):
+            if value in self.held or value in self.device_caches["dev"][0]:
+                return _Kernel()
+            hook = __import__("triton").knobs.runtime.jit_cache_hook
+            if hook is not None and hook(key=value, repr="", fn=self, compile={}) is True:
+                return None
+            self.held.add(value)
+            self.inline.append(value)
+            return _Kernel()
+        return run
+
+
+@pytest.fixture
+def pool(monkeypatch):
+    """Fresh background state with a fake hook (the job is the stand-in and its value) and a fake
+    compile (value 'bad' fails; `gate` holds compiles back until set)."""
+    launch_without_a_device(monkeypatch)
+    monkeypatch.setenv("GEMS_QUIET", "1")
+    gate = threading.Event()
+    gate.set()
+
+    def record(*, key, fn, **_):
+        if not getattr(collect._tls, "recording", False):
+            return False
+        sink = getattr(collect._tls, "sink", None)
+        job = (fn, "dev", key)
+        return sink(job) is not False if sink is not None else True
+
+    def compile_one(job):
+        gate.wait(10)
+        if job[2] == "bad":
+            raise ValueError("no such kernel")
+        return type("K", (), {"src": None, "metadata": None})()
+
+    monkeypatch.setattr(collect, "_record", record)
+    monkeypatch.setattr(collect, "compile_one", compile_one)
+    for name, value in (("_pool", None), ("_queued", set()), ("_failed", set()), ("_pending", 0), ("_said", False),
+                        ("_stats", {"submitted": 0, "compiled": 0, "failed": 0, "compile_s": 0.0})):
+        monkeypatch.setattr(background, name, value)
+    prev = background.set_deferring(True)
+    yield gate
+    background.set_deferring(prev)
+    gate.set()
+    if background._pool is not None:
+        background._pool.shutdown(wait=True)
+        collect.uninstall_hook()
+
+
+def test_a_deferred_miss_compiles_on_the_pool_and_the_next_launch_finds_it(pool):
+    jit = _Jit(held={1})
+    k = launch.LaunchCache(jit)
+    k[(1,)](1)                                    # in Triton's memory already: launched
+    pool.clear()
+    with pytest.raises(gems.Unsupported) as e:
+        k[(1,)](2)                                # not compiled: queued, ATen answers
+    assert isinstance(e.value, collect.not_compiled())
+    with pytest.raises(collect.not_compiled()):
+        k[(1,)](2)                                # still compiling: queued once, ATen again
+    assert background.stats()["submitted"] == 1 and background.stats()["pending"] == 1
+    pool.set()
+    assert background.wait(10)
+    k[(1,)](2)                                    # the worker's binary
+    assert jit.inline == [] and k.cache_info()["entries"] == 2
+    st = background.stats()
+    assert (st["submitted"], st["compiled"], st["failed"], st["pending"]) == (1, 1, 0, 0)
+
+
+def test_outside_a_deferrable_call_a_miss_compiles_inline(pool):
+    background.set_deferring(False)
+    jit = _Jit()
+    launch.LaunchCache(jit)[(1,)](3)
+    assert jit.inline == [3] and background.stats()["submitted"] == 0
+
+
+def test_a_failed_background_compile_compiles_inline_next_time(pool):
+    jit = _Jit()
+    k = launch.LaunchCache(jit)
+    with pytest.raises(collect.not_compiled()):
+        k[(1,)]("bad")
+    assert background.wait(10) and background.stats()["failed"] == 1
+    k[(1,)]("bad")                                # on the calling thread: a real compile would raise here
+    assert jit.inline == ["bad"]
+
+
+def test_the_first_deferral_says_so_once(pool, monkeypatch, capsys):
+    monkeypatch.delenv("GEMS_QUIET")
+    progress.reset()
+    k = launch.LaunchCache(_Jit())
+    for v in (5, 6):
+        with pytest.raises(collect.not_compiled()):
+            k[(1,)](v)
+    assert background.wait(10)
+    assert capsys.readouterr().err.count("compiling kernels in the background") == 1
+
+
+def test_a_tuning_miss_stores_nothing_until_every_config_is_compiled(pool, monkeypatch, tmp_path):
+    monkeypatch.setenv("GEMS_CACHE_DIR", str(tmp_path))
+    fake = type("B", (), {"can_benchmark": True, "arch": "fake"})()
+    monkeypatch.setattr(backends, "backend", lambda: fake)
+    monkeypatch.setattr(autotune, "CONFIRM_ROUNDS", 0)
+    tuner = autotune.Autotuner("background_probe", [{"B": 1}, {"B": 2}, {"B": 3}])
+    compiled, timed = {1, 3}, []
+
+    def bench(c):
+        if c["B"] not in compiled:
+            raise collect.not_compiled()("not compiled")
+        return autotune.bench_ms(lambda: timed.append(c["B"]))
+    monkeypatch.setattr(autotune, "held_ms", lambda fn: (fn(), {1: 3.0, 2: 1.0, 3: 2.0}[timed[-1]])[1])
+    with pytest.raises(collect.not_compiled()):
+        tuner.pick(64, bench)                     # config 2 still compiling: ATen answers
+    assert timed == [1, 3]                        # the probe ran the compiled ones once, untimed
+    assert not (tmp_path / "autotune").exists()
+    compiled.add(2)
+    timed.clear()
+    assert tuner.pick(64, bench) == {"B": 2}      # all in: timed as usual, and stored
+    assert timed == [1, 2, 3, 1, 2, 3]            # the probe's runs, then the timed ones
+
+
+def test_only_functional_overloads_are_deferrable():
+    from gems.dispatch.kernel import writes_an_argument
+    from gems.registry import aten_overload
+    assert not writes_an_argument(aten_overload("add.Tensor")._schema)
+    assert writes_an_argument(aten_overload("add_.Tensor")._schema)
+    assert writes_an_argument(aten_overload("add.out")._schema)
+
+
+_DISPATCH = textwrap.dedent("""
+    import json, torch, gems
+    from gems import registry
+    from gems.runtime import background, collect
+    seen = {}
+    def spy(name):
+        impl = registry.get(name)
+        real = impl.fn
+        def fn(*a, **k):
+            seen[name] = background.deferring()
+            if name == "mul.Tensor":
+                raise collect.not_compiled()("kernel not compiled yet")
+            return real(*a, **k)
+        return fn
+    x, y = torch.randn(5), torch.randn(5)
+    with registry.override_impl("add.Tensor", spy("add.Tensor")), \\
+            registry.override_impl("add_.Tensor", spy("add_.Tensor")), \\
+            registry.override_impl("mul.Tensor", spy("mul.Tensor")), gems.use_gems():
+        z = x + y
+        z.add_(y)
+        m = [x * y for _ in range(3)]
+    assert torch.equal(m[0], torch.mul(x, y)) and torch.allclose(z, x + 2 * y)
+    st = gems.stats()["mul.Tensor"]
+    from gems.dispatch.state import STATE
+    plans = STATE.ops["mul.Tensor"].plans
+    print(json.dumps({"seen": seen, "after": background.deferring(), "fallback": st["fallback"],
+                      "reasons": st["reasons"], "declined": plans.declined if plans is not None else 0}))
+""")
+
+
+def test_the_dispatcher_marks_functional_calls_and_counts_their_aten_answers():
+    env = dict(os.environ, GEMS_COMPILE="background", GEMS_PLAN_AFTER="1")
+    p = subprocess.run([sys.executable, "-c", _DISPATCH], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    import json
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["seen"] == {"add.Tensor": True, "add_.Tensor": False, "mul.Tensor": True}
+    assert r["after"] is False
+    # every call answered by ATen and counted; no signature marked "no plan" for it
+    assert r["fallback"] == 3 and r["reasons"] == {"kernel not compiled yet": 3} and r["declined"] == 0
+
+
+def test_an_unknown_compile_setting_is_refused():
+    env = dict(os.environ, GEMS_COMPILE="later")
+    p = subprocess.run([sys.executable, "-c", "import gems"], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "GEMS_COMPILE must be 'inline' or 'background'" in p.stderr
