@@ -16,6 +16,9 @@ next call's launch finds it. A shape bucket's first tuning in a deferrable call 
 untimed (`probing()`): when one of them is not compiled yet, ATen answers and nothing is stored; when
 all are, the tuning times them as usual.
 
+Triton asks the hook before it looks in its disk cache, so in a process after the first (binaries on
+disk) the misses go through the pool too; a worker then only loads the binary (milliseconds).
+
 What still compiles on the calling thread: in-place and out= overloads (a first kernel may have written
 an argument before a second one is found missing, and ATen would then read what it wrote), kernels
 launched outside the dispatcher (gems.patch's fused modules, which have no ATen call to fall back to),
