@@ -30,6 +30,8 @@ and forking a process whose other threads are running CUDA work is not safe. Tri
 GIL, so threads gain less than warmup's processes: 64 compiles of one small kernel took 13.8 s serially,
 3.97 s on 8 threads and 2.10 s in 8 processes of a 16-core host (gems/warmup.py).
 
+At exit, Python lets the queued compiles finish: their binaries land in the disk cache for the next run.
+
 Results: ATen's answers in place of Gems' differ only within the op's tolerance; random ops draw
 from ATen's generator state instead of Gems' Philox counters for those calls.
 """
@@ -158,6 +160,20 @@ def _compile(job, k):
         _pending -= 1
         if _pending == 0:
             _done.notify_all()
+
+
+def _after_fork_in_child():
+    # a forked child (a DataLoader worker) has none of the pool's threads: it starts its own if it
+    # ever defers a launch, with fresh locks (the parent's may have been held at the fork)
+    global _pool, _pending, _lock, _done
+    _pool, _pending = None, 0
+    _queued.clear()
+    _lock = threading.Lock()
+    _done = threading.Condition(_lock)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def wait(timeout: float | None = None) -> bool:

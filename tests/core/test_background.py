@@ -215,3 +215,22 @@ def test_an_unknown_compile_setting_is_refused():
     env = dict(os.environ, GEMS_COMPILE="later")
     p = subprocess.run([sys.executable, "-c", "import gems"], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode != 0 and "GEMS_COMPILE must be 'inline' or 'background'" in p.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_without_the_parents_pool(pool):
+    pool.clear()                                   # a compile in flight in the parent
+    with pytest.raises(collect.not_compiled()):
+        launch.LaunchCache(_Jit())[(1,)](9)
+    assert background._pool is not None and background.stats()["pending"] == 1
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: no pool, nothing pending, its own lock
+        ok = background._pool is None and background.stats()["pending"] == 0 and background.wait(0)
+        os.write(w, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 1)
+    os.waitpid(pid, 0)
+    pool.set()
+    assert got == b"1" and background.wait(10)
