@@ -16,6 +16,10 @@ next call's launch finds it. A shape bucket's first tuning in a deferrable call 
 untimed (`probing()`): when one of them is not compiled yet, ATen answers and nothing is stored; when
 all are, the tuning times them as usual.
 
+What the GPU run has to show: the compile threads hold the GIL in Triton's front end, and the calling
+thread's Python (the dispatcher, ATen's answers) waits for it at each hand-off (up to the interpreter's
+5 ms switch interval) while compiles are queued; `GEMS_COMPILE_WORKERS` sets the pool's size.
+
 Triton asks the hook before it looks in its disk cache, so in a process after the first (binaries on
 disk) the misses go through the pool too; a worker then only loads the binary (milliseconds).
 
