@@ -46,7 +46,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import collect, progress
+from . import collect, progress, settings
 
 _tls = threading.local()
 _lock = threading.Lock()
@@ -60,10 +60,9 @@ _said = False
 
 
 def workers() -> int:
-    """Compile threads: $GEMS_COMPILE_WORKERS, else the CPU count less one, at least 1, at most 16."""
-    n = os.environ.get("GEMS_COMPILE_WORKERS")
-    if n:
-        return max(1, int(n))
+    """Compile threads: GEMS_COMPILE_WORKERS (settings.py), else the CPU count less one, 1 to 16."""
+    if settings.COMPILE_WORKERS > 0:
+        return settings.COMPILE_WORKERS
     return max(1, min(16, (os.cpu_count() or 2) - 1))
 
 

@@ -29,6 +29,8 @@ GEMS_COMPILE=background
     the kernel compiles on a thread pool; its later calls run Gems once the binary is in (runtime/
     background.py). In-place and out= ops, and kernels launched outside the dispatcher (gems.patch's
     fused modules), still compile on the calling thread. Default: compile on the calling thread.
+GEMS_COMPILE_WORKERS=N
+    Background compilation's threads (default: the CPU count less one, 1 to 16).
 GEMS_LAUNCHER_AHEAD=0
     A kernel's C launcher is built after its compile, as Triton does, not on a thread beside it
     (runtime/launcher_build.py; for an A/B of first-call time).
@@ -55,5 +57,6 @@ _compile = os.environ.get("GEMS_COMPILE", "")
 if _compile not in ("", "inline", "background"):
     raise ValueError(f"GEMS_COMPILE must be 'inline' or 'background', not {_compile!r}")
 BACKGROUND_COMPILE: bool = _compile == "background"
+COMPILE_WORKERS: int = int(os.environ.get("GEMS_COMPILE_WORKERS", "0") or 0)
 del _compile
 del _check
