@@ -217,6 +217,40 @@ def _launch_origin(name) -> str:
     return f"{name} by {op} from {test}"
 
 
+class StandInKernel:
+    """A compiled kernel's stand-in for LaunchCache (no launcher: its `run` is called and does nothing)."""
+    function = packed_metadata = None
+
+    def run(self, *a):
+        pass
+
+
+class StandInJit:
+    """A compiled-backend JITFunction stand-in (one constexpr parameter, the launch's value): a value is
+    compiled once it is in `held` or in the in-memory cache `device_caches` (where a background compile
+    puts it); otherwise its launch asks Triton's jit_cache_hook, and a hook answering True skips the
+    compile (the launch returns None, as Triton's does). `inline`: the values compiled at their launch."""
+    __name__ = "fake_kernel"
+    params = [type("P", (), {"num": 0, "is_constexpr": True})()]
+
+    def __init__(self, held=()):
+        self.held = set(held)
+        self.device_caches = {"dev": ({},)}
+        self.inline = []
+
+    def __getitem__(self, grid):
+        def run(value, **opts):
+            if value in self.held or value in self.device_caches["dev"][0]:
+                return StandInKernel()
+            hook = __import__("triton").knobs.runtime.jit_cache_hook
+            if hook is not None and hook(key=value, repr="", fn=self, compile={}) is True:
+                return None
+            self.held.add(value)
+            self.inline.append(value)
+            return StandInKernel()
+        return run
+
+
 def launch_without_a_device(monkeypatch):
     """runtime.launch asks no GPU for its device and stream (tests launching stand-in kernels)."""
     from gems.runtime import launch

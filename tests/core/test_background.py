@@ -20,39 +20,8 @@ import pytest
 
 import gems
 from gems.runtime import autotune, background, backends, collect, launch, progress
+from harness import StandInJit as _Jit
 from harness import launch_without_a_device
-
-
-class _Kernel:
-    function = packed_metadata = None
-
-    def run(self, *a):
-        pass
-
-
-class _Jit:
-    """A compiled-backend JITFunction stand-in: a value is compiled once it is in `held` or in the
-    in-memory cache (`device_caches`, where a background worker puts it); otherwise its launch asks the
-    cache hook, and one that answers True skips the compile (the launch returns None)."""
-    __name__ = "fake_kernel"
-    params = [type("P", (), {"num": 0, "is_constexpr": True})()]
-
-    def __init__(self, held=()):
-        self.held = set(held)
-        self.device_caches = {"dev": ({},)}
-        self.inline = []          # values compiled on the calling thread
-
-    def __getitem__(self, grid):
-        def run(value, **opts):
-            if value in self.held or value in self.device_caches["dev"][0]:
-                return _Kernel()
-            hook = __import__("triton").knobs.runtime.jit_cache_hook
-            if hook is not None and hook(key=value, repr="", fn=self, compile={}) is True:
-                return None
-            self.held.add(value)
-            self.inline.append(value)
-            return _Kernel()
-        return run
 
 
 @pytest.fixture

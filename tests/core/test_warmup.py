@@ -17,6 +17,7 @@ import torch
 import gems
 from gems.runtime import autotune, backends, collect, launch, progress
 from gems.runtime.plan.cache import NO_PLAN, PlanCache
+from harness import StandInJit as _Jit
 from harness import launch_without_a_device
 
 warmup_module = __import__("sys").modules["gems.warmup"]   # gems.warmup itself is the function
@@ -53,36 +54,6 @@ def test_interpreter_warmup_is_a_no_op_said_once(loud, capsys, monkeypatch):
     assert err.count("nothing to compile under the Triton interpreter") == 1, err
     assert torch.equal(model(x), before)
     assert all(p.grad is None for p in model.parameters())
-
-
-class _Kernel:
-    function = packed_metadata = None
-
-    def run(self, *a):
-        pass
-
-
-class _Jit:
-    """A compiled-backend JITFunction stand-in: `held` constexpr values are in Triton's memory (launch
-    returns a kernel); any other value goes through the cache hook, which in collect mode skips it."""
-    __name__ = "fake_kernel"
-    device_caches = {}
-    params = [type("P", (), {"num": 0, "is_constexpr": True})()]
-
-    def __init__(self, held=()):
-        self.held, self.asked = set(held), []
-
-    def __getitem__(self, grid):
-        def run(value, **opts):
-            self.asked.append(value)
-            if value in self.held:
-                return _Kernel()
-            hook = __import__("triton").knobs.runtime.jit_cache_hook
-            if hook is not None and hook(key=value, repr="", fn=None, compile={}) is True:
-                return None
-            self.held.add(value)     # compiled as usual
-            return _Kernel()
-        return run
 
 
 @pytest.fixture
