@@ -492,6 +492,10 @@ def main(argv: Optional[list] = None) -> int:
     # profiled run would print two such lines. Quiet unless the user sets KINETO_LOG_LEVEL (0-5 shows
     # kineto's lines, its errors included).
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    # the timed, parity and training runs measure Gems' kernels from their first call: kernels compile
+    # as they are met, not in the background with ATen answering meanwhile (bench --cold's children
+    # set their own mode)
+    os.environ.setdefault("GEMS_COMPILE", "inline")
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["distributed"]:   # torchrun launcher; its options go to gems_coverage.distributed
         from .distributed.launch import launch_main

@@ -4,14 +4,16 @@ Each mode runs in a process of its own, with a fresh, empty TRITON_CACHE_DIR (Tr
 GEMS_CACHE_DIR (Gems' tuning picks) in a temporary folder, so nothing an earlier mode or run compiled,
 loaded or tuned helps it:
 - aten: the model with Gems unregistered (cuBLAS / ATen have no per-process compile step to speak of);
-- gems: gems enabled, the first step compiles (and tunes) as it meets kernels;
-- gems+warmup: gems.warmup(model, inputs) first (its own time reported), then the steps. Warmup runs
-  the model's forward (train: and backward) on the bench's inputs: the optimizer's kernels, and decode's
-  one-token steps, still compile in the first step.
-- gems+background (only when asked for): GEMS_COMPILE=background, so a functional op's call whose kernel
-  is not compiled yet is answered by ATen while the kernel compiles on a thread pool
-  (gems/runtime/background.py); after the two steps, the wait for the compiles still queued and a third
-  step, with Gems serving what compiled, are reported too, and how many calls ATen answered meanwhile.
+- gems: gems enabled as a user gets it: a functional op's call whose kernel is not compiled yet is
+  answered by ATen while the kernel compiles on a thread pool (gems/runtime/background.py); after the
+  two steps, the wait for the compiles still queued and a third step, with Gems serving what compiled,
+  are reported too, and how many calls ATen answered meanwhile;
+- gems+warmup: gems.warmup(model, inputs) first (its own time reported), then the steps, kernels
+  compiling at their first launch (GEMS_COMPILE=inline). Warmup runs the model's forward (train: and
+  backward) on the bench's inputs: the optimizer's kernels, and decode's one-token steps, still compile
+  in the first step;
+- gems+inline (only when asked for): GEMS_COMPILE=inline, every kernel compiled on the calling thread
+  at its first launch, one after the other.
 With --patch the Gems modes run the model patched by gems.patch (warmup too); aten runs it unpatched.
 Per mode: the first and second step's wall time (decode: the whole first run, prompt and tokens; the
 second run's per-token time is in the regular bench), and for gems+warmup the warmup's time and kernel
@@ -27,7 +29,7 @@ import tempfile
 import time
 
 MODES = ("aten", "gems", "gems+warmup")             # the default
-ALL_MODES = MODES + ("gems+background",)
+ALL_MODES = MODES + ("gems+inline",)
 COLD_TAG = "GEMS_COLD_RESULT "
 
 
@@ -48,9 +50,7 @@ def cold_bench(model: str, *, workload: str = "prefill", device: str = "cpu", si
             env["TRITON_CACHE_DIR"] = os.path.join(tmp, mode, "triton")
             env["GEMS_CACHE_DIR"] = os.path.join(tmp, mode, "gems")
             env.pop("GEMS_QUIET", None)
-            env.pop("GEMS_COMPILE", None)
-            if mode == "gems+background":
-                env["GEMS_COMPILE"] = "background"
+            env["GEMS_COMPILE"] = "background" if mode == "gems" else "inline"
             # the child's stderr is the user's: Gems' own progress notes (compiling, tuning) show as they come
             proc = subprocess.run([sys.executable, "-m", "gems_coverage.cold", json.dumps({**spec, "mode": mode})],
                                   env=env, stdout=subprocess.PIPE, text=True, timeout=timeout_s)
@@ -130,10 +130,10 @@ def _child(spec: dict) -> dict:
         t0 = time.perf_counter()
         wl.timed(on)
         row[name] = time.perf_counter() - t0
-    if spec["mode"] == "gems+background":
+    from gems.runtime import settings
+    if on and settings.BACKGROUND_COMPILE:
         from gems.runtime import background
-        from gems.runtime import settings
-        row["background"] = settings.BACKGROUND_COMPILE
+        row["background"] = True
         row["aten_answers"] = sum(st["reasons"].get(r, 0) for st in gems.stats().values() for r in st["reasons"]
                                   if "not compiled yet" in r)
         t0 = time.perf_counter()

@@ -145,11 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "the warm-up's lengths")
     b.add_argument("--no-attribution", action="store_true", help="skip the profiled per-op attribution")
     b.add_argument("--cold", action="store_true",
-                   help="time to the first step instead: ATen, Gems and Gems after gems.warmup, each in a fresh "
-                        "process with empty Triton and Gems cache folders; first and second step times")
+                   help="time to the first step instead: ATen, Gems (kernels compiling in the background) and "
+                        "Gems after gems.warmup, each in a fresh process with empty Triton and Gems cache "
+                        "folders; first and second step times")
     b.add_argument("--cold-modes", default=None, metavar="MODES",
                    help="--cold: the modes to run, comma-separated, some of aten, gems, gems+warmup, "
-                        "gems+background (GEMS_COMPILE=background; default the first three; each is a fresh "
+                        "gems+inline (GEMS_COMPILE=inline: every kernel compiled at its first launch; default the first three; each is a fresh "
                         "process that builds the model and compiles from nothing)")
     b.add_argument("--patch", action="store_true",
                    help="the Gems turns also run the model patched by gems.patch (fused ops); the ATen turns "

@@ -24,7 +24,7 @@
 # GEMS_CHECK_SUITE_S the suite's limit (SIGINT: the tracebacks still print), GEMS_CHECK_DEADLINE_S a limit
 # counted from this script's start (its own start-up, about 50 s, included), GEMS_CHECK_TEST_S one test's;
 # GEMS_CHECK_COLD_MODES the cold part's modes (bench --cold-modes; default aten, gems, gems+warmup;
-# gems+background, GEMS_COMPILE=background, only when named).
+# gems+inline, GEMS_COMPILE=inline, only when named).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # the checkout's packages for scripts run by path too (python -m finds them from the cwd; a script's own

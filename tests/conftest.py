@@ -18,6 +18,9 @@ os.environ.setdefault("GEMS_PLAN_CHECK", "6")
 # ... which needs the first call to record (the default records at a signature's second call:
 # tests/core/test_plan.py tests that policy in subprocesses)
 os.environ.setdefault("GEMS_PLAN_AFTER", "1")
+# every kernel compiles at its first launch, so a test's first call is Gems' (background compilation,
+# the library's default, would let ATen answer it: tests/core/test_background.py tests that mode)
+os.environ.setdefault("GEMS_COMPILE", "inline")
 os.environ.setdefault("GEMS_CACHE_DIR", tempfile.mkdtemp(prefix="gems-test-cache-"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

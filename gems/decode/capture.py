@@ -27,6 +27,8 @@ import contextlib
 
 import torch
 
+from ..runtime import background
+
 # max |graph - eager| allowed, as a fraction of max(1, max |eager logits|)
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 
@@ -137,7 +139,9 @@ class StepGraph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         try:
-            with torch.cuda.stream(side):
+            # Gems' kernels compile here, on this thread, not in the background: the capture must find
+            # them all (ATen's answers would be recorded into the graph)
+            with torch.cuda.stream(side), background.inline():
                 for i in range(n):
                     if i == n - 1 and n > 1:
                         try:
@@ -159,8 +163,9 @@ class StepGraph:
     def capture(self, cache, pool):
         g = torch.cuda.CUDAGraph()
         saved = save_lengths(self.layers)
+        background.wait()    # no compile thread at work while the stream captures
         try:
-            with torch.cuda.graph(g, pool=pool):
+            with torch.cuda.graph(g, pool=pool), background.inline():
                 out = self.forward(**self.static, past_key_values=cache)
         except GraphCaptureError:
             raise

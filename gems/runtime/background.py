@@ -1,9 +1,11 @@
-"""Background compilation (`GEMS_COMPILE=background`): ATen answers a call while its kernel compiles.
+"""Background compilation (the default; `GEMS_COMPILE=inline` turns it off): ATen answers a call while its
+kernel compiles.
 
-Why: Gems compiles each Triton kernel at its first launch, on the calling thread, one after the other: a
-fresh process's first training step of a 1.1B Llama spends ~25 s compiling ~75 kernels, where ATen's
-takes 2 s. `gems.warmup` compiles them in parallel ahead of time, but needs the model and its inputs
-before the first step; this mode needs nothing but the environment variable.
+Why: Gems compiles each Triton kernel at its first launch. On the calling thread, one after the other,
+a fresh process's first training step of a 1.1B Llama spent ~25 s compiling ~75 kernels, where ATen's
+takes 2 s; with this mode that first step took 9.5 s, and BERT's, GPT-2-medium's and Llama-2-7B's
+prefill 4-7.5 s (docs/perf.md, Cold start). `gems.warmup` compiles ahead of time in processes, but
+needs the model and its inputs before the first step; this mode needs nothing.
 
 How: the dispatcher marks the calls of functional overloads (no argument written, no out=) as
 deferrable while their implementation runs (`deferring()`, one thread-local flag). A launch-cache miss
@@ -16,9 +18,13 @@ next call's launch finds it. A shape bucket's first tuning in a deferrable call 
 untimed (`probing()`): when one of them is not compiled yet, ATen answers and nothing is stored; when
 all are, the tuning times them as usual.
 
-What the GPU run has to show: the compile threads hold the GIL in Triton's front end, and the calling
-thread's Python (the dispatcher, ATen's answers) waits for it at each hand-off (up to the interpreter's
-5 ms switch interval) while compiles are queued; `GEMS_COMPILE_WORKERS` sets the pool's size.
+The compile threads hold the GIL in Triton's front end, so the calling thread's Python waits at each
+hand-off while compiles are queued; the steps after the queue drains run at Gems' usual speed
+(`GEMS_COMPILE_WORKERS` sets the pool's size).
+
+What must not defer: a CUDA graph's capture would record ATen's kernels for good, and a parity check
+would compare ATen with itself. `inline()` turns deferral off for a block (gems.decode's warm-up and
+capture use it), GEMS_COMPILE=inline for the process.
 
 Triton asks the hook before it looks in its disk cache, so in a process after the first (binaries on
 disk) the misses go through the pool too; a worker then only loads the binary (milliseconds).
@@ -41,6 +47,7 @@ from ATen's generator state instead of Gems' Philox counters for those calls.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -67,8 +74,21 @@ def workers() -> int:
 
 
 def deferring() -> bool:
-    """Whether a launch-cache miss on this thread may be answered by ATen (inside a deferrable call)."""
-    return getattr(_tls, "defer", False)
+    """Whether a launch-cache miss on this thread may be answered by ATen (inside a deferrable call,
+    outside `inline()`)."""
+    return getattr(_tls, "defer", False) and not getattr(_tls, "inline", False)
+
+
+@contextlib.contextmanager
+def inline():
+    """Kernels this thread launches in the block compile on it, as with GEMS_COMPILE=inline: for work
+    that must run Gems' kernels from its first call (capturing a CUDA graph, a parity check)."""
+    prev = getattr(_tls, "inline", False)
+    _tls.inline = True
+    try:
+        yield
+    finally:
+        _tls.inline = prev
 
 
 def set_deferring(on: bool) -> bool:

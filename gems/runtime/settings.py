@@ -24,11 +24,13 @@ GEMS_PLAN_AFTER=2
 GEMS_POISON=1
     Fresh outputs start as NaN (or -1 for integers), so an element a kernel forgets to write can
     never pass as a right answer, in plans too (a test aid).
-GEMS_COMPILE=background
-    A functional op's call that needs a kernel not compiled yet is answered by ATen (counted) while
-    the kernel compiles on a thread pool; its later calls run Gems once the binary is in (runtime/
-    background.py). In-place and out= ops, and kernels launched outside the dispatcher (gems.patch's
-    fused modules), still compile on the calling thread. Default: compile on the calling thread.
+GEMS_COMPILE=background (the default) or inline
+    background: a functional op's call that needs a kernel not compiled yet is answered by ATen
+    (counted) while the kernel compiles on a thread pool; its later calls run Gems once the binary is
+    in (runtime/background.py). In-place and out= ops, and kernels launched outside the dispatcher
+    (gems.patch's fused modules), still compile on the calling thread. inline: every kernel compiles
+    on the calling thread at its first launch, so the first call is Gems' too (the test suite, and
+    gems-coverage's timed and parity runs, set it; `background.inline()` does it for a block).
 GEMS_COMPILE_WORKERS=N
     Background compilation's threads (default: the CPU count less one, 1 to 16).
 GEMS_LAUNCHER_AHEAD=0
@@ -56,7 +58,7 @@ LAUNCHER_AHEAD: bool = _flag("GEMS_LAUNCHER_AHEAD", "1")
 _compile = os.environ.get("GEMS_COMPILE", "")
 if _compile not in ("", "inline", "background"):
     raise ValueError(f"GEMS_COMPILE must be 'inline' or 'background', not {_compile!r}")
-BACKGROUND_COMPILE: bool = _compile == "background"
+BACKGROUND_COMPILE: bool = _compile != "inline"
 COMPILE_WORKERS: int = int(os.environ.get("GEMS_COMPILE_WORKERS", "0") or 0)
 del _compile
 del _check

@@ -1,4 +1,4 @@
-"""Background compilation (GEMS_COMPILE=background, runtime/background.py), on the CPU.
+"""Background compilation (runtime/background.py; the default, GEMS_COMPILE=inline turns it off), on the CPU.
 
 The interpreter compiles nothing, so the launch path is checked with a stand-in for a compiled-backend
 JIT function and a fake compile: a launch-cache miss in a deferrable call queues the compile on the
@@ -8,7 +8,7 @@ on the calling thread; a tuning miss stores nothing until every config's kernels
 dispatcher's part runs in a process with the variable set: functional overloads run deferrable,
 in-place and out= ones do not, and a NotCompiled answer is counted and leaves the signature's plan
 state alone. The real compiles need a GPU (`gems-coverage bench MODEL --cold --cold-modes
-gems+background`).
+gems`).
 """
 import os
 import subprocess
@@ -20,6 +20,7 @@ import pytest
 
 import gems
 from gems.runtime import autotune, background, backends, collect, launch, progress
+from harness import DEVICE
 from harness import StandInJit as _Jit
 from harness import launch_without_a_device
 
@@ -86,6 +87,29 @@ def test_outside_a_deferrable_call_a_miss_compiles_inline(pool):
     assert jit.inline == [3] and background.stats()["submitted"] == 0
 
 
+def test_inside_inline_a_deferrable_miss_compiles_on_the_calling_thread(pool):
+    # what a CUDA graph's capture needs: Gems' kernels, not ATen's answers, from the first call
+    jit = _Jit()
+    assert background.deferring()
+    with background.inline():
+        assert not background.deferring()
+        with background.inline():
+            pass
+        assert not background.deferring()          # a nested block leaves the outer one's setting
+        launch.LaunchCache(jit)[(1,)](4)
+    assert background.deferring()
+    assert jit.inline == [4] and background.stats()["submitted"] == 0
+
+
+def test_background_is_the_default_and_inline_turns_it_off():
+    code = "from gems.runtime import settings; print(settings.BACKGROUND_COMPILE)"
+    env = {k: v for k, v in os.environ.items() if k != "GEMS_COMPILE"}
+    for value, want in ((None, "True"), ("background", "True"), ("inline", "False")):
+        e = env if value is None else dict(env, GEMS_COMPILE=value)
+        p = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=300)
+        assert p.stdout.strip() == want, (value, p.stderr[-1000:])
+
+
 def test_a_failed_background_compile_compiles_inline_next_time(pool):
     jit = _Jit()
     k = launch.LaunchCache(jit)
@@ -139,7 +163,7 @@ def test_only_functional_overloads_are_deferrable():
 
 
 _DISPATCH = textwrap.dedent("""
-    import json, torch, gems
+    import json, sys, torch, gems
     from gems import registry
     from gems.runtime import background, collect
     seen = {}
@@ -152,7 +176,7 @@ _DISPATCH = textwrap.dedent("""
                 raise collect.not_compiled()("kernel not compiled yet")
             return real(*a, **k)
         return fn
-    x, y = torch.randn(5), torch.randn(5)
+    x, y = torch.randn(5, device=sys.argv[1]), torch.randn(5, device=sys.argv[1])
     with registry.override_impl("add.Tensor", spy("add.Tensor")), \\
             registry.override_impl("add_.Tensor", spy("add_.Tensor")), \\
             registry.override_impl("mul.Tensor", spy("mul.Tensor")), gems.use_gems():
@@ -170,7 +194,7 @@ _DISPATCH = textwrap.dedent("""
 
 def test_the_dispatcher_marks_functional_calls_and_counts_their_aten_answers():
     env = dict(os.environ, GEMS_COMPILE="background", GEMS_PLAN_AFTER="1")
-    p = subprocess.run([sys.executable, "-c", _DISPATCH], env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-c", _DISPATCH, DEVICE], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     import json
     r = json.loads(p.stdout.strip().splitlines()[-1])
