@@ -305,6 +305,9 @@ def cmd_bench(a, ctx):
         bad = [m for m in modes or [""] if m not in ALL_MODES]
         if bad:
             raise UsageError(f"--cold-modes: unknown mode(s) {bad}; some of {', '.join(ALL_MODES)}")
+        if "gems+again" in modes and "gems" not in modes[:modes.index("gems+again")]:
+            raise UsageError("--cold-modes: gems+again reruns the gems mode on the caches it left: name gems "
+                             "before it")
         r = cold_bench(a.model, workload=a.workload, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
                        seq_len=a.seq_len, new_tokens=new_tokens, optimizer=a.optimizer, include=_split(a.include),
                        exclude=_split(a.exclude), patch=_patch_arg(a), modes=modes, progress=ctx.say)

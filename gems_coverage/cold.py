@@ -13,7 +13,9 @@ loaded or tuned helps it:
   backward) on the bench's inputs: the optimizer's kernels, and decode's one-token steps, still compile
   in the first step;
 - gems+inline (only when asked for): GEMS_COMPILE=inline, every kernel compiled on the calling thread
-  at its first launch, one after the other.
+  at its first launch, one after the other;
+- gems+again (only when asked for, after gems): the gems mode once more in a fresh process on the cache
+  folders gems left: a user's second run, its binaries and tuning picks on disk.
 With --patch the Gems modes run the model patched by gems.patch (warmup too); aten runs it unpatched.
 Per mode: the first and second step's wall time (decode: the whole first run, prompt and tokens; the
 second run's per-token time is in the regular bench), and for gems+warmup the warmup's time and kernel
@@ -29,7 +31,7 @@ import tempfile
 import time
 
 MODES = ("aten", "gems", "gems+warmup")             # the default
-ALL_MODES = MODES + ("gems+inline",)
+ALL_MODES = MODES + ("gems+inline", "gems+again")
 COLD_TAG = "GEMS_COLD_RESULT "
 
 
@@ -43,14 +45,19 @@ def cold_bench(model: str, *, workload: str = "prefill", device: str = "cpu", si
             "seq_len": seq_len, "new_tokens": new_tokens, "optimizer": optimizer, "include": include,
             "exclude": exclude, "patch": patch_options(patch) if patched(patch) else None}
     out = {**spec, "modes": {}}
+    modes = tuple(modes or MODES)
+    if "gems+again" in modes and "gems" not in modes[:modes.index("gems+again")]:
+        raise ValueError("cold mode gems+again reruns the gems mode on its caches: name gems before it")
     with tempfile.TemporaryDirectory(prefix="gems-cold-") as tmp:
-        for mode in modes or MODES:
-            progress(f"cold: {mode} in a fresh process with empty caches")
+        for mode in modes:
+            again = mode == "gems+again"
+            progress(f"cold: {mode} in a fresh process with " + ("gems' caches" if again else "empty caches"))
             env = dict(os.environ)
-            env["TRITON_CACHE_DIR"] = os.path.join(tmp, mode, "triton")
-            env["GEMS_CACHE_DIR"] = os.path.join(tmp, mode, "gems")
+            folder = os.path.join(tmp, "gems" if again else mode)
+            env["TRITON_CACHE_DIR"] = os.path.join(folder, "triton")
+            env["GEMS_CACHE_DIR"] = os.path.join(folder, "gems")
             env.pop("GEMS_QUIET", None)
-            env["GEMS_COMPILE"] = "background" if mode == "gems" else "inline"
+            env["GEMS_COMPILE"] = "background" if mode in ("gems", "gems+again") else "inline"
             # the child's stderr is the user's: Gems' own progress notes (compiling, tuning) show as they come
             proc = subprocess.run([sys.executable, "-m", "gems_coverage.cold", json.dumps({**spec, "mode": mode})],
                                   env=env, stdout=subprocess.PIPE, text=True, timeout=timeout_s)

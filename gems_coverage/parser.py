@@ -150,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "folders; first and second step times")
     b.add_argument("--cold-modes", default=None, metavar="MODES",
                    help="--cold: the modes to run, comma-separated, some of aten, gems, gems+warmup, "
-                        "gems+inline (GEMS_COMPILE=inline: every kernel compiled at its first launch; default the first three; each is a fresh "
+                        "gems+inline (GEMS_COMPILE=inline: every kernel compiled at its first launch), gems+again (after gems: "
+                        "a second process on the caches gems left); default the first three; each is a fresh "
                         "process that builds the model and compiles from nothing)")
     b.add_argument("--patch", action="store_true",
                    help="the Gems turns also run the model patched by gems.patch (fused ops); the ATen turns "

@@ -289,6 +289,19 @@ def test_cold_runs_each_mode_in_a_fresh_process_from_empty_caches(tmp_path, monk
     assert "to 1st step s" in table and "nothing compiles" in table and "third step" in table
 
 
+def test_cold_again_reruns_gems_on_the_caches_it_left(tmp_path):
+    # a user's second run: the same cache folders as the gems mode's, in a fresh process
+    out = tmp_path / "cold.json"
+    rc = cli.main(["-q", "bench", "llama2", "--device", "cpu", "--seq-len", "6", "--include", "rsqrt", "--cold",
+                   "--cold-modes", "gems,gems+again", "--format", "json", "-o", str(out)])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert list(d["modes"]) == ["gems", "gems+again"]
+    assert d["modes"]["gems"]["caches_empty"] is True
+    assert d["modes"]["gems+again"]["caches_empty"] is False and d["modes"]["gems+again"]["background"] is True
+    assert cli.main(["-q", "bench", "llama2", "--device", "cpu", "--cold", "--cold-modes", "gems+again,gems"]) == 2
+
+
 def test_cold_with_patch_runs_the_gems_modes_patched(tmp_path, monkeypatch):
     """--cold --patch: the child builds the model, proves gems.patch replaces something (its report's
     counts in the row) and times the Gems mode on the patched model."""
