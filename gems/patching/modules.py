@@ -69,8 +69,32 @@ def _add_norm_layer(self, hidden_states, **attn_kwargs):
     hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attn_kwargs)
     w, eps, kw = _norm_args(self.post_attention_layernorm)
     hidden_states, residual = F.add_rms_norm(hidden_states, residual, w, eps, **kw)
-    hidden_states = self.mlp(hidden_states)
-    return residual + hidden_states
+    return mlp_plus_residual(self.mlp, hidden_states, residual)
+
+
+# rows up to which the MLP's closing residual add goes into the down projection's GEMM: decode steps
+# (a GEMM over so few rows streams the weight; reading the residual in its epilogue costs nothing)
+ADD_IN_GEMM_MAX_ROWS = 32
+
+
+def mlp_plus_residual(mlp, x, residual):
+    """residual + mlp(x). For a decode step of a patched gated MLP without autograd, the add is the
+    down projection's GEMM epilogue (addmm: one launch less per layer, the sum rounded once instead of
+    twice); otherwise as the layer's own code computes it."""
+    act = getattr(getattr(mlp.forward, "__func__", None), "gated_input", None)
+    down = getattr(mlp, "down_proj", None)
+    if (act is None or type(down) is not nn.Linear or down.bias is not None or torch.is_grad_enabled()
+            or residual.numel() > ADD_IN_GEMM_MAX_ROWS * residual.shape[-1] or residual.dtype != down.weight.dtype
+            or _hooked(mlp) or _hooked(down) or torch.is_autocast_enabled(residual.device.type)):
+        return residual + mlp(x)
+    h = act(mlp, x)
+    n = residual.shape[-1]
+    return torch.addmm(residual.reshape(-1, n), h.reshape(-1, h.shape[-1]), down.weight.t()).view(residual.shape)
+
+
+def _hooked(m) -> bool:
+    return bool(m._forward_hooks or m._forward_pre_hooks or nn.modules.module._global_forward_hooks
+                or nn.modules.module._global_forward_pre_hooks)
 
 
 def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
@@ -133,33 +157,51 @@ def bert_output_forward(self, hidden_states, input_tensor):
     return _add_layer_norm(self.LayerNorm, hidden_states, input_tensor)[0]
 
 
-def silu_mlp_forward(self, x):
-    return self.down_proj(F.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+def _gated_mlp(gated_input):
+    """A gated MLP's forward, down_proj(gated_input(self, x)); the down projection's input stays reachable
+    as the forward's `gated_input` (mlp_plus_residual)."""
+    def forward(self, x):
+        return self.down_proj(gated_input(self, x))
+    forward.gated_input = gated_input
+    forward.__name__ = forward.__qualname__ = gated_input.__name__.strip("_").replace("_input", "_mlp_forward")
+    return forward
 
 
-def gelu_mlp_forward(self, x):
-    return self.down_proj(F.gelu_and_mul(self.gate_proj(x), self.up_proj(x), approximate="none"))
+def _silu_input(self, x):
+    return F.silu_and_mul(self.gate_proj(x), self.up_proj(x))
 
 
-def gelu_tanh_mlp_forward(self, x):
-    return self.down_proj(F.gelu_and_mul(self.gate_proj(x), self.up_proj(x), approximate="tanh"))
+def _gelu_input(self, x):
+    return F.gelu_and_mul(self.gate_proj(x), self.up_proj(x), approximate="none")
+
+
+def _gelu_tanh_input(self, x):
+    return F.gelu_and_mul(self.gate_proj(x), self.up_proj(x), approximate="tanh")
 
 
 # a fused gate_up_proj (Phi-3, GLM4): [gate; up] along the last dim; the halves are row-strided views,
 # which the gated kernels read in place
-def silu_gate_up_forward(self, x):
+def _silu_gate_up_input(self, x):
     gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-    return self.down_proj(F.silu_and_mul(gate, up))
+    return F.silu_and_mul(gate, up)
 
 
-def gelu_gate_up_forward(self, x):
+def _gelu_gate_up_input(self, x):
     gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-    return self.down_proj(F.gelu_and_mul(gate, up, approximate="none"))
+    return F.gelu_and_mul(gate, up, approximate="none")
 
 
-def gelu_tanh_gate_up_forward(self, x):
+def _gelu_tanh_gate_up_input(self, x):
     gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-    return self.down_proj(F.gelu_and_mul(gate, up, approximate="tanh"))
+    return F.gelu_and_mul(gate, up, approximate="tanh")
+
+
+silu_mlp_forward = _gated_mlp(_silu_input)
+gelu_mlp_forward = _gated_mlp(_gelu_input)
+gelu_tanh_mlp_forward = _gated_mlp(_gelu_tanh_input)
+silu_gate_up_forward = _gated_mlp(_silu_gate_up_input)
+gelu_gate_up_forward = _gated_mlp(_gelu_gate_up_input)
+gelu_tanh_gate_up_forward = _gated_mlp(_gelu_tanh_gate_up_input)
 
 
 # (form, activation kind) -> (forward, fused op), the form and kind as gems/patching/probes.py proves them
