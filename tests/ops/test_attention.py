@@ -224,37 +224,6 @@ def test_decode_split_kv(Sk, dtype):
     check(*qkv(1, 2, 2, 1, Sk, D2, dtype), f"decode head dim {D2}")
 
 
-@dtype_params()
-def test_decode_over_many_rows_takes_half_tiles(dtype):
-    """A decode call whose (batch, head) rows fill the SMs, over keys that are a whole number of half
-    tiles but not of tiles, reads them in half tiles (a batch-32 decode over a 192-key cache); the
-    answer is the same."""
-    dev = torch.device(DEVICE)
-    # the interpreter's table takes 16-key tiles, too few to halve: its decode tile is 32 keys here
-    bn = None if ON_GPU else 32
-    D = 128 if ON_GPU else 32
-    B, H, Sk = (8, 32, 192) if ON_GPU else (2, 2, 48)    # 256 rows >= 132 SMs; 4 rows >= the interpreter's 4
-    bd = max(16, 1 << (D - 1).bit_length())
-    ieee = dtype == torch.float32
-    if bn is not None:
-        A.set_config("decode", bd, ieee, (16, bn, 1, 1))
-    try:
-        BN = A.launch_config("decode", bd, ieee, not ON_GPU)[1]
-        assert A.decode_block_n(BN, B * H, Sk, dev) == BN // 2 or BN < 32
-        assert A.decode_block_n(BN, B * H, 2 * BN, dev) == BN         # whole tiles
-        assert A.decode_block_n(BN, 1, Sk, dev) == BN                 # a few rows: the table's tile
-        q, k, v = qkv(B, H, H, 1, Sk, D, dtype)
-        mask = make_mask("bool_pad", B, H, 1, Sk, dtype)
-        with served_attention(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)), gems_on():
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    finally:
-        if bn is not None:
-            A.set_config("decode", bd, ieee, None)
-    ref = ref_attention(*(t.cpu().double() for t in (q, k, v)), mask=mask.cpu())
-    aten = F.scaled_dot_product_attention(q, k, v, attn_mask=mask) if dtype != torch.float32 else None
-    assert_close(out, ref, dtype, aten, atol=ATOL[dtype], msg="decode in half tiles")
-
-
 def test_split_decode_replays_its_plan(monkeypatch):
     """A split-KV decode (its workspaces of partial outputs, maxima and sums, and the combine launch)
     replays from the call plan: three calls of one signature with fresh data, only the first through the

@@ -320,18 +320,6 @@ SPLIT_FROM_KEYS = 384
 MAX_SPLITS = 64
 
 
-def decode_block_n(BN, progs, Sk, device):
-    """Keys per tile of a decode call: half the table's where one program per row already fills the SMs
-    and the keys are a whole number of half tiles but not of whole ones. The half-empty last tile of a
-    row is then a third of the row's work (192 keys in 128-key tiles): H200, bf16, [32, 32, 1, 128]
-    queries over 192 keys (a batch-32 decode step's static cache), device time per call in a CUDA
-    graph: 33.1 us in 128-key tiles, 30.1 in 64-key ones (ATen 42.2); over 256 keys the 64-key tiles
-    lost, as they did for one row per head over 4096 keys."""
-    if BN < 32 or Sk % BN == 0 or Sk % (BN // 2) or progs < _sm_count(device.type, device.index):
-        return BN
-    return BN // 2
-
-
 def _splits(progs, Sk, sk_eff, BN, interp, device, decode):
     """(number of KV splits, keys per split): split-KV for decode-like calls (<= 16 queries) when one
     program per query block leaves SMs idle and the keys are long; each split keeps >= SPLIT_MIN_KEYS
@@ -450,8 +438,6 @@ def forward(q, k, v, bias, causal, scale, o, lse, dropout_p=0.0, seed_out=None):
     else:
         nm, nbh = cdiv(Sq, BM), B * Hq
         sk_eff = min(Sk, nm * BM) if causal else Sk
-    if decode:
-        BN = decode_block_n(BN, nbh * nm, Sk, q.device)
     ns, split_len = _splits(nbh * nm, Sk, sk_eff, BN, interp, q.device, decode)
     tma = decode and D == BD and _decode_tma(q, k, v)
     kd, vd = (_kv_desc(k, BN), _kv_desc(v, BN)) if tma else (k, v)
