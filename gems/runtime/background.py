@@ -23,8 +23,9 @@ hand-off while compiles are queued; the steps after the queue drains run at Gems
 (`GEMS_COMPILE_WORKERS` sets the pool's size).
 
 What must not defer: a CUDA graph's capture would record ATen's kernels for good, and a parity check
-would compare ATen with itself. `inline()` turns deferral off for a block (gems.decode's warm-up and
-capture use it), GEMS_COMPILE=inline for the process.
+would compare ATen with itself. No miss defers while the current stream captures a graph; `inline()`
+turns deferral off for a block (gems.decode's warm-up, whose kernels the capture then finds, uses it),
+GEMS_COMPILE=inline for the process.
 
 Triton asks the hook before it looks in its disk cache, so in a process after the first (binaries on
 disk) the misses go through the pool too; a worker then only loads the binary (milliseconds).
@@ -53,6 +54,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
+
 from . import collect, progress, settings
 
 _tls = threading.local()
@@ -75,8 +78,15 @@ def workers() -> int:
 
 def deferring() -> bool:
     """Whether a launch-cache miss on this thread may be answered by ATen (inside a deferrable call,
-    outside `inline()`)."""
-    return getattr(_tls, "defer", False) and not getattr(_tls, "inline", False)
+    outside `inline()`, no CUDA graph capturing on the current stream). Asked on misses only."""
+    return getattr(_tls, "defer", False) and not getattr(_tls, "inline", False) and not capturing()
+
+
+def capturing() -> bool:
+    """A CUDA graph is being captured on the current stream (the user's torch.cuda.graph, torch.compile's
+    CUDA graphs): what launches now is replayed for good, so Gems' kernel compiles here and launches,
+    as it would without background compilation, rather than ATen's answer being recorded."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 @contextlib.contextmanager

@@ -101,6 +101,15 @@ def test_inside_inline_a_deferrable_miss_compiles_on_the_calling_thread(pool):
     assert jit.inline == [4] and background.stats()["submitted"] == 0
 
 
+def test_while_a_cuda_graph_captures_a_miss_compiles_on_the_calling_thread(pool, monkeypatch):
+    # the graph would replay ATen's answer for good: Gems' kernel is compiled and recorded instead
+    monkeypatch.setattr(background, "capturing", lambda: True)
+    jit = _Jit()
+    assert not background.deferring()
+    launch.LaunchCache(jit)[(1,)](7)
+    assert jit.inline == [7] and background.stats()["submitted"] == 0
+
+
 def test_background_is_the_default_and_inline_turns_it_off():
     code = "from gems.runtime import settings; print(settings.BACKGROUND_COMPILE)"
     env = {k: v for k, v in os.environ.items() if k != "GEMS_COMPILE"}
