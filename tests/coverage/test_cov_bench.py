@@ -266,17 +266,24 @@ def test_train_agrees_on_a_gpt2_config_folder(tmp_path):
     assert rc == 0 and d["agree"], d["agreement"]
 
 
-def test_cold_runs_each_mode_in_a_fresh_process_from_empty_caches(tmp_path, monkeypatch):
-    # --cold: ATen, Gems (compiling in the background) and Gems after gems.warmup (and, asked for, Gems
-    # compiling every kernel at its first launch), each in its own process with its own empty Triton and Gems cache folders, first and second step
-    # timed (two modes here: CI time)
-    from gems_coverage import cold
+def _cold(tmp_path, modes):
+    """bench --cold of a tiny Llama on the CPU with `modes`: its JSON result, after checking the exit
+    status and that the modes ran in the order given."""
     out = tmp_path / "cold.json"
     rc = cli.main(["-q", "bench", "llama2", "--device", "cpu", "--seq-len", "6", "--include", "rsqrt", "--cold",
-                   "--cold-modes", "gems+warmup,gems", "--format", "json", "-o", str(out)])
+                   "--cold-modes", ",".join(modes), "--format", "json", "-o", str(out)])
     assert rc == 0
     d = json.loads(out.read_text())
-    assert list(d["modes"]) == ["gems+warmup", "gems"]
+    assert list(d["modes"]) == list(modes)
+    return d
+
+
+def test_cold_runs_each_mode_in_a_fresh_process_from_empty_caches(tmp_path, monkeypatch):
+    # --cold: ATen, Gems (compiling in the background) and Gems after gems.warmup (and, asked for, Gems
+    # compiling every kernel at its first launch), each in its own process with its own empty Triton and
+    # Gems cache folders, first and second step timed (two modes here: CI time)
+    from gems_coverage import cold
+    d = _cold(tmp_path, ["gems+warmup", "gems"])
     for mode, row in d["modes"].items():
         assert row["mode"] == mode and row["caches_empty"] is True
         assert row["first_s"] > 0 and row["second_s"] > 0
@@ -291,12 +298,7 @@ def test_cold_runs_each_mode_in_a_fresh_process_from_empty_caches(tmp_path, monk
 
 def test_cold_again_reruns_gems_on_the_caches_it_left(tmp_path):
     # a user's second run: the same cache folders as the gems mode's, in a fresh process
-    out = tmp_path / "cold.json"
-    rc = cli.main(["-q", "bench", "llama2", "--device", "cpu", "--seq-len", "6", "--include", "rsqrt", "--cold",
-                   "--cold-modes", "gems,gems+again", "--format", "json", "-o", str(out)])
-    assert rc == 0
-    d = json.loads(out.read_text())
-    assert list(d["modes"]) == ["gems", "gems+again"]
+    d = _cold(tmp_path, ["gems", "gems+again"])
     assert d["modes"]["gems"]["caches_empty"] is True
     assert d["modes"]["gems+again"]["caches_empty"] is False and d["modes"]["gems+again"]["background"] is True
     assert cli.main(["-q", "bench", "llama2", "--device", "cpu", "--cold", "--cold-modes", "gems+again,gems"]) == 2
