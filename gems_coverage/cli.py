@@ -300,14 +300,11 @@ def cmd_bench(a, ctx):
     if a.cold_modes is not None and not a.cold:
         raise UsageError("--cold-modes selects the modes of --cold: give --cold too")
     if a.cold:   # first-step times from empty caches: its own runs, no attribution or agreement
-        from .cold import ALL_MODES, MODES, cold_bench, format_cold
+        from .cold import MODES, cold_bench, format_cold, modes_error
         modes = _split(a.cold_modes) if a.cold_modes is not None else list(MODES)
-        bad = [m for m in modes or [""] if m not in ALL_MODES]
-        if bad:
-            raise UsageError(f"--cold-modes: unknown mode(s) {bad}; some of {', '.join(ALL_MODES)}")
-        if "gems+again" in modes and "gems" not in modes[:modes.index("gems+again")]:
-            raise UsageError("--cold-modes: gems+again reruns the gems mode on the caches it left: name gems "
-                             "before it")
+        why = modes_error(modes)
+        if why is not None:
+            raise UsageError(f"--cold-modes: {why}")
         r = cold_bench(a.model, workload=a.workload, device=a.device, size=a.size, dtype=a.dtype, batch=a.batch,
                        seq_len=a.seq_len, new_tokens=new_tokens, optimizer=a.optimizer, include=_split(a.include),
                        exclude=_split(a.exclude), patch=_patch_arg(a), modes=modes, progress=ctx.say)

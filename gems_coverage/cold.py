@@ -35,6 +35,16 @@ ALL_MODES = MODES + ("gems+inline", "gems+again")
 COLD_TAG = "GEMS_COLD_RESULT "
 
 
+def modes_error(modes) -> str | None:
+    """What is wrong with a list of cold modes, or None."""
+    bad = [m for m in modes or [""] if m not in ALL_MODES]
+    if bad:
+        return f"unknown mode(s) {bad}; some of {', '.join(ALL_MODES)}"
+    if "gems+again" in modes and "gems" not in modes[:list(modes).index("gems+again")]:
+        return "gems+again reruns the gems mode on the caches it left: name gems before it"
+    return None
+
+
 def cold_bench(model: str, *, workload: str = "prefill", device: str = "cpu", size=None, dtype=None, batch: int = 1,
                seq_len=None, new_tokens: int = 16, optimizer: str = "adamw", include=None, exclude=None,
                patch=False, modes=None, timeout_s: float = 3600.0, progress=lambda s: None) -> dict:
@@ -46,8 +56,9 @@ def cold_bench(model: str, *, workload: str = "prefill", device: str = "cpu", si
             "exclude": exclude, "patch": patch_options(patch) if patched(patch) else None}
     out = {**spec, "modes": {}}
     modes = tuple(modes or MODES)
-    if "gems+again" in modes and "gems" not in modes[:modes.index("gems+again")]:
-        raise ValueError("cold mode gems+again reruns the gems mode on its caches: name gems before it")
+    why = modes_error(modes)
+    if why is not None:
+        raise ValueError(why)
     with tempfile.TemporaryDirectory(prefix="gems-cold-") as tmp:
         for mode in modes:
             again = mode == "gems+again"
