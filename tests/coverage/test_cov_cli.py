@@ -310,3 +310,19 @@ def test_profiler_usdt_lines_are_not_printed(tmp_path):
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0 and "profiling" in p.stderr, p.stderr[-2000:]
     assert "USDT" not in p.stderr and "profiler_start" not in p.stderr, p.stderr[-2000:]
+
+
+def test_the_tool_and_the_benchmarks_run_gems_kernels_from_the_first_call():
+    # gems-coverage's parity and timed runs, and benchmarks/, must not let ATen answer a first call
+    # while its kernel compiles (background compilation, the library's default): the variable is set
+    # before gems reads it, unless the user set it
+    code = ("import sys, {mod}; assert 'gems' not in sys.modules; {call}; "
+            "from gems.runtime import settings; print(settings.BACKGROUND_COMPILE)")
+    env = {k: v for k, v in os.environ.items() if k != "GEMS_COMPILE"}
+    for mod, call in (("gems_coverage.cli", "gems_coverage.cli.main(['-q', 'ops', '--format', 'json'])"),
+                      ("benchmarks", "None")):
+        for value, want in ((None, "False"), ("background", "True")):
+            e = env if value is None else dict(env, GEMS_COMPILE=value)
+            p = subprocess.run([sys.executable, "-c", code.format(mod=mod, call=call)], env=e, capture_output=True,
+                               text=True, timeout=300, cwd=os.path.join(os.path.dirname(__file__), "..", ".."))
+            assert p.stdout.strip().splitlines()[-1:] == [want], (mod, value, p.stderr[-1500:])
