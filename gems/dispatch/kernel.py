@@ -84,10 +84,9 @@ def make_kernel(state: DispatchState, impl: registry.OpImpl, op: OpRuntime, orig
     tls, guard, scopes = state.thread, reentry.THREAD, state.scopes
     get_device = torch._C._cuda_getDevice if on_cuda else None
     MISS, NO_PLAN, AtenPlan, SEEN = plan_cache.MISS, plan_cache.NO_PLAN, plan_cache.AtenPlan, plan_cache.SEEN
-    # GEMS_COMPILE=background: whether this overload's calls may be answered by ATen while a kernel
+    # background compilation: whether this overload's calls may be answered by ATen while a kernel
     # compiles (functional only: nothing it writes could have been half-written when ATen takes over)
-    background_on = settings.BACKGROUND_COMPILE
-    deferrable = background_on and not writes_an_argument(schema)
+    deferrable = settings.BACKGROUND_COMPILE and not writes_an_argument(schema)
     set_deferring = background.set_deferring
     NotCompiled = collect.not_compiled()
 
@@ -208,8 +207,8 @@ def make_kernel(state: DispatchState, impl: registry.OpImpl, op: OpRuntime, orig
             if reason is not None:
                 return fallback(reason, args, kwargs)
         # 4. the implementation (recording the signature's plan on its recording call)
-        if background_on:
-            prev = set_deferring(deferrable)
+        if deferrable:      # (in-place and out= calls never defer: nothing to mark)
+            prev = set_deferring(True)
         try:
             guard.depth += 1
             try:
@@ -238,7 +237,7 @@ def make_kernel(state: DispatchState, impl: registry.OpImpl, op: OpRuntime, orig
             counts[0] += 1
             return out
         finally:
-            if background_on:
+            if deferrable:
                 set_deferring(prev)
 
     kernel.__name__ = f"gems_{name.replace('.', '_')}"
