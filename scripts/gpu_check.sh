@@ -18,13 +18,13 @@
 # GPT-2, Mixtral and torch.compile(gems.patch(model))), fuzz (the
 # differential fuzz for GEMS_CHECK_FUZZ_S seconds over the workers), decode (graph-replayed decode,
 # gems.decode.graphed, with --cuda-graphs), cold (time to the first step from empty caches, bench --cold,
-# plain and patched), tune (gems-coverage tune over the models' workloads, then scripts/ship_tuned.py).
+# plain and patched; cold1 and cold2: each half of its rows), tune (gems-coverage tune over the models' workloads, then scripts/ship_tuned.py).
 # Results go to $GEMS_CHECK_DIR (default gpu-check-<date>/): logs, JSON, summary.txt.
 # Env: GEMS_CHECK_QUICK=1 for fewer timed runs; GEMS_CHECK_WORKERS (default 8) test processes;
 # GEMS_CHECK_SUITE_S the suite's limit (SIGINT: the tracebacks still print), GEMS_CHECK_DEADLINE_S a limit
 # counted from this script's start (its own start-up, about 50 s, included), GEMS_CHECK_TEST_S one test's;
-# GEMS_CHECK_COLD_MODES the cold part's modes (bench --cold-modes; default aten, gems, gems+warmup;
-# gems+inline, GEMS_COMPILE=inline, only when named).
+# GEMS_CHECK_COLD_MODES the cold part's modes (bench --cold-modes; default aten, gems, gems+again; also
+# gems+warmup and gems+inline).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # the checkout's packages for scripts run by path too (python -m finds them from the cwd; a script's own
@@ -211,28 +211,36 @@ print(d['verdict'], 'max rel err', round(d['agreement']['max_rel_err'], 5), 'tok
       "$OUTDIR/losses_$tag.json" 2>&1 | tail -1)"
   done
 fi
-if want cold; then
-  # the time to a model's first step from empty Triton and Gems caches (gems-coverage bench --cold): ATen,
-  # Gems, Gems after gems.warmup, each mode in a fresh process; plain and patched
+if want cold || want cold1 || want cold2; then
+  # the time to a model's first step from empty Triton and Gems caches (gems-coverage bench --cold),
+  # plain and patched: by default ATen, Gems as a user gets it, and a second process on the caches the
+  # first left (the two budgets a first run is held to: ATen's + 15 s, and ATen's + 3 s the second time),
+  # each mode in a fresh process. cold1 / cold2: each half of the rows, for calls under a time limit
   C=benchmarks/configs
+  MODES=${GEMS_CHECK_COLD_MODES:-aten,gems,gems+again}
   cold() {  # tag model workload args...
     local tag=$1 m=$2 w=$3; shift 3
     step "cold $tag"
-    $PY -m gems_coverage.cli bench "$m" --device cuda --workload "$w" --cold "$@" \
-      ${GEMS_CHECK_COLD_MODES:+--cold-modes "$GEMS_CHECK_COLD_MODES"} --format json \
-      -o "$OUTDIR/cold_$tag.json" > "$OUTDIR/cold_$tag.log" 2>&1
+    $PY -m gems_coverage.cli bench "$m" --device cuda --workload "$w" --cold "$@" --cold-modes "$MODES" \
+      --format json -o "$OUTDIR/cold_$tag.json" > "$OUTDIR/cold_$tag.log" 2>&1
     note "cold $tag (rc $?): $($PY -c "import json, sys; d = json.load(open(sys.argv[1])); \
 print({m: (round(r['first_s'] + (r.get('warmup_s') or 0), 2), round(r['second_s'], 2)) for m, r in d['modes'].items()})" \
       "$OUTDIR/cold_$tag.json" 2>&1 | tail -1)"
   }
-  cold llama2_prefill llama2 prefill --seq-len 2048
-  cold llama2_generate llama2 decode --seq-len 128 --new-tokens 64
-  cold llama1b_train llama-1.1b train --batch 4 --seq-len 1024
-  cold llama1b_train_patched llama-1.1b train --batch 4 --seq-len 1024 --patch
-  cold bert_train bert train --batch 32 --seq-len 128
-  cold bert_train_patched bert train --batch 32 --seq-len 128 --patch
-  cold gpt2m_train "$C/gpt2-medium.json" train --batch 8 --seq-len 1024
-  cold gpt2m_train_patched "$C/gpt2-medium.json" train --batch 8 --seq-len 1024 --patch
+  if want cold || want cold1; then
+    cold llama2_prefill llama2 prefill --seq-len 2048
+    cold llama2_prefill_patched llama2 prefill --seq-len 2048 --patch
+    cold llama2_generate llama2 decode --seq-len 128 --new-tokens 64
+    cold llama2_generate_patched llama2 decode --seq-len 128 --new-tokens 64 --patch
+    cold llama1b_train llama-1.1b train --batch 4 --seq-len 1024
+  fi
+  if want cold || want cold2; then
+    cold llama1b_train_patched llama-1.1b train --batch 4 --seq-len 1024 --patch
+    cold bert_train bert train --batch 32 --seq-len 128
+    cold bert_train_patched bert train --batch 32 --seq-len 128 --patch
+    cold gpt2m_train "$C/gpt2-medium.json" train --batch 8 --seq-len 1024
+    cold gpt2m_train_patched "$C/gpt2-medium.json" train --batch 8 --seq-len 1024 --patch
+  fi
 fi
 if want tune; then
   # every bucket the shipped table's workloads meet (gems_coverage/tune.py: TABLE_WORKLOADS), tuned on this
