@@ -224,6 +224,38 @@ def test_decode_split_kv(Sk, dtype):
     check(*qkv(1, 2, 2, 1, Sk, D2, dtype), f"decode head dim {D2}")
 
 
+@dtype_params()
+def test_decode_does_not_depend_on_the_cache_capacity(dtype):
+    """A static-cache decode step over the same keys gives the same bits whatever the cache's capacity
+    (the masked slots past the keys): a graph captured on a larger cache then replays what eager decode
+    computes. Keys per tile chosen from the capacity broke it (a batch-32 decode over 144 keys against
+    a 192-key cache summed the softmax in another order); the interpreter's decode tile is set to 32
+    keys here so that 48 slots are a whole number of half tiles, as 192 are of 64-key ones on a GPU."""
+    D = 128 if ON_GPU else 32
+    B, H = (8, 32) if ON_GPU else (2, 2)           # rows >= the SMs (132; the interpreter's 4)
+    L, small, big = (140, 144, 192) if ON_GPU else (40, 48, 64)
+    bd = max(16, 1 << (D - 1).bit_length())
+    ieee = dtype == torch.float32
+    if not ON_GPU:
+        A.set_config("decode", bd, ieee, (16, 32, 1, 1))
+    try:
+        q, k, v = qkv(B, H, H, 1, big, D, dtype)
+        outs = []
+        for cap in (small, big):
+            kc, vc = torch.zeros_like(k[:, :, :cap]), torch.zeros_like(v[:, :, :cap])
+            kc[:, :, :L], vc[:, :, :L] = k[:, :, :L], v[:, :, :L]
+            mask = torch.zeros(B, 1, 1, cap, dtype=torch.bool, device=q.device)
+            mask[..., :L] = True
+            with served_attention(lambda: F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)), gems_on():
+                outs.append(F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask))
+    finally:
+        if not ON_GPU:
+            A.set_config("decode", bd, ieee, None)
+    assert torch.equal(outs[0], outs[1]), (outs[0] - outs[1]).abs().max()
+    ref = ref_attention(*(t[:, :, :L].cpu().double() if t is not q else t.cpu().double() for t in (q, k, v)))
+    assert_close(outs[1], ref, dtype, None, atol=ATOL[dtype], msg="decode over a padded cache")
+
+
 def test_split_decode_replays_its_plan(monkeypatch):
     """A split-KV decode (its workspaces of partial outputs, maxima and sums, and the combine launch)
     replays from the call plan: three calls of one signature with fresh data, only the first through the
