@@ -228,10 +228,10 @@ print({m: (round(r['first_s'] + (r.get('warmup_s') or 0), 2), round(r['second_s'
       "$OUTDIR/cold_$tag.json" 2>&1 | tail -1)"
   }
   if want cold || want cold1; then
-    cold llama2_prefill llama2 prefill --seq-len 2048
-    cold llama2_prefill_patched llama2 prefill --seq-len 2048 --patch
-    cold llama2_generate llama2 decode --seq-len 128 --new-tokens 64
     cold llama2_generate_patched llama2 decode --seq-len 128 --new-tokens 64 --patch
+    cold llama2_generate llama2 decode --seq-len 128 --new-tokens 64
+    cold llama2_prefill_patched llama2 prefill --seq-len 2048 --patch
+    cold llama2_prefill llama2 prefill --seq-len 2048
     cold llama1b_train llama-1.1b train --batch 4 --seq-len 1024
   fi
   if want cold || want cold2; then
