@@ -18,8 +18,9 @@ loaded or tuned helps it:
   folders gems left: a user's second run, its binaries and tuning picks on disk.
 With --patch the Gems modes run the model patched by gems.patch (warmup too); aten runs it unpatched.
 Per mode: the first and second step's wall time (decode: the whole first run, prompt and tokens; the
-second run's per-token time is in the regular bench), and for gems+warmup the warmup's time and kernel
-count. Model building is outside every timing. The child prints one JSON line, prefixed COLD_TAG.
+second run's per-token time is in the regular bench; prefill and train: enter_s, the part of the first
+step's time spent entering the mode, gems.enable and gems.patch), and for gems+warmup the warmup's time
+and kernel count. Model building is outside every timing. The child prints one JSON line, prefixed COLD_TAG.
 """
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ def _summary(row: dict) -> str:
     bg = (f"; {row['aten_answers']} calls answered by ATen while {row['kernels']} kernels compiled, "
           f"{row['drain_s']:.2f} s more for the last ones, third step {row['third_s']:.2f} s"
           if "third_s" in row else "")
-    return f"{warm}first step {row['first_s']:.2f} s, second {row['second_s']:.2f} s{bg}"
+    enter = f" ({row['enter_s']:.2f} s of it entering the mode)" if "enter_s" in row else ""
+    return f"{warm}first step {row['first_s']:.2f} s{enter}, second {row['second_s']:.2f} s{bg}"
 
 
 def format_cold(r: dict) -> str:
@@ -103,9 +105,13 @@ def format_cold(r: dict) -> str:
                      f"{row['first_s']:>11.3f} {row['first_s'] + (w or 0.0):>14.3f} {row['second_s']:>11.3f}")
     for mode, row in r["modes"].items():
         if "third_s" in row:
+            loaded = f", {row['loaded']} loaded from disk on the calling thread" if row.get("loaded") else ""
             lines.append(f"{mode}: {row['aten_answers']} calls answered by ATen while {row['kernels']} kernels "
-                         f"compiled; {row['drain_s']:.2f} s more for the last ones after the second step, then "
-                         f"a third step in {row['third_s']:.3f} s")
+                         f"compiled{loaded}; {row['drain_s']:.2f} s more for the last ones after the second step, "
+                         f"then a third step in {row['third_s']:.3f} s")
+        if "enter_s" in row and mode != "aten":
+            lines.append(f"{mode}: {row['enter_s']:.3f} s of the first step entering the mode (gems.enable, "
+                         f"gems.patch)")
         for i, rnd in enumerate(row.get("warmup_rounds") or (), 1):
             if rnd.get("kernels"):
                 lines.append(f"{mode} round {i}: {rnd['kernels']} kernels compiled in {rnd['compile_s']:.2f} s; "
@@ -146,8 +152,12 @@ def _child(spec: dict) -> dict:
     for name in ("first_s", "second_s"):
         wl.sync()
         t0 = time.perf_counter()
-        wl.timed(on)
+        ms, _ = wl.timed(on)
         row[name] = time.perf_counter() - t0
+        if name == "first_s" and spec["workload"] != "decode":
+            # of the first step's time, what went to entering the mode (gems.enable, gems.patch) rather
+            # than to the step itself (timed inside it)
+            row["enter_s"] = max(0.0, row[name] - ms / 1e3)
     from gems.runtime import settings
     if on and settings.BACKGROUND_COMPILE:
         from gems.runtime import background
@@ -158,7 +168,7 @@ def _child(spec: dict) -> dict:
         background.wait()
         row["drain_s"] = time.perf_counter() - t0
         st = background.stats()
-        row["kernels"], row["background_failed"] = st["compiled"], st["failed"]
+        row["kernels"], row["background_failed"], row["loaded"] = st["compiled"], st["failed"], st["loaded"]
         wl.sync()
         t0 = time.perf_counter()
         wl.timed(on)

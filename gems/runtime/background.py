@@ -27,8 +27,14 @@ would compare ATen with itself. No miss defers while the current stream captures
 turns deferral off for a block (gems.decode's warm-up, whose kernels the capture then finds, uses it),
 GEMS_COMPILE=inline for the process.
 
-Triton asks the hook before it looks in its disk cache, so in a process after the first (binaries on
-disk) the misses go through the pool too; a worker then only loads the binary (milliseconds).
+Triton asks the hook before it looks in its disk cache. In a process after the first (Triton's cache
+folder held entries when the pool started), a miss whose binary is on disk (`collect.on_disk`, the
+lookup Triton's compile makes first) is loaded on the calling thread, as Triton would without the hook:
+reading it takes milliseconds, less than ATen's answer plus the hand-off to a worker that holds the
+GIL while the calling thread waits (patched BERT's second-process first step: 1.05 s with every load on
+the calling thread against 1.2-1.6 s through the pool, on an H200). Until a first compile on the pool
+has computed Triton's own key (a hash of its installed files, ~0.3 s), misses go to the pool, so the
+calling thread never pays for it. GEMS_LOAD_INLINE=0 sends every miss through the pool.
 
 What still compiles on the calling thread: in-place and out= overloads (a first kernel may have written
 an argument before a second one is found missing, and ATen would then read what it wrote), kernels
@@ -65,8 +71,9 @@ _queued: set = set()    # (id(JIT function), Triton's key) of every job handed t
 _failed: set = set()    # jobs whose compile raised: their launches compile (and raise) on the calling thread
 _pending = 0
 _done = threading.Condition(_lock)
-_stats = {"submitted": 0, "compiled": 0, "failed": 0, "compile_s": 0.0}
+_stats = {"submitted": 0, "compiled": 0, "failed": 0, "loaded": 0, "compile_s": 0.0}
 _said = False
+_look_on_disk = False   # Triton's cache folder held entries when the pool started: misses may be on disk
 
 
 def workers() -> int:
@@ -116,10 +123,11 @@ def probing() -> bool:
 def launch(fn, grid, args, num_warps, num_stages, maxnreg):
     """A launch-cache miss in a deferrable call: the kernel (compiled here only when its background
     compile failed), or NotCompiled while it compiles on the pool."""
-    global _pool
+    global _pool, _look_on_disk
     if _pool is None:
         with _lock:
             if _pool is None:   # the hook first: it is what hands a compile to `submit`
+                _look_on_disk = settings.LOAD_INLINE and collect.disk_cache_used()
                 collect.install_hook()
                 _pool = ThreadPoolExecutor(workers(), thread_name_prefix="gems-compile")
     return collect.launch(fn, grid, args, num_warps, num_stages, maxnreg, sink=submit)
@@ -144,14 +152,21 @@ def tune_ready(configs, bench) -> bool:
 
 
 def submit(job) -> bool:
-    """The jit_cache_hook's sink: queue `job`'s compile (once); False (compile it on the calling
-    thread) for a job whose background compile failed."""
+    """The jit_cache_hook's sink: queue `job`'s compile (once); False (Triton compiles it on the calling
+    thread) for a job whose background compile failed, or whose binary Triton loads from disk."""
     global _pending, _said
     k = (id(job[0]), str(job[2]))
     with _lock:
         if k in _failed:
             return False
         if k in _queued:
+            return True
+    if _look_on_disk and collect.on_disk(job):
+        with _lock:
+            _stats["loaded"] += 1
+        return False
+    with _lock:
+        if k in _queued:    # queued by another thread meanwhile
             return True
         _queued.add(k)
         _pending += 1
@@ -216,6 +231,7 @@ def wait(timeout: float | None = None) -> bool:
 
 
 def stats() -> dict:
-    """{"submitted", "compiled", "failed", "pending", "compile_s" (summed over the workers)}."""
+    """{"submitted", "compiled", "failed", "pending", "compile_s" (summed over the workers), "loaded" (binaries
+    on disk loaded on the calling thread instead)}."""
     with _lock:
         return {**_stats, "pending": _pending}

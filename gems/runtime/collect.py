@@ -18,7 +18,9 @@ launch of the same specialization finds it without compiling.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import threading
 import time
 
@@ -161,6 +163,42 @@ def compile_one(job):
     jf, _, _, signature, constants, attrs, options, target = job
     src = jf.ASTSource(jf, signature, constants, attrs)
     return jf.compile(src, target=target, options=options.__dict__)
+
+
+def disk_cache_used() -> bool:
+    """Whether Triton's disk cache folder holds anything (a process after the first on this machine), or
+    cannot be looked at (a cache manager of the user's own)."""
+    if triton.knobs.cache.manager_class is not None:
+        return True
+    folder = triton.knobs.cache.dir
+    try:
+        with os.scandir(folder) as entries:
+            return any(True for _ in entries)
+    except OSError:
+        return False
+
+
+def on_disk(job) -> bool:
+    """Whether Triton's disk cache holds `job`'s binary, looked up as Triton's compile() looks before it
+    compiles (its cache key, then the kernel's metadata group in that key's folder): compiling the job
+    would then only read files. False when that cannot be told cheaply: Triton's own key (a hash of its
+    installed files, computed once per process, ~0.3 s) is not computed yet, a forced recompile
+    (TRITON_ALWAYS_COMPILE), or Triton's internals not as this expects."""
+    try:
+        from triton.compiler import compiler as tc
+        from triton.runtime import cache as tcache
+        if triton.knobs.compilation.always_compile or tcache.triton_key.cache_info().currsize == 0:
+            return False
+        jf, _, _, signature, constants, attrs, options, target = job
+        src = jf.ASTSource(jf, signature, constants, attrs)
+        backend = tc.make_backend(target)
+        opts = backend.parse_options(dict(options.__dict__, **src.parse_options()))
+        key = tc.get_cache_key(src, backend, opts, env_vars=tc.get_cache_invalidating_env_vars())
+        name = f"{src.name[:150]}.json"
+        group = tc.get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(name)
+        return bool(group) and name in group
+    except Exception:  # noqa: BLE001 - not known: the job goes to the pool, as any other
+        return False
 
 
 _pending: list = []   # the jobs a forked worker compiles, by index (inherited, never pickled)

@@ -33,6 +33,10 @@ GEMS_COMPILE=background (the default) or inline
     gems-coverage's timed and parity runs, set it; `background.inline()` does it for a block).
 GEMS_COMPILE_WORKERS=N
     Background compilation's threads (default: the CPU count less one, 1 to 16).
+GEMS_LOAD_INLINE=0
+    With background compilation, a kernel whose binary Triton already has on disk (a run after the
+    first) goes through the pool like a compile, not loaded on the calling thread (for an A/B of a
+    second run's first-call time).
 GEMS_LAUNCHER_AHEAD=0
     A kernel's C launcher is built after its compile, as Triton does, not on a thread beside it
     (runtime/launcher_build.py; for an A/B of first-call time).
@@ -55,6 +59,7 @@ if PLAN_AFTER not in (1, 2):
     raise ValueError(f"GEMS_PLAN_AFTER must be 1 or 2, not {PLAN_AFTER}")
 POISON: bool = _flag("GEMS_POISON", "0")
 LAUNCHER_AHEAD: bool = _flag("GEMS_LAUNCHER_AHEAD", "1")
+LOAD_INLINE: bool = _flag("GEMS_LOAD_INLINE", "1")
 _compile = os.environ.get("GEMS_COMPILE", "")
 if _compile not in ("", "inline", "background"):
     raise ValueError(f"GEMS_COMPILE must be 'inline' or 'background', not {_compile!r}")

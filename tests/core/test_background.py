@@ -17,6 +17,7 @@ import textwrap
 import threading
 
 import pytest
+import triton.language as tl
 
 import gems
 from gems.runtime import autotune, background, backends, collect, launch, progress
@@ -50,7 +51,8 @@ def pool(monkeypatch):
     monkeypatch.setattr(collect, "_record", record)
     monkeypatch.setattr(collect, "compile_one", compile_one)
     for name, value in (("_pool", None), ("_queued", set()), ("_failed", set()), ("_pending", 0), ("_said", False),
-                        ("_stats", {"submitted": 0, "compiled": 0, "failed": 0, "compile_s": 0.0})):
+                        ("_look_on_disk", False),
+                        ("_stats", {"submitted": 0, "compiled": 0, "failed": 0, "loaded": 0, "compile_s": 0.0})):
         monkeypatch.setattr(background, name, value)
     prev = background.set_deferring(True)
     yield gate
@@ -117,6 +119,75 @@ def test_background_is_the_default_and_inline_turns_it_off():
         e = env if value is None else dict(env, GEMS_COMPILE=value)
         p = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=300)
         assert p.stdout.strip() == want, (value, p.stderr[-1000:])
+
+
+def test_a_miss_whose_binary_is_on_disk_loads_on_the_calling_thread(pool, monkeypatch):
+    # a process after the first: reading a binary Triton has on disk beats ATen's answer plus a hand-off
+    on_disk = {5}
+    monkeypatch.setattr(collect, "on_disk", lambda job: job[2] in on_disk)
+    monkeypatch.setattr(background, "_look_on_disk", True)
+    jit = _Jit()
+    k = launch.LaunchCache(jit)
+    k[(1,)](5)                                    # on disk: Triton loads it here, no ATen answer
+    assert jit.inline == [5]
+    with pytest.raises(collect.not_compiled()):
+        k[(1,)](6)                                # not on disk: compiled on the pool as before
+    st = background.stats()
+    assert (st["loaded"], st["submitted"]) == (1, 1)
+
+
+def test_the_first_process_never_looks_on_disk(pool, monkeypatch, tmp_path):
+    # with an empty cache folder at the pool's start no miss can be on disk: no lookup is paid for
+    import triton
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
+    looked = []
+    monkeypatch.setattr(collect, "on_disk", lambda job: looked.append(job) or True)
+    with pytest.raises(collect.not_compiled()):
+        launch.LaunchCache(_Jit())[(1,)](8)
+    assert looked == [] and background._look_on_disk is False
+    (tmp_path / "ABC").mkdir()
+    assert collect.disk_cache_used()
+
+
+def _double(x, y, n, B: "tl.constexpr"):
+    i = tl.program_id(0) * B + tl.arange(0, B)
+    tl.store(y + i, tl.load(x + i, mask=i < n) * 2, mask=i < n)
+
+
+def _cuda_job(block: int):
+    """A compile job (collect's tuple) of a small kernel for an sm_90 target, built without a GPU (a
+    JITFunction made directly: under the interpreter triton.jit would make an interpreted one)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import compiler as tc
+    from triton.runtime.jit import JITFunction
+    target = GPUTarget("cuda", 90, 32)
+    options = tc.make_backend(target).parse_options({})
+    sig = {"x": "*fp32", "y": "*fp32", "n": "i32", "B": "constexpr"}
+    jf = JITFunction(_double)
+    jf.ASTSource, jf.compile = tc.ASTSource, tc.compile    # as its first launch's binder sets them
+    return (jf, 0, ("key", block), sig, {(3,): block}, {}, options, target)
+
+
+def test_on_disk_finds_exactly_the_binaries_triton_compiled(monkeypatch, tmp_path):
+    # the lookup Triton's compile makes first, on a real compile (for an sm_90 target: Triton's ptxas
+    # runs on any host) into an empty cache folder
+    import triton
+    from triton.runtime import cache as tcache
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    a, b = _cuda_job(128), _cuda_job(256)
+    try:
+        collect.compile_one(a)
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"Triton cannot compile for sm_90 on this host: {type(e).__name__}: {str(e)[:200]}")
+    assert tcache.triton_key.cache_info().currsize == 1
+    assert collect.on_disk(a)
+    assert not collect.on_disk(b)                 # another specialization: not compiled
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", True)
+    assert not collect.on_disk(a)                 # TRITON_ALWAYS_COMPILE: loading it would compile
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", False)
+    collect.compile_one(b)
+    assert collect.on_disk(b)
 
 
 def test_a_failed_background_compile_compiles_inline_next_time(pool):

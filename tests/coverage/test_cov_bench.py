@@ -287,6 +287,7 @@ def test_cold_runs_each_mode_in_a_fresh_process_from_empty_caches(tmp_path, monk
     for mode, row in d["modes"].items():
         assert row["mode"] == mode and row["caches_empty"] is True
         assert row["first_s"] > 0 and row["second_s"] > 0
+        assert 0 <= row["enter_s"] < row["first_s"]     # entering the mode is part of the first step
     # the interpreter compiles nothing: warmup has no kernels to compile, nothing waits in the background
     assert d["modes"]["gems+warmup"]["kernels"] == 0
     assert "background" not in d["modes"]["gems+warmup"]     # warmup's steps compile inline
@@ -294,6 +295,7 @@ def test_cold_runs_each_mode_in_a_fresh_process_from_empty_caches(tmp_path, monk
     assert bg["background"] is True and bg["kernels"] == 0 and bg["aten_answers"] == 0 and bg["third_s"] > 0
     table = cold.format_cold(d)
     assert "to 1st step s" in table and "nothing compiles" in table and "third step" in table
+    assert "of the first step entering the mode" in table
 
 
 def test_cold_again_reruns_gems_on_the_caches_it_left(tmp_path):
