@@ -74,6 +74,7 @@ _done = threading.Condition(_lock)
 _stats = {"submitted": 0, "compiled": 0, "failed": 0, "loaded": 0, "compile_s": 0.0}
 _said = False
 _look_on_disk = False   # Triton's cache folder held entries when the pool started: misses may be on disk
+NOTE_AFTER_S = progress.THRESHOLD_S     # background work done sooner than this goes unsaid
 
 
 def workers() -> int:
@@ -174,10 +175,21 @@ def submit(job) -> bool:
         first = not _said
         _said = True
     if first:
-        progress.say("gems: compiling kernels in the background (first run only, cached on disk); ATen answers "
-                     "their calls meanwhile ...")
+        # said only if the pool is still busy a few seconds on (a run whose binaries are mostly on disk
+        # is done sooner, and stays silent)
+        timer = threading.Timer(NOTE_AFTER_S, _note_if_busy)
+        timer.daemon = True
+        timer.start()
     _pool.submit(_compile, job, k)
     return True
+
+
+def _note_if_busy():
+    with _lock:
+        busy, n = _pending > 0, _stats["submitted"]
+    if busy:
+        progress.say(f"gems: compiling kernels in the background (first run only, cached on disk; {n} so far); "
+                     f"ATen answers their calls meanwhile ...")
 
 
 def _compile(job, k):

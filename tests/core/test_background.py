@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 import triton.language as tl
@@ -200,15 +201,30 @@ def test_a_failed_background_compile_compiles_inline_next_time(pool):
     assert jit.inline == ["bad"]
 
 
-def test_the_first_deferral_says_so_once(pool, monkeypatch, capsys):
+def test_background_work_past_a_few_seconds_says_so_once(pool, monkeypatch, capsys):
     monkeypatch.delenv("GEMS_QUIET")
-    progress.reset()
+    monkeypatch.setattr(background, "NOTE_AFTER_S", 0.2)
     k = launch.LaunchCache(_Jit())
+    pool.clear()                                  # the compiles take longer than the note's delay
     for v in (5, 6):
         with pytest.raises(collect.not_compiled()):
             k[(1,)](v)
+    time.sleep(0.6)
+    pool.set()
     assert background.wait(10)
-    assert capsys.readouterr().err.count("compiling kernels in the background") == 1
+    err = capsys.readouterr().err
+    assert err.count("compiling kernels in the background") == 1 and "2 so far" in err
+
+
+def test_background_work_done_within_a_few_seconds_is_silent(pool, monkeypatch, capsys):
+    # a run after the first: its few misses load from disk on the pool in milliseconds
+    monkeypatch.delenv("GEMS_QUIET")
+    monkeypatch.setattr(background, "NOTE_AFTER_S", 0.3)
+    with pytest.raises(collect.not_compiled()):
+        launch.LaunchCache(_Jit())[(1,)](5)
+    assert background.wait(10)
+    time.sleep(0.6)
+    assert "compiling kernels" not in capsys.readouterr().err
 
 
 def test_a_tuning_miss_stores_nothing_until_every_config_is_compiled(pool, monkeypatch, tmp_path):
