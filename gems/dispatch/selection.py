@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from .. import registry
-from ..runtime import backends
+from ..runtime import backends, tritonkey
 from .registration import ensure_registered, unregister_if_idle
 from .state import STATE, DispatchState, active_config_of, cfg_id, stash_scope
 
@@ -26,7 +26,10 @@ def config(state: DispatchState, include, exclude) -> frozenset:
     cfg = cache.get(key)
     if cfg is None:
         backends.check_environment()
-        be = backends.backend().name
+        backend = backends.backend()
+        if backend.device_type == "cuda":
+            tritonkey.start()   # Triton's own key hashes on a thread while the ops import (runtime/tritonkey.py)
+        be = backend.name
         if include is not None:
             ops = registry.resolve(include, be, "raise")
         else:

@@ -32,9 +32,9 @@ folder held entries when the pool started), a miss whose binary is on disk (`col
 lookup Triton's compile makes first) is loaded on the calling thread, as Triton would without the hook:
 reading it takes milliseconds, less than ATen's answer plus the hand-off to a worker that holds the
 GIL while the calling thread waits (patched BERT's second-process first step: 1.05 s with every load on
-the calling thread against 1.2-1.6 s through the pool, on an H200). Until a first compile on the pool
-has computed Triton's own key (a hash of its installed files, ~0.3 s), misses go to the pool, so the
-calling thread never pays for it. GEMS_LOAD_INLINE=0 sends every miss through the pool.
+the calling thread against 1.2-1.6 s through the pool, on an H200). Until Triton's own key (a hash of its
+installed files, runtime/tritonkey.py) is computed, misses go to the pool, so the calling thread never
+waits for it here. GEMS_LOAD_INLINE=0 sends every miss through the pool.
 
 What still compiles on the calling thread: in-place and out= overloads (a first kernel may have written
 an argument before a second one is found missing, and ATen would then read what it wrote), kernels
@@ -62,7 +62,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from . import collect, progress, settings
+from . import collect, progress, settings, tritonkey
 
 _tls = threading.local()
 _lock = threading.Lock()
@@ -196,6 +196,7 @@ def _compile(job, k):
     global _pending
     t0 = time.perf_counter()
     err = None
+    tritonkey.wait()
     try:
         kernel = collect.compile_one(job)
         try:

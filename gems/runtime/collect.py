@@ -26,6 +26,8 @@ import time
 
 import triton
 
+from . import tritonkey
+
 _tls = threading.local()
 _jobs: dict = {}      # (id(jit function), Triton's cache key) -> job tuple, while collecting
 _active = False       # a process-wide switch: read only on launch-cache misses and tuning misses
@@ -182,12 +184,11 @@ def on_disk(job) -> bool:
     """Whether Triton's disk cache holds `job`'s binary, looked up as Triton's compile() looks before it
     compiles (its cache key, then the kernel's metadata group in that key's folder): compiling the job
     would then only read files. False when that cannot be told cheaply: Triton's own key (a hash of its
-    installed files, computed once per process, ~0.3 s) is not computed yet, a forced recompile
+    installed files, runtime/tritonkey.py) is not computed yet, a forced recompile
     (TRITON_ALWAYS_COMPILE), or Triton's internals not as this expects."""
     try:
         from triton.compiler import compiler as tc
-        from triton.runtime import cache as tcache
-        if triton.knobs.compilation.always_compile or tcache.triton_key.cache_info().currsize == 0:
+        if triton.knobs.compilation.always_compile or not tritonkey.ready():
             return False
         jf, _, _, signature, constants, attrs, options, target = job
         src = jf.ASTSource(jf, signature, constants, attrs)
@@ -228,6 +229,7 @@ def compile_jobs(jobs: list, workers: int) -> list:
     if workers <= 1 or len(jobs) <= 1 or "fork" not in mp.get_all_start_methods():
         return [_worker_local(j) for j in jobs]
     _pending = list(jobs)
+    tritonkey.wait()    # the workers inherit Triton's key instead of each hashing its files again
     try:
         # fork: the workers inherit every JIT function (generated kernels have no importable module);
         # they compile only (no CUDA call), so the parent's CUDA context is never used in a child

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from . import background, collect, launcher_build, progress
+from . import background, collect, launcher_build, progress, tritonkey
 from .plan import recording
 from .plan.launchers import hooks_active
 from .source import compile_source
@@ -127,6 +127,7 @@ class LaunchCache:
         entry = self._cache.get(key)
         if entry is None:
             self.misses += 1
+            tritonkey.wait()        # a compile or a disk load starts from Triton's key: hashing on a thread
             if collect.active():    # gems.warmup's collecting run: record the compile, ATen answers
                 kernel = collect.launch(self.fn, grid, args, num_warps, num_stages, maxnreg)
             elif background.deferring():    # GEMS_COMPILE=background: compile on the pool, ATen answers

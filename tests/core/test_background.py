@@ -323,3 +323,25 @@ def test_a_forked_child_starts_without_the_parents_pool(pool):
     os.waitpid(pid, 0)
     pool.set()
     assert got == b"1" and background.wait(10)
+
+
+def test_tritons_key_hashes_on_a_thread_and_a_miss_waits_for_it(pool, monkeypatch):
+    # the first compile or disk load of a process starts from Triton's key (a hash of its installed
+    # files): computed on a thread when Gems is switched on for a GPU, waited for, never computed twice
+    from triton.runtime import cache
+    from gems.runtime import tritonkey
+    cache.triton_key.cache_clear()
+    monkeypatch.setattr(tritonkey, "_thread", None)
+    assert not tritonkey.ready() and not collect.on_disk(("any job",))
+    tritonkey.start()
+    assert tritonkey._thread.name == "gems-triton-key"
+    waited = []
+    real_wait = tritonkey.wait
+    monkeypatch.setattr(tritonkey, "wait", lambda: waited.append(1) or real_wait())
+    k = launch.LaunchCache(_Jit(held={1}))
+    k[(1,)](1)                                    # a miss: waits for the hash in progress first
+    assert waited == [1] and tritonkey.ready() and cache.triton_key.cache_info().currsize == 1
+    k[(1,)](1)                                    # a hit asks nothing
+    assert waited == [1]
+    tritonkey.start()                             # computed: nothing more starts
+    assert not tritonkey._thread.is_alive()
