@@ -30,11 +30,12 @@ GEMS_COMPILE=inline for the process.
 Triton asks the hook before it looks in its disk cache. In a process after the first (Triton's cache
 folder held entries when the pool started), a miss whose binary is on disk (`collect.on_disk`, the
 lookup Triton's compile makes first) is loaded on the calling thread, as Triton would without the hook:
-reading it takes milliseconds, less than ATen's answer plus the hand-off to a worker that holds the
-GIL while the calling thread waits (patched BERT's second-process first step: 1.05 s with every load on
-the calling thread against 1.2-1.6 s through the pool, on an H200). Until Triton's own key (a hash of its
-installed files, runtime/tritonkey.py) is computed, misses go to the pool, so the calling thread never
-waits for it here. GEMS_LOAD_INLINE=0 sends every miss through the pool.
+reading it takes milliseconds, and neither ATen's answer nor the hand-off to a worker (whose Python
+holds the GIL while the calling thread waits) is needed. On an H200 the two ways measured alike within
+the noise of a second process's first step (patched BERT: 1.47 and 4.48 s loading here, 2.61 and 1.73 s
+through the pool, alternating processes on one cache). Until Triton's own key (a hash of its installed
+files, runtime/tritonkey.py) is computed, misses go to the pool, so the calling thread never waits for
+it here. GEMS_LOAD_INLINE=0 sends every miss through the pool.
 
 What still compiles on the calling thread: in-place and out= overloads (a first kernel may have written
 an argument before a second one is found missing, and ATen would then read what it wrote), kernels
