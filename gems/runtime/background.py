@@ -76,6 +76,7 @@ _stats = {"submitted": 0, "compiled": 0, "failed": 0, "loaded": 0, "compile_s": 
 _said = False
 _look_on_disk = False   # Triton's cache folder held entries when the pool started: misses may be on disk
 NOTE_AFTER_S = progress.THRESHOLD_S     # background work done sooner than this goes unsaid
+_note_timer = None      # the timer that says so once NOTE_AFTER_S have passed with work still queued
 
 
 def workers() -> int:
@@ -156,7 +157,7 @@ def tune_ready(configs, bench) -> bool:
 def submit(job) -> bool:
     """The jit_cache_hook's sink: queue `job`'s compile (once); False (Triton compiles it on the calling
     thread) for a job whose background compile failed, or whose binary Triton loads from disk."""
-    global _pending, _said
+    global _pending, _said, _note_timer
     k = (id(job[0]), str(job[2]))
     with _lock:
         if k in _failed:
@@ -178,9 +179,9 @@ def submit(job) -> bool:
     if first:
         # said only if the pool is still busy a few seconds on (a run whose binaries are mostly on disk
         # is done sooner, and stays silent)
-        timer = threading.Timer(NOTE_AFTER_S, _note_if_busy)
-        timer.daemon = True
-        timer.start()
+        _note_timer = threading.Timer(NOTE_AFTER_S, _note_if_busy)
+        _note_timer.daemon = True
+        _note_timer.start()
     _pool.submit(_compile, job, k)
     return True
 
