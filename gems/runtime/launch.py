@@ -127,7 +127,9 @@ class LaunchCache:
         entry = self._cache.get(key)
         if entry is None:
             self.misses += 1
-            tritonkey.wait()        # a compile or a disk load starts from Triton's key: hashing on a thread
+            # every compile and disk load starts from Triton's key, hashing on a thread since Gems was
+            # switched on: wait for it (runtime/tritonkey.py says why a deferred miss waits too)
+            tritonkey.wait()
             if collect.active():    # gems.warmup's collecting run: record the compile, ATen answers
                 kernel = collect.launch(self.fn, grid, args, num_warps, num_stages, maxnreg)
             elif background.deferring():    # GEMS_COMPILE=background: compile on the pool, ATen answers

@@ -10,10 +10,14 @@ use_gems, gems.patch of a model on a GPU) it runs beside the ops' import, the us
 the step's first Python work.
 
 How: `start()` calls Triton's own function on a daemon thread; Triton caches the result, so every later
-compile reads it. `wait()` joins that thread while it runs: Gems' launch-cache misses and its compile
-workers call it before they ask Triton for a kernel, so they wait for the hash in progress instead of
-computing a second one beside it. `ready()` says whether the key is computed. Where Triton's function
-is not what this expects, nothing starts and Triton computes the key where it always did.
+compile reads it. `wait()` joins that thread while it runs: every launch-cache miss calls it, and so do
+the background compile workers and gems.warmup before it forks its compile processes, so they wait for
+the hash in progress instead of computing a second one beside it. A miss that background compilation
+would defer waits too: in a process after the first, the key then lets the miss load its binary from
+disk at once (runtime/background.py), instead of ATen answering while a worker waits for the same hash;
+in a first process no compile can start before the key anyway. `ready()` says whether the key is
+computed. Where Triton's function is not what this expects, nothing starts and Triton computes the key
+where it always did.
 """
 from __future__ import annotations
 

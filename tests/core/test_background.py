@@ -339,13 +339,19 @@ def test_tritons_key_hashes_on_a_thread_and_a_miss_waits_for_it(pool, monkeypatc
     tritonkey.start()
     assert tritonkey._thread.name == "gems-triton-key"
     waited = []
-    monkeypatch.setattr(tritonkey, "wait", lambda: waited.append(1))
+    monkeypatch.setattr(tritonkey, "wait", lambda: waited.append(threading.current_thread().name))
+    me = threading.current_thread().name
     k = launch.LaunchCache(_Jit(held={1}))
-    k[(1,)](1)                                    # a miss: waits for the hash in progress first
-    assert waited == [1]
+    with pytest.raises(collect.not_compiled()):
+        k[(1,)](2)                                # a miss waits for the hash in progress, then defers
+    assert background.wait(10)
+    assert waited.count(me) == 1 and [n for n in waited if n.startswith("gems-compile")]   # its worker too
+    with background.inline():
+        k[(1,)](3)                                # a miss Triton serves here waits as well
+    assert waited.count(me) == 2
     tritonkey._thread.join()
     assert tritonkey.ready() and cache.triton_key.cache_info().currsize == 1
-    k[(1,)](1)                                    # a hit asks nothing
-    assert waited == [1]
+    k[(1,)](3)                                    # a hit asks nothing
+    assert waited.count(me) == 2
     tritonkey.start()                             # computed: nothing more starts
     assert not tritonkey._thread.is_alive()
