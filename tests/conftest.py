@@ -58,6 +58,26 @@ def _seed_per_test(request):
     yield
 
 
+def _gems_env():
+    return {k: v for k, v in os.environ.items() if k.startswith("GEMS_")}
+
+
+@pytest.fixture(autouse=True)
+def _gems_env_unchanged():
+    """A test that leaves a GEMS_ variable changed fails, and the variables are put back: the library's
+    knobs are read by the subprocesses later tests start, so a leak would change what those tests test
+    (a GEMS_GEMM=triton left behind sends the shipped-table test to another tuner and table file)."""
+    before = _gems_env()
+    yield
+    after = _gems_env()
+    if after != before:
+        for k in after.keys() - before.keys():
+            del os.environ[k]
+        os.environ.update(before)
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        pytest.fail(f"the test left environment variables changed: {changed} (use monkeypatch.setenv)")
+
+
 # A CUDA fault (an illegal address, a device-side assert) poisons the process's CUDA context: every later
 # test in that process would error in its set-up. On the GPU, end the process after such a test, so
 # that xdist names it as the test that crashed the worker and runs the rest in a fresh one.

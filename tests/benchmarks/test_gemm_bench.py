@@ -199,23 +199,25 @@ def test_candidates_flag_picks_the_extra_search_space(tmp_path, monkeypatch):
     # each set under its own tuning cache; --candidates picks them for an A/B run ('' none), the JSON says
     # which ran, and a group the library does not know is an error, not a silently smaller space
     from gems.ops.blas import matmul as blas
-    monkeypatch.setattr(blas, "_TUNERS", {})
-    monkeypatch.setattr(blas, "backend", lambda: type("B", (), {"name": "cuda"})())   # the GPU's search space
-    assert blas.CANDIDATES == ("wide", "wave", "deep")
-    space = blas._tuner(2, triton_only=True)
-    every = blas._GLUON_WIDE + blas._GLUON_WAVE + blas._GLUON_DEEP
-    assert all(c in space.configs for c in every) and space.name == "mm16v4dqw"
-    monkeypatch.setattr(blas, "CANDIDATES", ("wide",))
-    wide = blas._tuner(2, triton_only=True)
-    assert wide.name == "mm16v4w" and not any(c in wide.configs for c in blas._GLUON_WAVE)
-    assert not any(c in blas._tuner(4).configs for c in blas._GLUON_WIDE)      # 16-bit inputs only
-    monkeypatch.setattr(blas, "CANDIDATES", ("wave", "wide"))
-    both = blas._tuner(2, triton_only=True)
-    assert both.name == "mm16v4qw" and all(c in both.configs for c in blas._GLUON_WAVE + blas._GLUON_WIDE)
-    monkeypatch.setattr(blas, "CANDIDATES", ("tall",))
-    with pytest.raises(ValueError, match="unknown group"):
-        blas._tuner(2)
-    monkeypatch.undo()
+    # scoped: monkeypatch.undo() would also undo the module's GEMS_GEMM fixture, and gemm.main below would then
+    # set GEMS_GEMM=triton for the rest of the worker (its later subprocesses tuned the Triton-only space)
+    with monkeypatch.context() as m:
+        m.setattr(blas, "_TUNERS", {})
+        m.setattr(blas, "backend", lambda: type("B", (), {"name": "cuda"})())   # the GPU's search space
+        assert blas.CANDIDATES == ("wide", "wave", "deep")
+        space = blas._tuner(2, triton_only=True)
+        every = blas._GLUON_WIDE + blas._GLUON_WAVE + blas._GLUON_DEEP
+        assert all(c in space.configs for c in every) and space.name == "mm16v4dqw"
+        m.setattr(blas, "CANDIDATES", ("wide",))
+        wide = blas._tuner(2, triton_only=True)
+        assert wide.name == "mm16v4w" and not any(c in wide.configs for c in blas._GLUON_WAVE)
+        assert not any(c in blas._tuner(4).configs for c in blas._GLUON_WIDE)      # 16-bit inputs only
+        m.setattr(blas, "CANDIDATES", ("wave", "wide"))
+        both = blas._tuner(2, triton_only=True)
+        assert both.name == "mm16v4qw" and all(c in both.configs for c in blas._GLUON_WAVE + blas._GLUON_WIDE)
+        m.setattr(blas, "CANDIDATES", ("tall",))
+        with pytest.raises(ValueError, match="unknown group"):
+            blas._tuner(2)
     monkeypatch.setattr(blas, "CANDIDATES", ("wide",))
     monkeypatch.setattr(blas, "_TUNERS", {})
     for arg, want in (("", []), ("wide,wave", ["wide", "wave"])):
