@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 
 from torch import nn
 
@@ -88,7 +87,8 @@ def patch(model, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = Tru
                          activation=activation, pack_projections=pack_projections))
     if not isinstance(model, nn.Module):
         raise TypeError(f"gems.patch takes a torch.nn.Module, got {type(model).__name__}")
-    if any(p.is_cuda for p in itertools.islice(model.parameters(), 1)):
+    first = next(model.parameters(), None)
+    if first is not None and first.is_cuda:
         tritonkey.start()   # the fused kernels' first compiles start from Triton's key (runtime/tritonkey.py)
     prev = model.__dict__.get(_ATTR)
     if prev is not None:

@@ -31,13 +31,11 @@ Triton asks the hook before it looks in its disk cache. In a process after the f
 folder held entries when the pool started), a miss whose binary is on disk (`collect.on_disk`, the
 lookup Triton's compile makes first) is loaded on the calling thread, as Triton would without the hook:
 reading it takes milliseconds, and neither ATen's answer nor the hand-off to a worker (whose Python
-holds the GIL while the calling thread waits) is needed. On an H200 the two ways measured alike within
-the noise of a second process's first step (patched BERT: 1.47 and 4.48 s loading here, 2.61 and 1.73 s
-through the pool, alternating processes on one cache). The lookup needs Triton's own key (a hash of its
-installed files); the launch-cache miss has waited for it (runtime/tritonkey.py), and where it is not
-computed (no thread hashed it) the miss goes to the pool. With both, BERT's second-process first
-training step took 0.69-0.87 s on an H200 (ATen's 0.33-0.57; docs/perf.md, Cold start), 4-5 of its calls
-answered by ATen. GEMS_LOAD_INLINE=0 sends every miss through the pool.
+holds the GIL while the calling thread waits) is needed. The lookup needs Triton's own key (a hash of
+its installed files); the launch-cache miss has waited for it (runtime/tritonkey.py), and where it is
+not computed (no thread hashed it) the miss goes to the pool. With both, a second process's first step
+answers almost no call with ATen and is within a second of ATen's (docs/perf.md, Cold start).
+GEMS_LOAD_INLINE=0 sends every miss through the pool.
 
 What still compiles on the calling thread: in-place and out= overloads (a first kernel may have written
 an argument before a second one is found missing, and ATen would then read what it wrote), kernels
