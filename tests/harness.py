@@ -229,7 +229,8 @@ class StandInJit:
     """A compiled-backend JITFunction stand-in (one constexpr parameter, the launch's value): a value is
     compiled once it is in `held` or in the in-memory cache `device_caches` (where a background compile
     puts it); otherwise its launch asks Triton's jit_cache_hook, and a hook answering True skips the
-    compile (the launch returns None, as Triton's does). `inline`: the values compiled at their launch."""
+    compile (the launch returns None, as Triton's does). `inline`: the values compiled at their launch
+    (or warmup); `launched`: the values launched through Triton (a warmup compiles and launches nothing)."""
     __name__ = "fake_kernel"
     params = [type("P", (), {"num": 0, "is_constexpr": True})()]
 
@@ -237,18 +238,28 @@ class StandInJit:
         self.held = set(held)
         self.device_caches = {"dev": ({},)}
         self.inline = []
+        self.launched = []
+
+    def _kernel(self, value):
+        if value in self.held or value in self.device_caches["dev"][0]:
+            return StandInKernel()
+        hook = __import__("triton").knobs.runtime.jit_cache_hook
+        if hook is not None and hook(key=value, repr="", fn=self, compile={}) is True:
+            return None
+        self.held.add(value)
+        self.inline.append(value)
+        return StandInKernel()
 
     def __getitem__(self, grid):
         def run(value, **opts):
-            if value in self.held or value in self.device_caches["dev"][0]:
-                return StandInKernel()
-            hook = __import__("triton").knobs.runtime.jit_cache_hook
-            if hook is not None and hook(key=value, repr="", fn=self, compile={}) is True:
-                return None
-            self.held.add(value)
-            self.inline.append(value)
-            return StandInKernel()
+            kernel = self._kernel(value)
+            if kernel is not None:
+                self.launched.append(value)
+            return kernel
         return run
+
+    def warmup(self, value, grid=None, **opts):
+        return self._kernel(value)
 
 
 def launch_without_a_device(monkeypatch):

@@ -99,20 +99,33 @@ def stop() -> list:
     return jobs
 
 
-def launch(fn, grid, args, num_warps, num_stages, maxnreg, sink=None):
+def launch(fn, grid, args, num_warps, num_stages, maxnreg, sink=None, warmup=False):
     """A launch-cache miss in collect mode (or, with `sink`, of a call background compilation may
-    defer): the kernel Triton holds in memory (launched), or NotCompiled once the compile job is
-    recorded (`sink(job)` takes it; a sink returning False has Triton compile it here instead)."""
+    defer): the kernel Triton holds in memory (launched, unless `warmup`), or NotCompiled once the
+    compile job is recorded (`sink(job)` takes it; a sink returning False has Triton compile it here
+    instead)."""
     _tls.recording = True
     _tls.sink = sink
     try:
-        kernel = fn[grid](*args, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
+        if warmup:
+            kernel = fn.warmup(*args, grid=grid, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
+        else:
+            kernel = fn[grid](*args, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
     finally:
         _tls.recording = False
         _tls.sink = None
     if kernel is None:
         raise not_compiled()("kernel not compiled yet")
     return kernel
+
+
+def ahead(fn, args, num_warps, num_stages, maxnreg):
+    """Record the compile of a launch an op makes later in the call (see LaunchCache.ahead); launch
+    nothing."""
+    try:
+        launch(fn, (1,), args, num_warps, num_stages, maxnreg, warmup=True)
+    except not_compiled():
+        pass
 
 
 def tune(configs, bench):
@@ -211,14 +224,20 @@ def _worker(i: int):
         kernel = compile_one(_pending[i])
     except Exception as e:  # noqa: BLE001 - the real launch compiles it again and raises there
         return i, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
-    try:
-        # the kernel's C launcher: Triton builds one per signature with the host C compiler (~0.3 s) on
-        # the first launch and keeps it in its disk cache; built here, the parent only loads it. The
-        # driver object was made in the parent before the fork; making a launcher touches no device.
-        triton.runtime.driver.active.launcher_cls(kernel.src, kernel.metadata)
-    except Exception:  # noqa: BLE001 - the parent's first launch builds it
-        pass
+    # built here, the parent only loads it. The driver object was made in the parent before the fork;
+    # making a launcher touches no device
+    build_launcher(kernel)
     return i, time.perf_counter() - t0, None
+
+
+def build_launcher(kernel):
+    """Build the C launcher of a compiled kernel, which Triton otherwise builds at its first launch
+    with the host C compiler (~0.3 s) and keeps in its disk cache; nothing when that fails (the first
+    launch builds it then)."""
+    try:
+        triton.runtime.driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def compile_jobs(jobs: list, workers: int) -> list:

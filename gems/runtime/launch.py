@@ -166,6 +166,29 @@ class LaunchCache:
                            kernel.launch_metadata(grid, stream, *args), enter, leave, *args)
         return kernel
 
+    def ahead(self, args, num_warps=4, num_stages=3, maxnreg=None):
+        """In a call background compilation may defer, queue this launch's compile now if it is not
+        compiled; launch nothing. Elsewhere (but in collect mode) a no-op.
+
+        For an op whose kernels run one after another, each reading what the last one wrote
+        (embedding's backward: sort, run bounds, chunk sums, rows): a deferred call stops at its first
+        uncompiled kernel, so each later kernel would be met, and queued, only a step after the one
+        before it compiled, and a short first run would leave the last of them to be compiled by the
+        next process. Called for each of them before the first launch, it queues them all at once (in
+        gems.warmup's collecting run: records them, one round instead of one per kernel)."""
+        if self.interpreted:
+            return
+        collecting = collect.active()
+        if not collecting and not background.deferring():
+            return
+        if self.entry(args, num_warps, num_stages, maxnreg) is not None:
+            return
+        tritonkey.wait()
+        if collecting:
+            collect.ahead(self.fn, args, num_warps, num_stages, maxnreg)
+        else:
+            background.ahead(self.fn, args, num_warps, num_stages, maxnreg)
+
     def _run_recorded(self, rec, grid, args, num_warps, num_stages, maxnreg=None):
         """A launch while a call plan is recorded: run it (the interpreter's own storage copies are
         not the op's and must not taint the recording), then note it with its binary (a register

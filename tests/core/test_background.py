@@ -51,10 +51,13 @@ def pool(monkeypatch):
 
     monkeypatch.setattr(collect, "_record", record)
     monkeypatch.setattr(collect, "compile_one", compile_one)
+    # no C launcher for a stand-in: on a GPU machine Triton's driver would load (up to seconds, the
+    # first time in a process) on a worker, and past a test's note delay
+    monkeypatch.setattr(collect, "build_launcher", lambda kernel: None)
     # a fake compile needs no Triton key: workers must not wait for one hashing on a GPU machine
     monkeypatch.setattr(tritonkey, "wait", lambda: None)
     for name, value in (("_pool", None), ("_queued", set()), ("_failed", set()), ("_pending", 0), ("_said", False),
-                        ("_look_on_disk", False), ("_note_timer", None),
+                        ("_look_on_disk", False), ("_note_timer", None), ("_switch", None),
                         ("_stats", {"submitted": 0, "compiled": 0, "failed": 0, "loaded": 0, "compile_s": 0.0})):
         monkeypatch.setattr(background, name, value)
     prev = background.set_deferring(True)
@@ -85,6 +88,67 @@ def test_a_deferred_miss_compiles_on_the_pool_and_the_next_launch_finds_it(pool)
     assert jit.inline == [] and k.cache_info()["entries"] == 2
     st = background.stats()
     assert (st["submitted"], st["compiled"], st["failed"], st["pending"]) == (1, 1, 0, 0)
+
+
+def test_ahead_queues_a_later_launch_and_launches_nothing(pool):
+    # an op whose kernels each read the last one's output queues them all before its first launch
+    jit = _Jit(held={1})
+    k = launch.LaunchCache(jit)
+    pool.clear()
+    k.ahead((2,))                                 # not compiled: queued, no NotCompiled, no launch
+    k.ahead((2,))                                 # queued once
+    k.ahead((1,))                                 # in Triton's memory: nothing to do
+    st = background.stats()
+    assert (st["submitted"], st["pending"]) == (1, 1) and jit.launched == [] and jit.inline == []
+    pool.set()
+    assert background.wait(10)
+    k[(1,)](2)                                    # the pool's binary, launched
+    assert jit.launched == [2] and jit.inline == []
+
+
+def test_ahead_outside_a_deferrable_call_does_nothing(pool):
+    background.set_deferring(False)
+    jit = _Jit()
+    launch.LaunchCache(jit).ahead((3,))
+    assert jit.inline == [] and jit.launched == [] and background.stats()["submitted"] == 0
+
+
+def test_ahead_in_collect_mode_records_without_compiling_or_launching(pool):
+    background.set_deferring(False)
+    jit = _Jit()
+    collect.start()
+    try:
+        launch.LaunchCache(jit).ahead((4,))
+    finally:
+        collect.stop()
+    assert jit.inline == [] and jit.launched == [] and background.stats()["submitted"] == 0
+
+
+def test_the_gil_switches_quickly_while_compiles_are_queued(pool):
+    before = sys.getswitchinterval()
+    k = launch.LaunchCache(_Jit())
+    pool.clear()
+    with pytest.raises(collect.not_compiled()):
+        k[(1,)](5)
+    assert sys.getswitchinterval() == pytest.approx(background.SWITCH_S)
+    pool.set()
+    assert background.wait(10)
+    assert sys.getswitchinterval() == before      # put back once the queue drained
+
+
+def test_an_interval_changed_meanwhile_is_left_alone(pool):
+    before = sys.getswitchinterval()
+    k = launch.LaunchCache(_Jit())
+    pool.clear()
+    with pytest.raises(collect.not_compiled()):
+        k[(1,)](6)
+    try:
+        sys.setswitchinterval(0.001)              # the user's own setting, made while compiles ran
+        pool.set()
+        assert background.wait(10)
+        assert sys.getswitchinterval() == pytest.approx(0.001)
+    finally:
+        sys.setswitchinterval(before)
 
 
 def test_outside_a_deferrable_call_a_miss_compiles_inline(pool):

@@ -203,3 +203,47 @@ def test_dense_backward_paths_by_count(dtype):
         i = idx((n,), 9)
         g = make((n, 130), dtype)
         check_op(op, (g, i, 9, 2, False), dtype=dtype, served_ops=["embedding_dense_backward"])
+
+
+@pytest.mark.parametrize("sort_max", [None, 4], ids=["sort-kernel", "torch-sort"])
+def test_dense_backward_queues_each_launch_it_makes_ahead(sort_max, monkeypatch):
+    # with background compilation every kernel of the sorted path is handed over before the first
+    # launch (each reads the last one's output: a deferred call would otherwise meet one per step);
+    # what is handed over must be exactly what is launched, or the queued compile is of no use
+    from gems.runtime import launch, plan
+    if sort_max is not None:
+        monkeypatch.setattr(emb_mod, "_SORT_MAX", sort_max)
+    monkeypatch.setattr(emb_mod, "_FEW", 0)    # this short list would take the one-kernel path
+    ahead, launched = [], []
+    run, queue = launch.LaunchCache.run, launch.LaunchCache.ahead
+
+    def recording_run(self, grid, args, num_warps=4, *rest):
+        # while a call plan records (on the GPU) run() re-enters itself once for the real launch: the
+        # inner call is the launch
+        if self.name.startswith("embedding_bwd") and (plan.active() is None or self.interpreted):
+            launched.append((self.name, args, num_warps))
+        return run(self, grid, args, num_warps, *rest)
+
+    def recording_ahead(self, args, num_warps=4, *rest):
+        ahead.append((self.name, args, num_warps))
+        assert not launched, "handed over after a launch"
+        return queue(self, args, num_warps, *rest)
+    monkeypatch.setattr(launch.LaunchCache, "run", recording_run)
+    monkeypatch.setattr(launch.LaunchCache, "ahead", recording_ahead)
+    V, D = 13, 6
+    i = runs_indices(V)
+    g = make((i.numel(), D))
+    op = torch.ops.aten.embedding_dense_backward
+    impl = gems.registry.get("embedding_dense_backward")
+    impl.set_fn(impl.fn)                        # the signature's first call: the implementation runs
+    with served("embedding_dense_backward"), gems.use_gems():
+        out = op(g, i, V, -1, False)
+    impl.set_fn(impl.fn)
+    assert_close(out, op(g.double().cpu(), i.cpu(), V, -1, False), torch.float32)
+    names = [a[0] for a in ahead]
+    assert names == (["embedding_bwd_chunks", "embedding_bwd_rows"] if sort_max else
+                     ["embedding_bwd_sort", "embedding_bwd_bounds", "embedding_bwd_chunks", "embedding_bwd_rows"])
+    assert len(launched) == len(ahead)
+    for (n1, a1, w1), (n2, a2, w2) in zip(ahead, launched):
+        assert n1 == n2 and w1 == w2 and len(a1) == len(a2)
+        assert all(x is y or (not isinstance(x, torch.Tensor) and x == y) for x, y in zip(a1, a2)), n1

@@ -248,21 +248,22 @@ def _sort_warps(block: int) -> int:
     return max(4, min(32, block // 256))
 
 
-def _sort_runs(idx, V):
-    """(sorted indices, their positions, run starts Lo[0..V]) of a flat index tensor, as int64."""
+def _run_launches(idx, V):
+    """(sorted indices, their positions, run starts Lo[0..V], the launches that fill them) of a flat
+    index tensor of n > _FEW indices, as int64: one sort and one binary search of Gems' up to _SORT_MAX
+    indices, torch.sort and searchsorted (run now, no launch) beyond."""
     n = idx.numel()
     if n > _SORT_MAX:
         s, p = torch.sort(idx, stable=True)
-        return s, p, torch.searchsorted(s, torch.arange(V + 1, dtype=s.dtype, device=s.device))
+        return s, p, torch.searchsorted(s, torch.arange(V + 1, dtype=s.dtype, device=s.device)), []
     s = empty((n,), torch.int64, idx.device)
     p = empty((n,), torch.int64, idx.device)
     lo = empty((V + 1,), torch.int64, idx.device)
-    if n:
-        block = next_pow2(n)
-        embedding_bwd_sort[(1,)](idx, s, p, n, V, idx.stride(0), max(1, (n - 1).bit_length()), block,
-                                 num_warps=_sort_warps(block))
-    embedding_bwd_bounds[(cdiv(V + 1, 1024),)](s, lo, n, V, n.bit_length(), 1024, num_warps=4)
-    return s, p, lo
+    block = next_pow2(n)
+    return s, p, lo, [
+        (embedding_bwd_sort, (1,), (idx, s, p, n, V, idx.stride(0), max(1, (n - 1).bit_length()), block),
+         _sort_warps(block)),
+        (embedding_bwd_bounds, (cdiv(V + 1, 1024),), (s, lo, n, V, n.bit_length(), 1024), 4)]
 
 
 # up to this many indices the backward is one kernel (embedding_bwd_few) instead of four: each of its
@@ -310,14 +311,20 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
         embedding_bwd_few[(V, cdiv(D, rblock))](g, idx, y, n, D, idx.stride(0), g.stride(0), g.stride(1), pad, scale,
                                                 next_pow2(max(n, 1)), rblock, num_warps=rwarps)
         return y
-    s, p, lo = _sort_runs(idx, V)
+    s, p, lo, launches = _run_launches(idx, V)
     chunk = _CHUNK[backend().name]
-    block, warps = _block_d(D, grad_output.element_size())
+    block, _ = _block_d(D, grad_output.element_size())
+    bblock = min(block, _BWD_TILE // chunk)  # a CHUNK x bblock fp32 tile stays in registers
     nchunks = cdiv(n, chunk)
-    partial = empty((max(nchunks, 1), 2, D), torch.float32, g.device)
-    if n:
-        bblock = min(block, _BWD_TILE // chunk)  # a CHUNK x bblock fp32 tile stays in registers
-        embedding_bwd_chunks[(nchunks, cdiv(D, bblock))](g, s, p, lo, y, partial, n, V, D, g.stride(0), g.stride(1),
-                                                         pad, scale, chunk, bblock, num_warps=4)
-    embedding_bwd_rows[(V, cdiv(D, rblock))](lo, y, partial, D, pad, scale, chunk, rblock, num_warps=rwarps)
+    partial = empty((nchunks, 2, D), torch.float32, g.device)
+    launches += [
+        (embedding_bwd_chunks, (nchunks, cdiv(D, bblock)),
+         (g, s, p, lo, y, partial, n, V, D, g.stride(0), g.stride(1), pad, scale, chunk, bblock), 4),
+        (embedding_bwd_rows, (V, cdiv(D, rblock)), (lo, y, partial, D, pad, scale, chunk, rblock), rwarps)]
+    # each kernel reads what the one before wrote: with background compilation a first call would
+    # stop at its first uncompiled kernel and meet the next one only a step later; queued together
+    for k, _, args, warps in launches:
+        k.ahead(args, warps)
+    for k, grid, args, warps in launches:
+        k[grid](*args, num_warps=warps)
     return y
