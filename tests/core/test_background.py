@@ -4,7 +4,9 @@ The interpreter compiles nothing, so the launch path is checked with a stand-in 
 JIT function and a fake compile: a launch-cache miss in a deferrable call queues the compile on the
 pool and raises NotCompiled (ATen answers); the next launch finds the binary the worker put into the
 function's cache; outside a deferrable call, or after a failed background compile, the miss compiles
-on the calling thread; a tuning miss stores nothing until every config's kernels are in. The
+on the calling thread; a tuning miss stores nothing until every config's kernels are in; `ahead`
+queues a later launch's compile and launches nothing; the GIL's switch interval is short while
+compiles are queued and put back after. The
 dispatcher's part runs in a process with the variable set: functional overloads run deferrable,
 in-place and out= ones do not, and a NotCompiled answer is counted and leaves the signature's plan
 state alone. The real compiles need a GPU (`gems-coverage bench MODEL --cold --cold-modes
@@ -124,29 +126,21 @@ def test_ahead_in_collect_mode_records_without_compiling_or_launching(pool):
     assert jit.inline == [] and jit.launched == [] and background.stats()["submitted"] == 0
 
 
-def test_the_gil_switches_quickly_while_compiles_are_queued(pool):
+@pytest.mark.parametrize("meanwhile", [None, 0.001], ids=["put-back", "users-own-kept"])
+def test_the_gil_switches_quickly_while_compiles_are_queued(pool, meanwhile):
     before = sys.getswitchinterval()
     k = launch.LaunchCache(_Jit())
     pool.clear()
-    with pytest.raises(collect.not_compiled()):
-        k[(1,)](5)
-    assert sys.getswitchinterval() == pytest.approx(background.SWITCH_S)
-    pool.set()
-    assert background.wait(10)
-    assert sys.getswitchinterval() == before      # put back once the queue drained
-
-
-def test_an_interval_changed_meanwhile_is_left_alone(pool):
-    before = sys.getswitchinterval()
-    k = launch.LaunchCache(_Jit())
-    pool.clear()
-    with pytest.raises(collect.not_compiled()):
-        k[(1,)](6)
     try:
-        sys.setswitchinterval(0.001)              # the user's own setting, made while compiles ran
+        with pytest.raises(collect.not_compiled()):
+            k[(1,)](5)
+        assert sys.getswitchinterval() == pytest.approx(background.SWITCH_S)
+        if meanwhile is not None:
+            sys.setswitchinterval(meanwhile)      # the user's own setting, made while compiles ran
         pool.set()
         assert background.wait(10)
-        assert sys.getswitchinterval() == pytest.approx(0.001)
+        # once the queue drained: the interval before, unless the user's own was set meanwhile
+        assert sys.getswitchinterval() == pytest.approx(meanwhile or before)
     finally:
         sys.setswitchinterval(before)
 
