@@ -18,7 +18,9 @@ next call's launch finds it. A shape bucket's first tuning in a deferrable call 
 untimed (`probing()`): when one of them is not compiled yet, ATen answers and nothing is stored; when
 all are, the tuning times them as usual. An op whose kernels each read what the one before wrote would
 meet one more of them per call; it hands them all over before its first launch (`ahead`, through
-LaunchCache.ahead), so they compile together.
+LaunchCache.ahead), so they compile together. Each such op opts in, naming launches whose arguments it
+knows before the first one runs: finding the later launches for any op by running its code on past a
+kernel that did not run would feed that code garbage (a host read, a table cached for later calls).
 
 The compile threads hold the GIL in Triton's front end. Every torch call of the calling thread lets
 the GIL go and must take it back, and at Python's switch interval (5 ms) it waited up to that long each
