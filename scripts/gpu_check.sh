@@ -18,7 +18,8 @@
 # GPT-2, Mixtral and torch.compile(gems.patch(model))), fuzz (the
 # differential fuzz for GEMS_CHECK_FUZZ_S seconds over the workers), decode (graph-replayed decode,
 # gems.decode.graphed, with --cuda-graphs), cold (time to the first step from empty caches, bench --cold,
-# plain and patched; cold1 and cold2: each half of its rows), tune (gems-coverage tune over the models' workloads, then scripts/ship_tuned.py).
+# plain and patched; cold1 and cold2: each half of its rows), cold_dist (Aquila-7B with FSDP2 on two GPUs
+# from empty caches, then again on them; plain and patched), tune (gems-coverage tune over the models' workloads, then scripts/ship_tuned.py).
 # Results go to $GEMS_CHECK_DIR (default gpu-check-<date>/): logs, JSON, summary.txt.
 # Env: GEMS_CHECK_QUICK=1 for fewer timed runs; GEMS_CHECK_WORKERS (default 8) test processes;
 # GEMS_CHECK_SUITE_S the suite's limit (SIGINT: the tracebacks still print), GEMS_CHECK_DEADLINE_S a limit
@@ -240,6 +241,27 @@ print({m: (round(r['first_s'] + (r.get('warmup_s') or 0), 2), round(r['second_s'
     cold bert_train_patched bert train --batch 32 --seq-len 128 --patch
     cold gpt2m_train "$C/gpt2-medium.json" train --batch 8 --seq-len 1024
     cold gpt2m_train_patched "$C/gpt2-medium.json" train --batch 8 --seq-len 1024 --patch
+  fi
+fi
+if want cold_dist; then
+  # Aquila-7B trained with FSDP2 on two GPUs from empty caches (the issue's 2-GPU row): ATen's run, then
+  # Gems' in the same processes (gems-coverage distributed --gems both), each step's seconds (the first
+  # is the cold one); then the same again on the caches the first run left. Plain and patched
+  if (( $($PY -c "import torch; print(torch.cuda.device_count())") < 2 )); then
+    note "cold_dist: needs two GPUs"
+  else
+    for p in "" --patch; do
+      tmp=$(mktemp -d)
+      for run in first again; do
+        tag=aquila_fsdp2${p:+_patched}_$run
+        step "cold_dist $tag"
+        TRITON_CACHE_DIR=$tmp/triton GEMS_CACHE_DIR=$tmp/gems $PY -m gems_coverage.cli distributed --nproc 2 aquila \
+          --strategy fsdp2 --steps 3 --warmup 1 --no-trace -q $p --format json -o "$OUTDIR/cold_$tag.json" > "$OUTDIR/cold_$tag.log" 2>&1
+        note "cold_dist $tag (rc $?): step seconds $($PY -c "import json, sys; d = json.load(open(sys.argv[1])); \
+print({m: [round(t / 1e3, 2) for t in r['step_ms']] for m, r in d['runs'].items()})" "$OUTDIR/cold_$tag.json" 2>&1 | tail -1)"
+      done
+      rm -rf "$tmp"
+    done
   fi
 fi
 if want tune; then
