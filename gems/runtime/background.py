@@ -134,6 +134,7 @@ def probing() -> bool:
 
 
 def _start():
+    """Make the pool (and install the hook that hands it compiles) at the first deferred miss."""
     global _pool, _look_on_disk
     if _pool is None:
         with _lock:
@@ -155,10 +156,7 @@ def ahead(fn, args, num_warps, num_stages, maxnreg):
     to the pool now (a binary on disk, or one whose background compile failed, is loaded or compiled
     here), and nothing is launched (see LaunchCache.ahead)."""
     _start()
-    try:
-        collect.launch(fn, (1,), args, num_warps, num_stages, maxnreg, sink=submit, warmup=True)
-    except collect.not_compiled():
-        pass
+    collect.ahead(fn, args, num_warps, num_stages, maxnreg, sink=submit)
 
 
 def tune_ready(configs, bench) -> bool:

@@ -119,11 +119,11 @@ def launch(fn, grid, args, num_warps, num_stages, maxnreg, sink=None, warmup=Fal
     return kernel
 
 
-def ahead(fn, args, num_warps, num_stages, maxnreg):
-    """Record the compile of a launch an op makes later in the call (see LaunchCache.ahead); launch
-    nothing."""
+def ahead(fn, args, num_warps, num_stages, maxnreg, sink=None):
+    """Record the compile of a launch an op makes later in the call (see LaunchCache.ahead), or hand
+    it to `sink` as `launch` does; launch nothing."""
     try:
-        launch(fn, (1,), args, num_warps, num_stages, maxnreg, warmup=True)
+        launch(fn, (1,), args, num_warps, num_stages, maxnreg, sink=sink, warmup=True)
     except not_compiled():
         pass
 
