@@ -37,6 +37,9 @@ TABLE_WORKLOADS = tuple(
         dict(model="llama-1.1b", workloads=("train",), batch=4, seq_len=1024),
         dict(model="bert", workloads=("train",), batch=32, seq_len=128),
         dict(model="gpt2-medium", workloads=("train",), batch=8, seq_len=1024),
+        # gems-coverage distributed's Aquila-7B recipe: FSDP2 gathers each layer's weights before its GEMMs,
+        # so every rank meets the single-GPU buckets of its own batch (1 x 128 tokens)
+        dict(model="aquila", workloads=("train",), batch=1, seq_len=128),
     ) for patch in (False, True))
 
 

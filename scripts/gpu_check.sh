@@ -267,12 +267,13 @@ fi
 if want tune; then
   # every bucket the shipped table's workloads meet (gems_coverage/tune.py: TABLE_WORKLOADS), tuned on this
   # GPU and merged into the shipped table
-  # (gems/runtime/tuned/<arch>/, copied to $OUTDIR/tuned to bring it back)
+  # (gems/runtime/tuned/<arch>/, packed into $OUTDIR/tuned.tgz to bring it back: one file survives the
+  # device tool's limit on folder depth)
   step "tune --table"
   $PY -m gems_coverage.cli tune --table --device cuda >> "$OUTDIR/tune.txt" 2>&1 || note "tune --table failed"
   $PY scripts/ship_tuned.py >> "$OUTDIR/tune.txt" 2>&1
   note "tune (rc $?): $(tail -3 "$OUTDIR/tune.txt" | tr '\n' ' ')"
-  cp -r gems/runtime/tuned "$OUTDIR/tuned" 2>/dev/null
+  tar czf "$OUTDIR/tuned.tgz" -C gems/runtime tuned 2>/dev/null
 fi
 if want decode; then
   # generate's one-token steps replayed from CUDA graphs (gems.decode.graphed) against ATen's eager
