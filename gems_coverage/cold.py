@@ -109,6 +109,11 @@ def format_cold(r: dict) -> str:
             lines.append(f"{mode}: {row['aten_answers']} calls answered by ATen while {row['kernels']} kernels "
                          f"compiled{loaded}; {row['drain_s']:.2f} s more for the last ones after the second step, "
                          f"then a third step in {row['third_s']:.3f} s")
+        if "inline_compiles" in row:
+            slow = "; ".join(f"{k} {v:.2f} s" for k, v in list(row["inline_slowest"].items())[:5]) or "-"
+            lines.append(f"{mode}: in the first step the calling thread waited {row['inline_compile_s']:.2f} s for "
+                         f"{row['inline_compiles']} kernel compiles or disk loads (slowest: {slow}) and "
+                         f"{row['tune_s']:.2f} s for {row['tuned']} first tunings")
         if "enter_s" in row and mode != "aten":
             lines.append(f"{mode}: {row['enter_s']:.3f} s of the first step entering the mode (gems.enable, "
                          f"gems.patch)")
@@ -154,6 +159,15 @@ def _child(spec: dict) -> dict:
         t0 = time.perf_counter()
         ms, _ = wl.timed(on)
         row[name] = time.perf_counter() - t0
+        if name == "first_s" and on:
+            # what the calling thread itself waited for in the first step: compiles (in-place and out=
+            # calls, fused modules, GEMS_COMPILE=inline) and first tunings
+            from gems.runtime import progress
+            t = progress.totals()
+            row["inline_compiles"], row["inline_compile_s"] = t["compile"][0], round(t["compile"][1], 3)
+            row["tuned"], row["tune_s"] = t["tune"][0], round(t["tune"][1], 3)
+            row["inline_slowest"] = dict(sorted(((k, round(v[1], 3)) for k, v in t["kernels"].items()),
+                                                key=lambda kv: -kv[1])[:12])
         if name == "first_s" and spec["workload"] != "decode":
             # of the first step's time, what went to entering the mode (gems.enable, gems.patch) rather
             # than to the step itself (timed inside it)

@@ -26,6 +26,8 @@ clock = time.perf_counter   # a seam: tests replace it with a fake clock
 _lock = threading.Lock()
 _spent = 0.0          # seconds of first-call work so far in this process
 _counts = {"compile": 0, "tune": 0}
+_seconds = {"compile": 0.0, "tune": 0.0}
+_per_kernel: dict = {}  # kernel name -> [misses, seconds]: which kernels a first run waited for
 _said_at = None       # the clock when the last line was printed; None: nothing printed yet
 
 
@@ -35,6 +37,10 @@ def quiet() -> bool:
 
 def compiled(kernel: str, seconds: float):
     """A launch-cache miss of `kernel` took `seconds` (Triton compiled it or read it from its disk cache)."""
+    with _lock:
+        n_s = _per_kernel.setdefault(kernel, [0, 0.0])
+        n_s[0] += 1
+        n_s[1] += seconds
     _add("compile", seconds, lambda: "gems: compiling kernels for new shapes (first run only, cached on disk) ...")
 
 
@@ -62,6 +68,7 @@ def _add(kind: str, seconds: float, line):
     with _lock:
         _spent += seconds
         _counts[kind] += 1
+        _seconds[kind] += seconds
         if _spent < THRESHOLD_S or quiet():
             return
         now = clock()
@@ -86,6 +93,15 @@ def _device_name() -> str:
     return "this device"
 
 
+def totals() -> dict:
+    """The first-call work this process's calling threads waited for so far: {"compile": [misses,
+    seconds], "tune": [buckets, seconds], "kernels": {kernel name: [misses, seconds]}} (compiles handed
+    to background compilation's pool are not here: runtime/background.py counts those)."""
+    with _lock:
+        return {"compile": [_counts["compile"], _seconds["compile"]], "tune": [_counts["tune"], _seconds["tune"]],
+                "kernels": {k: list(v) for k, v in _per_kernel.items()}}
+
+
 def reset():
     """Forget the work counted so far (tests)."""
     global _spent, _said_at
@@ -93,3 +109,5 @@ def reset():
         _spent, _said_at = 0.0, None
         for k in _counts:
             _counts[k] = 0
+            _seconds[k] = 0.0
+        _per_kernel.clear()

@@ -99,6 +99,20 @@ def test_gems_quiet_prints_nothing(clock, compiled_backend, capsys, monkeypatch)
     assert capsys.readouterr().err == ""
 
 
+def test_totals_count_each_kernels_waits_and_reset_forgets_them(clock, compiled_backend, capsys):
+    a, b = _Jit(clock, cost=0.5), _Jit(clock, cost=2.0)
+    b.__name__ = "other_kernel"
+    ka, kb = launch.LaunchCache(a), launch.LaunchCache(b)
+    for v in (1, 2, 1):              # the repeated value hits: not counted
+        _launch(ka, v)
+    _launch(kb, 1)
+    t = progress.totals()
+    assert t["compile"] == [3, 3.0] and t["tune"] == [0, 0.0]
+    assert t["kernels"] == {"fake_kernel": [2, 1.0], "other_kernel": [1, 2.0]}
+    progress.reset()
+    assert progress.totals() == {"compile": [0, 0.0], "tune": [0, 0.0], "kernels": {}}
+
+
 def test_a_hit_reads_no_clock(clock, compiled_backend, capsys):
     k = launch.LaunchCache(_Jit(clock, cost=4.0))
     _launch(k, 1)

@@ -296,6 +296,9 @@ def test_cold_runs_each_mode_in_a_fresh_process_from_empty_caches(tmp_path, monk
     table = cold.format_cold(d)
     assert "to 1st step s" in table and "nothing compiles" in table and "third step" in table
     assert "of the first step entering the mode" in table
+    # the interpreter compiles nothing on the calling thread either; the row says so, and the table too
+    assert bg["inline_compiles"] == 0 and bg["inline_compile_s"] == 0 and bg["inline_slowest"] == {}
+    assert "the calling thread waited 0.00 s for 0 kernel compiles" in table
 
 
 def test_cold_again_reruns_gems_on_the_caches_it_left(tmp_path):
