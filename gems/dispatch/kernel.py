@@ -85,8 +85,10 @@ def make_kernel(state: DispatchState, impl: registry.OpImpl, op: OpRuntime, orig
     get_device = torch._C._cuda_getDevice if on_cuda else None
     MISS, NO_PLAN, AtenPlan, SEEN = plan_cache.MISS, plan_cache.NO_PLAN, plan_cache.AtenPlan, plan_cache.SEEN
     # background compilation: whether this overload's calls may be answered by ATen while a kernel
-    # compiles (functional only: nothing it writes could have been half-written when ATen takes over)
-    deferrable = settings.BACKGROUND_COMPILE and not writes_an_argument(schema)
+    # compiles: a functional call at any miss (its outputs are fresh, so nothing half-written survives),
+    # an in-place or out= call only at a launch its op declares as the call's first write
+    defer_mark = (background.WRITES if writes_an_argument(schema) else True) if settings.BACKGROUND_COMPILE else None
+    deferrable = defer_mark is not None
     set_deferring = background.set_deferring
     NotCompiled = collect.not_compiled()
 
@@ -207,8 +209,8 @@ def make_kernel(state: DispatchState, impl: registry.OpImpl, op: OpRuntime, orig
             if reason is not None:
                 return fallback(reason, args, kwargs)
         # 4. the implementation (recording the signature's plan on its recording call)
-        if deferrable:      # (in-place and out= calls never defer: nothing to mark)
-            prev = set_deferring(True)
+        if deferrable:
+            prev = set_deferring(defer_mark)
         try:
             guard.depth += 1
             try:

@@ -44,8 +44,13 @@ not computed (no thread hashed it) the miss goes to the pool. With both, a secon
 answers almost no call with ATen and is within a second of ATen's (docs/perf.md, Cold start).
 GEMS_LOAD_INLINE=0 sends every miss through the pool.
 
-What still compiles on the calling thread: in-place and out= overloads (a first kernel may have written
-an argument before a second one is found missing, and ATen would then read what it wrote), kernels
+In-place and out= overloads defer only a launch their op declares as the call's first write
+(`LaunchCache.run(..., first=True)`: the _foreach_* ops and _fused_adamw_, one launch each, which
+an optimizer's first step otherwise waited 1.5-1.8 s for): nothing has been written when it misses, so
+ATen can answer the whole call. Any other miss in such a call compiles on the calling thread: a
+kernel before it may have written an argument, and ATen would then read what it wrote.
+
+What still compiles on the calling thread: the other launches of in-place and out= calls, kernels
 launched outside the dispatcher (gems.patch's fused modules, which have no ATen call to fall back to),
 and a kernel whose background compile failed (its own launch then raises the compile error, and the
 dispatcher's error policy takes it from there).
@@ -96,10 +101,18 @@ def workers() -> int:
     return max(1, min(16, (os.cpu_count() or 2) - 1))
 
 
-def deferring() -> bool:
-    """Whether a launch-cache miss on this thread may be answered by ATen (inside a deferrable call,
-    outside `inline()`, no CUDA graph capturing on the current stream). Asked on misses only."""
-    return getattr(_tls, "defer", False) and not getattr(_tls, "inline", False) and not capturing()
+WRITES = "writes"   # set_deferring's mark for an in-place or out= call: only its first write may defer
+
+
+def deferring(first: bool = False) -> bool:
+    """Whether a launch-cache miss on this thread may be answered by ATen: inside a functional call,
+    or, with `first` (the launch is the call's first write: nothing it writes has been written yet),
+    inside an in-place or out= call; outside `inline()`, no CUDA graph capturing on the current
+    stream. Asked on misses only."""
+    d = getattr(_tls, "defer", False)
+    if d is not True and not (first and d is WRITES):
+        return False
+    return not getattr(_tls, "inline", False) and not capturing()
 
 
 def capturing() -> bool:
@@ -121,8 +134,9 @@ def inline():
         _tls.inline = prev
 
 
-def set_deferring(on: bool) -> bool:
-    """Mark this thread's calls deferrable or not; the previous mark (the dispatcher puts it back)."""
+def set_deferring(on) -> bool:
+    """Mark this thread's calls deferrable (True), deferrable at their first write (WRITES) or not
+    (False); the previous mark (the dispatcher puts it back)."""
     prev = getattr(_tls, "defer", False)
     _tls.defer = on
     return prev

@@ -114,12 +114,14 @@ class LaunchCache:
         return lambda *args, num_warps=4, num_stages=3, maxnreg=None: self.run(grid, args, num_warps, num_stages,
                                                                              maxnreg)
 
-    def run(self, grid, args, num_warps=4, num_stages=3, maxnreg=None):
+    def run(self, grid, args, num_warps=4, num_stages=3, maxnreg=None, first=False):
         """`maxnreg`: the per-thread register cap (warp-specialized Gluon kernels rebalance registers
-        between partitions under it); part of the binary's key."""
+        between partitions under it); part of the binary's key. `first`: the caller's promise that this
+        launch is its call's first write (nothing the call writes has been written yet), so that a miss
+        in an in-place or out= call may be answered by ATen while it compiles (runtime/background.py)."""
         rec = recording.active()
         if rec is not None:
-            return self._run_recorded(rec, grid, args, num_warps, num_stages, maxnreg)
+            return self._run_recorded(rec, grid, args, num_warps, num_stages, maxnreg, first)
         if self.interpreted:
             return self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
         dev = _get_device()
@@ -132,7 +134,7 @@ class LaunchCache:
             tritonkey.wait()
             if collect.active():    # gems.warmup's collecting run: record the compile, ATen answers
                 kernel = collect.launch(self.fn, grid, args, num_warps, num_stages, maxnreg)
-            elif background.deferring():    # GEMS_COMPILE=background: compile on the pool, ATen answers
+            elif background.deferring(first):    # GEMS_COMPILE=background: compile on the pool, ATen answers
                 kernel = background.launch(self.fn, grid, args, num_warps, num_stages, maxnreg)
             else:
                 t0 = progress.clock()
@@ -189,7 +191,7 @@ class LaunchCache:
         else:
             background.ahead(self.fn, args, num_warps, num_stages, maxnreg)
 
-    def _run_recorded(self, rec, grid, args, num_warps, num_stages, maxnreg=None):
+    def _run_recorded(self, rec, grid, args, num_warps, num_stages, maxnreg=None, first=False):
         """A launch while a call plan is recorded: run it (the interpreter's own storage copies are
         not the op's and must not taint the recording), then note it with its binary (a register
         cap is compiled into the binary: a replay launches that function and needs nothing more)."""
@@ -199,7 +201,7 @@ class LaunchCache:
                 entry = None
             else:
                 with recording.suspended():     # the plain path, without recording itself again
-                    out = self.run(grid, args, num_warps, num_stages, maxnreg)
+                    out = self.run(grid, args, num_warps, num_stages, maxnreg, first)
                 entry = self.entry(args, num_warps, num_stages, maxnreg)
         rec.launch(self, entry, grid, args, num_warps, num_stages, maxnreg)
         return out

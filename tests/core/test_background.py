@@ -8,7 +8,7 @@ on the calling thread; a tuning miss stores nothing until every config's kernels
 queues a later launch's compile and launches nothing; the GIL's switch interval is short while
 compiles are queued and put back after. The
 dispatcher's part runs in a process with the variable set: functional overloads run deferrable,
-in-place and out= ones do not, and a NotCompiled answer is counted and leaves the signature's plan
+in-place and out= ones only at a launch declared their first write, and a NotCompiled answer is counted and leaves the signature's plan
 state alone. The real compiles need a GPU (`gems-coverage bench MODEL --cold --cold-modes
 gems`).
 """
@@ -143,6 +143,27 @@ def test_the_gil_switches_quickly_while_compiles_are_queued(pool, meanwhile):
         assert sys.getswitchinterval() == pytest.approx(meanwhile or before)
     finally:
         sys.setswitchinterval(before)
+
+
+def test_in_a_writing_call_only_a_launch_declared_its_first_write_defers(pool):
+    # an in-place or out= call: a miss at its first write leaves nothing half-written, so ATen can
+    # answer it; a miss at any other launch (a kernel before may have written) compiles here
+    background.set_deferring(background.WRITES)
+    assert not background.deferring() and background.deferring(first=True)
+    jit = _Jit()
+    k = launch.LaunchCache(jit)
+    pool.clear()
+    with pytest.raises(collect.not_compiled()):
+        k.run((1,), (5,), first=True)
+    assert background.stats()["submitted"] == 1 and jit.inline == []
+    k.run((1,), (6,))
+    assert jit.inline == [6] and background.stats()["submitted"] == 1
+    with background.inline():                     # a capture or parity check: no deferral at all
+        assert not background.deferring(first=True)
+        k.run((1,), (7,), first=True)
+    assert jit.inline == [6, 7]
+    pool.set()
+    assert background.wait(10)
 
 
 def test_outside_a_deferrable_call_a_miss_compiles_inline(pool):
@@ -330,7 +351,7 @@ _DISPATCH = textwrap.dedent("""
         impl = registry.get(name)
         real = impl.fn
         def fn(*a, **k):
-            seen[name] = background.deferring()
+            seen[name] = [background.deferring(), background.deferring(first=True)]
             if name == "mul.Tensor":
                 raise collect.not_compiled()("kernel not compiled yet")
             return real(*a, **k)
@@ -357,7 +378,8 @@ def test_the_dispatcher_marks_functional_calls_and_counts_their_aten_answers():
     assert p.returncode == 0, p.stderr[-2000:]
     import json
     r = json.loads(p.stdout.strip().splitlines()[-1])
-    assert r["seen"] == {"add.Tensor": True, "add_.Tensor": False, "mul.Tensor": True}
+    # a functional call defers at any miss, an in-place one only at a launch declared its first write
+    assert r["seen"] == {"add.Tensor": [True, True], "add_.Tensor": [False, True], "mul.Tensor": [True, True]}
     assert r["after"] is False
     # every call answered by ATen and counted; no signature marked "no plan" for it
     assert r["fallback"] == 3 and r["reasons"] == {"kernel not compiled yet": 3} and r["declined"] == 0

@@ -161,11 +161,12 @@ def _fused_adamw(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_step
     if t is None:
         return None
     tab, total, top, base, aligned = t
-    fused_adamw_kernel[(total,)](
+    # the call's one write (first=True): a binary still compiling lets ATen answer the step
+    fused_adamw_kernel.run((total,), (
         base, state_steps[0], lr if lr_t else None, gs, fi, tab, n, top, top.bit_length(), base.data_ptr(),
         sptrs[0], 0.0 if lr_t else float(lr), float(beta1), float(beta2), float(weight_decay), float(eps),
         lnb1, lnb2, bool(amsgrad), bool(maximize), lr_t, gs is not None, fi is not None,
-        len(lists) + 2, es, 4, 16 // es if aligned else 1, cfg["BLOCK"], cfg["CHUNK"], num_warps=cfg["num_warps"])
+        len(lists) + 2, es, 4, 16 // es if aligned else 1, cfg["BLOCK"], cfg["CHUNK"]), cfg["num_warps"], first=True)
     return None
 
 

@@ -401,7 +401,8 @@ def launch(op, lists, inplace, *, s=0.0, alpha=1.0, smode=S_ARG, svals=None, ste
     args = (base, tab, n, top, top.bit_length(), base.data_ptr(), s, alpha, S, S0)
     consts = (op, len(lists), outs is not None, smode, cols, es, ses, 16 // es if aligned else 1, cfg["BLOCK"],
               cfg["CHUNK"])
-    foreach_kernel[(total,)](*args, *consts, num_warps=cfg["num_warps"])
+    # the call's one write (first=True): a binary still compiling lets ATen answer an in-place call too
+    foreach_kernel.run((total,), (*args, *consts), cfg["num_warps"], first=True)
     if fast is not None and fast.foreach_pending():
         _publish(fast, args, consts, cfg)
     return outs
