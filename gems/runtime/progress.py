@@ -37,11 +37,8 @@ def quiet() -> bool:
 
 def compiled(kernel: str, seconds: float):
     """A launch-cache miss of `kernel` took `seconds` (Triton compiled it or read it from its disk cache)."""
-    with _lock:
-        n_s = _per_kernel.setdefault(kernel, [0, 0.0])
-        n_s[0] += 1
-        n_s[1] += seconds
-    _add("compile", seconds, lambda: "gems: compiling kernels for new shapes (first run only, cached on disk) ...")
+    _add("compile", seconds, lambda: "gems: compiling kernels for new shapes (first run only, cached on disk) ...",
+         kernel)
 
 
 def tuned(name: str, bucket, seconds: float, stored_in):
@@ -63,12 +60,16 @@ def say(text: str):
         print(text, file=sys.stderr, flush=True)
 
 
-def _add(kind: str, seconds: float, line):
+def _add(kind: str, seconds: float, line, kernel=None):
     global _spent, _said_at
     with _lock:
         _spent += seconds
         _counts[kind] += 1
         _seconds[kind] += seconds
+        if kernel is not None:
+            n_s = _per_kernel.setdefault(kernel, [0, 0.0])
+            n_s[0] += 1
+            n_s[1] += seconds
         if _spent < THRESHOLD_S or quiet():
             return
         now = clock()
