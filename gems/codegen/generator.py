@@ -380,6 +380,11 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
             casts = tuple((_TL[common], c) if i in op.promote and i != keep and isinstance(v, _T)
                           and v.dtype != common else c for i, (c, v) in enumerate(zip(casts, vals)))
     cvals = [_norm_const(c) for c in consts]
+    # an overload's call is this one launch: nothing it writes has been written when it runs, so a
+    # binary still compiling may let ATen answer an in-place or out= call too (runtime/background.py).
+    # Another op's implementation calling an overload's function keeps that promise (it calls it
+    # before writing anything: copy_fn); a direct call of the op (ovl None) promises nothing
+    first = ovl is not None
     # layout plan over outputs + tensor operands
     out_st = tuple(out_list[0].stride())
     in_st = [layout.broadcast_strides(shape, tuple(v.shape), tuple(v.stride())) for v in tens]
@@ -392,7 +397,8 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
         block = cfg["BLOCK"]
         k = op.kernel("flat", 1, is_tensor, casts, ctl)
         i64 = layout.needs_int64(numel, block, [])
-        k.run((cdiv(numel, block),), (*vals, *kscal, *out_list, numel, *cvals, block, i64), cfg["num_warps"], 3)
+        k.run((cdiv(numel, block),), (*vals, *kscal, *out_list, numel, *cvals, block, i64), cfg["num_warps"], 3,
+              first=first)
         return _ret(op, out_list)
     ndc = be.config("pointwise_nd")
     bm, bn = layout.tile(sizes, transposed, ndc["block"], ndc["square"])
@@ -408,7 +414,7 @@ def general(op, ovl, operands, scalars, consts, outs, mode):
     flat_st = [x for s in t_strides for x in s]
     k = op.kernel("nd", len(sizes), is_tensor, casts, ctl)
     k.run((grid,), (*vals, *kscal, *out_list, *sizes, *flat_st, nt_m, nt_n, *cvals, bm, bn, i64),
-          ndc["num_warps"], 3)
+          ndc["num_warps"], 3, first=first)
     return _ret(op, out_list)
 
 

@@ -45,10 +45,12 @@ answers almost no call with ATen and is within a second of ATen's (docs/perf.md,
 GEMS_LOAD_INLINE=0 sends every miss through the pool.
 
 In-place and out= overloads defer only a launch their op declares as the call's first write
-(`LaunchCache.run(..., first=True)`: the _foreach_* ops and _fused_adamw_, one launch each, which
-an optimizer's first step otherwise waited 1.5-1.8 s for): nothing has been written when it misses, so
-ATen can answer the whole call. Any other miss in such a call compiles on the calling thread: a
-kernel before it may have written an argument, and ATen would then read what it wrote.
+(`LaunchCache.run(..., first=True)`): nothing has been written when it misses, so ATen can answer the
+whole call. Declared: the _foreach_* ops and _fused_adamw_ (one launch each, which an optimizer's first
+step otherwise waited 1.5-1.8 s for) and every generated pointwise overload (one launch: zero_, which
+autograd's gradient buffers and torch.zeros go through, fill_, copy_, add_, ...; codegen/generator.py).
+Any other miss in such a call compiles on the calling thread: a kernel before it may have written an
+argument, and ATen would then read what it wrote.
 
 What still compiles on the calling thread: the other launches of in-place and out= calls, kernels
 launched outside the dispatcher (gems.patch's fused modules, which have no ATen call to fall back to),

@@ -74,6 +74,8 @@ def _float_to_uint8(src, dst, device):
 # result dtype is bool (castable to every dtype) — it only feeds the in-place can_cast check.
 copy = pointwise("copy_", body=_copy, operands=("src",), dtypes=ALL, result_dtype=lambda c, r: torch.bool,
                  category="copy", check=_copy_check)
+# copy_'s registered function, for ops that start by copying into a tensor they write: its launch is
+# declared the call's first write (codegen/generator.py), so call it before writing anything else
 copy_fn = copy.overloads["copy_"].fn
 
 _KEEP = (None, torch.preserve_format, torch.contiguous_format)
