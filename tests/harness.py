@@ -357,3 +357,41 @@ def check_descriptor_plan(impl, hits_before, descriptors=None):
         assert n >= 1 if descriptors is None else n == descriptors, recipe
         assert gems.dispatch.op_runtime(impl.name).fast is not None and gems.dispatch.op_runtime(impl.name).fast.hits - hits_before >= 2
     return plans[-1]
+
+
+_COMPILING_PRELUDE = '''
+import json, sys, torch, gems
+from gems.runtime import background, collect
+from gems.runtime.launch import LaunchCache
+_run, asked = LaunchCache.run, []
+def _compiling(self, grid, args, num_warps=4, num_stages=3, maxnreg=None, first=False):
+    # these kernels' binaries are still compiling: what the miss path does (ATen answers where the call
+    # may defer at this launch, else the kernel compiles and runs)
+    if self.name in COMPILING:
+        asked.append([self.name, first, background.deferring(first)])
+        if background.deferring(first):
+            raise collect.not_compiled()("kernel not compiled yet")
+    return _run(self, grid, args, num_warps, num_stages, maxnreg, first)
+LaunchCache.run = _compiling
+dev = sys.argv[1]
+def report(**kw):
+    st = gems.stats()
+    print(json.dumps(dict(kw, asked=asked, aten={k: v["reasons"] for k, v in st.items() if v["reasons"]})))
+'''
+
+
+def while_compiling(kernels, body: str) -> dict:
+    """Run `body` in a fresh process with background compilation, where every launch of the kernels named
+    in `kernels` misses as if its binary were still compiling (ATen answers the call where it may defer
+    at that launch; elsewhere the kernel compiles and runs). `body` sees `dev`, `asked` (each such launch
+    as [kernel, first, deferrable]) and calls `report(**values)` last; its dict comes back, with `asked`
+    and `aten` (gems.stats()' reasons per op)."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    script = f"COMPILING = {set(kernels)!r}\n" + _COMPILING_PRELUDE + textwrap.dedent(body)
+    env = dict(os.environ, GEMS_COMPILE="background")
+    p = subprocess.run([sys.executable, "-c", script, DEVICE], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])

@@ -47,8 +47,10 @@ GEMS_LOAD_INLINE=0 sends every miss through the pool.
 In-place and out= overloads defer only a launch their op declares as the call's first write
 (`LaunchCache.run(..., first=True)`): nothing has been written when it misses, so ATen can answer the
 whole call. Declared: the _foreach_* ops and _fused_adamw_ (one launch each, which an optimizer's first
-step otherwise waited 1.5-1.8 s for) and every generated pointwise overload (one launch: zero_, which
-autograd's gradient buffers and torch.zeros go through, fill_, copy_, add_, ...; codegen/generator.py).
+step otherwise waited 1.5-1.8 s for), every generated pointwise overload (one launch: zero_, which
+autograd's gradient buffers and torch.zeros go through, fill_, copy_, add_, ...; codegen/generator.py)
+and the GEMM overloads (mm, bmm, addmm out= and addmm_: their result is written by the last kernel of
+matmul.launch only; gems.patch's fused linear cross-entropy calls mm with out= on every chunk).
 Any other miss in such a call compiles on the calling thread: a kernel before it may have written an
 argument, and ATen would then read what it wrote.
 

@@ -111,8 +111,8 @@ class LaunchCache:
         self.hits = self.misses = 0
 
     def __getitem__(self, grid):
-        return lambda *args, num_warps=4, num_stages=3, maxnreg=None: self.run(grid, args, num_warps, num_stages,
-                                                                             maxnreg)
+        return lambda *args, num_warps=4, num_stages=3, maxnreg=None, first=False: self.run(
+            grid, args, num_warps, num_stages, maxnreg, first)
 
     def run(self, grid, args, num_warps=4, num_stages=3, maxnreg=None, first=False):
         """`maxnreg`: the per-thread register cap (warp-specialized Gluon kernels rebalance registers

@@ -1,10 +1,4 @@
 """The pointwise generator itself: index math (pure Python), kernel caching, direct calls."""
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 import triton
@@ -13,7 +7,7 @@ import triton.language as tl
 import gems
 from gems.codegen import layout, pointwise
 from gems.ops.pointwise import activation
-from harness import DEVICE, assert_close, make
+from harness import DEVICE, assert_close, make, while_compiling
 
 
 def test_collapse_merges_contiguous_dims_and_drops_ones():
@@ -171,63 +165,40 @@ def test_call_plan_source_has_no_analysis():
     assert "broadcast" not in src and "promot" not in src and src.count("\n") <= 8, src
 
 
-_COMPILING = textwrap.dedent("""
-    import json, sys, torch, gems
-    from gems.runtime import background, collect
-    from gems.runtime.launch import LaunchCache
-    from gems.ops.pointwise import arith
-    run, asked = LaunchCache.run, []
-    def compiling(self, grid, args, num_warps=4, num_stages=3, maxnreg=None, first=False):
-        # every generated kernel's binary is still compiling: what the miss path does (ATen answers where
-        # the call may defer at this launch, else the kernel compiles and runs)
-        if self.name == "kernel":
-            asked.append([first, background.deferring(first)])
-            if background.deferring(first):
-                raise collect.not_compiled()("kernel not compiled yet")
-        return run(self, grid, args, num_warps, num_stages, maxnreg, first)
-    LaunchCache.run = compiling
-    dev = sys.argv[1]
-    torch.manual_seed(0)
-    x, y = torch.randn(6, 5, device=dev), torch.randn(5, device=dev)
-    src, idx = torch.randn(2, 5, device=dev), torch.tensor([[0, 3, 1, 2, 5], [4, 4, 0, 1, 2]], device=dev)
-    def calls(a):
-        z, f, s, o, so = a.clone(), a.clone(), a.clone(), torch.empty_like(a), torch.empty_like(a)
-        z.zero_()
-        f.fill_(2.5)
-        s.add_(y, alpha=2)
-        torch.mul(a, y, out=o)
-        torch.scatter(a, 0, idx, src, out=so)      # copy_fn (out starts as self), then the scatter
-        return z, f, s, o, so
-    want = calls(x)
-    with gems.use_gems():
-        got = calls(x)
-    ok = all(torch.equal(g, w) for g, w in zip(got, want))
-    n_served = len(asked)
-    # a direct call from inside a writing call (another op's implementation) promises no first write
-    prev = background.set_deferring(background.WRITES)
-    try:
-        direct = arith.mul(x, y)
-    finally:
-        background.set_deferring(prev)
-    st = gems.stats()
-    print(json.dumps({"asked": asked[:n_served], "direct": asked[n_served:], "ok": ok,
-                      "direct_ok": torch.equal(direct, x * y),
-                      "aten": {k: v["reasons"] for k, v in st.items() if v["reasons"]}}))
-""")
-
 
 def test_an_in_place_or_out_call_whose_kernel_is_compiling_is_answered_by_aten():
     # with background compilation a generated op's overload is one launch, its call's first write:
     # while the binary compiles ATen answers in-place and out= calls too (autograd's zeroed gradient
     # buffers, the optimizer's fills), with results equal to ATen's own
-    env = dict(os.environ, GEMS_COMPILE="background")
-    p = subprocess.run([sys.executable, "-c", _COMPILING, DEVICE], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r = while_compiling(["kernel"], """
+        from gems.ops.pointwise import arith
+        torch.manual_seed(0)
+        x, y = torch.randn(6, 5, device=dev), torch.randn(5, device=dev)
+        src, idx = torch.randn(2, 5, device=dev), torch.tensor([[0, 3, 1, 2, 5], [4, 4, 0, 1, 2]], device=dev)
+        def calls(a):
+            z, f, s, o, so = a.clone(), a.clone(), a.clone(), torch.empty_like(a), torch.empty_like(a)
+            z.zero_()
+            f.fill_(2.5)
+            s.add_(y, alpha=2)
+            torch.mul(a, y, out=o)
+            torch.scatter(a, 0, idx, src, out=so)      # copy_fn (out starts as self), then the scatter
+            return z, f, s, o, so
+        want = calls(x)
+        with gems.use_gems():
+            got = calls(x)
+        n = len(asked)
+        # a direct call from inside a writing call (another op's implementation) promises no first write
+        prev = background.set_deferring(background.WRITES)
+        try:
+            direct = arith.mul(x, y)
+        finally:
+            background.set_deferring(prev)
+        report(ok=all(torch.equal(g, w) for g, w in zip(got, want)), n=n, direct_ok=torch.equal(direct, x * y))
+    """)
     assert r["ok"], r
-    assert r["asked"] and all(first and deferring for first, deferring in r["asked"]), r
+    served, direct = r["asked"][:r["n"]], r["asked"][r["n"]:]
+    assert served and all(first and deferring for _, first, deferring in served), r
     compiling = {k for k, v in r["aten"].items() if "kernel not compiled yet" in v}
     assert {"zero_.default", "fill_.Scalar", "add_.Tensor", "mul.out", "scatter.src_out"} <= compiling, r["aten"]
     # the op called directly inside a writing call compiled and ran: no promise, no deferral
-    assert r["direct"] == [[False, False]] and r["direct_ok"], r
+    assert direct == [["kernel", False, False]] and r["direct_ok"], r

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 import gems
 from gems.ops.blas import matmul as blas
-from harness import DEVICE, DTYPES, ON_GPU, assert_close, check_grad, dtype_params, layouts, make, served
+from harness import DEVICE, DTYPES, ON_GPU, assert_close, check_grad, dtype_params, layouts, make, served, while_compiling
 from harness import check_op as _check_op
 
 
@@ -443,3 +443,44 @@ def test_gemm_candidates_come_from_the_environment():
     p = subprocess.run([sys.executable, "-c", code], env=dict(env, GEMS_GEMM_CANDIDATES="tall"), capture_output=True,
                        text=True)
     assert p.returncode != 0 and "unknown group(s) ['tall']" in p.stderr
+
+
+def test_an_out_or_in_place_gemm_whose_kernel_is_compiling_is_answered_by_aten():
+    # with background compilation a GEMM overload's launch is its call's one write (a K split's partials
+    # go to a workspace first): while a GEMM kernel compiles ATen answers out= and in-place calls too (the
+    # fused linear cross-entropy's mm into its chunk buffers), with results equal to ATen's own; a GEMM
+    # launched directly inside another writing op promises nothing and compiles
+    r = while_compiling(["matmul_kernel", "splitk_reduce_kernel", "matmul_tma_kernel", "matmul_gluon_kernel",
+                         "matmul_gluon_wide_kernel", "matmul_gluon_splitk_kernel"], """
+        from gems.ops.blas import matmul
+        torch.manual_seed(0)
+        a, b, bias = torch.randn(33, 40, device=dev), torch.randn(40, 24, device=dev), torch.randn(24, device=dev)
+        ba, bb = torch.randn(3, 33, 40, device=dev), torch.randn(3, 40, 24, device=dev)
+        c0 = torch.randn(33, 24, device=dev)
+        def calls():
+            o, ob, oa, c = torch.empty(33, 24, device=dev), torch.empty(3, 33, 24, device=dev), \\
+                torch.empty(33, 24, device=dev), c0.clone()
+            torch.mm(a, b, out=o)
+            torch.bmm(ba, bb, out=ob)
+            torch.addmm(bias, a, b, beta=0.5, out=oa)
+            c.addmm_(a, b, alpha=2)
+            return o, ob, oa, c
+        want = calls()
+        with gems.use_gems():
+            got = calls()
+        n = len(asked)
+        prev = background.set_deferring(background.WRITES)
+        try:
+            d = torch.empty(33, 24, device=dev)
+            matmul.launch(a, b, d, None, 1.0, 0.0)
+        finally:
+            background.set_deferring(prev)
+        report(ok=all(torch.equal(g, w) for g, w in zip(got, want)), n=n,
+               direct_ok=bool(torch.allclose(d, a @ b, rtol=1e-4, atol=1e-4)))
+    """)
+    assert r["ok"], r
+    served_launches, direct = r["asked"][:r["n"]], r["asked"][r["n"]:]
+    assert served_launches and all(first and deferring for _, first, deferring in served_launches), r
+    compiling = {k for k, v in r["aten"].items() if "kernel not compiled yet" in v}
+    assert {"mm.out", "bmm.out", "addmm.out", "addmm_.default"} <= compiling, r["aten"]
+    assert direct and all(not first and not deferring for _, first, deferring in direct) and r["direct_ok"], r

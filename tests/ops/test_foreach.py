@@ -4,11 +4,7 @@ call; the optimizers' steps (AdamW / Adam / SGD with foreach=True, capturable to
 step in float64; special values; what goes to ATen (non-contiguous, mixed dtypes, different shapes,
 overlapping in-place operands, numbers out of range), and ATen's errors."""
 import importlib
-import os
 import re
-import subprocess
-import sys
-import textwrap
 from array import array
 
 import pytest
@@ -16,7 +12,8 @@ import torch
 
 import gems
 from gems import registry
-from harness import DEVICE, ON_GPU, assert_close, count_launches, dtype_params, make, served, to_ref, optimizer_steps
+from harness import (DEVICE, ON_GPU, assert_close, count_launches, dtype_params, make, optimizer_steps, served, to_ref,
+                     while_compiling)
 from gems.ops.foreach import launch as foreach
 from gems.runtime.abi import FOREACH_MAX_TABLES
 
@@ -218,48 +215,25 @@ def test_one_launch_per_call(monkeypatch):
     assert launches == [foreach.foreach_kernel.name] * 3
 
 
-_COMPILING = textwrap.dedent("""
-    import json, sys, torch, gems
-    from gems.runtime import background, collect
-    from gems.runtime.launch import LaunchCache
-    from gems.ops.foreach import fused_adam, launch as foreach
-    run, asked = LaunchCache.run, []
-    def compiling(self, grid, args, num_warps=4, num_stages=3, maxnreg=None, first=False):
-        # the optimizer kernels' binaries are still compiling: what the miss path raises when it defers
-        if self in (foreach.foreach_kernel, fused_adam.fused_adamw_kernel):
-            asked.append([self.name, first, background.deferring(first)])
-            raise collect.not_compiled()("kernel not compiled yet")
-        return run(self, grid, args, num_warps, num_stages, maxnreg, first)
-    LaunchCache.run = compiling
-    dev = sys.argv[1]
-    torch.manual_seed(0)
-    xs = [torch.randn(n, device=dev) for n in (5, 40, 7)]
-    want = [x * 1.5 + 2 for x in xs]
-    ps = [torch.nn.Parameter(torch.randn(n, device=dev)) for n in (5, 40)]
-    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
-    for p, q in zip(ps, qs):
-        p.grad = torch.randn_like(p)
-        q.grad = p.grad.clone()
-    torch.optim.AdamW(qs, lr=0.1, fused=True).step()          # ATen's step
-    with gems.use_gems():
-        torch._foreach_mul_(xs, 1.5)
-        torch._foreach_add_(xs, 2.0)
-        torch.optim.AdamW(ps, lr=0.1, fused=True).step()
-    ok = all(torch.equal(x, w) for x, w in zip(xs, want)) and all(torch.equal(p, q) for p, q in zip(ps, qs))
-    st = gems.stats()
-    print(json.dumps({"asked": asked, "ok": ok, "aten": {k: v["reasons"] for k, v in st.items() if v["reasons"]}}))
-""")
-
-
 def test_an_optimizer_step_whose_kernel_is_compiling_is_answered_by_aten():
     # with background compilation an in-place optimizer op's one launch is its first write: while its
     # binary compiles ATen answers the whole call, on arguments nothing has written yet
-    env = dict(os.environ, GEMS_COMPILE="background")
-    p = subprocess.run([sys.executable, "-c", _COMPILING, DEVICE], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    import json
-    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r = while_compiling(["foreach_kernel", "fused_adamw_kernel"], """
+        torch.manual_seed(0)
+        xs = [torch.randn(n, device=dev) for n in (5, 40, 7)]
+        want = [x * 1.5 + 2 for x in xs]
+        ps = [torch.nn.Parameter(torch.randn(n, device=dev)) for n in (5, 40)]
+        qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+        for p, q in zip(ps, qs):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        torch.optim.AdamW(qs, lr=0.1, fused=True).step()          # ATen's step
+        with gems.use_gems():
+            torch._foreach_mul_(xs, 1.5)
+            torch._foreach_add_(xs, 2.0)
+            torch.optim.AdamW(ps, lr=0.1, fused=True).step()
+        report(ok=all(torch.equal(x, w) for x, w in zip(xs, want)) and all(torch.equal(p, q) for p, q in zip(ps, qs)))
+    """)
     # every launch asked was declared the call's first write and found the call deferrable (AdamW's own
     # step count goes through _foreach_add_ too)
     assert r["asked"] and all(first and deferring for _, first, deferring in r["asked"]), r

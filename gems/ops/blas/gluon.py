@@ -334,17 +334,17 @@ def split_n(bn: int):
     return bn1, bn2
 
 
-def launch(a, b, c, bias, alpha, beta, has_bias, layouts, cfg):
+def launch(a, b, c, bias, alpha, beta, has_bias, layouts, cfg, first=False):
     """c = alpha * a @ b (+ beta * bias row) with `cfg` (BLOCK_M/N/K, GROUP_M, NUM_BUF, warps, maxnreg); `layouts`
     from gemm_tma.layout (the same operand conditions), the bias as `supports` says. A BLOCK_N that is not
-    a power of two (192) takes the wide kernel."""
+    a power of two (192) takes the wide kernel. `first` as matmul.launch's."""
     (a_t, _), (b_t, _) = layouts
     M, K = a.shape
     N = b.shape[1]
     bn1, bn2 = split_n(cfg["BLOCK_N"])
     progs = min(cdiv(M, cfg["BLOCK_M"]) * cdiv(N, cfg["BLOCK_N"]), sm_count(a.device))
     xn = bias.stride(1) if has_bias else 0
-    opts = dict(num_warps=cfg["num_warps"], num_stages=1, maxnreg=cfg["maxnreg"])
+    opts = dict(num_warps=cfg["num_warps"], num_stages=1, maxnreg=cfg["maxnreg"], first=first)
     consts = (a_t, b_t, has_bias, cfg["GROUP_M"], cfg["NUM_BUF"])
     if not bn2:
         ad, bd, cd = gemm_tma.descriptors(a, b, c, layouts, cfg, _desc)
@@ -356,9 +356,10 @@ def launch(a, b, c, bias, alpha, beta, has_bias, layouts, cfg):
                                        **opts)
 
 
-def launch_splitk(a, b, ws, ws_rows, layouts, cfg, splits, k_per):
+def launch_splitk(a, b, ws, ws_rows, layouts, cfg, splits, k_per, first=False):
     """The fp32 partials of a K-split launch (`k_splits`' splits and K steps per split) into `ws`, a
-    [splits, ws_rows, >= N] fp32 workspace with 16-byte aligned rows; power-of-two tiles only."""
+    [splits, ws_rows, >= N] fp32 workspace with 16-byte aligned rows; power-of-two tiles only. `first` as
+    matmul.launch's."""
     (a_t, _), (b_t, _) = layouts
     M, K = a.shape
     N = b.shape[1]
@@ -368,7 +369,7 @@ def launch_splitk(a, b, ws, ws_rows, layouts, cfg, splits, k_per):
     progs = min(cdiv(M, bm) * cdiv(N, bn) * splits, sm_count(a.device))
     matmul_gluon_splitk_kernel[(progs,)](ad, bd, wd, M, N, K, splits, k_per, ws_rows, a_t, b_t, cfg["GROUP_M"],
                                          cfg["NUM_BUF"], num_warps=cfg["num_warps"], num_stages=1,
-                                         maxnreg=cfg["maxnreg"])
+                                         maxnreg=cfg["maxnreg"], first=first)
 
 
 def k_splits(M, N, K, cfg, sms):

@@ -406,12 +406,17 @@ to ATen, whose answer depends on the cuBLAS kernel); in fp32
     return a.dtype in (torch.float16, torch.bfloat16)
 
 
-def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision=None, alpha0_reads_product=None):
+def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision=None, alpha0_reads_product=None,
+           first=False):
     """c[i] = alpha * a[i] @ b[i] + beta * bias[i]; 2-D (mm) or 3-D (bmm) operands, bias None or c's shape.
 
     Only strides go to the kernel: no views are made per call. `config` forces one launch config
     (tests check every config of the search space with it). `triton_only`: tune over the Triton
-    configs alone (a GEMM inside another op, which has no ATen GEMM to hand the call to)."""
+    configs alone (a GEMM inside another op, which has no ATen GEMM to hand the call to). `first`: the
+    caller's promise that nothing its call writes has been written (the GEMM overloads, whose one write
+    this is): c is written by the last kernel only (a K split's partials go to a workspace), so any of
+    them still compiling may let ATen answer an in-place or out= call (runtime/background.py). Tuning
+    runs its configs into scratch and promises nothing."""
     nb = a.shape[0] if a.dim() == 3 else 1
     M, K = a.shape[-2], a.shape[-1]
     N = b.shape[-1]
@@ -429,34 +434,34 @@ def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision
     ab = (float(alpha), float(beta))
     s_ab = (*sa, *sb)
 
-    def reduce_splits(ws, out, split, s_ws, s_wm, m=M, n=N, s_out=None, s_bias=sx):
+    def reduce_splits(ws, out, split, s_ws, s_wm, first, m=M, n=N, s_out=None, s_bias=sx):
         # the K splits' fp32 partials added in fixed order (deterministic) with alpha, the bias and the cast
         splitk_reduce_kernel[(cdiv(m, _RED_M) * cdiv(n, _RED_N), nb)](
             ws, out, bias, m, n, *ab, s_ws, s_wm, *(s_out or _s3(out)), *s_bias, has_bias, i64, split,
-            _RED_M, _RED_N, num_warps=4)
+            _RED_M, _RED_N, num_warps=4, first=first)
 
-    def run(cfg, out):
+    def run(cfg, out, first=False):
         if cfg.get("TMA") or cfg.get("GLUON"):
             lay = gemm_tma.layout(a, b, out, K, i64)
             if lay is None:
                 raise ValueError("the TMA GEMM needs one 16-bit matrix product with 16-byte aligned, "
                                  "unit-stride operands and a row-major result")
             if cfg.get("TMA"):
-                gemm_tma.launch(a, b, out, bias, alpha, beta, has_bias, lay, cfg)
+                gemm_tma.launch(a, b, out, bias, alpha, beta, has_bias, lay, cfg, first)
                 return
             if not gemm_gluon.supports(bias, has_bias):
                 raise ValueError("the Gluon GEMM adds at most a bias row (stride 0 along M)")
             split, k_per, rows = (gemm_gluon.k_splits(M, N, K, cfg, sm_count(a.device)) if cfg.get("FILL_K")
                                   else (1, 0, M))
             if split == 1:
-                gemm_gluon.launch(a, b, out, bias, alpha, beta, has_bias, lay, cfg)
+                gemm_gluon.launch(a, b, out, bias, alpha, beta, has_bias, lay, cfg, first)
                 return
             # fp32 partials of `split` K ranges into a workspace whose rows are padded to 16 bytes (TMA)
             # and whose ranges to whole tiles, then the same reduce as the pointer kernel's splits
             cols = gemm_gluon.ws_cols(N)
             ws = empty((split, rows, cols), torch.float32, out.device)
-            gemm_gluon.launch_splitk(a, b, ws, rows, lay, cfg, split, k_per)
-            reduce_splits(ws, out, split, rows * cols, cols)
+            gemm_gluon.launch_splitk(a, b, ws, rows, lay, cfg, split, k_per, first)
+            reduce_splits(ws, out, split, rows * cols, cols, first)
             return
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
         if cfg.get("SWAP"):
@@ -471,26 +476,26 @@ def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision
         if split == 1:
             matmul_kernel[(tiles, 1)](x, y, out, bias, m, n, K, K, *ab, *st_xy, 0, *st_c, *st_x, has_bias, prec,
                                       K % bk == 0, i64, 1, bm, bn, bk, cfg["GROUP_M"], num_warps=cfg["num_warps"],
-                                      num_stages=cfg["num_stages"])
+                                      num_stages=cfg["num_stages"], first=first)
             return
         # K split over `split` programs per tile: raw fp32 partials into a workspace [split, nb, m, n],
         # then one small launch adds them
         ws = empty((split, nb, m, n), torch.float32, out.device)
         matmul_kernel[(tiles, split)](x, y, ws, bias, m, n, K, k_per, *ab, *st_xy, nb * M * N, M * N, n, 1, *st_x,
                                       has_bias, prec, K % bk == 0, i64, split, bm, bn, bk, cfg["GROUP_M"],
-                                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-        reduce_splits(ws, out, split, nb * M * N, n, m, n, st_c, st_x)
+                                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], first=first)
+        reduce_splits(ws, out, split, nb * M * N, n, first, m, n, st_c, st_x)
 
     if config is not None:
-        run(config, c)
+        run(config, c, first)
         return c
     tuner = _tuner(a.element_size(), triton_only)
     if backend().name != "interpreter" and M <= SKINNY_MAX_M and nb == 1:
-        run(_picked(_skinny(M, N, K, a.element_size(), sm_count(a.device))), c)
+        run(_picked(_skinny(M, N, K, a.element_size(), sm_count(a.device))), c, first)
         return c
     small = small_config(nb * M * N * K, a.element_size())
     if small is not None:
-        run(_picked(small), c)
+        run(_picked(small), c, first)
         return c
     # whether the TMA kernel can take the call is part of the bucket: its configs are candidates only
     # there (and a bucket that chose one serves only calls it can run)
@@ -526,5 +531,5 @@ def launch(a, b, c, bias, alpha, beta, config=None, triton_only=False, precision
     if cfg.get("aten"):
         # before anything is written; the decision holds for every call of this signature
         raise Unsupported(ATEN_FASTER, signature=True)
-    run(cfg, c)
+    run(cfg, c, first)
     return c

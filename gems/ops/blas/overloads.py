@@ -5,6 +5,10 @@ sgemm too) except on cuBLASLt's bias epilogue, and computes 0 * (A @ B) for fp16
 where the product has an inf or a NaN; on CUDA such calls go to ATen, whose cuBLAS kernel decides); K == 0 gives
 beta * bias (or zeros), empty M/N gives an empty result, shape and dtype mismatches raise RuntimeError
 (ATen's own kernel raises them: we hand such calls to it).
+
+Each overload writes its result only through matmul.launch, after its checks: that launch is declared
+the call's first write (`first=True`), so with background compilation an out= or in-place call whose
+GEMM kernel is still compiling is answered by ATen, like a functional one.
 """
 import math
 
@@ -59,7 +63,7 @@ def _mm(a, b, out=None, out_dtype=None):
     _check_mats(a, b, False)
     _dtype_out_shape(out, out_dtype, (a.shape[0], b.shape[1]))
     c = prepare_out(out, (a.shape[0], b.shape[1]), _result_dtype(a, out_dtype), a.device)
-    launch(a, b, c, None, 1.0, 0.0)
+    launch(a, b, c, None, 1.0, 0.0, first=True)
     return c
 
 
@@ -67,7 +71,7 @@ def _bmm(a, b, out=None, out_dtype=None):
     _check_mats(a, b, True)
     _dtype_out_shape(out, out_dtype, (a.shape[0], a.shape[1], b.shape[2]))
     c = prepare_out(out, (a.shape[0], a.shape[1], b.shape[2]), _result_dtype(a, out_dtype), a.device)
-    launch(a, b, c, None, 1.0, 0.0)
+    launch(a, b, c, None, 1.0, 0.0, first=True)
     return c
 
 
@@ -104,9 +108,9 @@ def _addmm(bias, a, b, beta, alpha, out=None, out_dtype=None, inplace=False):
         bias = bias.expand(M, N)  # raises RuntimeError when not broadcastable, like ATen; no copy
         c = prepare_out(out, (M, N), dtype, a.device)
         if lt and alpha == 0:
-            launch(a, b, c, bias, alpha, beta, alpha0_reads_product=True)
+            launch(a, b, c, bias, alpha, beta, alpha0_reads_product=True, first=True)
             return c
-    launch(a, b, c, bias, alpha, beta)
+    launch(a, b, c, bias, alpha, beta, first=True)
     return c
 
 

@@ -164,8 +164,9 @@ def bc_descriptors(b, c, layouts, M, bm, bn, bk, desc):
     return b_descriptor(b, layouts, bn, bk, desc), desc(c, [M, N], max(c.stride(0), N), [bm, bn])
 
 
-def launch(a, b, c, bias, alpha, beta, has_bias, layouts, cfg):
-    """c = alpha * a @ b (+ beta * bias) with `cfg` (BLOCK_M/N/K, GROUP_M, FLAT, warps, stages)."""
+def launch(a, b, c, bias, alpha, beta, has_bias, layouts, cfg, first=False):
+    """c = alpha * a @ b (+ beta * bias) with `cfg` (BLOCK_M/N/K, GROUP_M, FLAT, warps, stages); `first` as
+    matmul.launch's."""
     (a_t, _), (b_t, _) = layouts
     M, K = a.shape
     N = b.shape[1]
@@ -176,4 +177,4 @@ def launch(a, b, c, bias, alpha, beta, has_bias, layouts, cfg):
     xm, xn = (bias.stride(0), bias.stride(1)) if has_bias else (0, 0)
     matmul_tma_kernel[(progs,)](ad, bd, cd, bias, M, N, K, float(alpha), float(beta), xm, xn, progs,
                                 a_t, b_t, has_bias, cfg["FLAT"], bm, bn, bk, cfg["GROUP_M"],
-                                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], first=first)
