@@ -331,9 +331,13 @@ def test_out_dtype_out_of_another_shape_like_aten():
         assert outcome[0] == outcome[1], (name, outcome)
 
 
+_CONFIG_PARTS = 3   # each dtype's configs in parts, which the suite's workers run side by side (compiles dominate)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the tuned search space runs on the GPU only")
+@pytest.mark.parametrize("part", range(_CONFIG_PARTS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
-def test_every_tuned_config(dtype):
+def test_every_tuned_config(dtype, part):
     # the autotuner may pick any config of the search space: each must be right, not only one winner;
     # odd M/N/K exercise the masks, the transposed B the strided path of linear layers
     a, b, bias = make((300, 200), dtype), make((777, 200), dtype).t(), make((777,), dtype)
@@ -341,12 +345,16 @@ def test_every_tuned_config(dtype):
     configs = blas._CONFIGS_16 if dtype != torch.float32 else blas._CONFIGS_32
     skinny = [blas._skinny(m, n, 200, a.element_size(), sms) for m in (16, 32) for n in (777, 9000, 40)
               for sms in (132, 8)]
-    for cfg in configs + list(blas._SMALL.values()) + skinny:
+    every = configs + list(blas._SMALL.values()) + skinny
+    assert len(every) >= _CONFIG_PARTS
+    for cfg in every[part::_CONFIG_PARTS]:
         # a column slice of a wider buffer: a row-major result with a 16-byte aligned leading stride,
         # which the TMA configs need (777 x 2 bytes is not)
         out = torch.full((300, 784), float("nan"), dtype=dtype, device=DEVICE)[:, :777]
         blas.launch(a, b, out, bias.expand(300, 777), 1.0, 1.0, config=cfg)
         _check_gemm(out, a, b, bias, aten, msg=str(cfg))
+    if part:
+        return
     # decode shapes (M = 1..32, the skinny tiles of 16 and 32 rows), K not a multiple of the tile, transposed
     # weight
     for m in (1, 5, 16, 17, 32):
