@@ -15,8 +15,9 @@ How (collect, then compile):
 2. The jobs compile in forked worker processes, which fill Triton's disk cache; the parent then loads
    each binary from there into the function's in-memory cache (milliseconds each).
 3. An operation whose first kernel was missing never reached its second one, and code outside the
-   dispatcher (patched modules' fused kernels) cannot fall back, so `NotCompiled` ends that run early:
-   the run repeats (up to `rounds` times) until it records nothing new. A repeat costs about one ATen
+   dispatcher that cannot fall back (the fused linear cross-entropy's kernels; gems.patch's other fused
+   modules answer with their PyTorch reference, gems/fused/deferral.py) lets `NotCompiled` end that run
+   early: the run repeats (up to `rounds` times) until it records nothing new. A repeat costs about one ATen
    step plus loading what the last one compiled.
 The first real step then finds its kernels compiled; what the runs did not reach compiles there, as
 before. Call plans that ATen's answers in collect mode would have fixed (a signature kept on the full

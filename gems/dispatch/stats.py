@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .. import registry
+from ..runtime import background
 from ..runtime.planned import plan_stats as fused_plan_stats
 from .state import STATE
 
@@ -9,8 +10,11 @@ from .state import STATE
 def stats() -> dict:
     """Per overload with any traffic: {'served': n, 'fallback': n, 'reasons': {reason: n}, 'python': n}.
     'python': the served calls that ran the Python kernel (a signature's first call, an op without call
-    plans, or every call without the C++ fast path) rather than a plan replayed from C++."""
-    out = {}
+    plans, or every call without the C++ fast path) rather than a plan replayed from C++.
+    `fused::<name>`: the calls of a gems.fused function its PyTorch reference answered while a kernel
+    compiled in the background (fused/deferral.py); its served calls are not counted."""
+    out = {f"fused::{n}": {"served": 0, "fallback": c, "reasons": {"kernel not compiled yet": c}, "python": 0}
+           for n, c in background.answers().items()}
     for impl in registry.all_impls():
         op = STATE.ops.get(impl.name)
         if op is None:
@@ -40,3 +44,4 @@ def reset_stats():
     """Zero the counts of `stats()` (call plans are kept)."""
     for op in STATE.ops.values():
         op.reset_counts()
+    background.answers(reset=True)

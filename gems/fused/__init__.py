@@ -6,7 +6,8 @@ same order: the Triton kernels, the launch helpers (`_*_forward` / `_*_backward`
 `torch.autograd.Function`, the custom operator torch.compile captures (`gems::<name>`, defined with
 library.py's helper; docs/torch-compile.md), the public function, and last the plain PyTorch reference
 (`<module>.reference_<name>`), so tests compare the two and users can read what it computes
-(RMSNorm's kernels live in rms_norm_kernels.py, keeping norms.py readable). No file is named like an
+(RMSNorm's kernels live in rms_norm_kernels.py, keeping norms.py readable). While a public function's
+kernel compiles in the background, its reference answers the call (deferral.py). No file is named like an
 op: importing `gems.fused.<file>` sets that attribute of the package, which would shadow the function.
 
     import gems.fused as F

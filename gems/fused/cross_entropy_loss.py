@@ -41,7 +41,7 @@ import triton.language as tl
 from ..runtime import kernel
 from ..runtime.alloc import empty
 from ..runtime.utils import next_pow2
-from . import library
+from . import deferral, library
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)   # served logits dtypes
 REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}             # reduction -> the kernels' MODE
@@ -380,22 +380,39 @@ class _CrossEntropy(torch.autograd.Function):
                                    "scaled in place)")
             ctx.used = True
             (dx,) = ctx.saved_tensors
-            n = dx.numel()
-            if n:
-                ce_scale_kernel[(-(-n // 4096),)](dx, grad, n, 4096, num_warps=8)
+            dx = deferral.backward("cross_entropy", _scale, (dx, grad), lambda: dx.mul_(grad))
             return dx, None, None, None, None, None, None, None, None
         logits, target, lse, cnt = ctx.saved_tensors[:4]
         has_w = len(ctx.saved_tensors) > 4
         w, wsum = ctx.saved_tensors[4:] if has_w else (logits, logits)
         ignore_index, eps, mode = ctx.args
-        N, V = logits.shape
-        _, _, _, bb, bw = launch_config(V, logits.dtype)
-        dx = empty((N, V), logits.dtype, logits.device)
-        g_s = grad.stride(0) if mode == 0 else 0
-        ce_bwd_kernel[(N, -(-V // bb))](logits, target, lse, grad, cnt, dx, w, wsum, V, logits.stride(0),
-                                        logits.stride(1), target.stride(0), g_s, ignore_index, eps, has_w, mode, bb,
-                                        num_warps=bw)
+        dx = deferral.backward(
+            "cross_entropy", _backward, (grad, logits, target, lse, cnt, w, wsum, has_w, ignore_index, eps, mode),
+            lambda: deferral.reference_grads(
+                lambda lg: reference_cross_entropy(lg, target, weight=w if has_w else None, ignore_index=ignore_index,
+                                                   label_smoothing=eps, reduction="none", out_dtype=grad.dtype),
+                (logits,), (True,), (grad,))[0])
         return dx, None, None, None, None, None, None, None, None
+
+
+def _scale(dx, grad):
+    """dx *= grad (the loss's gradient, a device scalar) in place; dx."""
+    n = dx.numel()
+    if n:
+        ce_scale_kernel[(-(-n // 4096),)](dx, grad, n, 4096, num_warps=8)
+    return dx
+
+
+def _backward(grad, logits, target, lse, cnt, w, wsum, has_w, ignore_index, eps, mode):
+    """d(logits) of reduction "none" from the saved lse, in one pass."""
+    N, V = logits.shape
+    _, _, _, bb, bw = launch_config(V, logits.dtype)
+    dx = empty((N, V), logits.dtype, logits.device)
+    g_s = grad.stride(0) if mode == 0 else 0
+    ce_bwd_kernel[(N, -(-V // bb))](logits, target, lse, grad, cnt, dx, w, wsum, V, logits.stride(0),
+                                    logits.stride(1), target.stride(0), g_s, ignore_index, eps, has_w, mode, bb,
+                                    num_warps=bw)
+    return dx
 
 
 # torch.compile: gems::cross_entropy and its backward (library.py) run _CrossEntropy's bodies. The
@@ -455,6 +472,7 @@ _CE_OP = library.define(
     backward=_ce_grads, setup_context=_ce_save)
 
 
+@deferral.deferrable
 def cross_entropy(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean",
                   out_dtype=None, divisor=None):
     """torch.nn.functional.cross_entropy(logits, target, ...) for logits [N, V] and class-index targets [N].

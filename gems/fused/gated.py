@@ -36,7 +36,7 @@ from ..codegen.tlmath import sigmoid, tanh
 from ..runtime import backend, kernel
 from ..runtime.planned import planned
 from ..runtime.utils import as_rows, cdiv, empty, next_pow2, target_programs
-from . import library
+from . import deferral, library
 from .library import first, maybe
 
 _SERVED = (torch.float32, torch.float16, torch.bfloat16)
@@ -256,7 +256,10 @@ class _GatedFn(torch.autograd.Function):
     def backward(ctx, dy):
         gate, up = ctx.saved_tensors
         ni = ctx.needs_input_grad
-        return _gated_backward(dy, gate, up, ctx.act, ni[0], ni[1]) + (None, None)
+        grads = deferral.backward(
+            "gated_and_mul", _gated_backward, (dy, gate, up, ctx.act, ni[0], ni[1]),
+            lambda: deferral.reference_grads(_REFERENCES[ctx.act], (gate, up), ni[:2], (dy,)))
+        return grads + (None, None)
 
 
 # torch.compile: gems::gated_and_mul and its backward (library.py)
@@ -290,6 +293,7 @@ _GATED_OP = library.define(
     backward=_gated_grads, setup_context=_gated_save)
 
 
+@deferral.deferrable
 def silu_and_mul(gate, up):
     """silu(gate) * up in one kernel (forward and backward); gate and up may be row-strided views."""
     if not _served(gate, up, "silu_and_mul"):
@@ -304,6 +308,7 @@ def silu_and_mul(gate, up):
 swiglu = silu_and_mul
 
 
+@deferral.deferrable
 def gelu_and_mul(gate, up, approximate="none"):
     """gelu(gate, approximate) * up in one kernel; approximate is "none" (erf) or "tanh"."""
     if approximate not in ("none", "tanh"):
@@ -330,3 +335,8 @@ reference_swiglu = reference_silu_and_mul
 def reference_gelu_and_mul(gate, up, approximate="none"):
     """gelu(gate, approximate) * up."""
     return F.gelu(gate, approximate=approximate) * up
+
+
+# the kernels' ACT code -> the reference it computes
+_REFERENCES = (reference_silu_and_mul, reference_gelu_and_mul,
+               lambda gate, up: reference_gelu_and_mul(gate, up, "tanh"))

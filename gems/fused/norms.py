@@ -54,7 +54,7 @@ from ..ops.reduce.reduction import reduce_launch
 from ..runtime import backend
 from ..runtime.planned import planned
 from ..runtime.utils import as_rows, cdiv, empty, next_pow2, promote_types, sm_count, zeros
-from . import library
+from . import deferral, library
 from .library import first, maybe
 from .rms_norm_kernels import rms_bwd, rms_fwd
 
@@ -234,7 +234,7 @@ class _RMSNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, eps, offset, gemma, what):
         y, s, rstd = _rms_forward(x, residual, weight, eps, offset, gemma, what)
-        ctx.gemma, ctx.offset, ctx.has_res = gemma, float(offset), residual is not None
+        ctx.gemma, ctx.offset, ctx.eps, ctx.has_res = gemma, float(offset), eps, residual is not None
         ctx.set_materialize_grads(False)
         if s is not None and not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
             ctx.mark_non_differentiable(s)      # residual + x needs no graph when neither does
@@ -252,8 +252,22 @@ class _RMSNormFn(torch.autograd.Function):
             dw = torch.zeros_like(weight) if need_w else None
             dx = (ds if ds is not None else torch.zeros_like(x)) if need_x else None
         else:
-            dx, dw = _rms_backward(dy, ds, x, weight, rstd, ctx.offset, ctx.gemma, need_x, need_w)
+            dx, dw = deferral.backward("rms_norm", _rms_backward,
+                                       (dy, ds, x, weight, rstd, ctx.offset, ctx.gemma, need_x, need_w),
+                                       lambda: _rms_grads_by_reference(ctx, dy, ds, x, weight, need_x, need_w))
         return _pair(ctx, dx) + (dw, None, None, None, None)
+
+
+def _rms_grads_by_reference(ctx, dy, ds, x, weight, need_x, need_w):
+    """(dx, dweight) from the reference, while the backward's kernels compile (x: the normalized input,
+    the new residual of add_rms_norm, whose gradient ds adds to dx)."""
+    casting = "gemma" if ctx.gemma else "llama"
+    dx, dw = deferral.reference_grads(
+        lambda h, w: reference_rms_norm(h, w, ctx.eps, offset=ctx.offset, casting=casting),
+        (x, weight), (need_x, need_w), (dy,))
+    if need_x and ds is not None:
+        dx = ds if dx is None else dx + ds
+    return dx, dw
 
 
 # torch.compile: gems::rms_norm (residual: Tensor? in, Tensor[] out) and its backward (library.py)
@@ -300,6 +314,7 @@ def _casting(casting):
     return casting == "gemma"
 
 
+@deferral.deferrable
 def rms_norm(x, weight, eps=1e-6, *, offset=0.0, casting="llama"):
     """RMSNorm over the last dim: Llama's casting rule (HF LlamaRMSNorm) or Gemma's (offset=1.0).
 
@@ -316,6 +331,7 @@ def rms_norm(x, weight, eps=1e-6, *, offset=0.0, casting="llama"):
     return _RMSNormFn.apply(x, None, weight, eps, offset, gemma, "rms_norm")
 
 
+@deferral.deferrable
 def add_rms_norm(x, residual, weight, eps=1e-6, *, offset=0.0, casting="llama"):
     """(rms_norm(residual + x), residual + x) in one kernel reading x and residual once."""
     gemma = _casting(casting)
@@ -376,7 +392,7 @@ class _LayerNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, what):
         y, s, mean, rstd = _ln_forward(x, residual, weight, bias, eps, what)
-        ctx.has_res = residual is not None
+        ctx.has_res, ctx.eps = residual is not None, eps
         ctx.set_materialize_grads(False)
         if s is not None and not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
             ctx.mark_non_differentiable(s)
@@ -395,8 +411,19 @@ class _LayerNormFn(torch.autograd.Function):
             db = torch.zeros_like(bias) if need_b else None
             dx = (ds if ds is not None else torch.zeros_like(x)) if need_x else None
         else:
-            dx, dw, db = _ln_backward(dy, ds, x, weight, bias, mean, rstd, need_x, need_w, need_b)
+            dx, dw, db = deferral.backward(
+                "layer_norm", _ln_backward, (dy, ds, x, weight, bias, mean, rstd, need_x, need_w, need_b),
+                lambda: _ln_grads_by_reference(ctx, dy, ds, x, weight, bias, need_x, need_w, need_b))
         return _pair(ctx, dx) + (dw, db, None, None)
+
+
+def _ln_grads_by_reference(ctx, dy, ds, x, weight, bias, need_x, need_w, need_b):
+    """(dx, dweight, dbias) from the reference, while the backward's kernels compile (as for RMSNorm)."""
+    dx, dw, db = deferral.reference_grads(lambda h, w, b: reference_layer_norm(h, w, b, ctx.eps),
+                                          (x, weight, bias), (need_x, need_w, need_b), (dy,))
+    if need_x and ds is not None:
+        dx = ds if dx is None else dx + ds
+    return dx, dw, db
 
 
 # torch.compile: gems::layer_norm (residual, weight, bias optional) and its backward (library.py)
@@ -452,6 +479,7 @@ def _native_ln_served():
     return cfg is not None and _NATIVE_LN[0] in cfg and _NATIVE_LN[1] in cfg
 
 
+@deferral.deferrable
 def layer_norm(x, weight, bias, eps=1e-5):
     """LayerNorm over the last dim (F.layer_norm(x, (N,), weight, bias, eps)), fp32 statistics.
     With gems.enable() (native_layer_norm served) it is F.layer_norm itself, on Gems' kernels."""
@@ -466,6 +494,7 @@ def layer_norm(x, weight, bias, eps=1e-5):
     return _LayerNormFn.apply(x, None, weight, bias, eps, "layer_norm")
 
 
+@deferral.deferrable
 def add_layer_norm(x, residual, weight, bias, eps=1e-5):
     """(layer_norm(x + residual), x + residual): BERT's `LayerNorm(hidden_states + input_tensor)`."""
     if not _use_kernels("add_layer_norm", x, residual, weight, bias):

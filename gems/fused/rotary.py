@@ -35,7 +35,7 @@ from ..runtime import kernel
 from ..runtime.alloc import empty
 from ..runtime.planned import planned
 from ..runtime.utils import next_pow2
-from . import library
+from . import deferral, library
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -210,8 +210,13 @@ class _Rope(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gq, gk):
         cos, sin = ctx.saved_tensors[:2]
-        # d(q), d(k) in the layouts of the forward's outputs (q's own when dense)
-        dq, dk = _run(gq, gk, cos, sin, ctx.ud, True, ctx.out_strides, ctx.interleaved)
+        # d(q), d(k) in the layouts of the forward's outputs (q's own when dense); while the kernel
+        # compiles, the reference's (the rotation is linear in q and k: gq, gk stand in for them)
+        dq, dk = deferral.backward(
+            "rope", _run, (gq, gk, cos, sin, ctx.ud, True, ctx.out_strides, ctx.interleaved),
+            lambda: deferral.reference_grads(
+                lambda q, k: reference_rope(q, k, cos, sin, None, ctx.ud, ctx.interleaved),
+                (gq, gk), (True, True), (gq, gk)))
         dcos = dsin = None
         if ctx.cs_grad:   # rare (HF computes cos/sin under no_grad; rope() sends interleaved ones to the reference)
             q, k = ctx.saved_tensors[2:]
@@ -260,6 +265,7 @@ _ROPE_OP = library.define(
     backward=_rope_grads, setup_context=_rope_save)
 
 
+@deferral.deferrable
 def rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, interleaved=False):
     """Hugging Face's `apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)` in one Triton launch.
 

@@ -54,9 +54,13 @@ matmul.launch only; gems.patch's fused linear cross-entropy calls mm with out= o
 Any other miss in such a call compiles on the calling thread: a kernel before it may have written an
 argument, and ATen would then read what it wrote.
 
+gems.patch's fused modules launch outside the dispatcher and have no ATen op to fall back to: their
+public functions mark their calls deferrable themselves and answer a miss with their PyTorch
+reference (gems/fused/deferral.py).
+
 What still compiles on the calling thread: the other launches of in-place and out= calls, kernels
-launched outside the dispatcher (gems.patch's fused modules, which have no ATen call to fall back to),
-and a kernel whose background compile failed (its own launch then raises the compile error, and the
+launched outside the dispatcher by code that does not opt in (the fused linear cross-entropy's own
+kernels, MoE experts), and a kernel whose background compile failed (its own launch then raises the compile error, and the
 dispatcher's error policy takes it from there).
 
 Why threads: a worker shares the JIT functions (generated kernels have no module to import them by),
@@ -90,6 +94,7 @@ _failed: set = set()    # jobs whose compile raised: their launches compile (and
 _pending = 0
 _done = threading.Condition(_lock)
 _stats = {"submitted": 0, "compiled": 0, "failed": 0, "loaded": 0, "compile_s": 0.0}
+_answers: dict = {}     # gems.fused op -> calls its reference answered while a kernel compiled (fused/deferral.py)
 _said = False
 _look_on_disk = False   # Triton's cache folder held entries when the pool started: misses may be on disk
 NOTE_AFTER_S = progress.THRESHOLD_S     # background work done sooner than this goes unsaid
@@ -297,6 +302,21 @@ def wait(timeout: float | None = None) -> bool:
     """Block until every queued compile has finished (True), or `timeout` seconds passed (False)."""
     with _lock:
         return _done.wait_for(lambda: _pending == 0, timeout)
+
+
+def count_answer(name: str):
+    """A call of gems.fused's `name` was answered by its reference while a kernel compiled."""
+    with _lock:
+        _answers[name] = _answers.get(name, 0) + 1
+
+
+def answers(reset: bool = False) -> dict:
+    """{gems.fused op: calls answered by its reference while a kernel compiled} (zeroed with `reset`)."""
+    with _lock:
+        out = dict(_answers)
+        if reset:
+            _answers.clear()
+    return out
 
 
 def stats() -> dict:

@@ -1,0 +1,99 @@
+"""A fused op's call while its kernels compile in the background: its plain PyTorch reference answers.
+
+Why: gems.patch's fused modules launch their kernels outside the dispatcher, so a fresh process's
+first step compiled each of them on the calling thread, one after the other (a patched 1.1B Llama's
+first step waited ~7 s of its 12 s there on an H200; docs/perf.md, Cold start), while every ATen op
+around them was already answered by ATen as its kernel compiled (runtime/background.py).
+
+How: `@deferrable` over a public function marks its call deferrable while it runs (the forwards of
+these ops write only tensors they allocate, so nothing is half written when a launch stops), and a
+launch that misses then hands its compile to the pool and raises NotCompiled; the function's reference
+(`reference_<name>` beside it, the same signature and semantics) answers the call instead, with
+autograd through its ATen ops. A forward that ran its kernels keeps its autograd.Function, whose
+backward may meet a kernel still compiling: `backward` runs its launch function the same way and, on
+a miss, takes the gradients of the reference (`reference_grads`, recomputed from the saved inputs).
+gems.warmup's collecting run raises NotCompiled at every uncompiled launch, so the same paths keep its
+step going with right values.
+
+Counted per op in gems.stats() as `fused::<name>`, reason "kernel not compiled yet". Results differ
+from the kernels' only within the op's tolerance, as ATen's answers for ATen ops do. A CUDA graph's
+capture, `background.inline()` and GEMS_COMPILE=inline compile on the calling thread as before.
+
+Not deferred: fused_linear_cross_entropy (its reference holds the full [N, V] logits the op exists to
+avoid; its GEMMs defer as out= calls of the dispatcher) and moe_experts.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..runtime import background, collect, settings
+
+
+def deferrable(fn):
+    """Decorator: while a kernel `fn` launches compiles in the background, `reference_<fn name>` from
+    fn's module answers the call (see the module docstring)."""
+    name = fn.__name__
+    ref = "reference_" + name
+    is_compiling = torch.compiler.is_compiling
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if is_compiling():     # Dynamo traces the custom-operator path (library.py) only
+            return fn(*args, **kwargs)
+        out = launched(fn, args, kwargs)
+        if out is MISSED:
+            background.count_answer(name)
+            return fn.__globals__[ref](*args, **kwargs)
+        return out
+    return call
+
+
+def backward(name, launch, args, grads_by_reference):
+    """`launch(*args)` of a backward, or `grads_by_reference()` while one of its kernels compiles."""
+    out = launched(launch, args, {})
+    if out is MISSED:
+        background.count_answer(name)
+        return grads_by_reference()
+    return out
+
+
+MISSED = object()   # what `launched` returns for a launch whose kernel is not compiled yet
+
+
+def launched(fn, args, kwargs):
+    """fn(*args, **kwargs) marked deferrable, or MISSED when a kernel it launches is not compiled yet
+    (gems.warmup's collecting run raises NotCompiled without the mark)."""
+    if not settings.BACKGROUND_COMPILE:
+        try:
+            return fn(*args, **kwargs)
+        except collect.not_compiled():
+            return MISSED
+    prev = set_deferring(True)
+    try:
+        return fn(*args, **kwargs)
+    except collect.not_compiled():
+        return MISSED
+    finally:
+        set_deferring(prev)
+
+
+set_deferring = background.set_deferring
+
+
+def reference_grads(reference, inputs, needs, grads):
+    """The gradients of `reference(*inputs)` with respect to the inputs whose `needs` is true (None for
+    the others and for an input the outputs do not depend on), for output gradients `grads` (None: the
+    output got none). The inputs are detached: the reference is recomputed on its own small graph."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(bool(n)) if isinstance(t, torch.Tensor) else t
+                  for t, n in zip(inputs, needs)]
+        outs = reference(*leaves)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+        wanted = [t for t, n in zip(leaves, needs) if n]
+        got = (torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+               if pairs and wanted else [None] * len(wanted))
+    it = iter(got)
+    return tuple(next(it) if n else None for n in needs)
