@@ -19,8 +19,9 @@ Counted per op in gems.stats() as `fused::<name>`, reason "kernel not compiled y
 from the kernels' only within the op's tolerance, as ATen's answers for ATen ops do. A CUDA graph's
 capture, `background.inline()` and GEMS_COMPILE=inline compile on the calling thread as before.
 
-Not deferred: fused_linear_cross_entropy (its reference holds the full [N, V] logits the op exists to
-avoid; its GEMMs defer as out= calls of the dispatcher) and moe_experts.
+fused_linear_cross_entropy's reference would hold the full [N, V] logits the op exists to avoid: its
+answer is the reference chunk by chunk, each chunk's logits recomputed in backward. Not deferred:
+moe_experts, and the backward of fused_linear_cross_entropy with reduction="none".
 """
 from __future__ import annotations
 
@@ -31,11 +32,13 @@ import torch
 from ..runtime import background, collect, settings
 
 
-def deferrable(fn):
+def deferrable(fn=None, *, answer: str | None = None):
     """Decorator: while a kernel `fn` launches compiles in the background, `reference_<fn name>` from
-    fn's module answers the call (see the module docstring)."""
+    fn's module (or the function of it named `answer`) answers the call (see the module docstring)."""
+    if fn is None:
+        return lambda f: deferrable(f, answer=answer)
     name = fn.__name__
-    ref = "reference_" + name
+    ref = answer or "reference_" + name
     is_compiling = torch.compiler.is_compiling
 
     @functools.wraps(fn)

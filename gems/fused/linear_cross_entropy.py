@@ -27,13 +27,14 @@ writes d(logits) over them before the two gradient GEMMs. Same peak memory.
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 
 from ..runtime.alloc import empty, zeros
 from ..runtime.utils import next_pow2
-from . import library
+from . import deferral, library
 from .cross_entropy_loss import (DTYPES, REDUCTIONS, autocast_on, ce_bwd_kernel, ce_count_kernel, ce_fwd_kernel,
                                  ce_reduce_kernel, ce_scale_kernel, check_common, divisor_arg, empty_result,
-                                 launch_config)
+                                 launch_config, reference_cross_entropy)
 
 # Default rows per chunk. Each chunk after the first adds one read and one write of grad_weight [V, H]
 # (cuBLAS's beta = 1 epilogue); against the chunk's three GEMMs (6 x C x V x H flops) that costs about
@@ -211,8 +212,12 @@ class _FusedLinearCE(torch.autograd.Function):
         # grad_hidden (N*H), grad_weight (V*H) and grad_bias (V); no extra memory
         for t in (gh, gw, gb):
             if t is not None and t.numel():
-                ce_scale_kernel[(-(-t.numel() // 4096),)](t, grad, t.numel(), 4096, num_warps=8)
+                deferral.backward("fused_linear_cross_entropy", _scale, (t, grad), lambda: t.mul_(grad))
         return gh, gw, None, gb, None, None, None, None, None, None, None
+
+
+def _scale(t, grad):
+    ce_scale_kernel[(-(-t.numel() // 4096),)](t, grad, t.numel(), 4096, num_warps=8)
 
 
 # torch.compile: gems::fused_linear_cross_entropy and its backward (library.py) run _FusedLinearCE's
@@ -291,6 +296,7 @@ _FLCE_OP = library.define(
     backward=_flce_grads, setup_context=_flce_save)
 
 
+@deferral.deferrable(answer="chunked_reference")
 def fused_linear_cross_entropy(hidden, weight, target, bias=None, *, ignore_index=-100, label_smoothing=0.0,
                                reduction="mean", chunk_size=None, out_dtype=None, divisor=None):
     """cross_entropy(hidden @ weight.T + bias, target) without the [N, V] logits in memory.
@@ -371,3 +377,32 @@ def reference_fused_linear_cross_entropy(hidden, weight, target, bias=None, *, i
     if divisor is not None:
         loss = loss / divisor
     return loss.to(out_dtype or hidden.dtype)
+
+
+def chunked_reference(hidden, weight, target, bias=None, *, ignore_index=-100, label_smoothing=0.0,
+                      reduction="mean", chunk_size=None, out_dtype=None, divisor=None):
+    """The reference chunk by chunk, each chunk's logits recomputed in backward (torch.utils.checkpoint):
+    at most one chunk's logits (in fp32) are held, as the fused op promises. It answers the fused op's
+    calls while its kernels compile (deferral.py)."""
+    N, V = hidden.shape[0], weight.shape[0]
+    chunk = (default_chunk(N) if chunk_size is None else chunk_rows(N, hidden.shape[1], V)
+             if chunk_size == "low_memory" else int(chunk_size))
+    per = "none" if reduction == "none" else "sum"
+    acc = torch.promote_types(hidden.dtype, torch.float32)   # the per-chunk losses, unrounded
+
+    def piece(h, t):
+        logits = torch.nn.functional.linear(h, weight, bias)
+        return reference_cross_entropy(logits, t, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                       reduction=per, out_dtype=acc)
+
+    parts = [torch.utils.checkpoint.checkpoint(piece, hidden[c0:c0 + chunk], target[c0:c0 + chunk],
+                                               use_reentrant=False) for c0 in range(0, N, chunk)]
+    if reduction == "none":
+        loss = torch.cat(parts)
+    else:
+        loss = torch.stack(parts).sum()
+        if reduction == "mean":
+            loss = loss / (target != ignore_index).sum()
+    if divisor is not None:
+        loss = loss / divisor
+    return loss.to(out_dtype or (torch.float32 if autocast_on(hidden) else hidden.dtype))
