@@ -380,18 +380,18 @@ def report(**kw):
 '''
 
 
-def while_compiling(kernels, body: str) -> dict:
+def while_compiling(kernels, body: str, env: dict | None = None) -> dict:
     """Run `body` in a fresh process with background compilation, where every launch of the kernels named
     in `kernels` misses as if its binary were still compiling (ATen answers the call where it may defer
     at that launch; elsewhere the kernel compiles and runs). `body` sees `dev`, `asked` (each such launch
     as [kernel, first, deferrable]) and calls `report(**values)` last; its dict comes back, with `asked`
-    and `aten` (gems.stats()' reasons per op)."""
+    and `aten` (gems.stats()' reasons per op). `env`: more environment variables for the process."""
     import json
     import subprocess
     import sys
     import textwrap
     script = f"COMPILING = {set(kernels)!r}\n" + _COMPILING_PRELUDE + textwrap.dedent(body)
-    env = dict(os.environ, GEMS_COMPILE="background")
+    env = dict(os.environ, **(env or {}), GEMS_COMPILE="background")
     p = subprocess.run([sys.executable, "-c", script, DEVICE], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
