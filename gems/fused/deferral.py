@@ -8,8 +8,9 @@ around them was already answered by ATen as its kernel compiled (runtime/backgro
 How: `@deferrable` over a public function marks its call deferrable while it runs (the forwards of
 these ops write only tensors they allocate, so nothing is half written when a launch stops), and a
 launch that misses then hands its compile to the pool and raises NotCompiled; the function's reference
-(`reference_<name>` beside it, the same signature and semantics) answers the call instead, with
-autograd through its ATen ops. A forward that ran its kernels keeps its autograd.Function, whose
+(`reference_<name>` beside it, the same signature and semantics) answers the call instead, as one
+autograd node whose forward and backward run ATen's own kernels (a Gems kernel compiled for the
+reference's ops would serve no later call, and would hold up the ones that do). A forward that ran its kernels keeps its autograd.Function, whose
 backward may meet a kernel still compiling: `backward` runs its launch function the same way and, on
 a miss, takes the gradients of the reference (`reference_grads`, recomputed from the saved inputs).
 gems.warmup's collecting run raises NotCompiled at every uncompiled launch, so the same paths keep its
@@ -29,7 +30,7 @@ import functools
 
 import torch
 
-from ..runtime import background, collect, settings
+from ..runtime import background, collect, reentry, settings
 
 
 def deferrable(fn=None, *, answer: str | None = None):
@@ -48,9 +49,42 @@ def deferrable(fn=None, *, answer: str | None = None):
         out = launched(fn, args, kwargs)
         if out is MISSED:
             background.count_answer(name)
-            return fn.__globals__[ref](*args, **kwargs)
+            return by_reference(fn.__globals__[ref], args, kwargs)
         return out
     return call
+
+
+def by_reference(reference, args, kwargs):
+    """reference(*args, **kwargs) as one autograd node whose forward and backward run ATen's own kernels
+    (see _ByReference); the positional tensors are its differentiable inputs."""
+    pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+    def call(*tensors):
+        a = list(args)
+        for i, t in zip(pos, tensors):
+            a[i] = t
+        return reference(*a, **kwargs)
+    return _ByReference.apply(call, *(args[i] for i in pos))
+
+
+class _ByReference(torch.autograd.Function):
+    """The reference's answer under the re-entry guard: its ATen calls run ATen's kernels, not Gems'
+    (whose compiles for them would serve no later call once the fused kernels are in, and would share
+    the pool and the GIL with the ones that do); backward recomputes the reference on the saved inputs
+    and takes its gradients."""
+
+    @staticmethod
+    def forward(ctx, call, *tensors):
+        ctx.call = call
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*tensors)
+        with reentry.guard():
+            return call(*tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        with reentry.guard():
+            return (None,) + reference_grads(ctx.call, ctx.saved_tensors, ctx.needs_input_grad[1:], grads)
 
 
 def backward(name, launch, args, grads_by_reference):
@@ -58,7 +92,8 @@ def backward(name, launch, args, grads_by_reference):
     out = launched(launch, args, {})
     if out is MISSED:
         background.count_answer(name)
-        return grads_by_reference()
+        with reentry.guard():
+            return grads_by_reference()
     return out
 
 
