@@ -380,7 +380,7 @@ class _CrossEntropy(torch.autograd.Function):
                                    "scaled in place)")
             ctx.used = True
             (dx,) = ctx.saved_tensors
-            dx = deferral.backward("cross_entropy", _scale, (dx, grad), lambda: dx.mul_(grad))
+            dx = deferral.backward("cross_entropy", scale_in_place, (dx, grad), lambda: dx.mul_(grad))
             return dx, None, None, None, None, None, None, None, None
         logits, target, lse, cnt = ctx.saved_tensors[:4]
         has_w = len(ctx.saved_tensors) > 4
@@ -395,8 +395,8 @@ class _CrossEntropy(torch.autograd.Function):
         return dx, None, None, None, None, None, None, None, None
 
 
-def _scale(dx, grad):
-    """dx *= grad (the loss's gradient, a device scalar) in place; dx."""
+def scale_in_place(dx, grad):
+    """dx *= grad (the loss's gradient, a device scalar) in place, unless grad is 1; dx."""
     n = dx.numel()
     if n:
         ce_scale_kernel[(-(-n // 4096),)](dx, grad, n, 4096, num_warps=8)

@@ -33,8 +33,8 @@ from ..runtime.alloc import empty, zeros
 from ..runtime.utils import next_pow2
 from . import deferral, library
 from .cross_entropy_loss import (DTYPES, REDUCTIONS, autocast_on, ce_bwd_kernel, ce_count_kernel, ce_fwd_kernel,
-                                 ce_reduce_kernel, ce_scale_kernel, check_common, divisor_arg, empty_result,
-                                 launch_config, reference_cross_entropy)
+                                 ce_reduce_kernel, check_common, divisor_arg, empty_result, launch_config,
+                                 reference_cross_entropy, scale_in_place)
 
 # Default rows per chunk. Each chunk after the first adds one read and one write of grad_weight [V, H]
 # (cuBLAS's beta = 1 epilogue); against the chunk's three GEMMs (6 x C x V x H flops) that costs about
@@ -212,12 +212,8 @@ class _FusedLinearCE(torch.autograd.Function):
         # grad_hidden (N*H), grad_weight (V*H) and grad_bias (V); no extra memory
         for t in (gh, gw, gb):
             if t is not None and t.numel():
-                deferral.backward("fused_linear_cross_entropy", _scale, (t, grad), lambda: t.mul_(grad))
+                deferral.backward("fused_linear_cross_entropy", scale_in_place, (t, grad), lambda: t.mul_(grad))
         return gh, gw, None, gb, None, None, None, None, None, None, None
-
-
-def _scale(t, grad):
-    ce_scale_kernel[(-(-t.numel() // 4096),)](t, grad, t.numel(), 4096, num_warps=8)
 
 
 # torch.compile: gems::fused_linear_cross_entropy and its backward (library.py) run _FusedLinearCE's
